@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine with Python 3.11+:
+#   make demo   - the T-42 crash-and-resume story on the embedded default (SQLite + filesystem broker)
+#   make test   - ruff, mypy --strict and the whole test-suite (PostgreSQL and RabbitMQ tests included)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test test-fast lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/jobctl demo
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not acceptance and not slow"
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) jobs-data .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,139 @@
+"""Where "now" comes from: the database's clock in production, a logical clock in tests.
+
+Workers on different hosts never compare their own clocks. Every lease is set and
+checked with a SQL expression evaluated by the database inside the statement that
+uses it, so the only clock that matters is the server's. A :class:`LogicalClock`
+swaps that expression for a bound value, which makes lease tests and the seed
+simulation deterministic without sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Protocol
+
+from sqlalchemy import DateTime, literal
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeDecorator
+
+UTC = dt.UTC
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC instant on every backend.
+
+    PostgreSQL keeps ``timestamptz``; SQLite has no time zones, so values are stored
+    as naive UTC text with microseconds (the same format :class:`db_now` produces,
+    so text comparison in SQLite orders instants correctly) and read back as UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given where an aware UTC instant is required")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, dt.datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class db_now(FunctionElement[dt.datetime]):
+    """The database server's current instant, evaluated when the statement runs."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+class db_now_plus(FunctionElement[dt.datetime]):
+    """The database server's current instant plus a number of seconds."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now_plus"
+
+
+# clock_timestamp(), not now(): now() is the start of the transaction, and a claim
+# that waited on a row lock must not see an instant from before it waited.
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "clock_timestamp()"
+
+
+@compiles(db_now_plus, "postgresql")
+def _pg_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(clock_timestamp() + make_interval(secs => {compiler.process(element.clauses, **kw)}))"
+
+
+# SQLite's CURRENT_TIMESTAMP has one-second precision; strftime('%f') has milliseconds.
+_SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"strftime({_SQLITE_FORMAT}, 'now')"
+
+
+@compiles(db_now_plus, "sqlite")
+def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"strftime({_SQLITE_FORMAT}, 'now', printf('%+.6f seconds', {seconds}))"
+
+
+class Clock(Protocol):
+    def now(self) -> ColumnElement[dt.datetime]: ...
+
+    def after(self, seconds: float) -> ColumnElement[dt.datetime]: ...
+
+
+class DatabaseClock:
+    """The production clock: the database server's."""
+
+    def now(self) -> ColumnElement[dt.datetime]:
+        return db_now()
+
+    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+        return db_now_plus(literal(float(seconds)))
+
+
+class LogicalClock:
+    """A clock that only moves when told to: one tick is one second after ``EPOCH``."""
+
+    EPOCH = dt.datetime(2000, 1, 1, tzinfo=UTC)
+
+    def __init__(self, tick: float = 0) -> None:
+        self.tick = tick
+
+    def advance(self, ticks: float = 1) -> float:
+        self.tick += ticks
+        return self.tick
+
+    def instant(self, tick: float | None = None) -> dt.datetime:
+        return self.EPOCH + dt.timedelta(seconds=self.tick if tick is None else tick)
+
+    def ticks_of(self, instant: dt.datetime | None) -> float | None:
+        if instant is None:
+            return None
+        return (instant - self.EPOCH).total_seconds()
+
+    def now(self) -> ColumnElement[dt.datetime]:
+        return literal(self.instant(), UtcDateTime())
+
+    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+        return literal(self.instant(self.tick + seconds), UtcDateTime())

@@ -1,0 +1,88 @@
+"""Engines that keep the store's promises on each backend.
+
+SQLite needs three things for claims to be safe under contention: WAL (readers do
+not block the writer), a busy timeout (writers queue instead of failing), and
+``BEGIN IMMEDIATE`` (a deferred transaction that reads first fails its upgrade to a
+write lock with "database is locked" whatever the timeout). pysqlite's own
+transaction handling is switched off so that we issue the BEGIN ourselves.
+
+Engines are cached per process: a pooled connection must never cross a fork
+(Celery's prefork children inherit the parent's pool), so a new PID gets a new engine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.pool import StaticPool
+
+READ_ONLY = "jobs_read_only"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+_lock = threading.Lock()
+_engines: dict[str, tuple[int, Engine]] = {}
+
+
+def _prepare_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we send BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """A new engine for ``url`` with the per-backend settings the store relies on."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database in (None, "", ":memory:"):
+            kwargs.setdefault("poolclass", StaticPool)
+            kwargs.setdefault("connect_args", {"check_same_thread": False})
+        else:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        engine = create_engine(url, **kwargs)
+        _prepare_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def engine_for(url: str) -> Engine:
+    """The process's shared engine for ``url``, recreated after a fork."""
+    pid = os.getpid()
+    with _lock:
+        cached = _engines.get(url)
+        if cached is not None and cached[0] == pid:
+            return cached[1]
+        if cached is not None:
+            # Inherited from the parent: drop the pool without closing the parent's sockets.
+            cached[1].dispose(close=False)
+        engine = make_engine(url)
+        _engines[url] = (pid, engine)
+        return engine
+
+
+def dispose_all() -> None:
+    with _lock:
+        for _pid, engine in _engines.values():
+            engine.dispose()
+        _engines.clear()

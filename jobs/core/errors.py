@@ -1,0 +1,80 @@
+"""Every error the job system raises on purpose, each with a message a user can act on.
+
+They share :class:`JobError` so the CLI can print one clear line for any of them
+instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.core.states import State
+
+
+class JobError(Exception):
+    """Base of every deliberate error; ``str(err)`` is the one line shown to users."""
+
+
+class SettingsError(JobError):
+    pass
+
+
+class UnknownJob(JobError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"unknown job id {job_id!r}")
+        self.job_id = job_id
+
+
+class UnknownKind(JobError):
+    def __init__(self, kind: str, known: list[str]) -> None:
+        hint = ", ".join(sorted(known)) or "none registered; check JOBS_IMPORTS"
+        super().__init__(f"unknown job kind {kind!r} (known kinds: {hint})")
+        self.kind = kind
+
+
+class InvalidInput(JobError):
+    pass
+
+
+class DuplicateJob(JobError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job id {job_id!r} already exists with a different kind or inputs; "
+            "choose another id or submit the same inputs to get the existing job"
+        )
+        self.job_id = job_id
+
+
+class IllegalTransition(JobError):
+    def __init__(self, source: State | None, target: State, job_id: str | None = None) -> None:
+        where = f"job {job_id!r}: " if job_id else ""
+        src = source.value if source is not None else "(new)"
+        super().__init__(f"{where}illegal transition {src} -> {target.value}")
+        self.source = source
+        self.target = target
+        self.job_id = job_id
+
+
+class LeaseLost(JobError):
+    """The worker no longer owns the job: its lease expired, a newer claim fenced it out,
+    or an operator cancelled the job. The handler must stop and write nothing more."""
+
+    def __init__(self, job_id: str, owner: str, fence: int, why: str = "") -> None:
+        detail = f": {why}" if why else ""
+        super().__init__(f"job {job_id!r}: lease lost by {owner!r} (fence {fence}){detail}")
+        self.job_id = job_id
+        self.owner = owner
+        self.fence = fence
+
+
+class StepError(JobError):
+    pass
+
+
+class AdmissionRefused(JobError):
+    """The system is at its admission limit; nothing was written. Retry after ``retry_after``."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(f"{message}; retry in {retry_after:.0f}s")
+        self.retry_after = retry_after

@@ -1,0 +1,114 @@
+"""The tables that hold the truth: jobs, their recorded steps, and the history of moves.
+
+Only :mod:`jobs.core.store` writes to them. Constraint names follow one convention so
+Alembic migrations stay stable across PostgreSQL and SQLite.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from jobs.core.clock import UtcDateTime
+from jobs.core.states import State
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LENGTH = 200
+_STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class JobRecord(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
+        CheckConstraint(f"previous_state IS NULL OR previous_state IN ({_STATE_LIST})",
+                        name="previous_state"),
+        CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+        Index("ix_jobs_state_run_after", "state", "run_after"),
+        Index("ix_jobs_state_lease_until", "state", "lease_until"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    state: Mapped[str] = mapped_column(String(20))
+    # Set to the old state by every transition's UPDATE (SET previous_state = state),
+    # so RETURNING tells which allowed source state the row was actually in.
+    previous_state: Mapped[str | None] = mapped_column(String(20))
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[Any | None] = mapped_column(JSON)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # Bumped by every claim: a write carrying an older fence matches no row.
+    fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    # Advisory-lock key of the owning worker process (PostgreSQL): lets the sweeper
+    # see a dead owner at once instead of waiting for its lease to run out.
+    liveness_key: Mapped[int | None] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    run_after: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    dispatched_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    code_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # While WAITING_APPROVAL: the step name under which the approval will be recorded,
+    # so the handler's re-run finds it and continues past the wait.
+    waiting_for: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+
+
+class StepRecord(Base):
+    __tablename__ = "job_steps"
+
+    job_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    output: Mapped[Any | None] = mapped_column(JSON)
+    recorded_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    owner: Mapped[str] = mapped_column(String(ID_LENGTH))
+    fence: Mapped[int] = mapped_column(BigInteger)
+
+
+class TransitionRecord(Base):
+    """Append-only: rows are inserted beside each state change and never updated."""
+
+    __tablename__ = "job_transitions"
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    from_state: Mapped[str | None] = mapped_column(String(20))
+    to_state: Mapped[str] = mapped_column(String(20))
+    at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    fence: Mapped[int | None] = mapped_column(BigInteger)
+    reason: Mapped[str | None] = mapped_column(Text)
+    approved_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))

@@ -1,0 +1,112 @@
+"""Job kinds: the only handlers a worker will run.
+
+A message names a kind; the worker looks it up here and never imports a name taken
+from a message. Modules listed in ``JOBS_IMPORTS`` are imported on first need, not
+when :mod:`jobs` is imported, so those modules may ``import jobs`` themselves and a
+web app can ``import jobs`` at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
+from jobs.core.validate import check_name
+
+Handler = Callable[..., Any]
+F = TypeVar("F", bound=Handler)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobKind:
+    name: str
+    handler: Handler
+    max_attempts: int | None
+    version: str | None
+
+    def check_inputs(self, inputs: dict[str, Any]) -> None:
+        """Refuse inputs the handler cannot be called with, before anything is written."""
+        try:
+            inspect.signature(self.handler).bind(None, **inputs)
+        except TypeError as err:
+            raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
+
+
+class Registry:
+    def __init__(self, imports: Iterable[str] | None = None) -> None:
+        self._kinds: dict[str, JobKind] = {}
+        self._imports = tuple(imports) if imports is not None else None
+        self._imported = False
+        self._lock = threading.RLock()
+
+    def register(
+        self, name: str, handler: Handler, *, max_attempts: int | None = None,
+        version: str | None = None,
+    ) -> JobKind:
+        check_name(name, "job kind")
+        if max_attempts is not None and max_attempts < 1:
+            raise InvalidInput(f"job kind {name!r}: max_attempts must be at least 1")
+        kind = JobKind(name, handler, max_attempts, version)
+        with self._lock:
+            existing = self._kinds.get(name)
+            if existing is not None and existing.handler is not handler:
+                qual = f"{existing.handler.__module__}.{existing.handler.__qualname__}"
+                same = qual == f"{handler.__module__}.{handler.__qualname__}"
+                if not same:
+                    raise SettingsError(f"job kind {name!r} is already registered by {qual}")
+            self._kinds[name] = kind
+        return kind
+
+    def job(
+        self, name: str, *, max_attempts: int | None = None, version: str | None = None
+    ) -> Callable[[F], F]:
+        def decorate(handler: F) -> F:
+            self.register(name, handler, max_attempts=max_attempts, version=version)
+            return handler
+
+        return decorate
+
+    def _ensure_imported(self) -> None:
+        if self._imported:
+            return
+        with self._lock:
+            if self._imported:
+                return
+            self._imported = True
+            names = self._imports
+            if names is None:
+                from jobs.core.settings import get_settings  # noqa: PLC0415 - read on first need
+
+                names = get_settings().imports
+            for module in names:
+                try:
+                    importlib.import_module(module)
+                except ImportError as err:
+                    self._imported = False
+                    raise SettingsError(f"JOBS_IMPORTS: cannot import {module!r}: {err}") from err
+
+    def get(self, name: str) -> JobKind:
+        kind = self._kinds.get(name)
+        if kind is None:
+            self._ensure_imported()
+            kind = self._kinds.get(name)
+        if kind is None:
+            raise UnknownKind(name, list(self._kinds))
+        return kind
+
+    def names(self) -> list[str]:
+        self._ensure_imported()
+        return sorted(self._kinds)
+
+    def reset_imports(self) -> None:
+        with self._lock:
+            self._imported = False
+
+
+REGISTRY = Registry()
+job = REGISTRY.job

@@ -1,0 +1,176 @@
+"""Run one job: claim it, replay its recorded steps, run the handler, record the outcome.
+
+Used unchanged by the Celery task, by ``jobs.testing`` and by the in-process drain, so
+the rules are the same whichever way a job reaches a worker. A heartbeat thread renews
+the lease while the handler runs; when a renewal is refused the handler is stopped at
+its next step and nothing more is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jobs.core.context import HandBack, JobContext, WaitingForApproval
+from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
+from jobs.core.registry import REGISTRY, Registry
+from jobs.core.states import State
+from jobs.core.store import Claim, Job, JobStore
+
+log = logging.getLogger("jobs.runner")
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    WAITING_APPROVAL = "waiting_approval"
+    HANDED_BACK = "handed_back"
+    NOT_CLAIMED = "not_claimed"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    job_id: str
+    outcome: Outcome
+    job: Job | None = None
+    ran_steps: tuple[str, ...] = ()
+    replayed_steps: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff: base, 2·base, 4·base … capped."""
+    return float(min(cap, base * (2 ** max(0, attempt - 1))))
+
+
+class Heartbeat:
+    """Renews a claim's lease every third of its length until stopped or refused."""
+
+    def __init__(self, store: JobStore, claim: Claim, lease_seconds: float,
+                 on_lost: Callable[[LeaseLost], None]) -> None:
+        self._store = store
+        self._claim = claim
+        self._lease = lease_seconds
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        interval = self._lease / 3
+        while not self._stop.wait(interval):
+            try:
+                self._store.renew(self._claim, self._lease)
+            except LeaseLost as lost:
+                log.warning("%s", lost)
+                self._on_lost(lost)
+                return
+            except Exception:  # a database blip: keep trying until the lease runs out
+                log.exception("job %s: lease renewal failed; will retry", self._claim.job_id)
+
+
+class Runner:
+    def __init__(
+        self,
+        store: JobStore,
+        owner: str,
+        *,
+        lease_seconds: float = 30.0,
+        registry: Registry = REGISTRY,
+        heartbeat: bool = True,
+        liveness_key: int | None = None,
+        budget_seconds: float | None = None,
+        retry_backoff_seconds: float = 1.0,
+        retry_backoff_max_seconds: float = 300.0,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.registry = registry
+        self.heartbeat = heartbeat
+        self.liveness_key = liveness_key
+        self.budget_seconds = budget_seconds
+        self.retry_backoff_seconds = retry_backoff_seconds
+        self.retry_backoff_max_seconds = retry_backoff_max_seconds
+
+    def run(self, job_id: str) -> RunResult:
+        claim = self.store.claim(
+            job_id, self.owner, self.lease_seconds, liveness_key=self.liveness_key
+        )
+        if claim is None:
+            return RunResult(job_id, Outcome.NOT_CLAIMED)
+        try:
+            return self._run_claimed(claim)
+        except LeaseLost as lost:
+            log.warning("%s; stopped without writing", lost)
+            return RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
+
+    def _run_claimed(self, claim: Claim) -> RunResult:
+        job = claim.job
+        try:
+            kind = self.registry.get(job.kind)
+            kind.check_inputs(job.inputs)
+        except (UnknownKind, InvalidInput) as err:
+            # Not transient: no retry would help. Fail with the reason instead of looping.
+            failed = self.store.fail(claim, str(err))
+            return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
+        recorded = {step.name: step.output for step in self.store.steps(job.id)}
+        deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
+        ctx = JobContext(self.store, claim, recorded, deadline=deadline)
+        try:
+            if self.heartbeat:
+                with Heartbeat(self.store, claim, self.lease_seconds, ctx.lease_lost):
+                    result = kind.handler(ctx, **job.inputs)
+            else:
+                result = kind.handler(ctx, **job.inputs)
+        except WaitingForApproval as wait:
+            parked = self.store.wait_for_approval(claim, wait.reason, wait.step_name)
+            return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+        except HandBack as hand_back:
+            released = self.store.release(claim, str(hand_back))
+            return self._result(released, Outcome.HANDED_BACK, ctx)
+        except LeaseLost:
+            raise
+        except Exception as err:
+            error = f"{type(err).__name__}: {err}"
+            log.info("job %s attempt %d failed: %s\n%s", job.id, job.attempts, error,
+                     traceback.format_exc())
+            if job.attempts < job.max_attempts:
+                delay = backoff_seconds(
+                    job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
+                )
+                retried = self.store.retry(claim, error, delay)
+                return self._result(retried, Outcome.RETRYING, ctx, error)
+            failed = self.store.fail(claim, error)
+            return self._result(failed, Outcome.FAILED, ctx, error)
+        completed = self.store.complete(claim, result)
+        return self._result(completed, Outcome.COMPLETED, ctx)
+
+    @staticmethod
+    def _result(job: Job, outcome: Outcome, ctx: JobContext, error: str | None = None) -> RunResult:
+        return RunResult(
+            job.id, outcome, job, tuple(ctx.ran_steps), tuple(ctx.replayed_steps), error
+        )
+
+
+def enters_queue(result: RunResult) -> bool:
+    """Whether the run left the job QUEUED and due now, so a doorbell should be sent."""
+    return result.job is not None and result.job.state is State.QUEUED and (
+        result.outcome is Outcome.HANDED_BACK
+    )

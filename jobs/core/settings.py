@@ -1,0 +1,147 @@
+"""Settings from ``JOBS_*`` environment variables, validated once, frozen afterwards.
+
+A typo in a deployment's environment should stop a worker at start-up with a
+message naming the variable, not surface later as a stuck job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from jobs.core.errors import SettingsError
+
+PREFIX = "JOBS_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    broker_url: str
+    lease_seconds: float = 30.0
+    sweep_interval_seconds: float = 2.0
+    redispatch_after_seconds: float = 30.0
+    imports: tuple[str, ...] = ()
+    max_input_bytes: int = 1_048_576
+    default_max_attempts: int = 5
+    retry_backoff_seconds: float = 1.0
+    retry_backoff_max_seconds: float = 300.0
+    queue: str = "jobs"
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return not self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.data_dir / "broker"
+
+
+KNOWN = {
+    "DATA_DIR", "DATABASE_URL", "BROKER_URL", "LEASE_SECONDS", "SWEEP_INTERVAL_SECONDS",
+    "REDISPATCH_AFTER_SECONDS", "IMPORTS", "MAX_INPUT_BYTES", "DEFAULT_MAX_ATTEMPTS",
+    "RETRY_BACKOFF_SECONDS", "RETRY_BACKOFF_MAX_SECONDS", "QUEUE",
+    # read by the test-suite and tools, not by the library:
+    "TEST_POSTGRES_URL", "TEST_AMQP_URL",
+}
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be greater than 0")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be at least 1")
+    return value
+
+
+def normalize_database_url(url: str) -> str:
+    """Send plain ``postgresql://`` URLs to psycopg 3, the driver we install."""
+    for plain in ("postgres://", "postgresql://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain):]
+    return url
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    unknown = sorted(
+        key for key in env if key.startswith(PREFIX) and key[len(PREFIX):] not in KNOWN
+    )
+    if unknown:
+        raise SettingsError(
+            f"unknown setting {unknown[0]} (known: "
+            + ", ".join(PREFIX + k for k in sorted(KNOWN) if not k.startswith("TEST_"))
+            + ")"
+        )
+    data_dir = Path(env.get(PREFIX + "DATA_DIR") or "jobs-data").absolute()
+    database_url = env.get(PREFIX + "DATABASE_URL") or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
+    database_url = normalize_database_url(database_url)
+    if not database_url.startswith(("sqlite", "postgresql")):
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={database_url!r}: "
+            "only sqlite:/// and postgresql:// URLs are supported"
+        )
+    broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
+    if "://" not in broker_url:
+        raise SettingsError(f"{PREFIX}BROKER_URL={broker_url!r} is not a URL")
+    lease = _positive_float(env, "LEASE_SECONDS", 30.0)
+    sweep = _positive_float(env, "SWEEP_INTERVAL_SECONDS", 2.0)
+    imports = tuple(
+        name.strip() for name in (env.get(PREFIX + "IMPORTS") or "").split(",") if name.strip()
+    )
+    for name in imports:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
+    queue = env.get(PREFIX + "QUEUE") or "jobs"
+    return Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        broker_url=broker_url,
+        lease_seconds=lease,
+        sweep_interval_seconds=sweep,
+        redispatch_after_seconds=_positive_float(env, "REDISPATCH_AFTER_SECONDS", 30.0),
+        imports=imports,
+        max_input_bytes=_positive_int(env, "MAX_INPUT_BYTES", 1_048_576),
+        default_max_attempts=_positive_int(env, "DEFAULT_MAX_ATTEMPTS", 5),
+        retry_backoff_seconds=_positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0),
+        retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
+        queue=queue,
+    )
+
+
+_current: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process's settings, read from the environment on first use."""
+    global _current  # noqa: PLW0603 - one frozen settings object per process, by design
+    if _current is None:
+        _current = from_env()
+    return _current
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests and the CLI change the environment)."""
+    global _current  # noqa: PLW0603
+    _current = None

@@ -1,0 +1,55 @@
+"""The job state machine: one table, read by the code and by every UPDATE's WHERE clause.
+
+The store never writes a state change without deriving its allowed source states
+from :data:`TRANSITIONS`, so the table below is the whole truth about what may follow what.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from jobs.core.errors import IllegalTransition
+
+
+class State(enum.StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    WAITING_APPROVAL = "WAITING_APPROVAL"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+#: (from, to) -> who makes the move. ``None`` as the source is a job's birth (submit).
+TRANSITIONS: dict[tuple[State | None, State], str] = {
+    (None, State.QUEUED): "submit",
+    (State.QUEUED, State.RUNNING): "a worker's claim",
+    (State.RUNNING, State.RUNNING): "a new owner's claim after the old lease expired",
+    (State.RUNNING, State.WAITING_APPROVAL): "the owner; the lease is released while waiting",
+    (State.WAITING_APPROVAL, State.QUEUED): "an approval, recording who approved",
+    (State.RUNNING, State.QUEUED): "the sweeper after an expired lease, or the owner's retry",
+    (State.RUNNING, State.COMPLETED): "the owner",
+    (State.RUNNING, State.FAILED): "the owner, or the sweeper once attempts are exhausted",
+    (State.QUEUED, State.CANCELLED): "an operator",
+    (State.WAITING_APPROVAL, State.CANCELLED): "an operator",
+    (State.RUNNING, State.CANCELLED): "an operator; the owner notices at its next fenced write",
+}
+
+TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
+
+
+def is_legal(source: State | None, target: State) -> bool:
+    return (source, target) in TRANSITIONS
+
+
+def sources_of(target: State) -> tuple[State, ...]:
+    """Every state a job may be in for a move into ``target``: the WHERE clause's ``state IN``."""
+    return tuple(
+        source for (source, to) in TRANSITIONS if to is target and source is not None
+    )
+
+
+def check(source: State | None, target: State) -> None:
+    """Raise :class:`IllegalTransition` unless the table allows ``source -> target``."""
+    if not is_legal(source, target):
+        raise IllegalTransition(source, target)

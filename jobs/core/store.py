@@ -1,0 +1,628 @@
+"""The job store: the one module that writes the job tables.
+
+Every state change is a single compare-and-set UPDATE whose WHERE clause carries the
+allowed source states from :data:`jobs.core.states.TRANSITIONS` (and, for an owner's
+writes, the owner, the fence and an unexpired lease on the database clock). Zero
+rows matched means the change was not allowed; the store then reads the row once to
+say why (unknown job, illegal transition, lease lost) and has changed nothing. Each
+change appends a row to the history in the same transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+from jobs.core import states
+from jobs.core.clock import Clock, DatabaseClock
+from jobs.core.db import READ_ONLY
+from jobs.core.errors import (
+    DuplicateJob,
+    IllegalTransition,
+    InvalidInput,
+    LeaseLost,
+    StepError,
+    UnknownJob,
+)
+from jobs.core.models import JobRecord, StepRecord, TransitionRecord
+from jobs.core.states import State
+from jobs.core.validate import check_name, encode_json
+
+J = JobRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    id: str
+    kind: str
+    state: State
+    inputs: dict[str, Any]
+    result: Any
+    last_error: str | None
+    owner: str | None
+    fence: int
+    lease_until: dt.datetime | None
+    attempts: int
+    max_attempts: int
+    run_after: dt.datetime
+    dispatched_at: dt.datetime | None
+    code_version: str | None
+    waiting_for: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Row[Any] | JobRecord) -> Job:
+        return cls(
+            id=row.id, kind=row.kind, state=State(row.state), inputs=row.inputs,
+            result=row.result, last_error=row.last_error, owner=row.owner, fence=row.fence,
+            lease_until=row.lease_until, attempts=row.attempts, max_attempts=row.max_attempts,
+            run_after=row.run_after, dispatched_at=row.dispatched_at,
+            code_version=row.code_version, waiting_for=row.waiting_for,
+            created_at=row.created_at,
+            updated_at=row.updated_at, finished_at=row.finished_at,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """Proof of ownership: every fenced write names the owner and the fence it claimed with."""
+
+    job: Job
+    owner: str
+    fence: int
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    output: Any
+    recorded_at: dt.datetime
+    owner: str
+    fence: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    from_state: State | None
+    to_state: State
+    at: dt.datetime
+    owner: str | None
+    fence: int | None
+    reason: str | None
+    approved_by: str | None
+
+
+_JOB_COLUMNS = tuple(J.__table__.c)
+
+
+class JobStore:
+    """All reads and writes of jobs, steps and history, over one engine and one clock."""
+
+    def __init__(
+        self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576
+    ) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or DatabaseClock()
+        self.max_payload_bytes = max_payload_bytes
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _read(self) -> Connection:
+        return self.engine.connect().execution_options(**{READ_ONLY: True})
+
+    def _fenced(self, claim: Claim) -> list[ColumnElement[bool]]:
+        """The predicate every owner's write carries: still mine, still this claim, lease live."""
+        return [
+            J.id == claim.job_id,
+            J.owner == claim.owner,
+            J.fence == claim.fence,
+            J.state == State.RUNNING.value,
+            J.lease_until > self.clock.now(),
+        ]
+
+    def _transition(
+        self,
+        conn: Connection,
+        job_id: str,
+        target: State,
+        *,
+        only_from: Iterable[State] | None = None,
+        where: Sequence[ColumnElement[bool]] = (),
+        values: dict[str, Any] | None = None,
+        owner: str | None = None,
+        fence: int | None = None,
+        reason: str | None = None,
+        approved_by: str | None = None,
+    ) -> Row[Any] | None:
+        allowed = states.sources_of(target)
+        if only_from is not None:
+            narrowed = tuple(only_from)
+            for source in narrowed:
+                states.check(source, target)
+            allowed = tuple(s for s in allowed if s in narrowed)
+        now = self.clock.now()
+        stmt = (
+            update(J)
+            .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
+            .values(previous_state=J.state, state=target.value, updated_at=now, **(values or {}))
+            .returning(*_JOB_COLUMNS, J.previous_state)
+        )
+        row = conn.execute(stmt).one_or_none()
+        if row is None:
+            return None
+        conn.execute(
+            insert(TransitionRecord).values(
+                job_id=job_id, from_state=row.previous_state, to_state=target.value, at=now,
+                owner=owner if owner is not None else row.owner,
+                fence=fence if fence is not None else row.fence,
+                reason=reason, approved_by=approved_by,
+            )
+        )
+        return row
+
+    def _explain(
+        self, conn: Connection, job_id: str, target: State, claim: Claim | None = None
+    ) -> Exception:
+        row = conn.execute(
+            select(J.state, J.owner, J.fence, J.lease_until, (J.lease_until > self.clock.now()))
+            .where(J.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return UnknownJob(job_id)
+        current = State(row[0])
+        if claim is not None:
+            if current is State.CANCELLED:
+                return LeaseLost(job_id, claim.owner, claim.fence, "the job was cancelled")
+            if row.fence != claim.fence or row.owner != claim.owner:
+                return LeaseLost(
+                    job_id, claim.owner, claim.fence, f"now {current.value} under fence {row.fence}"
+                )
+            if current is State.RUNNING and not row[4]:
+                return LeaseLost(job_id, claim.owner, claim.fence, "the lease expired")
+        if not states.is_legal(current, target):
+            return IllegalTransition(current, target, job_id)
+        if claim is not None:
+            return LeaseLost(job_id, claim.owner, claim.fence, f"job is {current.value}")
+        return IllegalTransition(current, target, job_id)
+
+    def _owner_move(
+        self, claim: Claim, target: State, values: dict[str, Any], reason: str | None
+    ) -> Job:
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, claim.job_id, target, only_from=[State.RUNNING], where=self._fenced(claim),
+                values=values, owner=claim.owner, fence=claim.fence, reason=reason,
+            )
+            if row is None:
+                raise self._explain(conn, claim.job_id, target, claim)
+            return Job.from_row(row)
+
+    # -- submit --------------------------------------------------------------------------
+
+    def create(
+        self,
+        kind: str,
+        inputs: dict[str, Any],
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float = 0,
+        code_version: str | None = None,
+    ) -> tuple[Job, bool]:
+        """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
+        same kind and inputs returns that job with ``created=False`` (an idempotent retry
+        of the same request), and with anything else raises :class:`DuplicateJob`."""
+        check_name(job_id, "job id")
+        check_name(kind, "job kind")
+        if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
+            raise InvalidInput("inputs must be a JSON object with string keys")
+        text = encode_json(inputs, "inputs", self.max_payload_bytes)
+        inputs = json.loads(text)  # store exactly what a reader will get back
+        if max_attempts < 1:
+            raise InvalidInput("max_attempts must be at least 1")
+        now = self.clock.now()
+        run_after = self.clock.after(delay_seconds) if delay_seconds > 0 else now
+        values = {
+            "id": job_id, "kind": kind, "state": State.QUEUED.value, "inputs": inputs,
+            "fence": 0, "attempts": 0, "max_attempts": max_attempts, "run_after": run_after,
+            "code_version": code_version, "created_at": now, "updated_at": now,
+            # Optimistic: the caller publishes right after commit; a failed publish calls
+            # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
+            "dispatched_at": None if delay_seconds > 0 else now,
+        }
+        with self.engine.begin() as conn:
+            dialect = conn.dialect.name
+            ins: Any
+            if dialect == "postgresql":
+                ins = postgresql.insert(J).values(values).on_conflict_do_nothing()
+            elif dialect == "sqlite":
+                ins = sqlite.insert(J).values(values).on_conflict_do_nothing()
+            else:  # pragma: no cover - settings refuse other backends
+                ins = insert(J).values(values)
+            created = conn.execute(ins.returning(J.id)).one_or_none() is not None
+            if created:
+                conn.execute(
+                    insert(TransitionRecord).values(
+                        job_id=job_id, from_state=None, to_state=State.QUEUED.value, at=now,
+                        reason="submitted",
+                    )
+                )
+            row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one()
+        job = Job.from_row(row)
+        if not created and (job.kind != kind or job.inputs != inputs):
+            raise DuplicateJob(job_id)
+        return job, created
+
+    # -- ownership -----------------------------------------------------------------------
+
+    def claim(
+        self,
+        job_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        liveness_key: int | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> Claim | None:
+        """Take the job if it is QUEUED and due, or RUNNING under an expired lease with
+        attempts left. One statement; ``None`` means someone else owns it or it is not
+        claimable now (see :meth:`get` for why)."""
+        now = self.clock.now()
+        claimable = or_(
+            (J.state == State.QUEUED.value) & (J.run_after <= now),
+            (J.state == State.RUNNING.value)
+            & (J.lease_until <= now)
+            & (J.attempts < J.max_attempts),
+        )
+        where = [claimable]
+        if kinds is not None:
+            where.append(J.kind.in_(list(kinds)))
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, job_id, State.RUNNING, where=where,
+                values={
+                    "owner": owner,
+                    "fence": J.fence + 1,
+                    "lease_until": self.clock.after(lease_seconds),
+                    "attempts": J.attempts + 1,
+                    "liveness_key": liveness_key,
+                },
+                owner=owner, reason="claimed",
+            )
+            if row is None:
+                return None
+            job = Job.from_row(row)
+        return Claim(job=job, owner=owner, fence=job.fence)
+
+    def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
+        """IDs of jobs a claim would take now, oldest first (for in-process draining)."""
+        now = self.clock.now()
+        stmt = (
+            select(J.id)
+            .where(
+                or_(
+                    (J.state == State.QUEUED.value) & (J.run_after <= now),
+                    (J.state == State.RUNNING.value) & (J.lease_until <= now)
+                    & (J.attempts < J.max_attempts),
+                )
+            )
+            .order_by(J.run_after, J.created_at)
+            .limit(limit)
+        )
+        if kinds is not None:
+            stmt = stmt.where(J.kind.in_(list(kinds)))
+        with self._read() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
+        """Heartbeat: push the lease out, only while it is still ours and unexpired."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(J).where(*self._fenced(claim))
+                .values(lease_until=self.clock.after(lease_seconds))
+                .returning(J.lease_until)
+            ).one_or_none()
+            if row is None:
+                raise self._explain(conn, claim.job_id, State.RUNNING, claim)
+            renewed = row[0]
+            assert renewed is not None
+            return renewed
+
+    def record_step(self, claim: Claim, name: str, output: Any) -> None:
+        """Record a step's output, fenced: one INSERT … SELECT that finds the job row only
+        while the claim still owns it."""
+        check_name(name, "step name")
+        text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
+        now = self.clock.now()
+        step = StepRecord.__table__.c
+        source = select(
+            J.id,
+            literal(name, step.name.type),
+            literal(json.loads(text), step.output.type),
+            now,
+            literal(claim.owner, step.owner.type),
+            literal(claim.fence, step.fence.type),
+        ).where(*self._fenced(claim))
+        stmt = insert(StepRecord).from_select(
+            ["job_id", "name", "output", "recorded_at", "owner", "fence"], source
+        )
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(stmt).rowcount != 1:
+                    raise self._explain(conn, claim.job_id, State.RUNNING, claim)
+        except IntegrityError:
+            raise StepError(
+                f"job {claim.job_id!r}: step {name!r} is already recorded"
+            ) from None
+
+    def complete(self, claim: Claim, result: Any = None) -> Job:
+        encode_json(result, "result", self.max_payload_bytes)
+        return self._owner_move(
+            claim, State.COMPLETED,
+            {"result": result, "lease_until": None, "liveness_key": None,
+             "finished_at": self.clock.now()},
+            "completed",
+        )
+
+    def fail(self, claim: Claim, error: str) -> Job:
+        return self._owner_move(
+            claim, State.FAILED,
+            {"last_error": error, "lease_until": None, "liveness_key": None,
+             "finished_at": self.clock.now()},
+            error,
+        )
+
+    def retry(self, claim: Claim, error: str, delay_seconds: float) -> Job:
+        """Back to QUEUED after an error, due again in ``delay_seconds``."""
+        return self._owner_move(
+            claim, State.QUEUED,
+            {"last_error": error, "owner": None, "lease_until": None, "liveness_key": None,
+             "dispatched_at": None, "run_after": self.clock.after(delay_seconds)},
+            f"retry: {error}",
+        )
+
+    def release(self, claim: Claim, reason: str) -> Job:
+        """Give the job back to the queue without counting the attempt: the run did not fail,
+        it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
+        return self._owner_move(
+            claim, State.QUEUED,
+            {"owner": None, "lease_until": None, "liveness_key": None,
+             "dispatched_at": self.clock.now(), "run_after": self.clock.now(),
+             "attempts": J.attempts - 1},
+            reason,
+        )
+
+    def wait_for_approval(self, claim: Claim, reason: str, step_name: str) -> Job:
+        """Park the job and release the lease; the pause gives back its attempt. The approval
+        will be recorded as step ``step_name``."""
+        check_name(step_name, "approval step name")
+        return self._owner_move(
+            claim, State.WAITING_APPROVAL,
+            {"owner": None, "lease_until": None, "liveness_key": None,
+             "attempts": J.attempts - 1, "waiting_for": step_name},
+            reason,
+        )
+
+    # -- operators -----------------------------------------------------------------------
+
+    def approve(self, job_id: str, by: str, note: str | None = None) -> Job:
+        check_name(by, "approver")
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, job_id, State.QUEUED, only_from=[State.WAITING_APPROVAL],
+                values={"run_after": now, "dispatched_at": now},
+                reason=note or "approved", approved_by=by,
+            )
+            if row is None:
+                raise self._explain(conn, job_id, State.QUEUED)
+            job = Job.from_row(row)
+            waiting_for = row.waiting_for
+            if waiting_for is not None:
+                conn.execute(
+                    insert(StepRecord).values(
+                        job_id=job_id, name=waiting_for,
+                        output={"approved_by": by, "note": note}, recorded_at=now,
+                        owner=by, fence=job.fence,
+                    )
+                )
+                conn.execute(update(J).where(J.id == job_id).values(waiting_for=None))
+                job = dataclasses.replace(job, waiting_for=None)
+            return job
+
+    def cancel(self, job_id: str, reason: str = "cancelled by an operator") -> Job:
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, job_id, State.CANCELLED,
+                values={"lease_until": None, "liveness_key": None,
+                        "finished_at": self.clock.now()},
+                reason=reason,
+            )
+            if row is None:
+                raise self._explain(conn, job_id, State.CANCELLED)
+            return Job.from_row(row)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def expire(
+        self, job_id: str, owner: str, fence: int, reason: str, *, only_if_expired: bool = False
+    ) -> Job | None:
+        """Take a RUNNING job from an owner that lost its lease or is known dead: back to
+        QUEUED with the attempt counted, or FAILED once its attempts are exhausted. Fenced on
+        the owner and fence the caller saw, so of several sweepers exactly one moves the job;
+        ``only_if_expired`` re-checks the lease inside the same statement (the owner may have
+        renewed since the caller looked)."""
+        now = self.clock.now()
+        stale = [J.owner == owner, J.fence == fence]
+        if only_if_expired:
+            stale.append(J.lease_until <= now)
+        exhausted = f"{reason}; attempts exhausted"
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, job_id, State.FAILED, only_from=[State.RUNNING],
+                where=[*stale, J.attempts >= J.max_attempts],
+                values={"lease_until": None, "liveness_key": None, "finished_at": now,
+                        "last_error": exhausted},
+                owner=owner, fence=fence, reason=exhausted,
+            )
+            if row is None:
+                row = self._transition(
+                    conn, job_id, State.QUEUED, only_from=[State.RUNNING], where=stale,
+                    values={"owner": None, "lease_until": None, "liveness_key": None,
+                            "dispatched_at": None, "run_after": now, "last_error": reason},
+                    owner=owner, fence=fence, reason=reason,
+                )
+            return None if row is None else Job.from_row(row)
+
+    def sweep_expired(self, limit: int = 100) -> list[Job]:
+        """Move every RUNNING job whose lease ran out (``lease_until <= now``) back to QUEUED
+        with the attempt counted, or to FAILED when no attempts remain."""
+        now = self.clock.now()
+        with self._read() as conn:
+            candidates = conn.execute(
+                select(J.id, J.owner, J.fence)
+                .where(J.state == State.RUNNING.value, J.lease_until <= now)
+                .order_by(J.lease_until).limit(limit)
+            ).all()
+        moved = []
+        for job_id, owner, fence in candidates:
+            job = self.expire(job_id, owner or "", fence, "lease expired", only_if_expired=True)
+            if job is not None:
+                moved.append(job)
+        return moved
+
+    def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
+        """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness
+        lock, for the sweeper to compare with the locks still held."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.id, J.owner, J.fence, J.liveness_key)
+                .where(J.state == State.RUNNING.value, J.liveness_key.is_not(None))
+            ).all()
+        return [(r[0], r[1] or "", r[2], r[3] or 0) for r in rows]
+
+    def due_for_dispatch(self, stale_seconds: float, limit: int = 100) -> list[str]:
+        """QUEUED jobs that are due and were never published, or published more than
+        ``stale_seconds`` ago without being claimed (the message was lost). Marks them
+        dispatched now, in the same statement, so concurrent sweepers do not both send."""
+        now = self.clock.now()
+        stale = self.clock.after(-stale_seconds)
+        with self.engine.begin() as conn:
+            ids = list(conn.execute(
+                select(J.id)
+                .where(
+                    J.state == State.QUEUED.value, J.run_after <= now,
+                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                )
+                .order_by(J.run_after).limit(limit)
+            ).scalars())
+            if not ids:
+                return []
+            marked = conn.execute(
+                update(J)
+                .where(
+                    J.id.in_(ids), J.state == State.QUEUED.value,
+                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                )
+                .values(dispatched_at=now)
+                .returning(J.id)
+            ).scalars()
+            return sorted(marked)
+
+    def forget_dispatch(self, job_id: str) -> None:
+        """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbell
+        again instead of waiting for the message to count as lost (not a state change)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(J).where(J.id == job_id, J.state == State.QUEUED.value)
+                .values(dispatched_at=None)
+            )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        with self._read() as conn:
+            row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one_or_none()
+        if row is None:
+            raise UnknownJob(job_id)
+        return Job.from_row(row)
+
+    def steps(self, job_id: str) -> list[Step]:
+        S = StepRecord.__table__.c
+        with self._read() as conn:
+            rows = conn.execute(
+                select(S.name, S.output, S.recorded_at, S.owner, S.fence)
+                .where(S.job_id == job_id).order_by(S.recorded_at, S.name)
+            ).all()
+        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
+
+    def history(self, job_id: str) -> list[Transition]:
+        T = TransitionRecord.__table__.c
+        with self._read() as conn:
+            rows = conn.execute(
+                select(T.from_state, T.to_state, T.at, T.owner, T.fence, T.reason, T.approved_by)
+                .where(T.job_id == job_id).order_by(T.id)
+            ).all()
+        return [
+            Transition(
+                State(r.from_state) if r.from_state else None, State(r.to_state), r.at, r.owner,
+                r.fence, r.reason, r.approved_by,
+            )
+            for r in rows
+        ]
+
+    def list(
+        self, state: State | None = None, kind: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        stmt = select(*_JOB_COLUMNS).order_by(J.created_at.desc(), J.id).limit(limit)
+        if state is not None:
+            stmt = stmt.where(J.state == state.value)
+        if kind is not None:
+            stmt = stmt.where(J.kind == kind)
+        with self._read() as conn:
+            return [Job.from_row(r) for r in conn.execute(stmt)]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Number of jobs by (kind, state)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.kind, J.state, func.count()).group_by(J.kind, J.state)
+            ).all()
+        return {(r[0], r[1]): int(r[2]) for r in rows}
+
+    def oldest_queued(self) -> tuple[str, float] | None:
+        """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""
+        now = self.clock.now()
+        with self._read() as conn:
+            row = conn.execute(
+                select(J.id, J.run_after, now)
+                .where(J.state == State.QUEUED.value, J.run_after <= now)
+                .order_by(J.run_after).limit(1)
+            ).one_or_none()
+        if row is None:
+            return None
+        return row[0], max(0.0, (row[2] - row[1]).total_seconds())

@@ -1,0 +1,1 @@
+"""Alembic migrations for the job tables (``jobctl db upgrade`` runs them)."""

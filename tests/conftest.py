@@ -1,0 +1,77 @@
+"""Shared fixtures: an isolated embedded setup per test, and a private PostgreSQL database
+per test session (so concurrent runs on one server never see each other's jobs).
+
+Service tests skip only when the service is unreachable outside CI, and say why; with
+CI=true they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+import jobs
+from jobs import api
+from jobs.core.registry import REGISTRY
+from jobs.core.settings import normalize_database_url, reset_settings
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+PG_ADMIN_URL = normalize_database_url(
+    os.environ.get("JOBS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+)
+AMQP_URL = os.environ.get("JOBS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def service_unavailable(name: str, err: Exception) -> None:
+    message = f"{name} unreachable: {err}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: service tests must run)")
+    pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def isolated_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test gets its own data folder and SQLite database and no doorbell."""
+    for key in list(os.environ):
+        if key.startswith("JOBS_") and not key.startswith("JOBS_TEST_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "jobs-data"))
+    reset_settings()
+    api.reset()
+    api.set_dispatcher(None)
+    yield tmp_path
+    reset_settings()
+    api.reset()
+    REGISTRY.reset_imports()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"jobs_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as err:  # noqa: BLE001 - any failure to reach the server
+        admin.dispose()
+        service_unavailable("PostgreSQL", err)
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        from jobs.core.db import dispose_all  # noqa: PLC0415
+
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+__all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]
