@@ -1,0 +1,3 @@
+"""jobctl commands over the core alone: submit, show, list, approve, cancel, db, simulate."""
+
+from __future__ import annotations

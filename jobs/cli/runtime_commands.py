@@ -1,0 +1,3 @@
+"""jobctl commands that need the Celery runtime: worker, sweeper, stats, demo."""
+
+from __future__ import annotations
