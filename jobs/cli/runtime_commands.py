@@ -1,3 +1,76 @@
-"""jobctl commands that need the Celery runtime: worker, sweeper, stats, demo."""
+"""jobctl commands that run the Celery runtime: worker, sweeper, demo."""
 
 from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from jobs.cli import main
+from jobs.core.registry import REGISTRY
+from jobs.core.settings import get_settings
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), help="Worker processes.")
+@click.option("--queues", "-Q", help="Comma-separated queues (default: JOBS_QUEUE).")
+@click.option("--pool", "-P", help="Celery pool: prefork (default), threads, solo.")
+@click.option("--hostname", "-n", help="Node name, e.g. A@%h.")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker(
+    concurrency: int | None, queues: str | None, pool: str | None, hostname: str | None,
+    loglevel: str, celery_args: tuple[str, ...],
+) -> None:
+    """Run a Celery worker daemon in the foreground (exec: signals reach Celery itself).
+
+    Extra arguments are passed to `celery worker` unchanged.
+    """
+    settings = get_settings()  # a bad setting stops here with a clear message
+    REGISTRY.names()  # so does a bad JOBS_IMPORTS module
+    argv = [
+        sys.executable, "-m", "celery", "-A", "jobs.celery_app", "worker",
+        "-Q", queues or settings.queue, "-l", loglevel, "-E",
+    ]
+    if concurrency is not None:
+        argv += ["-c", str(concurrency)]
+    if pool:
+        argv += ["-P", pool]
+    if hostname:
+        argv += ["-n", hostname]
+    argv += list(celery_args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - become the Celery process
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Run one pass, print what it did, and exit.")
+def sweeper(once: bool) -> None:
+    """Recover jobs without the broker: dead owners, expired leases, lost messages."""
+    from jobs import api  # noqa: PLC0415
+    from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
+
+    settings = get_settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    store = api.get_store()
+    if once:
+        report = sweep_once(store, settings, api.dispatch)
+        click.echo(f"dead owners re-queued: {len(report.dead_owner)}, "
+                   f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}")
+        return
+    run_forever(store, settings, api.dispatch)
+
+
+@main.command()
+@click.option("--job-id", default="T-42", show_default=True)
+@click.option("--timeout", default=90.0, show_default=True, help="Seconds before giving up.")
+def demo(job_id: str, timeout: float) -> None:
+    """The T-42 story with real processes: worker A is SIGKILLed mid-job, worker B finishes it."""
+    from jobs.demo import run_demo  # noqa: PLC0415
+
+    ok = run_demo(job_id=job_id, timeout=timeout, echo=click.echo)
+    if not ok:
+        raise SystemExit(1)

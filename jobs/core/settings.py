@@ -29,6 +29,7 @@ class Settings:
     default_max_attempts: int = 5
     retry_backoff_seconds: float = 1.0
     retry_backoff_max_seconds: float = 300.0
+    delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
 
     @property
@@ -43,7 +44,7 @@ class Settings:
 KNOWN = {
     "DATA_DIR", "DATABASE_URL", "BROKER_URL", "LEASE_SECONDS", "SWEEP_INTERVAL_SECONDS",
     "REDISPATCH_AFTER_SECONDS", "IMPORTS", "MAX_INPUT_BYTES", "DEFAULT_MAX_ATTEMPTS",
-    "RETRY_BACKOFF_SECONDS", "RETRY_BACKOFF_MAX_SECONDS", "QUEUE",
+    "RETRY_BACKOFF_SECONDS", "RETRY_BACKOFF_MAX_SECONDS", "DELIVERY_BUDGET_SECONDS", "QUEUE",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL", "TEST_AMQP_URL",
 }
@@ -126,6 +127,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         default_max_attempts=_positive_int(env, "DEFAULT_MAX_ATTEMPTS", 5),
         retry_backoff_seconds=_positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0),
         retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
+        delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
     )
 

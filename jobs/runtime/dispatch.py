@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from jobs.core.settings import get_settings
+
 
 def publish(job_id: str) -> None:
-    from jobs.celery_app import run_job  # noqa: PLC0415 - the app is built on first publish
+    from jobs.celery_app import TASK_NAME, app_for  # noqa: PLC0415 - Celery on first publish
 
-    run_job.apply_async(args=(job_id,), task_id=None)
+    settings = get_settings()
+    app_for(settings).send_task(TASK_NAME, args=(job_id,), queue=settings.queue)

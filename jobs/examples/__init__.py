@@ -1,0 +1,1 @@
+"""Example job kinds; ``jobctl demo`` runs ``check_order``."""

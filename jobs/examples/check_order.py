@@ -1,0 +1,60 @@
+"""The seed story's job: check an order with a read-only lookup, then a slow check.
+
+Each step appends a line to ``effects.log`` in the data folder, so the demo (and the
+acceptance tests) can count how many times each step's function really ran, and by
+which process: a recorded step must never run twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jobs
+from jobs.core.settings import get_settings
+
+
+def _effect(name: str, job_id: str) -> None:
+    path = get_settings().data_dir / "effects.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as log:
+        log.write(f"{job_id} {name} pid={os.getpid()}\n")
+
+
+def lookup_order(job_id: str, order_id: int) -> dict[str, Any]:
+    _effect("lookup_order", job_id)
+    return {"order_id": order_id, "total_cents": 4200, "items": 3}
+
+
+def check_payment(job_id: str, order: dict[str, Any], seconds: float) -> dict[str, Any]:
+    _effect("check_payment:start", job_id)
+    time.sleep(seconds)
+    _effect("check_payment:done", job_id)
+    return {"paid": True, "amount_cents": order["total_cents"]}
+
+
+@jobs.job("check_order", max_attempts=3, version="1")
+def check_order(
+    ctx: jobs.JobContext, order_id: int, check_seconds: float = 2.0, approval: bool = False
+) -> dict[str, Any]:
+    order = ctx.step("lookup_order", lookup_order, ctx.job_id, order_id)
+    payment = ctx.step("check_payment", check_payment, ctx.job_id, order, check_seconds)
+    approved_by = None
+    if approval:
+        approved_by = ctx.wait_for_approval("refund needs a human")["approved_by"]
+    return {"order_id": order_id, "ok": payment["paid"], "approved_by": approved_by}
+
+
+@jobs.job("sleep_steps", max_attempts=3)
+def sleep_steps(ctx: jobs.JobContext, steps: int, seconds: float) -> dict[str, Any]:
+    """A long job made of short steps (for the consumer-timeout and hand-back tests)."""
+    for n in range(steps):
+        ctx.step(f"sleep-{n}", _sleep_effect, ctx.job_id, n, seconds)
+    return {"steps": steps}
+
+
+def _sleep_effect(job_id: str, n: int, seconds: float) -> int:
+    _effect(f"sleep-{n}", job_id)
+    time.sleep(seconds)
+    return n

@@ -1,0 +1,111 @@
+"""Worker liveness on PostgreSQL: a session advisory lock held for the life of a process.
+
+Each worker process takes ``pg_advisory_lock(key)`` on a dedicated connection (never a
+pooled one, which would go back to the pool still holding the lock) and stamps ``key``
+on every job it claims. PostgreSQL drops the lock when that connection dies, which it
+does when the process dies, however it dies. The sweeper compares the keys of RUNNING
+jobs with the locks still held (``pg_locks``) and takes back a dead owner's jobs at
+once instead of waiting for the lease to run out — GoodJob's idea, with our fence
+making it safe: if the owner was only cut off, its next write is refused.
+
+A hung process (SIGSTOP) keeps its connection and lock, so it is recovered by lease
+expiry instead, and a fenced write stops it when it wakes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
+from sqlalchemy.pool import NullPool
+
+from jobs.core.store import Job, JobStore
+
+log = logging.getLogger("jobs.liveness")
+
+# Keys are positive 62-bit integers so that (classid << 32 | objid) in pg_locks
+# reads them back unchanged.
+_KEY_BITS = 62
+
+_HELD_KEYS_SQL = text(
+    "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+    "WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+)
+
+
+class LivenessLock:
+    def __init__(self, database_url: str) -> None:
+        self.key = secrets.randbits(_KEY_BITS) or 1
+        self._engine: Engine = create_engine(database_url, poolclass=NullPool)
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self) -> int:
+        """Hold the lock, re-taking it on a new connection if the old one died."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.execute(text("SELECT 1"))
+                    self._conn.commit()
+                    return self.key
+                except Exception:
+                    log.warning("liveness connection lost; taking the lock again")
+                    self._conn.invalidate()
+                    self._conn = None
+            conn = self._engine.connect()
+            conn.execute(select(func.pg_advisory_lock(self.key)))
+            conn.commit()
+            self._conn = conn
+            return self.key
+
+    def release(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        self._engine.dispose()
+
+
+_process_lock: tuple[int, LivenessLock] | None = None
+_guard = threading.Lock()
+
+
+def process_key(database_url: str, dialect: str) -> int | None:
+    """This process's liveness key (taking the lock on first use); None off PostgreSQL."""
+    global _process_lock  # noqa: PLW0603 - one lock per process, re-made after a fork
+    if dialect != "postgresql":
+        return None
+    pid = os.getpid()
+    with _guard:
+        if _process_lock is None or _process_lock[0] != pid:
+            # After a fork the inherited connection belongs to the parent: never reuse it.
+            _process_lock = (pid, LivenessLock(database_url))
+        lock = _process_lock[1]
+    return lock.ensure()
+
+
+def held_keys(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        return {int(key) for key in conn.execute(_HELD_KEYS_SQL).scalars()}
+
+
+def rescue_dead_owners(store: JobStore) -> list[Job]:
+    """Re-queue (or fail, when out of attempts) RUNNING jobs whose owner's lock is gone."""
+    if store.engine.dialect.name != "postgresql":
+        return []
+    running = store.running_with_liveness()
+    if not running:
+        return []
+    alive = held_keys(store.engine)
+    rescued = []
+    for job_id, owner, fence, key in running:
+        if key in alive:
+            continue
+        job = store.expire(job_id, owner, fence, f"owner {owner} died (liveness lock released)")
+        if job is not None:
+            log.warning("job %s: owner %s is gone; now %s", job_id, owner, job.state.value)
+            rescued.append(job)
+    return rescued
