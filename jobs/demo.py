@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from jobs.core.db import engine_for
 from jobs.core.errors import UnknownJob
 from jobs.core.settings import get_settings, reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Transition
+from jobs.schema import upgrade
 
 Echo = Callable[[str], None]
 KIND_MODULE = "jobs.examples.check_order"
@@ -114,14 +116,26 @@ def _wait_for(check: Callable[[], Job | None], timeout: float, what: str) -> Job
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def _free_id(store: JobStore, wanted: str) -> str:
+    """``wanted``, or ``wanted.2``, ``wanted.3`` … when an earlier demo on a shared
+    database already used it (job IDs are never reused)."""
+    candidate, n = wanted, 1
+    while True:
+        try:
+            store.get(candidate)
+        except UnknownJob:
+            return candidate
+        n += 1
+        candidate = f"{wanted}.{n}"
+
+
 def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) -> bool:
     from jobs import api  # noqa: PLC0415
 
     base = get_settings()
     embedded = not base.database_url.startswith("postgresql")
     data_dir = base.data_dir / "demo"
-    if embedded:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    shutil.rmtree(data_dir, ignore_errors=True)  # logs and effects of an earlier run
     overrides = {
         "JOBS_DATA_DIR": str(data_dir),
         "JOBS_IMPORTS": KIND_MODULE,
@@ -135,13 +149,10 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
         api.reset()
         settings = get_settings()
         env = dict(os.environ)
-        store = api.get_store()  # SQLite: creates the schema; PostgreSQL: checks it
-        while True:
-            try:
-                store.get(job_id)
-            except UnknownJob:
-                break
-            job_id = f"{job_id}+"
+        if not embedded:
+            upgrade(engine_for(settings.database_url))  # the demo may be the first thing run
+        store = api.get_store()
+        job_id = _free_id(store, job_id)
         echo(f"database: {store.engine.url.render_as_string(hide_password=True)}")
         echo(f"broker:   {settings.broker_url}   lease: {settings.lease_seconds:g}s")
         procs = Processes(env, data_dir / "logs")

@@ -369,10 +369,10 @@ class JobStore:
         ).where(*self._fenced(claim))
         stmt = insert(StepRecord).from_select(
             ["job_id", "name", "output", "recorded_at", "owner", "fence"], source
-        )
+        ).returning(StepRecord.job_id)
         try:
             with self.engine.begin() as conn:
-                if conn.execute(stmt).rowcount != 1:
+                if conn.execute(stmt).one_or_none() is None:
                     raise self._explain(conn, claim.job_id, State.RUNNING, claim)
         except IntegrityError:
             raise StepError(
