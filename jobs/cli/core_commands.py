@@ -1,3 +1,375 @@
-"""jobctl commands over the core alone: submit, show, list, approve, cancel, db, simulate."""
+"""jobctl commands over the core alone: submit, show, list, approve, cancel, stats, db, simulate.
+
+Every command reads the ledger through :mod:`jobs.api` (or the store), never through a
+broker, so what it prints is what a recovering worker would see. Output meant for
+scripts (``--json``) uses ISO 8601 instants with their offset and keeps the store's
+field names.
+"""
 
 from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import click
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+
+import jobs
+from jobs import schema
+from jobs.cli import main
+from jobs.core.db import engine_for
+from jobs.core.errors import IllegalTransition, InvalidInput
+from jobs.core.settings import get_settings
+from jobs.core.states import TERMINAL, State
+from jobs.core.store import Job, Step, Transition
+
+#: How often ``submit --wait`` re-reads the job; tests shorten it.
+POLL_SECONDS = 0.3
+
+_DATABASE_ERRORS = (OperationalError, InterfaceError, ArgumentError)
+
+
+def _database_failure(err: Exception) -> click.ClickException:
+    """An unreachable or misnamed database is a setup mistake: one line, not a traceback."""
+    orig = getattr(err, "orig", None)
+    detail = str(orig if orig is not None else err).strip().splitlines()
+    return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
+
+
+class _Command(click.Command):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _DATABASE_ERRORS as err:
+            raise _database_failure(err) from None
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _DATABASE_ERRORS as err:
+            raise _database_failure(err) from None
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def iso(instant: dt.datetime | None) -> str | None:
+    """Always with microseconds and offset, so every value parses the same way."""
+    return None if instant is None else instant.isoformat(timespec="microseconds")
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id, "kind": job.kind, "state": job.state.value, "owner": job.owner,
+        "lease_until": iso(job.lease_until), "fence": job.fence, "attempts": job.attempts,
+        "max_attempts": job.max_attempts, "inputs": job.inputs, "result": job.result,
+        "last_error": job.last_error, "waiting_for": job.waiting_for,
+        "run_after": iso(job.run_after), "created_at": iso(job.created_at),
+        "updated_at": iso(job.updated_at), "finished_at": iso(job.finished_at),
+    }
+
+
+def step_dict(step: Step) -> dict[str, Any]:
+    return {
+        "name": step.name, "output": step.output, "recorded_at": iso(step.recorded_at),
+        "owner": step.owner, "fence": step.fence,
+    }
+
+
+def transition_dict(move: Transition) -> dict[str, Any]:
+    return {
+        "from": move.from_state.value if move.from_state is not None else None,
+        "to": move.to_state.value, "owner": move.owner, "fence": move.fence,
+        "at": iso(move.at), "reason": move.reason, "approved_by": move.approved_by,
+    }
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "), sort_keys=True)
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+# -- submit --------------------------------------------------------------------------------
+
+
+def parse_inputs(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"--input is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"--input must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@main.command(cls=_Command)
+@click.argument("kind")
+@click.option("--input", "input_json", default="{}", show_default=True,
+              help="The job's inputs as a JSON object.")
+@click.option("--id", "job_id", help="Choose the ID; the same ID and inputs again is a no-op.")
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Override the kind's limit.")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.0,
+              help="Seconds before the job is due.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
+def submit(*, kind: str, input_json: str, job_id: str | None, max_attempts: int | None,
+           delay: float, wait: bool, timeout: float | None) -> None:
+    """Queue a job of KIND and print its ID."""
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout only applies with --wait")
+    new_id = jobs.submit(kind, parse_inputs(input_json), job_id=job_id,
+                         max_attempts=max_attempts, delay_seconds=delay)
+    click.echo(new_id)
+    if wait:
+        _exit(follow(new_id, timeout))
+
+
+def _exit(code: int) -> NoReturn:
+    click.get_current_context().exit(code)
+
+
+def progress_line(job: Job, steps: Sequence[Step]) -> str:
+    names = ", ".join(step.name for step in steps) or "-"
+    return (f"{job.id} {job.state.value} owner={job.owner or '-'} "
+            f"attempt {job.attempts} steps: {names}")
+
+
+def follow(job_id: str, timeout: float | None,
+           sleep: Callable[[float], None] = time.sleep) -> int:
+    """Print a line whenever state, owner or recorded steps change; return the exit code."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen: tuple[Any, ...] | None = None
+    while True:
+        job, steps = jobs.get(job_id), jobs.steps(job_id)
+        now_seen = (job.state, job.owner, frozenset(step.name for step in steps))
+        if now_seen != seen:
+            click.echo(progress_line(job, steps))
+            seen = now_seen
+        if job.state in TERMINAL or job.state is State.WAITING_APPROVAL:
+            return _ended(job)
+        if deadline is not None and time.monotonic() >= deadline:
+            click.echo(f"timed out after {timeout:g}s; {job_id} is {job.state.value}", err=True)
+            return 2
+        sleep(POLL_SECONDS)
+
+
+def _ended(job: Job) -> int:
+    if job.state is State.COMPLETED:
+        click.echo(json.dumps(job.result))
+        return 0
+    if job.state is State.WAITING_APPROVAL:
+        click.echo(f"waiting for approval: jobctl approve {job.id} --by NAME")
+        return 0
+    if job.state is State.FAILED:
+        click.echo(f"{job.id} failed: {job.last_error}", err=True)
+        return 1
+    click.echo(f"{job.id} cancelled: {job.last_error or _last_reason(job.id)}", err=True)
+    return 1
+
+
+def _last_reason(job_id: str) -> str:
+    history = jobs.history(job_id)
+    return (history[-1].reason or "") if history else ""
+
+
+# -- show, list ----------------------------------------------------------------------------
+
+
+@main.command(cls=_Command)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def show(job_id: str, as_json: bool) -> None:
+    """A job's record, recorded steps and history of moves."""
+    job, steps, history = jobs.get(job_id), jobs.steps(job_id), jobs.history(job_id)
+    if as_json:
+        _echo_json({
+            **job_dict(job),
+            "steps": [step_dict(s) for s in steps],
+            "history": [transition_dict(t) for t in history],
+        })
+        return
+    _show_text(job, steps, history)
+
+
+def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -> None:
+    fields = [
+        ("id", job.id), ("kind", job.kind), ("state", job.state.value),
+        ("owner", job.owner or "-"), ("lease_until", iso(job.lease_until) or "-"),
+        ("fence", str(job.fence)), ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("inputs", _compact(job.inputs)), ("result", _compact(job.result)),
+        ("last_error", job.last_error or "-"),
+    ]
+    if job.waiting_for:
+        fields.append(("waiting_for", job.waiting_for))
+    for name, value in fields:
+        click.echo(f"{name + ':':<13}{value}")
+    click.echo("steps:" + ("" if steps else " -"))
+    for step in steps:
+        click.echo(f"  {step.name}  {_compact(step.output)}  "
+                   f"(owner={step.owner} fence={step.fence} at {iso(step.recorded_at)})")
+    click.echo("history:")
+    for move in history:
+        click.echo("  " + _history_line(move))
+
+
+def _history_line(move: Transition) -> str:
+    source = move.from_state.value if move.from_state is not None else "(new)"
+    parts = [f"{iso(move.at)}  {source} -> {move.to_state.value}"]
+    if move.owner is not None:
+        parts.append(f"owner={move.owner} fence={move.fence}")
+    if move.approved_by is not None:
+        parts.append(f"approved_by={move.approved_by}")
+    if move.reason:
+        parts.append(f"({move.reason})")
+    return "  ".join(parts)
+
+
+@main.command("list", cls=_Command)
+@click.option("--state", type=click.Choice([s.value for s in State], case_sensitive=False),
+              help="Only jobs in this state.")
+@click.option("--kind", help="Only jobs of this kind.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
+def list_command(state: str | None, kind: str | None, limit: int, as_json: bool) -> None:
+    """Jobs, newest first."""
+    found = jobs.list_jobs(State(state.upper()) if state else None, kind, limit)
+    if as_json:
+        _echo_json([job_dict(job) for job in found])
+        return
+    if not found:
+        click.echo("no jobs")
+        return
+    _table(
+        ("ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"),
+        [(j.id, j.kind, j.state.value, j.owner or "-", f"{j.attempts}/{j.max_attempts}",
+          j.updated_at.isoformat(timespec="seconds")) for j in found],
+    )
+
+
+# -- operators -----------------------------------------------------------------------------
+
+
+@main.command(cls=_Command)
+@click.argument("job_id", metavar="ID")
+@click.option("--by", required=True, help="Who approves; recorded in the history.")
+@click.option("--note", help="Why; recorded with the approval.")
+def approve(job_id: str, by: str, note: str | None) -> None:
+    """Let a job waiting for approval continue past its wait."""
+    try:
+        job = jobs.approve(job_id, by=by, note=note)
+    except IllegalTransition as err:
+        # The store names the move it refused; say which state approval needs.
+        raise click.ClickException(
+            f"{err} (only a {State.WAITING_APPROVAL.value} job can be approved)"
+        ) from None
+    click.echo(f"{job.id} {job.state.value}")
+
+
+@main.command(cls=_Command)
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", default="cancelled by an operator", show_default=True)
+def cancel(job_id: str, reason: str) -> None:
+    """Stop a job that has not ended; a running owner stops at its next write."""
+    job = jobs.cancel(job_id, reason)
+    click.echo(f"{job.id} {job.state.value}")
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+
+def stats_dict() -> dict[str, Any]:
+    """Counts with every state present (zeros too), so dashboards need no defaults."""
+    store = jobs.get_store()
+    by_state = {state.value: 0 for state in State}
+    by_kind: dict[str, int] = {}
+    for (kind, state), count in sorted(store.counts().items()):
+        by_state[state] = by_state.get(state, 0) + count
+        by_kind[kind] = by_kind.get(kind, 0) + count
+    oldest = store.oldest_queued()
+    return {
+        "total": sum(by_state.values()),
+        "by_state": by_state,
+        "by_kind": by_kind,
+        "queue_depth": by_state[State.QUEUED.value],
+        "oldest_queued": None if oldest is None else {
+            "id": oldest[0], "age_seconds": round(oldest[1], 3),
+        },
+    }
+
+
+@main.command(cls=_Command)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def stats(as_json: bool) -> None:
+    """Jobs by state and kind, and how long the oldest due job has waited."""
+    figures = stats_dict()
+    if as_json:
+        _echo_json(figures)
+        return
+    click.echo(f"jobs: {figures['total']}")
+    _table(("STATE", "COUNT"), [(s, str(n)) for s, n in figures["by_state"].items()])
+    if figures["by_kind"]:
+        _table(("KIND", "COUNT"), [(k, str(n)) for k, n in figures["by_kind"].items()])
+    oldest = figures["oldest_queued"]
+    waiting = "none due" if oldest is None else (
+        f"oldest due {oldest['id']} waiting {oldest['age_seconds']:.1f}s"
+    )
+    click.echo(f"queue depth: {figures['queue_depth']} QUEUED; {waiting}")
+
+
+# -- db ------------------------------------------------------------------------------------
+
+
+@main.group(cls=_Group)
+def db() -> None:
+    """The jobs schema in JOBS_DATABASE_URL (Alembic migrations shipped in the package)."""
+
+
+@db.command()
+def upgrade() -> None:
+    """Bring the schema to the version this code needs."""
+    engine = engine_for(get_settings().database_url)
+    schema.upgrade(engine)
+    click.echo(f"database at revision {schema.current_revision(engine)} (head)")
+
+
+@db.command()
+def current() -> None:
+    """Show the schema's revision and whether it is the one this code needs."""
+    engine = engine_for(get_settings().database_url)
+    revision, head = schema.current_revision(engine), schema.head_revision(engine)
+    if revision == head:
+        click.echo(f"{revision} (head)")
+    else:
+        click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")
+
+
+# -- simulate ------------------------------------------------------------------------------
+
+
+@main.command(cls=_Command)
+@click.option("--lease-steps", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Lease length, in steps, both workers claim with.")
+@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Worker B tries to take over at steps 1 … STEPS-1.")
+def simulate(lease_steps: int, steps: int) -> None:
+    """Replay the crash-and-recover story on a private in-memory database, deterministically."""
+    from jobs.simulate import simulate as replay  # noqa: PLC0415
+
+    for line in replay(lease_steps=lease_steps, steps=steps):
+        click.echo(line)

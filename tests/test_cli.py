@@ -1,0 +1,516 @@
+"""jobctl as an operator and a script use it: what it prints, how it exits, and that every
+user mistake is one line on stderr with exit code 1 instead of a traceback."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import jobs
+from jobs.cli import core_commands, main
+from jobs.core.context import JobContext
+from jobs.core.settings import reset_settings
+from jobs.testing import run
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@jobs.job("cli_lookup")
+def cli_lookup(ctx: JobContext, order_id: int) -> dict[str, Any]:
+    order = ctx.step("lookup", lambda: {"order_id": order_id, "total": 12})
+    return {"checked": order["order_id"]}
+
+
+@jobs.job("cli_approval")
+def cli_approval(ctx: JobContext, amount: int) -> int:
+    ctx.step("lookup", lambda: amount)
+    ctx.wait_for_approval("refund over limit")
+    return amount
+
+
+@jobs.job("cli_boom", max_attempts=1)
+def cli_boom(ctx: JobContext) -> None:
+    raise ValueError("the order service is down")
+
+
+def jobctl(*args: str) -> Result:
+    # catch_exceptions=False: an unexpected exception fails the test instead of hiding in
+    # Result.exception, so "no traceback" is really checked.
+    return CliRunner(catch_exceptions=False).invoke(main, list(args))
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def submit(kind: str = "cli_lookup", inputs: dict[str, Any] | None = None, *extra: str) -> str:
+    result = jobctl("submit", kind, "--input", json.dumps(inputs or {"order_id": 7}), *extra)
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+def parse_instant(text: str) -> dt.datetime:
+    instant = dt.datetime.fromisoformat(text)
+    assert instant.tzinfo is not None, text
+    return instant
+
+
+# -- submit --------------------------------------------------------------------------------
+
+
+def test_submit_prints_only_the_id_of_a_queued_job() -> None:
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}')
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    job = jobs.get(lines[0])
+    assert job.state is jobs.State.QUEUED
+    assert job.inputs == {"order_id": 7}
+
+
+def test_submit_passes_id_max_attempts_and_delay() -> None:
+    job_id = submit("cli_lookup", {"order_id": 1}, "--id", "T-42", "--max-attempts", "2",
+                    "--delay", "60")
+
+    job = jobs.get("T-42")
+    assert job_id == "T-42"
+    assert job.max_attempts == 2
+    assert job.run_after > job.created_at + dt.timedelta(seconds=59)
+
+
+def test_submit_with_the_same_id_again_is_idempotent() -> None:
+    first = submit("cli_lookup", {"order_id": 1}, "--id", "T-7")
+    second = submit("cli_lookup", {"order_id": 1}, "--id", "T-7")
+
+    assert first == second == "T-7"
+    assert len(jobs.list_jobs()) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "fragment"),
+    [("{order_id: 7", "not valid JSON"), ("[7]", "must be a JSON object")],
+)
+def test_submit_refuses_bad_input_json_in_one_line(given: str, fragment: str) -> None:
+    result = jobctl("submit", "cli_lookup", "--input", given)
+
+    assert_one_line_error(result, "--input", fragment)
+    assert jobs.list_jobs() == []
+
+
+def test_submit_refuses_unknown_kind_and_wrong_inputs() -> None:
+    assert_one_line_error(jobctl("submit", "no_such_kind"), "unknown job kind")
+    assert_one_line_error(jobctl("submit", "cli_lookup", "--input", '{"x": 1}'), "order_id")
+    assert jobs.list_jobs() == []
+
+
+def test_submit_reuse_of_an_id_with_other_inputs_is_one_line() -> None:
+    submit("cli_lookup", {"order_id": 1}, "--id", "T-1")
+
+    assert_one_line_error(
+        jobctl("submit", "cli_lookup", "--input", '{"order_id": 2}', "--id", "T-1"),
+        "already exists",
+    )
+
+
+# -- submit --wait -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fast_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core_commands, "POLL_SECONDS", 0.02)
+
+
+def run_later(delay: float = 0.15) -> Callable[[str], None]:
+    """A doorbell that runs the job in-process a little after submit, as a worker would."""
+
+    def ring(job_id: str) -> None:
+        threading.Timer(delay, run, args=(job_id,)).start()
+
+    return ring
+
+
+@pytest.mark.usefixtures("fast_poll")
+def test_submit_wait_follows_the_job_to_completion() -> None:
+    jobs.set_dispatcher(run_later())
+
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait",
+                    "--timeout", "10")
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    job_id = lines[0]
+    assert lines[1] == f"{job_id} QUEUED owner=- attempt 0 steps: -"
+    assert any(line.startswith(f"{job_id} COMPLETED owner=inline@") and
+               line.endswith("attempt 1 steps: lookup") for line in lines)
+    assert json.loads(lines[-1]) == {"checked": 7}
+
+
+@pytest.mark.usefixtures("fast_poll")
+def test_submit_wait_exits_1_with_the_error_when_the_job_fails() -> None:
+    jobs.set_dispatcher(run_later())
+
+    result = jobctl("submit", "cli_boom", "--wait", "--timeout", "10")
+
+    assert result.exit_code == 1
+    assert "FAILED" in result.stdout
+    assert "ValueError: the order service is down" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.usefixtures("fast_poll")
+def test_submit_wait_stops_with_a_hint_at_an_approval() -> None:
+    jobs.set_dispatcher(run_later())
+
+    result = jobctl("submit", "cli_approval", "--input", '{"amount": 500}', "--wait",
+                    "--timeout", "10")
+
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.splitlines()[0]
+    assert jobs.get(job_id).state is jobs.State.WAITING_APPROVAL
+    assert result.stdout.splitlines()[-1] == (
+        f"waiting for approval: jobctl approve {job_id} --by NAME"
+    )
+
+
+@pytest.mark.usefixtures("fast_poll")
+def test_submit_wait_exits_1_when_the_job_is_cancelled() -> None:
+    def cancel_at_once(job_id: str) -> None:
+        jobs.cancel(job_id, "not needed")
+
+    jobs.set_dispatcher(cancel_at_once)
+
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait")
+
+    assert result.exit_code == 1
+    assert "CANCELLED" in result.stdout
+    assert "not needed" in result.stderr
+
+
+@pytest.mark.usefixtures("fast_poll")
+def test_submit_wait_times_out_with_exit_2() -> None:
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait",
+                    "--timeout", "0.1")
+
+    assert result.exit_code == 2
+    assert "timed out" in result.stderr
+    assert "QUEUED" in result.stderr
+
+
+def test_submit_timeout_without_wait_is_a_usage_error() -> None:
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--timeout", "1")
+
+    assert result.exit_code == 2
+    assert jobs.list_jobs() == []
+
+
+# -- show ----------------------------------------------------------------------------------
+
+
+REQUIRED_KEYS = {
+    "id": str, "kind": str, "state": str, "owner": (str, type(None)),
+    "lease_until": (str, type(None)), "fence": int, "attempts": int, "max_attempts": int,
+    "inputs": dict, "result": object, "last_error": (str, type(None)), "steps": list,
+    "history": list,
+}
+
+
+def show_json(job_id: str) -> dict[str, Any]:
+    result = jobctl("show", job_id, "--json")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert isinstance(shown, dict)
+    return shown
+
+
+def test_show_json_of_a_completed_job_has_the_documented_shape() -> None:
+    job_id = submit("cli_lookup", {"order_id": 7})
+    run(job_id)
+
+    shown = show_json(job_id)
+
+    for key, kind in REQUIRED_KEYS.items():
+        assert isinstance(shown[key], kind), key
+    assert (shown["id"], shown["kind"], shown["state"]) == (job_id, "cli_lookup", "COMPLETED")
+    assert (shown["attempts"], shown["fence"], shown["result"]) == (1, 1, {"checked": 7})
+    [step] = shown["steps"]
+    assert set(step) >= {"name", "output", "recorded_at", "owner", "fence"}
+    assert step["name"] == "lookup"
+    assert (step["output"], step["fence"]) == ({"order_id": 7, "total": 12}, 1)
+    parse_instant(step["recorded_at"])
+    history = shown["history"]
+    assert [(h["from"], h["to"]) for h in history] == [
+        (None, "QUEUED"), ("QUEUED", "RUNNING"), ("RUNNING", "COMPLETED"),
+    ]
+    for move in history:
+        assert set(move) >= {"from", "to", "owner", "fence", "at", "reason", "approved_by"}
+        parse_instant(move["at"])
+    assert [parse_instant(h["at"]) for h in history] == sorted(
+        parse_instant(h["at"]) for h in history
+    )
+
+
+def test_show_json_of_a_running_job_has_an_aware_lease() -> None:
+    job_id = submit()
+    claim = jobs.get_store().claim(job_id, "worker-A", lease_seconds=30)
+    assert claim is not None
+
+    shown = show_json(job_id)
+
+    assert (shown["state"], shown["owner"], shown["fence"]) == ("RUNNING", "worker-A", 1)
+    lease = parse_instant(shown["lease_until"])
+    assert lease > dt.datetime.now(dt.UTC) + dt.timedelta(seconds=20)
+
+
+def test_show_text_lists_record_steps_and_history() -> None:
+    job_id = submit("cli_approval", {"amount": 500})
+    run(job_id)
+    jobs.approve(job_id, by="alice", note="ok")
+
+    result = jobctl("show", job_id)
+
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for fragment in (f"id:          {job_id}", "state:       QUEUED", "attempts:    0/5",
+                     '{"amount": 500}', "lookup  500", "WAITING_APPROVAL -> QUEUED",
+                     "approved_by=alice", "(new) -> QUEUED"):
+        assert fragment in out
+
+
+def test_show_of_an_unknown_id_is_one_line() -> None:
+    assert_one_line_error(jobctl("show", "nope"), "unknown job id 'nope'")
+    assert_one_line_error(jobctl("show", "nope", "--json"), "unknown job id 'nope'")
+
+
+# -- list ----------------------------------------------------------------------------------
+
+
+def test_list_filters_by_state_case_insensitively_and_by_kind() -> None:
+    done = submit("cli_lookup", {"order_id": 1})
+    run(done)
+    queued = submit("cli_lookup", {"order_id": 2})
+    other = submit("cli_approval", {"amount": 3})
+
+    by_state = json.loads(jobctl("list", "--state", "queued", "--json").stdout)
+    by_kind = json.loads(jobctl("list", "--kind", "cli_lookup", "--json").stdout)
+    limited = json.loads(jobctl("list", "--limit", "1", "--json").stdout)
+
+    assert {j["id"] for j in by_state} == {queued, other}
+    assert {j["id"] for j in by_kind} == {done, queued}
+    assert len(limited) == 1
+
+
+def test_list_table_has_a_header_and_one_row_per_job() -> None:
+    job_id = submit()
+
+    result = jobctl("list")
+
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"]
+    assert len(rows) == 1
+    assert rows[0].split()[:5] == [job_id, "cli_lookup", "QUEUED", "-", "0/5"]
+
+
+def test_list_with_no_jobs_says_so() -> None:
+    assert jobctl("list").stdout == "no jobs\n"
+    assert json.loads(jobctl("list", "--json").stdout) == []
+
+
+def test_list_with_an_unknown_state_names_the_valid_ones() -> None:
+    result = jobctl("list", "--state", "DONE")
+
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    for state in jobs.State:
+        assert state.value.lower() in result.stderr.lower()
+
+
+# -- approve, cancel -----------------------------------------------------------------------
+
+
+def test_approve_a_waiting_job_prints_its_new_state_and_records_who() -> None:
+    job_id = submit("cli_approval", {"amount": 500})
+    run(job_id)
+
+    result = jobctl("approve", job_id, "--by", "alice", "--note", "checked")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{job_id} QUEUED\n"
+    last = jobs.history(job_id)[-1]
+    assert (last.approved_by, last.reason) == ("alice", "checked")
+
+
+def test_approve_a_job_that_is_not_waiting_is_an_illegal_transition() -> None:
+    job_id = submit()
+
+    assert_one_line_error(jobctl("approve", job_id, "--by", "alice"), "illegal transition",
+                          "WAITING_APPROVAL")
+    assert jobs.get(job_id).state is jobs.State.QUEUED
+    assert_one_line_error(jobctl("approve", "nope", "--by", "alice"), "unknown job id")
+
+
+def test_approve_needs_an_approver() -> None:
+    result = jobctl("approve", "T-1")
+
+    assert result.exit_code == 2
+    assert "--by" in result.stderr
+
+
+def test_cancel_prints_the_new_state_and_refuses_a_second_time() -> None:
+    job_id = submit()
+
+    result = jobctl("cancel", job_id, "--reason", "duplicate order")
+
+    assert result.stdout == f"{job_id} CANCELLED\n"
+    assert jobs.history(job_id)[-1].reason == "duplicate order"
+    assert_one_line_error(jobctl("cancel", job_id), "illegal transition CANCELLED -> CANCELLED")
+    assert_one_line_error(jobctl("cancel", "nope"), "unknown job id")
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+
+def test_stats_counts_by_state_and_kind_and_shows_the_oldest_queued() -> None:
+    oldest = submit("cli_lookup", {"order_id": 1})
+    done = submit("cli_lookup", {"order_id": 2})
+    run(done)
+    submit("cli_approval", {"amount": 3})
+
+    figures = json.loads(jobctl("stats", "--json").stdout)
+
+    assert figures["total"] == 3
+    assert figures["by_state"] == {
+        "QUEUED": 2, "RUNNING": 0, "WAITING_APPROVAL": 0, "COMPLETED": 1, "FAILED": 0,
+        "CANCELLED": 0,
+    }
+    assert figures["by_kind"] == {"cli_approval": 1, "cli_lookup": 2}
+    assert figures["queue_depth"] == 2
+    assert figures["oldest_queued"]["id"] == oldest
+    assert 0 <= figures["oldest_queued"]["age_seconds"] < 60
+
+
+def test_stats_text_shows_queue_depth() -> None:
+    job_id = submit()
+
+    out = jobctl("stats").stdout
+
+    assert "jobs: 1" in out
+    assert f"queue depth: 1 QUEUED; oldest due {job_id} waiting" in out
+    assert "cli_lookup  1" in out
+
+
+def test_stats_of_an_empty_ledger() -> None:
+    figures = json.loads(jobctl("stats", "--json").stdout)
+
+    assert (figures["total"], figures["queue_depth"], figures["oldest_queued"]) == (0, 0, None)
+    assert "none due" in jobctl("stats").stdout
+
+
+# -- db ------------------------------------------------------------------------------------
+
+
+def test_db_upgrade_on_a_fresh_data_dir(isolated_jobs: Path) -> None:
+    database = isolated_jobs / "jobs-data" / "jobs.sqlite3"
+    assert not database.exists()
+
+    before = jobctl("db", "current")
+    upgraded = jobctl("db", "upgrade")
+    after = jobctl("db", "current")
+
+    assert before.stdout.startswith("none (head is 0001")
+    assert upgraded.exit_code == 0, upgraded.output
+    assert upgraded.stdout == "database at revision 0001 (head)\n"
+    assert after.stdout == "0001 (head)\n"
+    assert database.exists()
+    assert jobctl("db", "upgrade").stdout == upgraded.stdout  # idempotent
+
+
+# -- settings and database mistakes --------------------------------------------------------
+
+
+def test_a_bad_setting_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBS_LEASE_SECONDS", "soon")
+    reset_settings()
+
+    assert_one_line_error(jobctl("list"), "JOBS_LEASE_SECONDS")
+
+
+def test_an_unreachable_database_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/jobs")
+    reset_settings()
+
+    assert_one_line_error(jobctl("stats"), "database error")
+    assert_one_line_error(jobctl("db", "upgrade"), "database error")
+
+
+# -- the installed entry points ------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """An environment for a child process: its own data dir and a kinds module of its own."""
+    (tmp_path / "cli_child_kinds.py").write_text(
+        "import jobs\n\n"
+        "@jobs.job('child_check')\n"
+        "def child_check(ctx, order_id):\n"
+        "    return order_id\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    env.update(
+        JOBS_DATA_DIR=str(tmp_path / "child-data"),
+        JOBS_IMPORTS="cli_child_kinds",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
+    )
+    return env
+
+
+def child(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_installed_jobctl_submits_and_shows(cli_env: dict[str, str]) -> None:
+    jobctl_bin = str(VENV_BIN / "jobctl")
+
+    submitted = child([jobctl_bin, "submit", "child_check", "--input", '{"order_id": 9}'],
+                      cli_env)
+    assert submitted.returncode == 0, submitted.stderr
+    [job_id] = submitted.stdout.splitlines()
+    shown = child([jobctl_bin, "show", job_id, "--json"], cli_env)
+
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout)
+    assert (record["id"], record["kind"], record["state"]) == (job_id, "child_check", "QUEUED")
+    assert record["history"][0]["from"] is None
+    parse_instant(record["history"][0]["at"])
+
+
+def test_python_dash_m_jobs_reports_mistakes_in_one_line(cli_env: dict[str, str]) -> None:
+    unknown = child([sys.executable, "-m", "jobs", "show", "nope"], cli_env)
+    bad_json = child([sys.executable, "-m", "jobs", "submit", "child_check", "--input", "{"],
+                     cli_env)
+
+    for result in (unknown, bad_json):
+        assert result.returncode == 1
+        assert result.stdout == ""
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "unknown job id 'nope'" in unknown.stderr
+    assert "not valid JSON" in bad_json.stderr
