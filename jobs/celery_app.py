@@ -59,12 +59,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if settings.is_embedded_broker and settings.broker_url.startswith("filesystem"):
         folder = settings.broker_folder
-        (folder / "processed").mkdir(parents=True, exist_ok=True)
+        for sub in ("processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
         config["broker_transport_options"] = {
             "data_folder_in": str(folder),
             "data_folder_out": str(folder),
             "processed_folder": str(folder / "processed"),
             "store_processed": False,
+            # Fanout (events, remote control) bindings; kombu's default is ./control.
+            "control_folder": str(folder / "control"),
         }
     elif not settings.is_embedded_broker:
         config["broker_transport_options"] = {"confirm_publish": True}
