@@ -1,0 +1,233 @@
+"""``python -m bench``: the command line, the table and the clean-up."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench.procs import Processes
+from bench.scenarios import (
+    BACKENDS,
+    EMBEDDED,
+    PG_RABBITMQ,
+    REPO,
+    Options,
+    Say,
+    describe,
+    run_backend,
+)
+from bench.services import check_amqp, check_pg
+
+HEADER = f"{'backend':<14} {'metric':<28} {'durable':>10} {'plain-celery':>14} {'ratio':>7}"
+
+NOTES = [
+    "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
+    "sides back to back); durable and plain-celery columns are medians over repeats.",
+    "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "
+    "step; 0-step: none) vs N app.send_task of a no-op task; from the first submit to the last "
+    "completion (the job's finished_at in the database; the plain task's own completion mark).",
+    "plain-celery completion signal: each task appends one line to a file (O_APPEND, a few "
+    "microseconds; no result backend).",
+    "submit: one jobs.submit (INSERT + history row, commit, publish) vs one send_task; 'busy' "
+    "while the throughput batches run, the others from the one-at-a-time runs.",
+    "end-to-end: one job at a time, submit -> COMPLETED (1-step kind) vs send -> task ran.",
+    "recovery: SIGKILL of the worker process group running the job -> the job RUNNING under "
+    "another (already running) worker; durable: 30 s lease, liveness lock seen by the sweeper; "
+    "plain: acks_late redelivery when the killed worker's connection drops.",
+]
+
+
+EMBEDDED_NOTE = (
+    "embedded: SQLite + filesystem:// on both sides, {jobs} jobs per batch, {samples} single jobs "
+    "per repeat (each started at a random phase of the transport's poll). The filesystem "
+    "transport polls once a second (kombu's default polling_interval; jobs.celery_app does not "
+    "set it): a worker whose pool is busy at a poll sleeps a full second, so embedded figures "
+    "are mostly that poll. Tasks that finish in microseconds (plain) free the pool before the "
+    "next fetch; jobs that take tens of ms do not, so durable throughput there is about "
+    "`concurrency` jobs/s. Recovery is not measured there: a killed worker's unacked message "
+    "dies with it on filesystem://, so plain Celery never runs it again, and durable jobs "
+    "wait for the lease."
+)
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    defaults = Options()
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Durable jobs vs plain Celery on the same broker, same worker settings "
+                    "and concurrency, measured in the same run.")
+    p.add_argument("--jobs", "-n", type=_positive(int),
+                   help=f"jobs per throughput batch (default {defaults.jobs} on pg-rabbitmq, "
+                        f"{defaults.embedded_jobs} on embedded)")
+    p.add_argument("--embedded-jobs", type=_positive(int),
+                   help="jobs per batch on embedded, where the filesystem transport hands a "
+                        "worker `concurrency` messages per 1 s poll (default: --jobs if given, "
+                        f"else {defaults.embedded_jobs})")
+    p.add_argument("--repeat", "-r", type=_positive(int), default=defaults.repeat,
+                   help="repeats of every measurement (default %(default)s)")
+    p.add_argument("--backend", choices=[*BACKENDS, "all"], default="all",
+                   help="default %(default)s")
+    p.add_argument("--concurrency", "-c", type=_positive(int), default=defaults.concurrency,
+                   help="worker processes per celery worker, both sides (default %(default)s)")
+    p.add_argument("--samples", type=_positive(int), default=defaults.samples,
+                   help="single jobs per repeat for the latency figures on pg-rabbitmq "
+                        "(default %(default)s)")
+    p.add_argument("--embedded-samples", type=_positive(int), default=defaults.embedded_samples,
+                   help="the same on embedded, where the filesystem transport polls once a "
+                        "second (default %(default)s)")
+    p.add_argument("--sweep-interval", type=_positive(float), default=defaults.sweep_interval,
+                   help="JOBS_SWEEP_INTERVAL_SECONDS of the durable side's sweeper "
+                        "(default %(default)s, the project default)")
+    p.add_argument("--no-recovery", action="store_true", help="skip the SIGKILL recovery runs")
+    p.add_argument("--loglevel", default=defaults.loglevel,
+                   help="celery worker log level, both sides (default %(default)s)")
+    p.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL") or defaults.pg_url,
+                   help="PostgreSQL server (a bench_<random> database is created on it and "
+                        "dropped; env BENCH_PG_URL)")
+    p.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL") or defaults.amqp_url,
+                   help="RabbitMQ (env BENCH_AMQP_URL)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work folder (worker logs) after a successful run")
+    return p
+
+
+def _number(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "n/a"
+    if unit == "s":
+        return f"{value:.3f}"
+    if unit == "ms":
+        return f"{value:.2f}"
+    return f"{value:.1f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [HEADER]
+    for row in rows:
+        ratio = "n/a" if math.isnan(row["ratio"]) else f"{row['ratio']:.2f}"
+        lines.append(
+            f"{row['backend']:<14} {row['metric']:<28} {_number(row['durable'], row['unit']):>10}"
+            f" {_number(row['plain'], row['unit']):>14} {ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def say(message: str) -> None:
+    """Progress goes to stderr; stdout carries only the table (or the JSON)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(backends: list[str], opts: Options, root: Path, procs: Processes, say: Say,
+         *, keep: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Every backend in turn; all processes stopped (and the PostgreSQL database dropped,
+    inside run_backend) however it ends. Returns the rows and whether all of it ran."""
+    rows: list[dict[str, Any]] = []
+    ok = False
+    try:
+        for backend in backends:
+            rows += describe(run_backend(backend, opts, root / backend, procs, say))
+        ok = True
+    except KeyboardInterrupt:
+        say("interrupted: stopping workers and dropping the bench database")
+    except Exception as err:
+        say(f"bench failed: {type(err).__name__}: {err}")
+        raise
+    finally:
+        procs.stop_all()
+        if ok and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            say(f"worker logs kept in {root / 'logs'}")
+    return rows, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    defaults = Options()
+    opts = Options(
+        jobs=args.jobs or defaults.jobs,
+        embedded_jobs=args.embedded_jobs or args.jobs or defaults.embedded_jobs,
+        repeat=args.repeat, concurrency=args.concurrency, samples=args.samples,
+        embedded_samples=args.embedded_samples, sweep_interval=args.sweep_interval,
+        loglevel=args.loglevel, pg_url=args.pg_url, amqp_url=args.amqp_url,
+        recovery=not args.no_recovery,
+    )
+
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    notes = list(NOTES)
+    if PG_RABBITMQ in backends:
+        problem = check_pg(opts.pg_url) or check_amqp(opts.amqp_url)
+        if problem and args.backend != "all":
+            say(f"cannot run {PG_RABBITMQ}: {problem}")
+            return 2
+        if problem:
+            say(f"skipping {PG_RABBITMQ}: {problem}")
+            notes.append(f"{PG_RABBITMQ} skipped: {problem}")
+            backends.remove(PG_RABBITMQ)
+        else:
+            notes.append(f"{PG_RABBITMQ}: {opts.jobs} jobs per batch, {opts.samples} single "
+                         f"jobs per repeat, sweeper every {opts.sweep_interval:g} s.")
+    if EMBEDDED in backends:
+        notes.append(EMBEDDED_NOTE.format(jobs=opts.embedded_jobs, samples=opts.embedded_samples))
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    root = Path(tempfile.mkdtemp(prefix="bench-"))
+    procs = Processes(root / "logs", REPO)
+    say(f"work folder {root}; repeat {opts.repeat}, concurrency {opts.concurrency}, "
+        f"sweep interval {opts.sweep_interval:g}s")
+    started = time.monotonic()
+    rows, ok = _run(backends, opts, root, procs, say, keep=args.keep)
+    elapsed = time.monotonic() - started
+    if not ok:
+        notes.append("INTERRUPTED: partial results")
+    if args.json:
+        print(json.dumps(_json_safe({
+            "command": [sys.executable, "-m", "bench", *(sys.argv[1:] if argv is None else argv)],
+            "backends": backends, "options": dataclasses.asdict(opts),
+            "elapsed_seconds": round(elapsed, 1), "rows": rows,
+            "notes": notes,
+        }), indent=2))
+    else:
+        if rows:
+            print(table(rows))
+            print()
+        for note in notes:
+            print(f"- {note}")
+        print(f"({opts.repeat} repeat(s), {elapsed:.0f} s)")
+    return 0 if ok else 130

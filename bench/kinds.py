@@ -1,0 +1,40 @@
+"""The durable side's job kinds (``JOBS_IMPORTS=bench.kinds``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jobs
+
+STEP = "bench_step"
+ZERO = "bench_zero"
+HOLD = "bench_hold"
+
+
+def _noop() -> None:
+    return None
+
+
+def _wait_for(release: str, limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
+@jobs.job(STEP)
+def one_step(ctx: jobs.JobContext) -> None:
+    """No work, one recorded step."""
+    ctx.step("noop", _noop)
+
+
+@jobs.job(ZERO)
+def zero_steps(ctx: jobs.JobContext) -> None:
+    """No work and no step: claim and complete only."""
+
+
+@jobs.job(HOLD)
+def hold(ctx: jobs.JobContext, release: str, limit: float = 120.0) -> None:
+    """Stays RUNNING inside a step until ``release`` exists (recovery runs)."""
+    ctx.step("hold", _wait_for, release, limit)

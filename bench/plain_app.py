@@ -1,0 +1,43 @@
+"""The plain-Celery side: ``celery -A bench.plain_app worker``.
+
+Its configuration arrives in ``$BENCH_PLAIN_CONFIG`` as JSON, produced by the bench from
+``jobs.celery_app.celery_config`` for the same broker, so both sides run with identical
+settings (acks_late, prefetch 1, reject_on_worker_lost, JSON, events, confirm_publish)
+without this module importing the durable runtime (whose worker signals it would inherit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from bench import marks
+
+CONFIG_ENV = "BENCH_PLAIN_CONFIG"
+NOOP = "bench.noop"
+HOLD = "bench.hold"
+
+app = Celery("bench_plain", set_as_current=False)
+app.conf.update(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+
+
+@app.task(name=NOOP, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def noop(self: Any, tag: str) -> None:
+    """The trivial task: its only work is the completion mark."""
+    marks.record("done", tag, getattr(self.request, "hostname", None) or "-")
+
+
+@app.task(name=HOLD, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def hold(self: Any, tag: str, release: str, limit: float = 120.0) -> None:
+    """Mark the start, then wait until the bench creates ``release`` (recovery runs)."""
+    host = getattr(self.request, "hostname", None) or "-"
+    marks.record("start", tag, host)
+    deadline = time.monotonic() + limit
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    marks.record("done", tag, host)

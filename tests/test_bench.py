@@ -1,0 +1,36 @@
+"""Smoke test of ``python -m bench``: it runs end to end on the embedded backend with tiny
+numbers and prints its ratio table. It says nothing about speed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROW = re.compile(
+    r"^embedded\s+(?P<metric>.+?)\s+(?P<durable>\S+)\s+(?P<plain>\S+)\s+(?P<ratio>\d+\.\d+|n/a)$"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.acceptance
+def test_bench_runs_and_prints_ratios() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--jobs", "4", "--embedded-samples", "2",
+         "--repeat", "1", "--backend", "embedded"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert re.match(r"^backend\s+metric\s+durable\s+plain-celery\s+ratio$", lines[0]), lines[:3]
+    rows = {m["metric"]: m for m in map(ROW.match, lines[1:]) if m}
+    for metric in ("throughput 1-step (jobs/s)", "throughput 0-step (jobs/s)",
+                   "submit p50 (ms)", "end-to-end p50 (ms)"):
+        assert metric in rows, done.stdout
+        assert rows[metric]["ratio"] != "n/a", done.stdout
