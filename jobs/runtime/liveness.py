@@ -69,21 +69,30 @@ class LivenessLock:
         self._engine.dispose()
 
 
-_process_lock: tuple[int, LivenessLock] | None = None
+# This process's locks, one per database URL; ``_locks_pid`` tells an inherited table
+# (after a fork) from our own.
+_process_locks: dict[str, LivenessLock] = {}
+_locks_pid: int | None = None
 _guard = threading.Lock()
 
 
 def process_key(database_url: str, dialect: str) -> int | None:
-    """This process's liveness key (taking the lock on first use); None off PostgreSQL."""
-    global _process_lock  # noqa: PLW0603 - one lock per process, re-made after a fork
+    """This process's liveness key for ``database_url`` (taking the lock on first use);
+    None off PostgreSQL."""
+    global _locks_pid  # noqa: PLW0603 - one table of locks per process, re-made after a fork
     if dialect != "postgresql":
         return None
     pid = os.getpid()
     with _guard:
-        if _process_lock is None or _process_lock[0] != pid:
-            # After a fork the inherited connection belongs to the parent: never reuse it.
-            _process_lock = (pid, LivenessLock(database_url))
-        lock = _process_lock[1]
+        if _locks_pid != pid:
+            # After a fork the inherited connections belong to the parent: never reuse them.
+            _process_locks.clear()
+            _locks_pid = pid
+        lock = _process_locks.get(database_url)
+        if lock is None:
+            # Keyed by URL: a lock taken on another database (the settings changed since)
+            # would neither be seen by this database's sweeper nor survive that database.
+            lock = _process_locks[database_url] = LivenessLock(database_url)
     return lock.ensure()
 
 

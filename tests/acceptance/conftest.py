@@ -1,0 +1,504 @@
+"""Fixtures for the acceptance tests: real ``celery worker`` and sweeper processes.
+
+Each test gets a :class:`Stack`: its own queue (``acc-<uuid>``), its own data folder
+(``effects.log`` and the process logs live there) and its own database — a fresh
+PostgreSQL database plus RabbitMQ on the ``pg-rabbitmq`` backend, a fresh SQLite file
+plus the ``filesystem://`` broker on the ``embedded`` one. Every process is started in
+its own session and is stopped (its whole process group, pool children included) in
+the fixture's teardown however the test ends; when a test fails, the logs of every
+process it started are printed.
+
+Tests pick backends with ``@pytest.mark.parametrize("stack", BOTH, indirect=True)``
+(or ``PG_RABBITMQ`` / ``EMBEDDED``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from jobs import api
+from jobs.core.settings import reset_settings
+from jobs.core.states import State
+from jobs.core.store import Job, JobStore, Step, Transition
+from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
+
+T = TypeVar("T")
+
+KINDS = "jobs.examples.check_order"
+RABBITMQCTL = "rabbitmqctl"
+
+PG_RABBITMQ = pytest.param(
+    "pg-rabbitmq",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq],
+    id="pg-rabbitmq",
+)
+EMBEDDED = pytest.param("embedded", marks=[pytest.mark.acceptance], id="embedded")
+BOTH = [PG_RABBITMQ, EMBEDDED]
+
+FINISHED = (State.COMPLETED, State.FAILED, State.CANCELLED)
+
+
+# -- reports, so a fixture's teardown knows whether the test failed ---------------------------
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"acc_report_{report.when}", report)
+
+
+def _failed(node: pytest.Item) -> bool:
+    return any(
+        getattr(getattr(node, f"acc_report_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+
+
+# -- services -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Engine]:
+    """An AUTOCOMMIT engine on the PostgreSQL server, to create a database per test."""
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as err:  # any failure to reach the server
+        admin.dispose()
+        service_unavailable("PostgreSQL", err)
+    yield admin
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """The RabbitMQ URL, once it is known to accept connections."""
+    from kombu import Connection  # noqa: PLC0415
+
+    try:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as err:
+        service_unavailable("RabbitMQ", err)
+    return AMQP_URL
+
+
+def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+    done = subprocess.run(
+        [RABBITMQCTL, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def rabbit_queue_depth(queue: str) -> tuple[int, int] | None:
+    """(ready, unacknowledged) messages in ``queue``, asked of the broker itself."""
+    out = rabbitmqctl("list_queues", "-q", "--no-table-headers",
+                      "name", "messages_ready", "messages_unacknowledged")
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == queue:
+            return int(parts[1]), int(parts[2])
+    return None
+
+
+def wait_for_amqp(url: str, timeout: float) -> None:
+    """Until RabbitMQ accepts an AMQP connection again (after stop_app/start_app)."""
+    from kombu import Connection  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with Connection(url, connect_timeout=2) as conn:
+                conn.ensure_connection(max_retries=1)
+                conn.default_channel.queue_declare(
+                    f"acc-probe-{uuid.uuid4().hex[:8]}", auto_delete=True, exclusive=True
+                )
+            return
+        except Exception as err:  # still starting
+            last = err
+            time.sleep(0.5)
+    raise AssertionError(f"RabbitMQ did not accept connections within {timeout:.0f}s: {last}")
+
+
+# -- polling ------------------------------------------------------------------------------
+
+
+def wait_until(check: Callable[[], T | None], timeout: float, what: str,
+               interval: float = 0.05) -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} "
+                                 f"(last: {last!r})")
+        time.sleep(interval)
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    node: str | None = None  # Celery node name prefix ("A-1a2b3c@"): owners start with it
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def owns(self, owner: str | None) -> bool:
+        return bool(owner and self.node and owner.startswith(self.node))
+
+    def pool_children(self) -> list[int]:
+        """PIDs of the worker's pool processes (prefork), from the process table."""
+        try:
+            return [child.pid for child in psutil.Process(self.pid).children()]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self, sig: int = signal.SIGKILL) -> float:
+        """Signal the main process only; returns the wall-clock instant of the signal."""
+        os.kill(self.pid, sig)
+        return time.time()
+
+    def wait_ready(self, timeout: float = 45) -> None:
+        def ready() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited with {self.popen.returncode} "
+                                     f"before it was ready:\n{self.output()[-4000:]}")
+            return " ready." in self.output()
+
+        wait_until(ready, timeout, f"{self.name} to be ready", interval=0.1)
+
+    def terminate(self) -> None:
+        """SIGCONT + SIGTERM to the whole group (a stopped process, pool children)."""
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL whatever is left of the group (it may outlive its leader)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.popen.poll() is None:
+            self.popen.wait(10)
+
+
+@dataclass
+class Stack:
+    """One test's world: settings, database, queue, processes, and helpers to watch them."""
+
+    backend: str
+    root: Path
+    env: dict[str, str]
+    monkeypatch: pytest.MonkeyPatch
+    database_url: str
+    procs: list[Proc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._apply()
+
+    # -- settings -----------------------------------------------------------------------
+
+    @property
+    def rabbitmq(self) -> bool:
+        return self.backend == "pg-rabbitmq"
+
+    @property
+    def queue(self) -> str:
+        return self.env["JOBS_QUEUE"]
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.env["JOBS_DATA_DIR"])
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def configure(self, **values: str | float) -> None:
+        """Change ``JOBS_*`` settings for this process and for processes started later."""
+        for key, value in values.items():
+            self.env[key] = str(value)
+        self._apply()
+
+    def _apply(self) -> None:
+        for key, value in self.env.items():
+            if key.startswith("JOBS_"):
+                self.monkeypatch.setenv(key, value)
+        reset_settings()
+        api.reset()  # the default doorbell: publish to this stack's broker and queue
+
+    @property
+    def store(self) -> JobStore:
+        return api.get_store()
+
+    # -- processes ----------------------------------------------------------------------
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              node: str | None = None) -> Proc:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "jobs", *args], env={**self.env, **(env or {})},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        proc = Proc(name, popen, log, node)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, *, pool: str = "solo", concurrency: int = 1,
+               env: dict[str, str] | None = None, wait: bool = True) -> Proc:
+        """A real ``celery worker`` (through ``python -m jobs worker``, which execs it)."""
+        tag = f"{name}-{uuid.uuid4().hex[:6]}"
+        proc = self.start(
+            f"worker-{name}",
+            ["worker", "--pool", pool, "--concurrency", str(concurrency),
+             "--hostname", f"{tag}@%h", "--without-mingle", "--without-gossip"],
+            env, node=f"{tag}@",
+        )
+        if wait:
+            proc.wait_ready()
+        return proc
+
+    def sweeper(self, env: dict[str, str] | None = None) -> Proc:
+        return self.start("sweeper", ["sweeper"], env)
+
+    def stop_all(self, grace: float = 3.0) -> None:
+        """Ask every process to stop, give them ``grace`` seconds together, then kill."""
+        for proc in self.procs:
+            proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            proc.kill_group()
+
+    def dump_logs(self) -> None:
+        for proc in self.procs:
+            print(f"\n===== {proc.name} (pid {proc.pid}, exit {proc.popen.poll()}) "
+                  f"{proc.log} =====")
+            print(proc.output()[-20000:])
+        effects = self.data_dir / "effects.log"
+        if effects.exists():
+            print(f"\n===== {effects} =====\n{effects.read_text()}")
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def submit(self, kind: str, inputs: dict[str, Any], **options: Any) -> str:
+        return api.submit(kind, inputs, **options)
+
+    def job(self, job_id: str) -> Job:
+        return self.store.get(job_id)
+
+    def steps(self, job_id: str) -> list[Step]:
+        return self.store.steps(job_id)
+
+    def history(self, job_id: str) -> list[Transition]:
+        return self.store.history(job_id)
+
+    def effects(self, job_id: str) -> list[tuple[str, int]]:
+        """(effect, pid) for each time a step function of ``job_id`` really ran."""
+        path = self.data_dir / "effects.log"
+        if not path.exists():
+            return []
+        found = []
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == job_id:
+                found.append((parts[1], int(parts[2].removeprefix("pid="))))
+        return found
+
+    def effect_count(self, job_id: str, name: str) -> int:
+        return sum(1 for effect, _pid in self.effects(job_id) if effect == name)
+
+    def wait_state(self, job_id: str, states: tuple[State, ...] = FINISHED,
+                   timeout: float = 60) -> Job:
+        def reached() -> Job | None:
+            job = self.job(job_id)
+            return job if job.state in states else None
+
+        return wait_until(reached, timeout,
+                          f"job {job_id} to reach {'/'.join(s.value for s in states)}")
+
+    def wait_effect(self, job_id: str, name: str, timeout: float = 60) -> list[tuple[str, int]]:
+        return wait_until(
+            lambda: [e for e in self.effects(job_id) if e[0] == name], timeout,
+            f"job {job_id}: effect {name!r}",
+        )
+
+    def claims(self, job_id: str) -> list[Transition]:
+        return [t for t in self.history(job_id) if t.to_state is State.RUNNING]
+
+    # -- the queue ----------------------------------------------------------------------
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(ready, unacknowledged) messages in this stack's queue."""
+        if self.rabbitmq:
+            depth = rabbit_queue_depth(self.queue)
+            return depth if depth is not None else (0, 0)
+        folder = self.data_dir / "broker"
+        suffix = f".{self.queue}.msg"
+        ready = sum(1 for p in folder.glob("*.msg") if p.name.partition(".")[2] == suffix[1:])
+        return ready, 0  # the filesystem transport has no acknowledgements
+
+    def wait_queue_empty(self, timeout: float = 30) -> None:
+        wait_until(lambda: self.queue_depth() == (0, 0), timeout,
+                   f"queue {self.queue} to be empty", interval=0.5)
+
+
+def at_seconds(moment: dt.datetime) -> float:
+    return moment.timestamp()
+
+
+def owner_pid(owner: str | None) -> int:
+    """The process ID in an owner string (``node@host:pid``)."""
+    assert owner is not None
+    return int(owner.rsplit(":", 1)[1])
+
+
+def assert_recorded_steps_ran_once(stack: Stack, job_id: str) -> dict[str, int]:
+    """No recorded step ran again after the run that recorded it.
+
+    ``effects.log`` is appended in real time, so for each step the run whose output was
+    recorded (the record's owner pid) must be the last one that started the step
+    function, and it started it once. Earlier runs of the same step are allowed only by
+    other processes whose record was refused or never written (they crashed, or were
+    fenced out), at most one per takeover. Returns the number of runs per step.
+    """
+    runs: dict[str, list[int]] = {}
+    for effect, pid in stack.effects(job_id):
+        step, _, phase = effect.partition(":")
+        if phase in ("", "start"):
+            runs.setdefault(step, []).append(pid)
+    steps = stack.steps(job_id)
+    takeovers = len(stack.claims(job_id)) - 1
+    for step in steps:
+        pids = runs.get(step.name, [])
+        recorder = owner_pid(step.owner)
+        assert pids, f"step {step.name} is recorded but its function never ran"
+        assert pids[-1] == recorder, (
+            f"step {step.name} was recorded by pid {recorder} and then ran again: {pids}")
+        assert pids.count(recorder) == 1, f"pid {recorder} ran {step.name} twice: {pids}"
+        assert len(pids) - 1 <= takeovers, (
+            f"step {step.name} ran {len(pids)} times with {takeovers} takeover(s)")
+    return {name: len(pids) for name, pids in runs.items()}
+
+
+# -- the fixture --------------------------------------------------------------------------
+
+
+def _create_database(admin: Engine) -> str:
+    from jobs.core.db import make_engine  # noqa: PLC0415
+    from jobs.schema import upgrade  # noqa: PLC0415
+
+    name = f"acc_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+def _drop_database(admin: Engine, url: str) -> None:
+    name = make_url(url).database
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def delete_rabbit_queue(url: str, queue: str) -> None:
+    from kombu import Connection  # noqa: PLC0415
+
+    with contextlib.suppress(Exception), Connection(url, connect_timeout=3) as conn:
+        channel = conn.default_channel
+        channel.queue_delete(queue)
+        channel.exchange_delete(queue)
+
+
+@pytest.fixture
+def stack(
+    request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    backend = getattr(request, "param", None)
+    if backend not in ("pg-rabbitmq", "embedded"):
+        raise RuntimeError("parametrize 'stack' indirectly with BOTH, PG_RABBITMQ or EMBEDDED")
+    root = isolated_jobs / "acceptance"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    env.update({
+        "PYTHONUNBUFFERED": "1",
+        "JOBS_DATA_DIR": str(root / "data"),
+        "JOBS_QUEUE": f"acc-{uuid.uuid4().hex[:12]}",
+        "JOBS_IMPORTS": KINDS,
+        "JOBS_LEASE_SECONDS": "3",
+        "JOBS_SWEEP_INTERVAL_SECONDS": "0.5",
+    })
+    admin: Engine | None = None
+    broker = ""
+    if backend == "pg-rabbitmq":
+        admin = request.getfixturevalue("pg_admin")
+        broker = request.getfixturevalue("amqp_url")
+        database_url = _create_database(admin)
+        env["JOBS_DATABASE_URL"] = database_url
+        env["JOBS_BROKER_URL"] = broker
+    else:
+        database_url = f"sqlite:///{root / 'data' / 'jobs.sqlite3'}"
+    world = Stack(backend, root, env, monkeypatch, database_url)
+    try:
+        yield world
+    finally:
+        try:
+            world.stop_all()
+            if _failed(request.node):
+                world.dump_logs()
+        finally:
+            from jobs.core.db import dispose_all  # noqa: PLC0415
+            from jobs.runtime import liveness  # noqa: PLC0415
+
+            api.reset()
+            dispose_all()
+            # An in-process worker (scenario 11) took a liveness lock in this process.
+            lock = liveness._process_locks.pop(database_url, None)
+            if lock is not None:
+                lock.release()
+            if admin is not None:
+                _drop_database(admin, database_url)
+                delete_rabbit_queue(broker, world.queue)

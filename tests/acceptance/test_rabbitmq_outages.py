@@ -1,0 +1,155 @@
+"""RabbitMQ misbehaves under running jobs (scenarios 8 and 9).
+
+Both tests change the shared RabbitMQ node (stop_app/start_app, the consumer timeout),
+always restore it in ``finally`` and wait until it accepts connections again.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from jobs.core.states import State
+from tests.acceptance.conftest import (
+    PG_RABBITMQ,
+    Stack,
+    assert_recorded_steps_ran_once,
+    rabbitmqctl,
+    wait_for_amqp,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
+
+
+@pytest.fixture
+def rabbit_restartable(stack: Stack) -> Iterator[None]:
+    """Make sure the node is running again whatever the test did to it."""
+    try:
+        yield
+    finally:
+        rabbitmqctl("start_app")  # a no-op when it is running
+        wait_for_amqp(stack.env["JOBS_BROKER_URL"], 60)
+
+
+def recorded(stack: Stack, job_id: str) -> int:
+    return len(stack.steps(job_id))
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> None:
+    """Scenario 8: ``rabbitmqctl stop_app``/``start_app`` while one job runs on a prefork
+    worker and one on a solo worker, one is submitted while the broker is down and one
+    after it is back: all complete, and no recorded step runs again."""
+    prefork = stack.worker("P", pool="prefork", wait=False)
+    solo = stack.worker("S", pool="solo", wait=False)
+    stack.sweeper()
+    prefork.wait_ready()
+    solo.wait_ready()
+    running = [stack.submit("sleep_steps", {"steps": 8, "seconds": 1.0}) for _ in range(2)]
+    wait_until(lambda: all(recorded(stack, j) >= 2 for j in running), 30,
+               "both jobs to be two steps in")
+    owners = {stack.job(j).owner for j in running}
+    assert any(prefork.owns(o) for o in owners), owners
+    assert any(solo.owns(o) for o in owners), owners
+
+    outage_started = time.monotonic()
+    try:
+        rabbitmqctl("stop_app")
+        during = stack.submit("sleep_steps", {"steps": 3, "seconds": 0.5})
+        job = stack.job(during)
+        # The publish failed and said so; the job is committed and waits for the sweeper.
+        assert job.state is State.QUEUED, job
+        assert job.dispatched_at is None, job
+        time.sleep(2)  # keep the broker down a little while the jobs run on
+    finally:
+        rabbitmqctl("start_app")
+        wait_for_amqp(stack.env["JOBS_BROKER_URL"], 60)
+    outage = time.monotonic() - outage_started
+    after = stack.submit("sleep_steps", {"steps": 3, "seconds": 0.5})
+
+    all_jobs = [*running, during, after]
+    finished = time.monotonic()
+    for job_id in all_jobs:
+        job = stack.wait_state(job_id, timeout=90)
+        assert job.state is State.COMPLETED, job
+    print(f"\n[rabbitmq restart] outage {outage:.1f}s; all {len(all_jobs)} jobs completed "
+          f"{time.monotonic() - finished:.1f}s after the broker was back")
+    for job_id in all_jobs:
+        runs = assert_recorded_steps_ran_once(stack, job_id)
+        rerun = {step: n for step, n in runs.items() if n > 1}
+        moves = [(t.from_state and t.from_state.value, t.to_state.value, t.reason)
+                 for t in stack.history(job_id)]
+        print(f"  {job_id[:8]}: steps re-run after a lost owner: {rerun or 'none'}; {moves}")
+        assert len(stack.steps(job_id)) == stack.job(job_id).inputs["steps"]
+    assert prefork.alive()
+    assert solo.alive()
+    stack.wait_queue_empty(timeout=30)
+
+
+def _consumer_timeout() -> str:
+    return rabbitmqctl("eval", "application:get_env(rabbit, consumer_timeout).").strip()
+
+
+@pytest.fixture
+def short_consumer_timeout() -> Iterator[int]:
+    """RabbitMQ's consumer_timeout at 5 s for channels opened meanwhile, restored after."""
+    previous = _consumer_timeout()
+    assert previous == "undefined" or re.fullmatch(r"\{ok,\d+\}", previous), previous
+    rabbitmqctl("eval", "application:set_env(rabbit, consumer_timeout, 5000).")
+    try:
+        assert _consumer_timeout() == "{ok,5000}"
+        yield 5
+    finally:
+        if previous == "undefined":
+            rabbitmqctl("eval", "application:unset_env(rabbit, consumer_timeout).")
+        else:
+            value = previous.removeprefix("{ok,").removesuffix("}")
+            rabbitmqctl("eval", f"application:set_env(rabbit, consumer_timeout, {value}).")
+        assert _consumer_timeout() == previous
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_long_job_hands_back_before_consumer_timeout(
+    stack: Stack, short_consumer_timeout: int
+) -> None:
+    """Scenario 9: a 72 s job under a 5 s consumer_timeout. With a 2 s delivery budget
+    the worker hands the job back at step boundaries, so no delivery stays unacked long
+    enough for RabbitMQ to close the channel (it checks about once a minute)."""
+    steps, seconds = 36, 2.0
+    stack.configure(JOBS_DELIVERY_BUDGET_SECONDS=2)
+    worker = stack.worker("A", pool="prefork", concurrency=1)  # channel opened after set_env
+    job_id = stack.submit("sleep_steps", {"steps": steps, "seconds": seconds})
+    job = stack.wait_state(job_id, timeout=steps * seconds + 60)
+    assert job.state is State.COMPLETED, job
+    assert job.result == {"steps": steps}
+
+    history = stack.history(job_id)
+    claims = [t for t in history if t.to_state is State.RUNNING]
+    handed_back = [t for t in history if t.from_state is State.RUNNING
+                   and t.to_state is State.QUEUED]
+    assert all("delivery time budget used up" in (t.reason or "") for t in handed_back)
+    assert len(handed_back) >= steps - 1, len(handed_back)
+    deliveries = [
+        (history[i + 1].at - move.at).total_seconds()
+        for i, move in enumerate(history) if move.to_state is State.RUNNING
+    ]
+    ran_for = (history[-1].at - claims[0].at).total_seconds()
+    print(f"\n[consumer_timeout {short_consumer_timeout}s] job ran {ran_for:.0f}s in "
+          f"{len(claims)} deliveries, longest {max(deliveries):.2f}s; "
+          f"attempts counted: {job.attempts}")
+    assert ran_for > 65, "RabbitMQ checks consumer timeouts about once a minute"
+    assert max(deliveries) < short_consumer_timeout
+    assert job.attempts == 1  # a hand-back is not a failed attempt
+
+    assert assert_recorded_steps_ran_once(stack, job_id) == {
+        f"sleep-{n}": 1 for n in range(steps)}
+    log = worker.output()
+    assert worker.alive()
+    assert "PRECONDITION_FAILED" not in log, log[-5000:]
+    assert "Connection to broker lost" not in log, log[-5000:]
+    assert log.count(f"job {job_id}: handed_back") == len(handed_back)
+    stack.wait_queue_empty(timeout=30)
