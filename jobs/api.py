@@ -116,7 +116,10 @@ def submit(
     if isinstance(inputs, dict):
         job_kind.check_inputs(inputs)
     settings = get_settings()
-    attempts = max_attempts or job_kind.max_attempts or settings.default_max_attempts
+    attempts = (
+        max_attempts if max_attempts is not None  # 0 is refused by the store, not replaced
+        else job_kind.max_attempts or settings.default_max_attempts
+    )
     job, created = get_store().create(
         kind, inputs, job_id=job_id or new_job_id(), max_attempts=attempts,
         delay_seconds=delay_seconds, code_version=job_kind.version,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
@@ -59,7 +59,7 @@ def pg_url() -> Iterator[str]:
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as err:  # noqa: BLE001 - any failure to reach the server
+    except Exception as err:  # any failure to reach the server
         admin.dispose()
         service_unavailable("PostgreSQL", err)
     url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
@@ -75,3 +75,34 @@ def pg_url() -> Iterator[str]:
 
 
 __all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]
+
+
+# -- shared by the store contract, the claim races and the migration checks ------------------
+
+
+def truncate_job_tables(engine: Engine) -> None:
+    """Empty the job tables of the session's PostgreSQL database between tests."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE jobs, job_steps, job_transitions RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    """An engine on the session's PostgreSQL database, migrated to head."""
+    from jobs.core.db import make_engine  # noqa: PLC0415
+    from jobs.schema import upgrade  # noqa: PLC0415
+
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def clean_pg_engine(pg_engine: Engine) -> Engine:
+    """The session's PostgreSQL engine, at head, with empty job tables."""
+    from jobs.schema import upgrade  # noqa: PLC0415
+
+    upgrade(pg_engine)  # a no-op at head; repairs the schema if a test took it down
+    truncate_job_tables(pg_engine)
+    return pg_engine

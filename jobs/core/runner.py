@@ -159,7 +159,13 @@ class Runner:
                 return self._result(retried, Outcome.RETRYING, ctx, error)
             failed = self.store.fail(claim, error)
             return self._result(failed, Outcome.FAILED, ctx, error)
-        completed = self.store.complete(claim, result)
+        try:
+            completed = self.store.complete(claim, result)
+        except InvalidInput as err:
+            # The return value cannot be stored (not JSON, too big): no retry would change it,
+            # and letting it escape would leave the job RUNNING until its lease ran out.
+            failed = self.store.fail(claim, str(err))
+            return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
 
     @staticmethod

@@ -7,6 +7,7 @@ message naming the variable, not surface later as a stuck job.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,6 +59,8 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # an infinite lease would be stored as NULL: never renewable
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a finite number")
     if not value > 0:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be greater than 0")
     return value

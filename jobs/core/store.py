@@ -397,13 +397,30 @@ class JobStore:
         )
 
     def retry(self, claim: Claim, error: str, delay_seconds: float) -> Job:
-        """Back to QUEUED after an error, due again in ``delay_seconds``."""
-        return self._owner_move(
-            claim, State.QUEUED,
-            {"last_error": error, "owner": None, "lease_until": None, "liveness_key": None,
-             "dispatched_at": None, "run_after": self.clock.after(delay_seconds)},
-            f"retry: {error}",
-        )
+        """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
+        the job's attempts are exhausted, so whoever calls, a QUEUED job always has an attempt
+        left and a claim never runs it past ``max_attempts``."""
+        exhausted = f"{error}; attempts exhausted"
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, claim.job_id, State.FAILED, only_from=[State.RUNNING],
+                where=[*self._fenced(claim), J.attempts >= J.max_attempts],
+                values={"last_error": exhausted, "lease_until": None, "liveness_key": None,
+                        "finished_at": self.clock.now()},
+                owner=claim.owner, fence=claim.fence, reason=exhausted,
+            )
+            if row is None:
+                row = self._transition(
+                    conn, claim.job_id, State.QUEUED, only_from=[State.RUNNING],
+                    where=self._fenced(claim),
+                    values={"last_error": error, "owner": None, "lease_until": None,
+                            "liveness_key": None, "dispatched_at": None,
+                            "run_after": self.clock.after(delay_seconds)},
+                    owner=claim.owner, fence=claim.fence, reason=f"retry: {error}",
+                )
+            if row is None:
+                raise self._explain(conn, claim.job_id, State.QUEUED, claim)
+            return Job.from_row(row)
 
     def release(self, claim: Claim, reason: str) -> Job:
         """Give the job back to the queue without counting the attempt: the run did not fail,
@@ -420,12 +437,26 @@ class JobStore:
         """Park the job and release the lease; the pause gives back its attempt. The approval
         will be recorded as step ``step_name``."""
         check_name(step_name, "approval step name")
-        return self._owner_move(
-            claim, State.WAITING_APPROVAL,
-            {"owner": None, "lease_until": None, "liveness_key": None,
-             "attempts": J.attempts - 1, "waiting_for": step_name},
-            reason,
-        )
+        with self.engine.begin() as conn:
+            row = self._transition(
+                conn, claim.job_id, State.WAITING_APPROVAL, only_from=[State.RUNNING],
+                where=self._fenced(claim),
+                values={"owner": None, "lease_until": None, "liveness_key": None,
+                        "attempts": J.attempts - 1, "waiting_for": step_name},
+                owner=claim.owner, fence=claim.fence, reason=reason,
+            )
+            if row is None:
+                raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
+            S = StepRecord.__table__.c
+            if conn.execute(
+                select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+            ).first() is not None:
+                # The approval could never be recorded: refuse (the exception rolls back).
+                raise StepError(
+                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
+                    "an approval needs a step name of its own"
+                )
+            return Job.from_row(row)
 
     # -- operators -----------------------------------------------------------------------
 
