@@ -21,7 +21,7 @@ import logging
 import os
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, current_app, signals
 
 from jobs.core.errors import UnknownJob
 from jobs.core.registry import REGISTRY
@@ -68,6 +68,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "store_processed": False,
             # Fanout (events, remote control) bindings; kombu's default is ./control.
             "control_folder": str(folder / "control"),
+            # kombu polls the folder once a second by default: a worker whose pool was busy
+            # at a poll would leave a waiting job alone for up to a second.
+            "polling_interval": 0.05,
         }
     elif not settings.is_embedded_broker:
         config["broker_transport_options"] = {"confirm_publish": True}
@@ -148,9 +151,17 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
     return f"{job_id}: {result.outcome.value}"
 
 
+def _is_ours(sender: Any) -> bool:
+    """Signals are process-wide: act only for workers of a jobs app, not any Celery app
+    that happens to import this module."""
+    return getattr(getattr(sender, "app", None), "main", None) == "jobs"
+
+
 @signals.worker_init.connect
-def _load_kinds(**_: Any) -> None:
+def _load_kinds(sender: Any = None, **_: Any) -> None:
     """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error."""
+    if not _is_ours(sender):
+        return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
 
@@ -158,6 +169,8 @@ def _load_kinds(**_: Any) -> None:
 @signals.worker_process_init.connect
 def _take_liveness_lock(**_: Any) -> None:
     """A prefork child takes its own liveness lock before it can claim anything."""
+    if current_app.main != "jobs":
+        return
     settings = get_settings()
     if settings.database_url.startswith("postgresql"):
         liveness.process_key(settings.database_url, "postgresql")

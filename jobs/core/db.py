@@ -23,6 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+IDLE_IN_TRANSACTION_MS = 15_000
 
 _lock = threading.Lock()
 _engines: dict[str, tuple[int, Engine]] = {}
@@ -63,6 +64,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         _prepare_sqlite(engine)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
+    # process would hold its row locks and stall every sweeper and claim behind it.
+    kwargs.setdefault(
+        "connect_args",
+        {"options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"},
+    )
     return create_engine(url, **kwargs)
 
 

@@ -42,6 +42,7 @@ from jobs.core.errors import (
     StepError,
     UnknownJob,
 )
+from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobRecord, StepRecord, TransitionRecord
 from jobs.core.states import State
 from jobs.core.validate import check_name, encode_json
@@ -263,15 +264,17 @@ class JobStore:
                 ins = sqlite.insert(J).values(values).on_conflict_do_nothing()
             else:  # pragma: no cover - settings refuse other backends
                 ins = insert(J).values(values)
-            created = conn.execute(ins.returning(J.id)).one_or_none() is not None
-            if created:
+            row = conn.execute(ins.returning(*_JOB_COLUMNS)).one_or_none()
+            created = row is not None
+            if row is not None:
                 conn.execute(
                     insert(TransitionRecord).values(
                         job_id=job_id, from_state=None, to_state=State.QUEUED.value, at=now,
                         reason="submitted",
                     )
                 )
-            row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one()
+            else:
+                row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one()
         job = Job.from_row(row)
         if not created and (job.kind != kind or job.inputs != inputs):
             raise DuplicateJob(job_id)
@@ -288,17 +291,10 @@ class JobStore:
         liveness_key: int | None = None,
         kinds: Sequence[str] | None = None,
     ) -> Claim | None:
-        """Take the job if it is QUEUED and due, or RUNNING under an expired lease with
-        attempts left. One statement; ``None`` means someone else owns it or it is not
-        claimable now (see :meth:`get` for why)."""
-        now = self.clock.now()
-        claimable = or_(
-            (J.state == State.QUEUED.value) & (J.run_after <= now),
-            (J.state == State.RUNNING.value)
-            & (J.lease_until <= now)
-            & (J.attempts < J.max_attempts),
-        )
-        where = [claimable]
+        """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
+        that expired or whose owner process is gone (its liveness lock was released). One
+        statement; ``None`` means someone else owns it or it is not claimable now."""
+        where = [self._claimable()]
         if kinds is not None:
             where.append(J.kind.in_(list(kinds)))
         with self.engine.begin() as conn:
@@ -318,20 +314,19 @@ class JobStore:
             job = Job.from_row(row)
         return Claim(job=job, owner=owner, fence=job.fence)
 
+    def _claimable(self) -> ColumnElement[bool]:
+        now = self.clock.now()
+        return or_(
+            (J.state == State.QUEUED.value) & (J.run_after <= now),
+            (J.state == State.RUNNING.value)
+            & (J.attempts < J.max_attempts)
+            & or_(J.lease_until <= now, owner_lock_released(J.liveness_key)),
+        )
+
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
         """IDs of jobs a claim would take now, oldest first (for in-process draining)."""
-        now = self.clock.now()
         stmt = (
-            select(J.id)
-            .where(
-                or_(
-                    (J.state == State.QUEUED.value) & (J.run_after <= now),
-                    (J.state == State.RUNNING.value) & (J.lease_until <= now)
-                    & (J.attempts < J.max_attempts),
-                )
-            )
-            .order_by(J.run_after, J.created_at)
-            .limit(limit)
+            select(J.id).where(self._claimable()).order_by(J.run_after, J.created_at).limit(limit)
         )
         if kinds is not None:
             stmt = stmt.where(J.kind.in_(list(kinds)))

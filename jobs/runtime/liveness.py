@@ -18,10 +18,12 @@ import logging
 import os
 import secrets
 import threading
+import time
 
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
+from jobs.core.liveness import HELD_KEYS_SQL
 from jobs.core.store import Job, JobStore
 
 log = logging.getLogger("jobs.liveness")
@@ -29,12 +31,7 @@ log = logging.getLogger("jobs.liveness")
 # Keys are positive 62-bit integers so that (classid << 32 | objid) in pg_locks
 # reads them back unchanged.
 _KEY_BITS = 62
-
-_HELD_KEYS_SQL = text(
-    "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
-    "WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
-)
-
+CHECK_EVERY_SECONDS = 5.0
 
 class LivenessLock:
     def __init__(self, database_url: str) -> None:
@@ -42,10 +39,16 @@ class LivenessLock:
         self._engine: Engine = create_engine(database_url, poolclass=NullPool)
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+        self._checked_at = 0.0
 
     def ensure(self) -> int:
-        """Hold the lock, re-taking it on a new connection if the old one died."""
+        """Hold the lock, re-taking it on a new connection if the old one died (checked at
+        most every few seconds: this runs before every claim)."""
         with self._lock:
+            now = time.monotonic()
+            if self._conn is not None and now - self._checked_at < CHECK_EVERY_SECONDS:
+                return self.key
+            self._checked_at = now
             if self._conn is not None:
                 try:
                     self._conn.execute(text("SELECT 1"))
@@ -98,7 +101,7 @@ def process_key(database_url: str, dialect: str) -> int | None:
 
 def held_keys(engine: Engine) -> set[int]:
     with engine.connect() as conn:
-        return {int(key) for key in conn.execute(_HELD_KEYS_SQL).scalars()}
+        return {int(key) for key in conn.execute(text(HELD_KEYS_SQL)).scalars()}
 
 
 def rescue_dead_owners(store: JobStore) -> list[Job]:

@@ -1,0 +1,107 @@
+"""Liveness locks on PostgreSQL: a job whose owner process is gone can be taken over at once,
+by a claim (a redelivered message) or by the sweeper, without waiting for the lease; a live
+owner's job cannot. The fence still guards the old owner's writes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.pool import NullPool
+
+from jobs.core.db import make_engine
+from jobs.core.errors import LeaseLost
+from jobs.core.states import State
+from jobs.core.store import JobStore
+from jobs.runtime import liveness
+from jobs.schema import upgrade
+from tests.conftest import PG_ADMIN_URL
+
+pytestmark = pytest.mark.postgres
+T = TypeVar("T")
+
+
+def eventually(attempt: Callable[[], T], timeout: float = 5.0) -> T:
+    """The server drops a closed session's locks a moment after the client hangs up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = attempt()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def store(clean_pg_engine: Engine) -> JobStore:
+    return JobStore(clean_pg_engine)
+
+
+@pytest.fixture
+def lock_holder(pg_url: str) -> Iterator[liveness.LivenessLock]:
+    lock = liveness.LivenessLock(pg_url)
+    lock.ensure()
+    yield lock
+    lock.release()
+
+
+def test_held_keys_sees_the_lock(store: JobStore, lock_holder: liveness.LivenessLock) -> None:
+    assert lock_holder.key in liveness.held_keys(store.engine)
+
+
+def test_claim_takes_over_only_when_owner_lock_is_released(
+    store: JobStore, lock_holder: liveness.LivenessLock
+) -> None:
+    store.create("k", {}, job_id="J", max_attempts=3)
+    first = store.claim("J", "A", 300, liveness_key=lock_holder.key)
+    assert first is not None
+    # A holds its lock and a 300 s lease: nobody may take the job.
+    assert store.claim("J", "B", 300) is None
+    lock_holder.release()  # the owner's process "dies": its connection and lock are gone
+    second = eventually(lambda: store.claim("J", "B", 300))
+    assert second.fence == first.fence + 1
+    assert second.job.attempts == 2
+    history = store.history("J")
+    assert (history[-1].from_state, history[-1].to_state) == (State.RUNNING, State.RUNNING)
+    with pytest.raises(LeaseLost):
+        store.record_step(first, "late", {"by": "A"})
+    assert [s.name for s in store.steps("J")] == []
+
+
+def test_sweeper_requeues_dead_owner_before_lease_expiry(
+    store: JobStore, lock_holder: liveness.LivenessLock
+) -> None:
+    store.create("k", {}, job_id="J", max_attempts=3)
+    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    assert liveness.rescue_dead_owners(store) == []  # alive: left alone
+    lock_holder.release()
+    rescued = eventually(lambda: liveness.rescue_dead_owners(store))
+    assert [job.id for job in rescued] == ["J"]
+    job = store.get("J")
+    assert job.state is State.QUEUED
+    assert "died" in (job.last_error or "")
+
+
+def test_a_lock_on_another_database_does_not_count(store: JobStore, pg_url: str) -> None:
+    """pg_locks lists every database's locks: the same key held elsewhere is not our owner."""
+    other = create_engine(PG_ADMIN_URL, poolclass=NullPool)
+    with other.connect() as conn:
+        key = 123456789
+        conn.execute(select(func.pg_advisory_lock(key)))
+        assert key not in liveness.held_keys(store.engine)
+        store.create("k", {}, job_id="J", max_attempts=3)
+        assert store.claim("J", "A", 300, liveness_key=key) is not None
+        assert store.claim("J", "B", 300) is not None
+    other.dispose()
+
+
+def test_sqlite_has_no_liveness(tmp_path: object) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/x.db")
+    upgrade(engine)
+    sqlite_store = JobStore(engine)
+    sqlite_store.create("k", {}, job_id="J", max_attempts=3)
+    assert sqlite_store.claim("J", "A", 300, liveness_key=42) is not None
+    assert sqlite_store.claim("J", "B", 300) is None
+    assert liveness.rescue_dead_owners(sqlite_store) == []
