@@ -24,7 +24,9 @@ from jobs.api import (
     get_store,
     history,
     list_jobs,
+    seed_limits,
     set_dispatcher,
+    set_limits,
     steps,
     submit,
 )
@@ -43,7 +45,7 @@ from jobs.core.errors import (
 )
 from jobs.core.registry import REGISTRY, job
 from jobs.core.states import TRANSITIONS, State
-from jobs.core.store import Job, Step, Transition
+from jobs.core.store import Job, KindLimits, Step, Transition
 
 __all__ = [
     "REGISTRY",
@@ -55,6 +57,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "KindLimits",
     "LeaseLost",
     "SettingsError",
     "State",
@@ -71,7 +74,9 @@ __all__ = [
     "history",
     "job",
     "list_jobs",
+    "seed_limits",
     "set_dispatcher",
+    "set_limits",
     "steps",
     "submit",
 ]

@@ -19,7 +19,7 @@ from jobs.core.db import engine_for
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import get_settings
 from jobs.core.states import State
-from jobs.core.store import Job, JobStore, Step, Transition
+from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
 from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
@@ -153,6 +153,24 @@ def approve(job_id: str, *, by: str, note: str | None = None) -> Job:
 def cancel(job_id: str, reason: str = "cancelled by an operator") -> Job:
     """Stop a job that has not ended; a running owner is refused at its next fenced write."""
     return get_store().cancel(job_id, reason)
+
+
+def set_limits(kind: str, *, max_running: int | None = None,
+               max_queued: int | None = None) -> KindLimits:
+    """Backpressure for a kind, for every worker at once: at most ``max_running`` RUNNING
+    (enforced by the claim statement) and at most ``max_queued`` QUEUED (a submit past it
+    raises :class:`jobs.AdmissionRefused` and writes nothing). ``None`` lifts a limit."""
+    return get_store().set_limits(kind, max_running=max_running, max_queued=max_queued)
+
+
+def seed_limits() -> None:
+    """Write the registered kinds' ``max_running``/``max_queued`` defaults for kinds that have
+    no limits row yet (workers do this at start-up; the database's numbers then rule)."""
+    store = get_store()
+    for kind in REGISTRY.kinds():
+        if kind.max_running is not None or kind.max_queued is not None:
+            store.set_limits(kind.name, max_running=kind.max_running,
+                             max_queued=kind.max_queued, only_if_absent=True)
 
 
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:

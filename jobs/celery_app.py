@@ -116,6 +116,18 @@ def make_runner(hostname: str | None) -> Runner:
     )
 
 
+def _pass_on_slot(runner: Runner, kind: str) -> None:
+    """A run of a kind with a running limit ended: ring for the next waiting job of that kind
+    now, rather than leaving it to the sweeper's re-dispatch."""
+    limits = runner.store.limits().get(kind)
+    if limits is None or limits.max_running is None:
+        return
+    from jobs import api  # noqa: PLC0415
+
+    for waiting in runner.store.next_due(kind, 1):
+        api.dispatch(waiting)
+
+
 def _why_not_claimed(runner: Runner, job_id: str) -> str:
     try:
         job = runner.store.get(job_id)
@@ -124,6 +136,10 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
     if job.state is State.RUNNING:
         return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
     if job.state is State.QUEUED:
+        limits = runner.store.limits().get(job.kind)
+        if limits is not None and limits.max_running is not None:
+            return (f"QUEUED, waiting for a slot ({job.kind!r} allows "
+                    f"{limits.max_running} RUNNING at once)")
         return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
     return f"already {job.state.value}"
 
@@ -146,6 +162,8 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
         return f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
         api.dispatch(job_id)
+    if result.job is not None:
+        _pass_on_slot(runner, result.job.kind)
     log.info("job %s: %s (ran %s, replayed %s)", job_id, result.outcome.value,
              list(result.ran_steps), list(result.replayed_steps))
     return f"{job_id}: {result.outcome.value}"
@@ -164,6 +182,9 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    from jobs import api  # noqa: PLC0415
+
+    api.seed_limits()
 
 
 @signals.worker_process_init.connect

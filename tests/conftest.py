@@ -83,7 +83,7 @@ __all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]
 def truncate_job_tables(engine: Engine) -> None:
     """Empty the job tables of the session's PostgreSQL database between tests."""
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE jobs, job_steps, job_transitions RESTART IDENTITY CASCADE"))
+        conn.execute(text("TRUNCATE jobs, job_steps, job_transitions, job_kind_limits RESTART IDENTITY CASCADE"))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from jobs.core.models import Base
 from jobs.core.store import JobStore
 from jobs.schema import current_revision, ensure_schema, head_revision, upgrade
 
-TABLES = {"jobs", "job_steps", "job_transitions"}
+TABLES = {"jobs", "job_steps", "job_transitions", "job_kind_limits"}
 
 
 def differences(engine: Engine) -> list[Any]:

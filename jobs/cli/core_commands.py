@@ -302,8 +302,19 @@ def stats_dict() -> dict[str, Any]:
         by_state[state] = by_state.get(state, 0) + count
         by_kind[kind] = by_kind.get(kind, 0) + count
     oldest = store.oldest_queued()
+    counts = store.counts()
+    limits = {
+        kind: {
+            "max_running": limit.max_running,
+            "running": counts.get((kind, State.RUNNING.value), 0),
+            "max_queued": limit.max_queued,
+            "queued": counts.get((kind, State.QUEUED.value), 0),
+        }
+        for kind, limit in sorted(store.limits().items())
+    }
     return {
         "total": sum(by_state.values()),
+        "limits": limits,
         "by_state": by_state,
         "by_kind": by_kind,
         "queue_depth": by_state[State.QUEUED.value],
@@ -330,6 +341,65 @@ def stats(as_json: bool) -> None:
         f"oldest due {oldest['id']} waiting {oldest['age_seconds']:.1f}s"
     )
     click.echo(f"queue depth: {figures['queue_depth']} QUEUED; {waiting}")
+    if figures["limits"]:
+        _limits_table(figures["limits"])
+
+
+def _limits_table(limits: dict[str, dict[str, int | None]]) -> None:
+    def show(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    _table(
+        ("KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED"),
+        [(kind, str(v["running"]), show(v["max_running"]), str(v["queued"]),
+          show(v["max_queued"])) for kind, v in limits.items()],
+    )
+
+
+# -- limits --------------------------------------------------------------------------------
+
+
+def _limit_value(raw: str | None, name: str) -> int | None:
+    if raw is None or raw.lower() == "none":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r} is not a whole number or 'none'", param_hint=name
+        ) from None
+    if value < 0:
+        raise click.BadParameter("must be at least 0", param_hint=name)
+    return value
+
+
+@main.group(cls=_Group, invoke_without_command=True)
+@click.pass_context
+def limits(ctx: click.Context) -> None:
+    """Backpressure per kind: how many may run and wait at once (held in the database)."""
+    if ctx.invoked_subcommand is None:
+        figures = stats_dict()["limits"]
+        if figures:
+            _limits_table(figures)
+        else:
+            click.echo("no limits set (jobctl limits set KIND --max-running N --max-queued M)")
+
+
+@limits.command("set")
+@click.argument("kind")
+@click.option("--max-running",
+              help="At most N RUNNING at once, all workers together; 'none' lifts it.")
+@click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
+def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
+    """Set a kind's limits; an option left out keeps its current value."""
+    store = jobs.get_store()
+    current = store.limits().get(kind)
+    running = (current.max_running if current else None) if max_running is None else (
+        _limit_value(max_running, "--max-running"))
+    queued = (current.max_queued if current else None) if max_queued is None else (
+        _limit_value(max_queued, "--max-queued"))
+    result = store.set_limits(kind, max_running=running, max_queued=queued)
+    click.echo(f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}")
 
 
 # -- db ------------------------------------------------------------------------------------

@@ -112,3 +112,21 @@ class TransitionRecord(Base):
     fence: Mapped[int | None] = mapped_column(BigInteger)
     reason: Mapped[str | None] = mapped_column(Text)
     approved_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+
+
+class KindLimitRecord(Base):
+    """Backpressure per job kind, held in the database so every worker and every submitting
+    process enforces the same numbers, and an operator can change them without a deploy."""
+
+    __tablename__ = "job_kind_limits"
+    __table_args__ = (
+        CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
+        CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
+    )
+
+    kind: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    # At most this many jobs of the kind RUNNING at once, enforced by the claim statement.
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
+    max_queued: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())

@@ -28,6 +28,10 @@ class JobKind:
     handler: Handler
     max_attempts: int | None
     version: str | None
+    # Seeded into the job_kind_limits table when a worker starts, if the kind has no row
+    # yet: after that the database's numbers rule (jobctl limits set changes them live).
+    max_running: int | None = None
+    max_queued: int | None = None
 
     def check_inputs(self, inputs: dict[str, Any]) -> None:
         """Refuse inputs the handler cannot be called with, before anything is written."""
@@ -46,12 +50,16 @@ class Registry:
 
     def register(
         self, name: str, handler: Handler, *, max_attempts: int | None = None,
-        version: str | None = None,
+        version: str | None = None, max_running: int | None = None,
+        max_queued: int | None = None,
     ) -> JobKind:
         check_name(name, "job kind")
         if max_attempts is not None and max_attempts < 1:
             raise InvalidInput(f"job kind {name!r}: max_attempts must be at least 1")
-        kind = JobKind(name, handler, max_attempts, version)
+        for what, value in (("max_running", max_running), ("max_queued", max_queued)):
+            if value is not None and value < 0:
+                raise InvalidInput(f"job kind {name!r}: {what} must be at least 0")
+        kind = JobKind(name, handler, max_attempts, version, max_running, max_queued)
         with self._lock:
             existing = self._kinds.get(name)
             if existing is not None and existing.handler is not handler:
@@ -63,10 +71,12 @@ class Registry:
         return kind
 
     def job(
-        self, name: str, *, max_attempts: int | None = None, version: str | None = None
+        self, name: str, *, max_attempts: int | None = None, version: str | None = None,
+        max_running: int | None = None, max_queued: int | None = None,
     ) -> Callable[[F], F]:
         def decorate(handler: F) -> F:
-            self.register(name, handler, max_attempts=max_attempts, version=version)
+            self.register(name, handler, max_attempts=max_attempts, version=version,
+                          max_running=max_running, max_queued=max_queued)
             return handler
 
         return decorate
@@ -98,6 +108,10 @@ class Registry:
         if kind is None:
             raise UnknownKind(name, list(self._kinds))
         return kind
+
+    def kinds(self) -> list[JobKind]:
+        self._ensure_imported()
+        return [self._kinds[name] for name in sorted(self._kinds)]
 
     def names(self) -> list[str]:
         self._ensure_imported()

@@ -30,11 +30,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 
 from jobs.core import states
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import READ_ONLY
 from jobs.core.errors import (
+    AdmissionRefused,
     DuplicateJob,
     IllegalTransition,
     InvalidInput,
@@ -43,11 +45,12 @@ from jobs.core.errors import (
     UnknownJob,
 )
 from jobs.core.liveness import owner_lock_released
-from jobs.core.models import JobRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
 from jobs.core.states import State
 from jobs.core.validate import check_name, encode_json
 
 J = JobRecord
+L = KindLimitRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,13 @@ class Claim:
     @property
     def job_id(self) -> str:
         return self.job.id
+
+
+@dataclasses.dataclass(frozen=True)
+class KindLimits:
+    kind: str
+    max_running: int | None
+    max_queued: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +266,7 @@ class JobStore:
             "dispatched_at": None if delay_seconds > 0 else now,
         }
         with self.engine.begin() as conn:
+            self._admit(conn, kind, job_id)
             dialect = conn.dialect.name
             ins: Any
             if dialect == "postgresql":
@@ -280,6 +291,95 @@ class JobStore:
             raise DuplicateJob(job_id)
         return job, created
 
+    # -- backpressure --------------------------------------------------------------------
+
+    def _lock_limits(self, conn: Connection, kind: Any) -> KindLimits | None:
+        """Read a kind's limits, locking its row until the transaction ends: claims and
+        submits of one limited kind are serialized, so a count and the write that relies on
+        it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+        serializes every write)."""
+        row = conn.execute(
+            select(L.kind, L.max_running, L.max_queued).where(L.kind == kind).with_for_update()
+        ).one_or_none()
+        return None if row is None else KindLimits(row[0], row[1], row[2])
+
+    def _running_of_kind(self, exclude: Any = None) -> Any:
+        other = aliased(J)
+        stmt = select(func.count()).select_from(other).where(
+            other.kind == J.kind, other.state == State.RUNNING.value,
+            other.lease_until > self.clock.now(),
+        )
+        if exclude is not None:
+            stmt = stmt.where(other.id != exclude)
+        return stmt.scalar_subquery()
+
+    def _admit(self, conn: Connection, kind: str, job_id: str) -> None:
+        limits = self._lock_limits(conn, kind)
+        if limits is None or limits.max_queued is None:
+            return
+        if conn.execute(select(J.id).where(J.id == job_id)).one_or_none() is not None:
+            return  # an idempotent re-submit adds nothing to the queue
+        queued = conn.execute(
+            select(func.count()).select_from(J)
+            .where(J.kind == kind, J.state == State.QUEUED.value)
+        ).scalar_one()
+        if queued < limits.max_queued:
+            return
+        finished = conn.execute(
+            select(func.count()).select_from(J)
+            .where(J.kind == kind, J.finished_at >= self.clock.after(-60))
+        ).scalar_one()
+        excess = queued - limits.max_queued + 1
+        retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
+        raise AdmissionRefused(
+            f"job kind {kind!r} has {queued} jobs queued (max_queued={limits.max_queued}); "
+            "nothing was written",
+            retry_after,
+        )
+
+    def set_limits(
+        self, kind: str, *, max_running: int | None, max_queued: int | None,
+        only_if_absent: bool = False,
+    ) -> KindLimits:
+        """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
+        check_name(kind, "job kind")
+        for name, value in (("max_running", max_running), ("max_queued", max_queued)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise InvalidInput(f"{name} must be a whole number >= 0 or None")
+        values = {"kind": kind, "max_running": max_running, "max_queued": max_queued,
+                  "updated_at": self.clock.now()}
+        with self.engine.begin() as conn:
+            ins: Any = (postgresql.insert(L) if conn.dialect.name == "postgresql"
+                        else sqlite.insert(L)).values(values)
+            if only_if_absent:
+                ins = ins.on_conflict_do_nothing()
+            else:
+                ins = ins.on_conflict_do_update(
+                    index_elements=[L.kind],
+                    set_={"max_running": max_running, "max_queued": max_queued,
+                          "updated_at": self.clock.now()},
+                )
+            conn.execute(ins)
+            row = conn.execute(
+                select(L.kind, L.max_running, L.max_queued).where(L.kind == kind)
+            ).one()
+        return KindLimits(row[0], row[1], row[2])
+
+    def limits(self) -> dict[str, KindLimits]:
+        with self._read() as conn:
+            rows = conn.execute(select(L.kind, L.max_running, L.max_queued)).all()
+        return {r[0]: KindLimits(r[0], r[1], r[2]) for r in rows}
+
+    def next_due(self, kind: str, limit: int = 1) -> list[str]:
+        """The oldest due QUEUED jobs of a kind: who gets a slot a finished job frees."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(J.id).where(
+                    J.kind == kind, J.state == State.QUEUED.value,
+                    J.run_after <= self.clock.now(),
+                ).order_by(J.run_after, J.created_at).limit(limit)
+            ).scalars())
+
     # -- ownership -----------------------------------------------------------------------
 
     def claim(
@@ -298,6 +398,9 @@ class JobStore:
         if kinds is not None:
             where.append(J.kind.in_(list(kinds)))
         with self.engine.begin() as conn:
+            limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
+            if limits is not None and limits.max_running is not None:
+                where.append(self._running_of_kind(exclude=J.id) < limits.max_running)
             row = self._transition(
                 conn, job_id, State.RUNNING, where=where,
                 values={
