@@ -494,28 +494,38 @@ class JobStore:
             error,
         )
 
+    def _requeue_or_fail(
+        self, conn: Connection, job_id: str, where: Sequence[ColumnElement[bool]], *,
+        owner: str, fence: int, error: str, reason: str, run_after: ColumnElement[dt.datetime],
+    ) -> Row[Any] | None:
+        """RUNNING → FAILED when no attempts remain, else RUNNING → QUEUED due at ``run_after``:
+        two compare-and-sets of which at most one matches, so a QUEUED job always has an
+        attempt left and a claim never runs it past ``max_attempts``."""
+        exhausted = f"{error}; attempts exhausted"
+        row = self._transition(
+            conn, job_id, State.FAILED, only_from=[State.RUNNING],
+            where=[*where, J.attempts >= J.max_attempts],
+            values={"last_error": exhausted, "lease_until": None, "liveness_key": None,
+                    "finished_at": self.clock.now()},
+            owner=owner, fence=fence, reason=exhausted,
+        )
+        if row is None:
+            row = self._transition(
+                conn, job_id, State.QUEUED, only_from=[State.RUNNING], where=where,
+                values={"last_error": error, "owner": None, "lease_until": None,
+                        "liveness_key": None, "dispatched_at": None, "run_after": run_after},
+                owner=owner, fence=fence, reason=reason,
+            )
+        return row
+
     def retry(self, claim: Claim, error: str, delay_seconds: float) -> Job:
         """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
-        the job's attempts are exhausted, so whoever calls, a QUEUED job always has an attempt
-        left and a claim never runs it past ``max_attempts``."""
-        exhausted = f"{error}; attempts exhausted"
+        the job's attempts are exhausted."""
         with self.engine.begin() as conn:
-            row = self._transition(
-                conn, claim.job_id, State.FAILED, only_from=[State.RUNNING],
-                where=[*self._fenced(claim), J.attempts >= J.max_attempts],
-                values={"last_error": exhausted, "lease_until": None, "liveness_key": None,
-                        "finished_at": self.clock.now()},
-                owner=claim.owner, fence=claim.fence, reason=exhausted,
+            row = self._requeue_or_fail(
+                conn, claim.job_id, self._fenced(claim), owner=claim.owner, fence=claim.fence,
+                error=error, reason=f"retry: {error}", run_after=self.clock.after(delay_seconds),
             )
-            if row is None:
-                row = self._transition(
-                    conn, claim.job_id, State.QUEUED, only_from=[State.RUNNING],
-                    where=self._fenced(claim),
-                    values={"last_error": error, "owner": None, "lease_until": None,
-                            "liveness_key": None, "dispatched_at": None,
-                            "run_after": self.clock.after(delay_seconds)},
-                    owner=claim.owner, fence=claim.fence, reason=f"retry: {error}",
-                )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.QUEUED, claim)
             return Job.from_row(row)
@@ -605,26 +615,14 @@ class JobStore:
         the owner and fence the caller saw, so of several sweepers exactly one moves the job;
         ``only_if_expired`` re-checks the lease inside the same statement (the owner may have
         renewed since the caller looked)."""
-        now = self.clock.now()
         stale = [J.owner == owner, J.fence == fence]
         if only_if_expired:
-            stale.append(J.lease_until <= now)
-        exhausted = f"{reason}; attempts exhausted"
+            stale.append(J.lease_until <= self.clock.now())
         with self.engine.begin() as conn:
-            row = self._transition(
-                conn, job_id, State.FAILED, only_from=[State.RUNNING],
-                where=[*stale, J.attempts >= J.max_attempts],
-                values={"lease_until": None, "liveness_key": None, "finished_at": now,
-                        "last_error": exhausted},
-                owner=owner, fence=fence, reason=exhausted,
+            row = self._requeue_or_fail(
+                conn, job_id, stale, owner=owner, fence=fence, error=reason, reason=reason,
+                run_after=self.clock.now(),
             )
-            if row is None:
-                row = self._transition(
-                    conn, job_id, State.QUEUED, only_from=[State.RUNNING], where=stale,
-                    values={"owner": None, "lease_until": None, "liveness_key": None,
-                            "dispatched_at": None, "run_after": now, "last_error": reason},
-                    owner=owner, fence=fence, reason=reason,
-                )
             return None if row is None else Job.from_row(row)
 
     def sweep_expired(self, limit: int = 100) -> list[Job]:
