@@ -7,6 +7,7 @@ CI=true they fail instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,18 @@ def service_unavailable(name: str, err: Exception) -> None:
     pytest.skip(message)
 
 
+def _unmute_jobs_loggers() -> None:
+    """An in-process Celery worker (celery.contrib.pytest) sets up logging for its app and
+    leaves the root logger at ERROR and ours muted for the tests that follow; undo that so
+    caplog sees our warnings."""
+    logging.root.setLevel(logging.WARNING)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (name == "jobs" or name.startswith("jobs.")) and isinstance(logger, logging.Logger):
+            logger.disabled = False
+            logger.propagate = True
+            logger.setLevel(logging.NOTSET)
+
+
 @pytest.fixture(autouse=True)
 def isolated_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Each test gets its own data folder and SQLite database and no doorbell."""
@@ -45,6 +58,7 @@ def isolated_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     reset_settings()
     api.reset()
     api.set_dispatcher(None)
+    _unmute_jobs_loggers()
     yield tmp_path
     reset_settings()
     api.reset()
@@ -83,7 +97,9 @@ __all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]
 def truncate_job_tables(engine: Engine) -> None:
     """Empty the job tables of the session's PostgreSQL database between tests."""
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE jobs, job_steps, job_transitions, job_kind_limits RESTART IDENTITY CASCADE"))
+        conn.execute(text(
+            "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits RESTART IDENTITY CASCADE"
+        ))
 
 
 @pytest.fixture(scope="session")
