@@ -9,16 +9,31 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 
 from jobs.core.errors import JobError
 
+# An unreachable or misnamed database is a set-up mistake too.
+_DATABASE_ERRORS = (OperationalError, InterfaceError, ArgumentError)
+
+
+def _database_failure(err: Exception) -> click.ClickException:
+    orig = getattr(err, "orig", None)
+    detail = str(orig if orig is not None else err).strip().splitlines()
+    return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
+
 
 class JobctlGroup(click.Group):
+    """Every subcommand (and sub-group) runs inside this invoke, so one place turns user
+    mistakes into one line."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except JobError as err:
             raise click.ClickException(str(err)) from None
+        except _DATABASE_ERRORS as err:
+            raise _database_failure(err) from None
 
 
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})

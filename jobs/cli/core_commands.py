@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import click
-from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 
 import jobs
 from jobs import schema
@@ -28,34 +27,6 @@ from jobs.core.store import Job, Step, Transition
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
-
-_DATABASE_ERRORS = (OperationalError, InterfaceError, ArgumentError)
-
-
-def _database_failure(err: Exception) -> click.ClickException:
-    """An unreachable or misnamed database is a setup mistake: one line, not a traceback."""
-    orig = getattr(err, "orig", None)
-    detail = str(orig if orig is not None else err).strip().splitlines()
-    return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
-
-
-class _Command(click.Command):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except _DATABASE_ERRORS as err:
-            raise _database_failure(err) from None
-
-
-class _Group(click.Group):
-    command_class = _Command
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except _DATABASE_ERRORS as err:
-            raise _database_failure(err) from None
-
 
 # -- rendering -----------------------------------------------------------------------------
 
@@ -118,7 +89,7 @@ def parse_inputs(text: str) -> dict[str, Any]:
     return value
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.argument("kind")
 @click.option("--input", "input_json", default="{}", show_default=True,
               help="The job's inputs as a JSON object.")
@@ -191,7 +162,7 @@ def _last_reason(job_id: str) -> str:
 # -- show, list ----------------------------------------------------------------------------
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def show(job_id: str, as_json: bool) -> None:
@@ -240,7 +211,7 @@ def _history_line(move: Transition) -> str:
     return "  ".join(parts)
 
 
-@main.command("list", cls=_Command)
+@main.command("list")
 @click.option("--state", type=click.Choice([s.value for s in State], case_sensitive=False),
               help="Only jobs in this state.")
 @click.option("--kind", help="Only jobs of this kind.")
@@ -265,7 +236,7 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
 # -- operators -----------------------------------------------------------------------------
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.argument("job_id", metavar="ID")
 @click.option("--by", required=True, help="Who approves; recorded in the history.")
 @click.option("--note", help="Why; recorded with the approval.")
@@ -281,7 +252,7 @@ def approve(job_id: str, by: str, note: str | None) -> None:
     click.echo(f"{job.id} {job.state.value}")
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.argument("job_id", metavar="ID")
 @click.option("--reason", default="cancelled by an operator", show_default=True)
 def cancel(job_id: str, reason: str) -> None:
@@ -324,7 +295,7 @@ def stats_dict() -> dict[str, Any]:
     }
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def stats(as_json: bool) -> None:
     """Jobs by state and kind, and how long the oldest due job has waited."""
@@ -373,7 +344,7 @@ def _limit_value(raw: str | None, name: str) -> int | None:
     return value
 
 
-@main.group(cls=_Group, invoke_without_command=True)
+@main.group(invoke_without_command=True)
 @click.pass_context
 def limits(ctx: click.Context) -> None:
     """Backpressure per kind: how many may run and wait at once (held in the database)."""
@@ -405,7 +376,7 @@ def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> No
 # -- db ------------------------------------------------------------------------------------
 
 
-@main.group(cls=_Group)
+@main.group()
 def db() -> None:
     """The jobs schema in JOBS_DATABASE_URL (Alembic migrations shipped in the package)."""
 
@@ -432,7 +403,7 @@ def current() -> None:
 # -- simulate ------------------------------------------------------------------------------
 
 
-@main.command(cls=_Command)
+@main.command()
 @click.option("--lease-steps", type=click.IntRange(min=1), default=2, show_default=True,
               help="Lease length, in steps, both workers claim with.")
 @click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True,
