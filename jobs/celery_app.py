@@ -136,11 +136,13 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
     if job.state is State.RUNNING:
         return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
     if job.state is State.QUEUED:
+        if job.run_after > runner.store.now():
+            return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.limits().get(job.kind)
         if limits is not None and limits.max_running is not None:
             return (f"QUEUED, waiting for a slot ({job.kind!r} allows "
                     f"{limits.max_running} RUNNING at once)")
-        return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
+        return "QUEUED, claimed by no one yet (try again)"
     return f"already {job.state.value}"
 
 

@@ -344,7 +344,10 @@ class JobStore:
         """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
         check_name(kind, "job kind")
         for name, value in (("max_running", max_running), ("max_queued", max_queued)):
-            if value is not None and (not isinstance(value, int) or value < 0):
+            # bool is an int subclass, but True is a caller's mistake, not a limit of 1
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
                 raise InvalidInput(f"{name} must be a whole number >= 0 or None")
         values = {"kind": kind, "max_running": max_running, "max_queued": max_queued,
                   "updated_at": self.clock.now()}
@@ -690,6 +693,12 @@ class JobStore:
             )
 
     # -- reads ---------------------------------------------------------------------------
+
+    def now(self) -> dt.datetime:
+        """The clock's current instant, as the database sees it."""
+        with self._read() as conn:
+            instant: dt.datetime = conn.execute(select(self.clock.now())).scalar_one()
+        return instant
 
     def get(self, job_id: str) -> Job:
         with self._read() as conn:

@@ -1,0 +1,59 @@
+"""The Celery task's body, called in-process: what a delivery does for each state of the job.
+(The same task under real workers and brokers is covered in tests/acceptance.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import jobs
+from jobs.celery_app import run_job
+
+
+@jobs.job("task_probe", max_attempts=2)
+def task_probe(ctx: jobs.JobContext, n: int) -> dict[str, Any]:
+    return {"n": ctx.step("double", lambda: n * 2)}
+
+
+def deliver(*args: Any, **kwargs: Any) -> str:
+    result: str = run_job(*args, **kwargs)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), {}), ((1,), {}), (("a", "b"), {}), (("x",), {"junk": 1}), (("",), {}),
+        (("x" * 201,), {}),
+    ],
+)
+def test_garbage_is_dropped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    assert deliver(*args, **kwargs) == "garbage"
+
+
+def test_unknown_job_is_dropped() -> None:
+    assert deliver("no-such-job") == "no-such-job: dropped (unknown job)"
+
+
+def test_delivery_runs_the_job_and_a_duplicate_is_dropped() -> None:
+    job_id = jobs.submit("task_probe", {"n": 21})
+    assert deliver(job_id) == f"{job_id}: completed"
+    assert jobs.get(job_id).result == {"n": 42}
+    assert deliver(job_id) == f"{job_id}: dropped (already COMPLETED)"
+    assert [s.name for s in jobs.steps(job_id)] == ["double"]
+
+
+def test_a_job_not_due_yet_is_left_alone() -> None:
+    job_id = jobs.submit("task_probe", {"n": 1}, delay_seconds=3600)
+    assert deliver(job_id).startswith(f"{job_id}: dropped (QUEUED but not due until")
+    assert jobs.get(job_id).state is jobs.State.QUEUED
+
+
+def test_a_job_without_a_free_slot_waits() -> None:
+    jobs.set_limits("task_probe", max_running=0)
+    job_id = jobs.submit("task_probe", {"n": 1})
+    assert "waiting for a slot" in deliver(job_id)
+    assert jobs.get(job_id).state is jobs.State.QUEUED
+    jobs.set_limits("task_probe", max_running=1)
+    assert deliver(job_id) == f"{job_id}: completed"
