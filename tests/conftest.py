@@ -12,15 +12,21 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
 from jobs import api
+from jobs.core.clock import LogicalClock
+from jobs.core.db import READ_ONLY, make_engine
+from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import normalize_database_url, reset_settings
+from jobs.core.store import JobStore
+from jobs.schema import upgrade
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -122,3 +128,50 @@ def clean_pg_engine(pg_engine: Engine) -> Engine:
     upgrade(pg_engine)  # a no-op at head; repairs the schema if a test took it down
     truncate_job_tables(pg_engine)
     return pg_engine
+
+
+# -- the store contract's world: one empty database at head per test, on both backends ------
+
+STORE_TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__,
+                KindLimitRecord.__table__)
+Snapshot = tuple[list[tuple[Any, ...]], ...]
+
+
+@pytest.fixture(
+    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
+    """(URL, engine) of an empty database at head: a SQLite file, or the session's PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/store.db"
+        engine = make_engine(url)
+        upgrade(engine)
+        yield url, engine
+        engine.dispose()
+    else:
+        engine = request.getfixturevalue("clean_pg_engine")
+        yield request.getfixturevalue("pg_url"), engine
+
+
+@pytest.fixture
+def engine(database: tuple[str, Engine]) -> Engine:
+    return database[1]
+
+
+@pytest.fixture
+def clock() -> LogicalClock:
+    return LogicalClock()
+
+
+@pytest.fixture
+def store(engine: Engine, clock: LogicalClock) -> JobStore:
+    return JobStore(engine, clock=clock)
+
+
+def snapshot(engine: Engine) -> Snapshot:
+    """Every row of every job table, in a stable order: a refusal must leave it unchanged."""
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        return tuple(
+            [tuple(row) for row in conn.execute(select(t).order_by(*t.primary_key.columns))]
+            for t in STORE_TABLES
+        )

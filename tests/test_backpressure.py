@@ -14,7 +14,6 @@ import multiprocessing
 import multiprocessing.pool
 import multiprocessing.synchronize
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,62 +26,18 @@ from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.errors import AdmissionRefused, DuplicateJob, InvalidInput, UnknownJob
-from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 from jobs.core.store import Claim, JobStore, KindLimits
-from jobs.schema import upgrade
+from tests.conftest import snapshot
 
 LEASE = 10.0
 KIND = "bp"
 OTHER = "bp_other"
-TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__,
-          KindLimitRecord.__table__)
-
-Snapshot = tuple[list[tuple[Any, ...]], ...]
 
 
 # -- fixtures and helpers ----------------------------------------------------------------------
-
-
-@pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
-    """(URL, engine) of an empty database at head: a SQLite file, or the session's PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/bp.db"
-        engine = make_engine(url)
-        upgrade(engine)
-        yield url, engine
-        engine.dispose()
-    else:
-        engine = request.getfixturevalue("clean_pg_engine")
-        yield request.getfixturevalue("pg_url"), engine
-
-
-@pytest.fixture
-def engine(database: tuple[str, Engine]) -> Engine:
-    return database[1]
-
-
-@pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock()
-
-
-@pytest.fixture
-def store(engine: Engine, clock: LogicalClock) -> JobStore:
-    return JobStore(engine, clock=clock)
-
-
-def snapshot(engine: Engine) -> Snapshot:
-    """Every row of every job table (limits included), in a stable order."""
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        return tuple(
-            [tuple(row) for row in conn.execute(select(t).order_by(*t.primary_key.columns))]
-            for t in TABLES
-        )
 
 
 def count_rows(engine: Engine, table: Any) -> int:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,52 +25,19 @@ from jobs.core.errors import (
     StepError,
     UnknownJob,
 )
-from jobs.core.models import JobRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobRecord
 from jobs.core.states import TRANSITIONS, State
 from jobs.core.store import Claim, JobStore
-from jobs.schema import upgrade
+from tests.conftest import STORE_TABLES, snapshot
 
 LEASE = 10.0
-TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__)
-
-Snapshot = tuple[list[tuple[Any, ...]], ...]
-
-
-@pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        eng = make_engine(f"sqlite:///{tmp_path}/x.db")
-        upgrade(eng)
-        yield eng
-        eng.dispose()
-    else:
-        yield request.getfixturevalue("clean_pg_engine")
-
-
-@pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock()
-
-
-@pytest.fixture
-def store(engine: Engine, clock: LogicalClock) -> JobStore:
-    return JobStore(engine, clock=clock)
-
-
-def snapshot(engine: Engine) -> Snapshot:
-    """Every row of every job table, in a stable order."""
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        return tuple(
-            [tuple(row) for row in conn.execute(select(t).order_by(*t.primary_key.columns))]
-            for t in TABLES
-        )
 
 
 def row_counts(engine: Engine) -> tuple[int, ...]:
     with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        return tuple(conn.execute(select(func.count()).select_from(t)).scalar_one() for t in TABLES)
+        return tuple(
+            conn.execute(select(func.count()).select_from(t)).scalar_one() for t in STORE_TABLES
+        )
 
 
 def new(store: JobStore, job_id: str = "j1", max_attempts: int = 3, **kw: Any) -> str:
@@ -171,7 +137,7 @@ def test_bad_create_writes_nothing(engine: Engine, clock: LogicalClock, bad: str
     args.update(BAD_CREATES[bad])
     with pytest.raises(InvalidInput):
         store.create(args.pop("kind"), args.pop("inputs"), **args)
-    assert row_counts(engine) == (0, 0, 0)
+    assert row_counts(engine) == (0, 0, 0, 0)
 
 
 def test_payload_limit_is_inclusive(engine: Engine, clock: LogicalClock) -> None:
