@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Engine,
     Row,
     func,
     insert,
@@ -33,8 +32,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from jobs.core import states
-from jobs.core.clock import Clock, DatabaseClock
-from jobs.core.db import READ_ONLY
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -46,6 +43,8 @@ from jobs.core.errors import (
 )
 from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.reader import JOB_COLUMNS, JobReader
+from jobs.core.records import Claim, Job, KindLimits, Step, Transition
 from jobs.core.states import State
 from jobs.core.validate import check_name, encode_json
 
@@ -53,97 +52,12 @@ J = JobRecord
 L = KindLimitRecord
 
 
-@dataclasses.dataclass(frozen=True)
-class Job:
-    id: str
-    kind: str
-    state: State
-    inputs: dict[str, Any]
-    result: Any
-    last_error: str | None
-    owner: str | None
-    fence: int
-    lease_until: dt.datetime | None
-    attempts: int
-    max_attempts: int
-    run_after: dt.datetime
-    dispatched_at: dt.datetime | None
-    code_version: str | None
-    waiting_for: str | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    finished_at: dt.datetime | None
-
-    @classmethod
-    def from_row(cls, row: Row[Any] | JobRecord) -> Job:
-        return cls(
-            id=row.id, kind=row.kind, state=State(row.state), inputs=row.inputs,
-            result=row.result, last_error=row.last_error, owner=row.owner, fence=row.fence,
-            lease_until=row.lease_until, attempts=row.attempts, max_attempts=row.max_attempts,
-            run_after=row.run_after, dispatched_at=row.dispatched_at,
-            code_version=row.code_version, waiting_for=row.waiting_for,
-            created_at=row.created_at,
-            updated_at=row.updated_at, finished_at=row.finished_at,
-        )
 
 
-@dataclasses.dataclass(frozen=True)
-class Claim:
-    """Proof of ownership: every fenced write names the owner and the fence it claimed with."""
-
-    job: Job
-    owner: str
-    fence: int
-
-    @property
-    def job_id(self) -> str:
-        return self.job.id
-
-
-@dataclasses.dataclass(frozen=True)
-class KindLimits:
-    kind: str
-    max_running: int | None
-    max_queued: int | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    name: str
-    output: Any
-    recorded_at: dt.datetime
-    owner: str
-    fence: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Transition:
-    from_state: State | None
-    to_state: State
-    at: dt.datetime
-    owner: str | None
-    fence: int | None
-    reason: str | None
-    approved_by: str | None
-
-
-_JOB_COLUMNS = tuple(J.__table__.c)
-
-
-class JobStore:
-    """All reads and writes of jobs, steps and history, over one engine and one clock."""
-
-    def __init__(
-        self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576
-    ) -> None:
-        self.engine = engine
-        self.clock: Clock = clock or DatabaseClock()
-        self.max_payload_bytes = max_payload_bytes
+class JobStore(JobReader):
+    """Every write to the job tables, plus the reads it inherits."""
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _read(self) -> Connection:
-        return self.engine.connect().execution_options(**{READ_ONLY: True})
 
     def _fenced(self, claim: Claim) -> list[ColumnElement[bool]]:
         """The predicate every owner's write carries: still mine, still this claim, lease live."""
@@ -180,7 +94,7 @@ class JobStore:
             update(J)
             .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
             .values(previous_state=J.state, state=target.value, updated_at=now, **(values or {}))
-            .returning(*_JOB_COLUMNS, J.previous_state)
+            .returning(*JOB_COLUMNS, J.previous_state)
         )
         row = conn.execute(stmt).one_or_none()
         if row is None:
@@ -275,7 +189,7 @@ class JobStore:
                 ins = sqlite.insert(J).values(values).on_conflict_do_nothing()
             else:  # pragma: no cover - settings refuse other backends
                 ins = insert(J).values(values)
-            row = conn.execute(ins.returning(*_JOB_COLUMNS)).one_or_none()
+            row = conn.execute(ins.returning(*JOB_COLUMNS)).one_or_none()
             created = row is not None
             if row is not None:
                 conn.execute(
@@ -285,7 +199,7 @@ class JobStore:
                     )
                 )
             else:
-                row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one()
+                row = conn.execute(select(*JOB_COLUMNS).where(J.id == job_id)).one()
         job = Job.from_row(row)
         if not created and (job.kind != kind or job.inputs != inputs):
             raise DuplicateJob(job_id)
@@ -367,21 +281,6 @@ class JobStore:
                 select(L.kind, L.max_running, L.max_queued).where(L.kind == kind)
             ).one()
         return KindLimits(row[0], row[1], row[2])
-
-    def limits(self) -> dict[str, KindLimits]:
-        with self._read() as conn:
-            rows = conn.execute(select(L.kind, L.max_running, L.max_queued)).all()
-        return {r[0]: KindLimits(r[0], r[1], r[2]) for r in rows}
-
-    def next_due(self, kind: str, limit: int = 1) -> list[str]:
-        """The oldest due QUEUED jobs of a kind: who gets a slot a finished job frees."""
-        with self._read() as conn:
-            return list(conn.execute(
-                select(J.id).where(
-                    J.kind == kind, J.state == State.QUEUED.value,
-                    J.run_after <= self.clock.now(),
-                ).order_by(J.run_after, J.created_at).limit(limit)
-            ).scalars())
 
     # -- ownership -----------------------------------------------------------------------
 
@@ -645,16 +544,6 @@ class JobStore:
                 moved.append(job)
         return moved
 
-    def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
-        """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness
-        lock, for the sweeper to compare with the locks still held."""
-        with self._read() as conn:
-            rows = conn.execute(
-                select(J.id, J.owner, J.fence, J.liveness_key)
-                .where(J.state == State.RUNNING.value, J.liveness_key.is_not(None))
-            ).all()
-        return [(r[0], r[1] or "", r[2], r[3] or 0) for r in rows]
-
     def due_for_dispatch(self, stale_seconds: float, limit: int = 100) -> list[str]:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost). Marks them
@@ -692,73 +581,5 @@ class JobStore:
                 .values(dispatched_at=None)
             )
 
-    # -- reads ---------------------------------------------------------------------------
 
-    def now(self) -> dt.datetime:
-        """The clock's current instant, as the database sees it."""
-        with self._read() as conn:
-            instant: dt.datetime = conn.execute(select(self.clock.now())).scalar_one()
-        return instant
-
-    def get(self, job_id: str) -> Job:
-        with self._read() as conn:
-            row = conn.execute(select(*_JOB_COLUMNS).where(J.id == job_id)).one_or_none()
-        if row is None:
-            raise UnknownJob(job_id)
-        return Job.from_row(row)
-
-    def steps(self, job_id: str) -> list[Step]:
-        S = StepRecord.__table__.c
-        with self._read() as conn:
-            rows = conn.execute(
-                select(S.name, S.output, S.recorded_at, S.owner, S.fence)
-                .where(S.job_id == job_id).order_by(S.recorded_at, S.name)
-            ).all()
-        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
-
-    def history(self, job_id: str) -> list[Transition]:
-        T = TransitionRecord.__table__.c
-        with self._read() as conn:
-            rows = conn.execute(
-                select(T.from_state, T.to_state, T.at, T.owner, T.fence, T.reason, T.approved_by)
-                .where(T.job_id == job_id).order_by(T.id)
-            ).all()
-        return [
-            Transition(
-                State(r.from_state) if r.from_state else None, State(r.to_state), r.at, r.owner,
-                r.fence, r.reason, r.approved_by,
-            )
-            for r in rows
-        ]
-
-    def list(
-        self, state: State | None = None, kind: str | None = None, limit: int = 100
-    ) -> list[Job]:
-        stmt = select(*_JOB_COLUMNS).order_by(J.created_at.desc(), J.id).limit(limit)
-        if state is not None:
-            stmt = stmt.where(J.state == state.value)
-        if kind is not None:
-            stmt = stmt.where(J.kind == kind)
-        with self._read() as conn:
-            return [Job.from_row(r) for r in conn.execute(stmt)]
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        """Number of jobs by (kind, state)."""
-        with self._read() as conn:
-            rows = conn.execute(
-                select(J.kind, J.state, func.count()).group_by(J.kind, J.state)
-            ).all()
-        return {(r[0], r[1]): int(r[2]) for r in rows}
-
-    def oldest_queued(self) -> tuple[str, float] | None:
-        """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""
-        now = self.clock.now()
-        with self._read() as conn:
-            row = conn.execute(
-                select(J.id, J.run_after, now)
-                .where(J.state == State.QUEUED.value, J.run_after <= now)
-                .order_by(J.run_after).limit(1)
-            ).one_or_none()
-        if row is None:
-            return None
-        return row[0], max(0.0, (row[2] - row[1]).total_seconds())
+__all__ = ["Claim", "Job", "JobReader", "JobStore", "KindLimits", "Step", "Transition"]

@@ -1,0 +1,130 @@
+"""Reads of the job tables. Kept apart from :mod:`jobs.core.store` so that the module
+that changes state holds nothing else; reads take no write lock (plain ``BEGIN`` on
+SQLite) and never change a row."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Connection, Engine, func, select
+
+from jobs.core.clock import Clock, DatabaseClock
+from jobs.core.db import READ_ONLY
+from jobs.core.errors import UnknownJob
+from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.records import Job, KindLimits, Step, Transition
+from jobs.core.states import State
+
+J = JobRecord
+L = KindLimitRecord
+JOB_COLUMNS = tuple(J.__table__.c)
+
+
+class JobReader:
+    """Reads over one engine and one clock; :class:`jobs.core.store.JobStore` adds the writes."""
+
+    def __init__(
+        self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576
+    ) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or DatabaseClock()
+        self.max_payload_bytes = max_payload_bytes
+
+
+    def now(self) -> dt.datetime:
+        """The clock's current instant, as the database sees it."""
+        with self._read() as conn:
+            instant: dt.datetime = conn.execute(select(self.clock.now())).scalar_one()
+        return instant
+
+    def get(self, job_id: str) -> Job:
+        with self._read() as conn:
+            row = conn.execute(select(*JOB_COLUMNS).where(J.id == job_id)).one_or_none()
+        if row is None:
+            raise UnknownJob(job_id)
+        return Job.from_row(row)
+
+    def steps(self, job_id: str) -> list[Step]:
+        S = StepRecord.__table__.c
+        with self._read() as conn:
+            rows = conn.execute(
+                select(S.name, S.output, S.recorded_at, S.owner, S.fence)
+                .where(S.job_id == job_id).order_by(S.recorded_at, S.name)
+            ).all()
+        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
+
+    def history(self, job_id: str) -> list[Transition]:
+        T = TransitionRecord.__table__.c
+        with self._read() as conn:
+            rows = conn.execute(
+                select(T.from_state, T.to_state, T.at, T.owner, T.fence, T.reason, T.approved_by)
+                .where(T.job_id == job_id).order_by(T.id)
+            ).all()
+        return [
+            Transition(
+                State(r.from_state) if r.from_state else None, State(r.to_state), r.at, r.owner,
+                r.fence, r.reason, r.approved_by,
+            )
+            for r in rows
+        ]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Number of jobs by (kind, state)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.kind, J.state, func.count()).group_by(J.kind, J.state)
+            ).all()
+        return {(r[0], r[1]): int(r[2]) for r in rows}
+
+    def oldest_queued(self) -> tuple[str, float] | None:
+        """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""
+        now = self.clock.now()
+        with self._read() as conn:
+            row = conn.execute(
+                select(J.id, J.run_after, now)
+                .where(J.state == State.QUEUED.value, J.run_after <= now)
+                .order_by(J.run_after).limit(1)
+            ).one_or_none()
+        if row is None:
+            return None
+        return row[0], max(0.0, (row[2] - row[1]).total_seconds())
+
+    def limits(self) -> dict[str, KindLimits]:
+        with self._read() as conn:
+            rows = conn.execute(select(L.kind, L.max_running, L.max_queued)).all()
+        return {r[0]: KindLimits(r[0], r[1], r[2]) for r in rows}
+
+    def next_due(self, kind: str, limit: int = 1) -> list[str]:
+        """The oldest due QUEUED jobs of a kind: who gets a slot a finished job frees."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(J.id).where(
+                    J.kind == kind, J.state == State.QUEUED.value,
+                    J.run_after <= self.clock.now(),
+                ).order_by(J.run_after, J.created_at).limit(limit)
+            ).scalars())
+
+    def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
+        """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness
+        lock, for the sweeper to compare with the locks still held."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.id, J.owner, J.fence, J.liveness_key)
+                .where(J.state == State.RUNNING.value, J.liveness_key.is_not(None))
+            ).all()
+        return [(r[0], r[1] or "", r[2], r[3] or 0) for r in rows]
+
+
+    def _read(self) -> Connection:
+        return self.engine.connect().execution_options(**{READ_ONLY: True})
+
+    def list(
+        self, state: State | None = None, kind: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        stmt = select(*JOB_COLUMNS).order_by(J.created_at.desc(), J.id).limit(limit)
+        if state is not None:
+            stmt = stmt.where(J.state == state.value)
+        if kind is not None:
+            stmt = stmt.where(J.kind == kind)
+        with self._read() as conn:
+            return [Job.from_row(r) for r in conn.execute(stmt)]

@@ -1,0 +1,87 @@
+"""The values the store hands out: snapshots of rows, never live ORM objects, so nothing
+outside the store can write through them."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Row
+
+from jobs.core.models import JobRecord
+from jobs.core.states import State
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    id: str
+    kind: str
+    state: State
+    inputs: dict[str, Any]
+    result: Any
+    last_error: str | None
+    owner: str | None
+    fence: int
+    lease_until: dt.datetime | None
+    attempts: int
+    max_attempts: int
+    run_after: dt.datetime
+    dispatched_at: dt.datetime | None
+    code_version: str | None
+    waiting_for: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Row[Any] | JobRecord) -> Job:
+        return cls(
+            id=row.id, kind=row.kind, state=State(row.state), inputs=row.inputs,
+            result=row.result, last_error=row.last_error, owner=row.owner, fence=row.fence,
+            lease_until=row.lease_until, attempts=row.attempts, max_attempts=row.max_attempts,
+            run_after=row.run_after, dispatched_at=row.dispatched_at,
+            code_version=row.code_version, waiting_for=row.waiting_for,
+            created_at=row.created_at,
+            updated_at=row.updated_at, finished_at=row.finished_at,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """Proof of ownership: every fenced write names the owner and the fence it claimed with."""
+
+    job: Job
+    owner: str
+    fence: int
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+
+@dataclasses.dataclass(frozen=True)
+class KindLimits:
+    kind: str
+    max_running: int | None
+    max_queued: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    output: Any
+    recorded_at: dt.datetime
+    owner: str
+    fence: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    from_state: State | None
+    to_state: State
+    at: dt.datetime
+    owner: str | None
+    fence: int | None
+    reason: str | None
+    approved_by: str | None
