@@ -65,7 +65,8 @@ def set_dispatcher(dispatcher: Dispatcher | None) -> None:
     _dispatcher_set = True
 
 
-def _get_dispatcher() -> Dispatcher | None:
+def get_dispatcher() -> Dispatcher | None:
+    """The doorbell in use (the Celery publisher unless replaced)."""
     global _dispatcher, _dispatcher_set  # noqa: PLW0603
     if not _dispatcher_set:
         from jobs.runtime.dispatch import publish  # noqa: PLC0415 - Celery only when needed
@@ -78,7 +79,7 @@ def _get_dispatcher() -> Dispatcher | None:
 def dispatch(job_id: str) -> bool:
     """Publish a job's ID after its QUEUED state committed. A failure loses nothing: the
     job stays QUEUED in the database and the sweeper sends it again."""
-    dispatcher = _get_dispatcher()
+    dispatcher = get_dispatcher()
     if dispatcher is None:
         return False
     try:

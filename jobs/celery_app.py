@@ -23,6 +23,7 @@ from typing import Any
 
 from celery import Celery, current_app, signals
 
+from jobs import api
 from jobs.core.errors import UnknownJob
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome, Runner
@@ -103,8 +104,6 @@ def _owner(hostname: str | None) -> str:
 
 
 def make_runner(hostname: str | None) -> Runner:
-    from jobs import api  # noqa: PLC0415 - the facade opens the store from the settings
-
     settings = get_settings()
     store = api.get_store()
     key = liveness.process_key(settings.database_url, store.engine.dialect.name)
@@ -122,8 +121,6 @@ def _pass_on_slot(runner: Runner, kind: str) -> None:
     limits = runner.store.limits().get(kind)
     if limits is None or limits.max_running is None:
         return
-    from jobs import api  # noqa: PLC0415
-
     for waiting in runner.store.next_due(kind, 1):
         api.dispatch(waiting)
 
@@ -154,8 +151,6 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
         log.error("dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
                   args, kwargs)
         return "garbage"
-    from jobs import api  # noqa: PLC0415
-
     runner = make_runner(getattr(self.request, "hostname", None))
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
@@ -184,8 +179,6 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
-    from jobs import api  # noqa: PLC0415
-
     api.seed_limits()
 
 

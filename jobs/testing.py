@@ -37,7 +37,7 @@ def run(job_id: str) -> RunResult:
 def perform_job(kind: str, inputs: dict[str, Any] | None = None, *,
                 job_id: str | None = None, max_attempts: int | None = None) -> Job:
     """Submit a job without ringing the doorbell, run it once in-process, return its record."""
-    previous = api._get_dispatcher()
+    previous = api.get_dispatcher()
     api.set_dispatcher(None)
     try:
         job_id = api.submit(kind, inputs, job_id=job_id, max_attempts=max_attempts)

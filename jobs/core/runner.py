@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from jobs.core.context import HandBack, JobContext, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.registry import REGISTRY, Registry
-from jobs.core.states import State
 from jobs.core.store import Claim, Job, JobStore
 
 log = logging.getLogger("jobs.runner")
@@ -174,9 +173,3 @@ class Runner:
             job.id, outcome, job, tuple(ctx.ran_steps), tuple(ctx.replayed_steps), error
         )
 
-
-def enters_queue(result: RunResult) -> bool:
-    """Whether the run left the job QUEUED and due now, so a doorbell should be sent."""
-    return result.job is not None and result.job.state is State.QUEUED and (
-        result.outcome is Outcome.HANDED_BACK
-    )
