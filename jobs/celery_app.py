@@ -18,6 +18,7 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from typing import Any
 
@@ -99,6 +100,12 @@ def app_for(settings: Settings) -> Celery:
     return _other_apps[settings]
 
 
+# Set by the worker's main process when a warm shutdown starts. Created at import, before
+# the prefork pool forks, so the pool children share it and hand their jobs back at the
+# next step boundary instead of running on until the delivery budget is spent.
+_shutting_down = multiprocessing.Event()
+
+
 def _owner(hostname: str | None) -> str:
     return f"{hostname or 'worker'}:{os.getpid()}"
 
@@ -112,6 +119,7 @@ def make_runner(hostname: str | None) -> Runner:
         liveness_key=key, budget_seconds=settings.delivery_budget_seconds,
         retry_backoff_seconds=settings.retry_backoff_seconds,
         retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
+        stopping=_shutting_down.is_set,
     )
 
 
@@ -180,6 +188,14 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
     api.seed_limits()
+
+
+@signals.worker_shutting_down.connect
+def _hand_back_on_shutdown(**_: Any) -> None:
+    """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
+    if current_app.main == "jobs":
+        log.info("warm shutdown: running jobs will be handed back at their next step")
+        _shutting_down.set()
 
 
 @signals.worker_process_init.connect

@@ -45,6 +45,7 @@ class JobContext:
         *,
         lost: threading.Event | None = None,
         deadline: float | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -54,6 +55,7 @@ class JobContext:
         self._lost = lost or threading.Event()
         self.lost_reason: LeaseLost | None = None
         self._deadline = deadline
+        self._stopping = stopping
         self.ran_steps: list[str] = []
         self.replayed_steps: list[str] = []
 
@@ -105,6 +107,8 @@ class JobContext:
         self._check_lease()
         if self._deadline is not None and time.monotonic() >= self._deadline:
             raise HandBack(f"delivery time budget used up before step {name!r}")
+        if self._stopping is not None and self._stopping():
+            raise HandBack(f"worker shutting down; handed back before step {name!r}")
         output = fn(*args, **kwargs)
         self._check_lease()
         self.store.record_step(self.claim, name, output)

@@ -97,6 +97,7 @@ class Runner:
         budget_seconds: float | None = None,
         retry_backoff_seconds: float = 1.0,
         retry_backoff_max_seconds: float = 300.0,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -107,6 +108,9 @@ class Runner:
         self.budget_seconds = budget_seconds
         self.retry_backoff_seconds = retry_backoff_seconds
         self.retry_backoff_max_seconds = retry_backoff_max_seconds
+        # Asked before each step not yet recorded: True hands the job back to the queue
+        # (a worker's warm shutdown), so the job moves on elsewhere instead of waiting.
+        self.stopping = stopping
 
     def run(self, job_id: str) -> RunResult:
         claim = self.store.claim(
@@ -131,7 +135,7 @@ class Runner:
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
         recorded = {step.name: step.output for step in self.store.steps(job.id)}
         deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
-        ctx = JobContext(self.store, claim, recorded, deadline=deadline)
+        ctx = JobContext(self.store, claim, recorded, deadline=deadline, stopping=self.stopping)
         try:
             if self.heartbeat:
                 with Heartbeat(self.store, claim, self.lease_seconds, ctx.lease_lost):
