@@ -43,19 +43,17 @@ NOTES = [
     "while the throughput batches run, the others from the one-at-a-time runs.",
     "end-to-end: one job at a time, submit -> COMPLETED (1-step kind) vs send -> task ran.",
     "recovery: SIGKILL of the worker process group running the job -> the job RUNNING under "
-    "another (already running) worker; durable: 30 s lease, liveness lock seen by the sweeper; "
+    "another (already running) worker; durable: 30 s lease, the dead worker's liveness lock "
+    "seen by the claim of RabbitMQ's redelivery (or by the sweeper); "
     "plain: acks_late redelivery when the killed worker's connection drops.",
 ]
 
 
 EMBEDDED_NOTE = (
     "embedded: SQLite + filesystem:// on both sides, {jobs} jobs per batch, {samples} single jobs "
-    "per repeat (each started at a random phase of the transport's poll). The filesystem "
-    "transport polls once a second (kombu's default polling_interval; jobs.celery_app does not "
-    "set it): a worker whose pool is busy at a poll sleeps a full second, so embedded figures "
-    "are mostly that poll. Tasks that finish in microseconds (plain) free the pool before the "
-    "next fetch; jobs that take tens of ms do not, so durable throughput there is about "
-    "`concurrency` jobs/s. Recovery is not measured there: a killed worker's unacked message "
+    "per repeat (each started at a random phase of the transport's poll). Both sides use "
+    "jobs.celery_app's settings, which poll the folder every 50 ms (kombu's default is 1 s). "
+    "Recovery is not measured there: a killed worker's unacked message "
     "dies with it on filesystem://, so plain Celery never runs it again, and durable jobs "
     "wait for the lease."
 )

@@ -379,7 +379,7 @@ class BackendRun:
                 pair.reverse()
             for side, measure in pair:
                 if self.backend == EMBEDDED:
-                    # The filesystem transport polls once a second: start every sample at a
+                    # The filesystem transport polls the folder: start every sample at a
                     # random phase of the polls, or a sample sent right after the other
                     # side's completion locks onto that worker's poll phase.
                     time.sleep(random.uniform(0, 1.0))
