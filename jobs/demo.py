@@ -4,10 +4,10 @@ Job T-42 (kind ``check_order``) is submitted; worker A claims it, records the re
 lookup, and is killed with SIGKILL in the middle of the next step; worker B takes the job
 over, replays the lookup from the record instead of running it again, and completes it.
 On the embedded default the killed worker's message is lost with it (a server-less
-transport cannot redeliver), so recovery comes from the database: the lease runs out
-and the sweeper re-queues and re-sends the job. With JOBS_DATABASE_URL/JOBS_BROKER_URL
-set, the same story runs on PostgreSQL and RabbitMQ, where the dead worker's liveness
-lock lets the sweeper act within a second instead of waiting for the lease.
+transport cannot redeliver), so recovery comes from the database: the sweeper sees that
+A's process is gone, re-queues the job and re-sends it. With JOBS_DATABASE_URL and
+JOBS_BROKER_URL set, the same story runs on PostgreSQL and RabbitMQ, where the dead
+worker's liveness lock tells the same thing.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
         "JOBS_QUEUE": "jobs-demo",
     }
     if embedded:
-        # No liveness lock without PostgreSQL: the lease is what tells a crash here.
+        # A short lease, so that even a hung (not dead) worker would be recovered quickly.
         overrides["JOBS_LEASE_SECONDS"] = "3"
     with _environment(overrides):
         api.reset()

@@ -4,6 +4,9 @@ owner's job cannot. The fence still guards the old owner's writes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -20,7 +23,6 @@ from jobs.runtime import liveness
 from jobs.schema import upgrade
 from tests.conftest import PG_ADMIN_URL
 
-pytestmark = pytest.mark.postgres
 T = TypeVar("T")
 
 
@@ -47,10 +49,12 @@ def lock_holder(pg_url: str) -> Iterator[liveness.LivenessLock]:
     lock.release()
 
 
+@pytest.mark.postgres
 def test_held_keys_sees_the_lock(store: JobStore, lock_holder: liveness.LivenessLock) -> None:
     assert lock_holder.key in liveness.held_keys(store.engine)
 
 
+@pytest.mark.postgres
 def test_claim_takes_over_only_when_owner_lock_is_released(
     store: JobStore, lock_holder: liveness.LivenessLock
 ) -> None:
@@ -70,6 +74,7 @@ def test_claim_takes_over_only_when_owner_lock_is_released(
     assert [s.name for s in store.steps("J")] == []
 
 
+@pytest.mark.postgres
 def test_sweeper_requeues_dead_owner_before_lease_expiry(
     store: JobStore, lock_holder: liveness.LivenessLock
 ) -> None:
@@ -84,6 +89,7 @@ def test_sweeper_requeues_dead_owner_before_lease_expiry(
     assert "died" in (job.last_error or "")
 
 
+@pytest.mark.postgres
 def test_a_lock_on_another_database_does_not_count(store: JobStore, pg_url: str) -> None:
     """pg_locks lists every database's locks: the same key held elsewhere is not our owner."""
     other = create_engine(PG_ADMIN_URL, poolclass=NullPool)
@@ -97,11 +103,24 @@ def test_a_lock_on_another_database_does_not_count(store: JobStore, pg_url: str)
     other.dispose()
 
 
-def test_sqlite_has_no_liveness(tmp_path: object) -> None:
+def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
+    """Embedded: every worker shares this host, so the owner's PID tells whether it lives.
+    The claim never takes over on that alone (PIDs are reused); the sweeper re-queues."""
     engine = make_engine(f"sqlite:///{tmp_path}/x.db")
     upgrade(engine)
     sqlite_store = JobStore(engine)
-    sqlite_store.create("k", {}, job_id="J", max_attempts=3)
-    assert sqlite_store.claim("J", "A", 300, liveness_key=42) is not None
-    assert sqlite_store.claim("J", "B", 300) is None
-    assert liveness.rescue_dead_owners(sqlite_store) == []
+    assert liveness.process_key(f"sqlite:///{tmp_path}/x.db", "sqlite") == os.getpid()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+    dead_pid = int(finished.stdout)
+    assert not liveness.process_alive(dead_pid)
+    assert liveness.process_alive(os.getpid())
+    for job_id, pid in (("alive", os.getpid()), ("dead", dead_pid)):
+        sqlite_store.create("k", {}, job_id=job_id, max_attempts=3)
+        assert sqlite_store.claim(job_id, f"w:{pid}", 300, liveness_key=pid) is not None
+        assert sqlite_store.claim(job_id, "B", 300) is None
+    rescued = liveness.rescue_dead_owners(sqlite_store)
+    assert [job.id for job in rescued] == ["dead"]
+    assert f"process {dead_pid} is gone" in (rescued[0].last_error or "")
+    assert sqlite_store.get("alive").state is State.RUNNING
+    engine.dispose()

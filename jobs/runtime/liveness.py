@@ -83,9 +83,13 @@ def process_key(database_url: str, dialect: str) -> int | None:
     """This process's liveness key for ``database_url`` (taking the lock on first use);
     None off PostgreSQL."""
     global _locks_pid  # noqa: PLW0603 - one table of locks per process, re-made after a fork
+    pid = os.getpid()
+    if dialect == "sqlite":
+        # An embedded database lives on this host, and so do all its workers: the process
+        # ID is enough for a sweeper here to tell whether the owner still exists.
+        return pid
     if dialect != "postgresql":
         return None
-    pid = os.getpid()
     with _guard:
         if _locks_pid != pid:
             # After a fork the inherited connections belong to the parent: never reuse them.
@@ -104,19 +108,41 @@ def held_keys(engine: Engine) -> set[int]:
         return {int(key) for key in conn.execute(text(HELD_KEYS_SQL)).scalars()}
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this ID exists on this host and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill(0)
+
+
 def rescue_dead_owners(store: JobStore) -> list[Job]:
-    """Re-queue (or fail, when out of attempts) RUNNING jobs whose owner's lock is gone."""
-    if store.engine.dialect.name != "postgresql":
+    """Re-queue (or fail, when out of attempts) RUNNING jobs whose owner process is gone:
+    its advisory lock released (PostgreSQL), or its process ID no longer running (SQLite,
+    where every worker runs on this host). A reused PID only delays recovery to the lease."""
+    dialect = store.engine.dialect.name
+    if dialect not in ("postgresql", "sqlite"):
         return []
     running = store.running_with_liveness()
     if not running:
         return []
-    alive = held_keys(store.engine)
+    if dialect == "postgresql":
+        alive = held_keys(store.engine)
+        dead = [(j, o, f, f"owner {o} died (liveness lock released)")
+                for j, o, f, key in running if key not in alive]
+    else:
+        dead = [(j, o, f, f"owner {o} died (process {key} is gone)")
+                for j, o, f, key in running if not process_alive(key)]
     rescued = []
-    for job_id, owner, fence, key in running:
-        if key in alive:
-            continue
-        job = store.expire(job_id, owner, fence, f"owner {owner} died (liveness lock released)")
+    for job_id, owner, fence, reason in dead:
+        job = store.expire(job_id, owner, fence, reason)
         if job is not None:
             log.warning("job %s: owner %s is gone; now %s", job_id, owner, job.state.value)
             rescued.append(job)

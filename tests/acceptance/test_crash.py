@@ -154,9 +154,11 @@ def test_sigkill_worker_main_process_mid_step(stack: Stack, pool: str) -> None:
         # RabbitMQ redelivered the dead worker's message to the survivor.
         assert victim_ids[0] in received_task_ids(survivor)
     else:
-        # Scenario 10: nothing redelivers; the lease runs out and the sweeper re-sends.
-        assert requeue.reason == "lease expired", requeue
-        assert requeue.at >= lease_at_kill
+        # Scenario 10: nothing redelivers the lost message. The sweeper, on the same host as
+        # every embedded worker, sees A's process is gone, re-queues the job before the
+        # lease would have run out, and re-sends it.
+        assert "is gone" in (requeue.reason or ""), requeue
+        assert requeue.at < lease_at_kill, (requeue.at, lease_at_kill)
         assert victim_ids[0] not in received_task_ids(survivor)
 
 
