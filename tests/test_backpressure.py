@@ -30,6 +30,7 @@ from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 from jobs.core.store import Claim, JobStore, KindLimits
+from tests import racing
 from tests.conftest import snapshot
 
 LEASE = 10.0
@@ -360,31 +361,24 @@ def test_next_due_is_the_oldest_due_queued_job_of_the_kind(
 
 # -- real processes racing for the last slots ---------------------------------------------------
 
-PROCESSES = 8
+PROCESSES = racing.PROCESSES
 RACE_RUNNING = 3
 RACE_JOBS = 12
 RACE_QUEUED = 5
 CREATES_EACH = 3
 
-_barrier: multiprocessing.synchronize.Barrier | None = None
-
-
-def _init(barrier: multiprocessing.synchronize.Barrier) -> None:
-    global _barrier  # noqa: PLW0603 - one barrier per pool process
-    _barrier = barrier
 
 
 def _claim_any(args: tuple[str, list[str], int]) -> list[str]:
     """Try every job once, each try after all processes met at the barrier; process ``i``
     starts at job ``i``, so every round is 8 claims of 8 different jobs of the full kind."""
     url, job_ids, index = args
-    assert _barrier is not None
     store = JobStore(make_engine(url))
     won = []
     try:
         for round_ in range(len(job_ids)):
             job_id = job_ids[(index + round_) % len(job_ids)]
-            _barrier.wait(timeout=60)
+            racing.meet()
             if store.claim(job_id, f"worker-{index}", 600) is not None:
                 won.append(job_id)
     finally:
@@ -394,12 +388,11 @@ def _claim_any(args: tuple[str, list[str], int]) -> list[str]:
 
 def _create_some(args: tuple[str, int]) -> tuple[list[str], int]:
     url, index = args
-    assert _barrier is not None
     store = JobStore(make_engine(url))
     created, refused = [], 0
     try:
         for n in range(CREATES_EACH):
-            _barrier.wait(timeout=60)
+            racing.meet()
             try:
                 store.create(KIND, {"n": n}, job_id=f"adm-{index}-{n}", max_attempts=1)
             except AdmissionRefused:
@@ -413,12 +406,8 @@ def _create_some(args: tuple[str, int]) -> tuple[list[str], int]:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[multiprocessing.pool.Pool]:
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(PROCESSES)
-    with ctx.Pool(PROCESSES, initializer=_init, initargs=(barrier,)) as workers:
+    with racing.racing_pool() as workers:
         yield workers
-        workers.close()
-        workers.join()
 
 
 def test_racing_claims_never_exceed_max_running(

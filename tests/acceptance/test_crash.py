@@ -50,6 +50,18 @@ def victim_in_second_step(stack: Stack, job_id: str, workers: list[Proc]) -> Pro
     return wait_until(inside, 60, f"a worker to be inside check_payment of {job_id}")
 
 
+def crash_setup(stack: Stack, pool: str) -> tuple[str, Proc, Proc]:
+    """Workers A and B and a sweeper; a check_order job whose owner is inside its second
+    step. Returns (job id, the owner, the other worker)."""
+    workers = [stack.worker("A", pool=pool, wait=False), stack.worker("B", pool=pool, wait=False)]
+    stack.sweeper()
+    for worker in workers:
+        worker.wait_ready()
+    job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
+    victim = victim_in_second_step(stack, job_id, workers)
+    return job_id, victim, next(w for w in workers if w is not victim)
+
+
 def dead(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -102,16 +114,10 @@ def test_sigkill_worker_main_process_mid_step(stack: Stack, pool: str) -> None:
     (the job is RUNNING under a live-looking lease), and the sweeper sees the dead owner's
     liveness lock gone and re-queues the job well before the 3 s lease would run out.
     embedded: the killed worker's message is gone with it (the filesystem transport has no
-    acknowledgements), so recovery is the lease running out and the sweeper re-sending.
+    acknowledgements); the sweeper, on the same host, sees the owner's process is gone,
+    re-queues the job before the lease runs out and re-sends it.
     """
-    workers = [stack.worker("A", pool=pool, wait=False), stack.worker("B", pool=pool, wait=False)]
-    stack.sweeper()
-    for worker in workers:
-        worker.wait_ready()
-    job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
-
-    victim = victim_in_second_step(stack, job_id, workers)
-    survivor = next(w for w in workers if w is not victim)
+    job_id, victim, survivor = crash_setup(stack, pool)
     children = victim.pool_children()
     lease_at_kill = stack.job(job_id).lease_until
     assert lease_at_kill is not None
@@ -217,13 +223,7 @@ def test_default_lease_dead_owner_rescued_within_seconds(stack: Stack) -> None:
     """Scenario 3: a 30 s lease, yet the job runs again under another owner within 5 s of
     the kill: the sweeper sees the dead worker's liveness lock released."""
     stack.configure(JOBS_LEASE_SECONDS=30, JOBS_SWEEP_INTERVAL_SECONDS=1)
-    workers = [stack.worker("A", wait=False), stack.worker("B", wait=False)]
-    stack.sweeper()
-    for worker in workers:
-        worker.wait_ready()
-    job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
-    victim = victim_in_second_step(stack, job_id, workers)
-    survivor = next(w for w in workers if w is not victim)
+    job_id, victim, survivor = crash_setup(stack, "solo")
     lease = stack.job(job_id).lease_until
     killed_at = victim.kill(signal.SIGKILL)
 
