@@ -27,7 +27,7 @@ from celery import Celery, current_app, signals
 from jobs import api
 from jobs.core.errors import UnknownJob
 from jobs.core.registry import REGISTRY
-from jobs.core.runner import Outcome, Runner
+from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.settings import Settings, get_settings
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
@@ -114,22 +114,19 @@ def make_runner(hostname: str | None) -> Runner:
     settings = get_settings()
     store = api.get_store()
     key = liveness.process_key(settings.database_url, store.engine.dialect.name)
-    return Runner(
-        store, _owner(hostname), lease_seconds=settings.lease_seconds, registry=REGISTRY,
-        liveness_key=key, budget_seconds=settings.delivery_budget_seconds,
-        retry_backoff_seconds=settings.retry_backoff_seconds,
-        retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
-        stopping=_shutting_down.is_set,
+    return Runner.from_settings(
+        store, _owner(hostname), settings, registry=REGISTRY, liveness_key=key,
+        budget_seconds=settings.delivery_budget_seconds, stopping=_shutting_down.is_set,
     )
 
 
-def _pass_on_slot(runner: Runner, kind: str) -> None:
+def _pass_on_slot(runner: Runner, result: RunResult) -> None:
     """A run of a kind with a running limit ended: ring for the next waiting job of that kind
-    now, rather than leaving it to the sweeper's re-dispatch."""
-    limits = runner.store.limits().get(kind)
-    if limits is None or limits.max_running is None:
+    now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
+    unlimited kinds cost no extra query here.)"""
+    if result.job is None or result.max_running is None:
         return
-    for waiting in runner.store.next_due(kind, 1):
+    for waiting in runner.store.next_due(result.job.kind, 1):
         api.dispatch(waiting)
 
 
@@ -167,8 +164,7 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
         return f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
         api.dispatch(job_id)
-    if result.job is not None:
-        _pass_on_slot(runner, result.job.kind)
+    _pass_on_slot(runner, result)
     log.info("job %s: %s (ran %s, replayed %s)", job_id, result.outcome.value,
              list(result.ran_steps), list(result.replayed_steps))
     return f"{job_id}: {result.outcome.value}"

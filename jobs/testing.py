@@ -18,14 +18,9 @@ from jobs.core.store import Job, JobStore
 
 def make_runner(store: JobStore | None = None, owner: str | None = None,
                 heartbeat: bool = True) -> Runner:
-    settings = get_settings()
-    return Runner(
-        store or api.get_store(),
-        owner or f"inline@{socket.gethostname()}:{os.getpid()}",
-        lease_seconds=settings.lease_seconds,
-        heartbeat=heartbeat,
-        retry_backoff_seconds=settings.retry_backoff_seconds,
-        retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
+    return Runner.from_settings(
+        store or api.get_store(), owner or f"inline@{socket.gethostname()}:{os.getpid()}",
+        get_settings(), heartbeat=heartbeat,
     )
 
 

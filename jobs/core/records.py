@@ -54,6 +54,9 @@ class Claim:
     job: Job
     owner: str
     fence: int
+    # The kind's running limit as the claim saw it under its lock (None: unlimited), so
+    # whoever ends the run knows whether a slot was freed without reading the limits again.
+    max_running: int | None = None
 
     @property
     def job_id(self) -> str:

@@ -8,6 +8,7 @@ its next step and nothing more is written.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -15,10 +16,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jobs.core.context import HandBack, JobContext, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.registry import REGISTRY, Registry
+from jobs.core.settings import Settings
 from jobs.core.store import Claim, Job, JobStore
 
 log = logging.getLogger("jobs.runner")
@@ -42,6 +45,8 @@ class RunResult:
     ran_steps: tuple[str, ...] = ()
     replayed_steps: tuple[str, ...] = ()
     error: str | None = None
+    # The kind's running limit seen by the claim: a finished run freed one of its slots.
+    max_running: int | None = None
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -112,6 +117,18 @@ class Runner:
         # (a worker's warm shutdown), so the job moves on elsewhere instead of waiting.
         self.stopping = stopping
 
+    @classmethod
+    def from_settings(
+        cls, store: JobStore, owner: str, settings: Settings, **options: Any
+    ) -> Runner:
+        """A runner with the lease and retry backoff of ``settings``; ``options`` add the
+        rest (liveness key, delivery budget, heartbeat, stop flag)."""
+        return cls(
+            store, owner, lease_seconds=settings.lease_seconds,
+            retry_backoff_seconds=settings.retry_backoff_seconds,
+            retry_backoff_max_seconds=settings.retry_backoff_max_seconds, **options,
+        )
+
     def run(self, job_id: str) -> RunResult:
         claim = self.store.claim(
             job_id, self.owner, self.lease_seconds, liveness_key=self.liveness_key
@@ -119,10 +136,11 @@ class Runner:
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
         try:
-            return self._run_claimed(claim)
+            result = self._run_claimed(claim)
         except LeaseLost as lost:
             log.warning("%s; stopped without writing", lost)
-            return RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
+            result = RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
+        return dataclasses.replace(result, max_running=claim.max_running)
 
     def _run_claimed(self, claim: Claim) -> RunResult:
         job = claim.job

@@ -54,6 +54,13 @@ L = KindLimitRecord
 
 
 
+def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]) -> Any:
+    """The dialect's INSERT, which has ON CONFLICT (settings admit only these two)."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
 class JobStore(JobReader):
     """Every write to the job tables, plus the reads it inherits."""
 
@@ -181,14 +188,7 @@ class JobStore(JobReader):
         }
         with self.engine.begin() as conn:
             self._admit(conn, kind, job_id)
-            dialect = conn.dialect.name
-            ins: Any
-            if dialect == "postgresql":
-                ins = postgresql.insert(J).values(values).on_conflict_do_nothing()
-            elif dialect == "sqlite":
-                ins = sqlite.insert(J).values(values).on_conflict_do_nothing()
-            else:  # pragma: no cover - settings refuse other backends
-                ins = insert(J).values(values)
+            ins = _insert_for(conn, J).values(values).on_conflict_do_nothing()
             row = conn.execute(ins.returning(*JOB_COLUMNS)).one_or_none()
             created = row is not None
             if row is not None:
@@ -217,15 +217,14 @@ class JobStore(JobReader):
         ).one_or_none()
         return None if row is None else KindLimits(row[0], row[1], row[2])
 
-    def _running_of_kind(self, exclude: Any = None) -> Any:
+    def _running_of_kind(self) -> Any:
+        """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
+        (a takeover of a dead owner's job frees the slot it takes)."""
         other = aliased(J)
-        stmt = select(func.count()).select_from(other).where(
+        return select(func.count()).select_from(other).where(
             other.kind == J.kind, other.state == State.RUNNING.value,
-            other.lease_until > self.clock.now(),
-        )
-        if exclude is not None:
-            stmt = stmt.where(other.id != exclude)
-        return stmt.scalar_subquery()
+            other.lease_until > self.clock.now(), other.id != J.id,
+        ).scalar_subquery()
 
     def _admit(self, conn: Connection, kind: str, job_id: str) -> None:
         limits = self._lock_limits(conn, kind)
@@ -266,8 +265,7 @@ class JobStore(JobReader):
         values = {"kind": kind, "max_running": max_running, "max_queued": max_queued,
                   "updated_at": self.clock.now()}
         with self.engine.begin() as conn:
-            ins: Any = (postgresql.insert(L) if conn.dialect.name == "postgresql"
-                        else sqlite.insert(L)).values(values)
+            ins = _insert_for(conn, L).values(values)
             if only_if_absent:
                 ins = ins.on_conflict_do_nothing()
             else:
@@ -301,8 +299,9 @@ class JobStore(JobReader):
             where.append(J.kind.in_(list(kinds)))
         with self.engine.begin() as conn:
             limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
-            if limits is not None and limits.max_running is not None:
-                where.append(self._running_of_kind(exclude=J.id) < limits.max_running)
+            max_running = None if limits is None else limits.max_running
+            if max_running is not None:
+                where.append(self._running_of_kind() < max_running)
             row = self._transition(
                 conn, job_id, State.RUNNING, where=where,
                 values={
@@ -317,7 +316,7 @@ class JobStore(JobReader):
             if row is None:
                 return None
             job = Job.from_row(row)
-        return Claim(job=job, owner=owner, fence=job.fence)
+        return Claim(job=job, owner=owner, fence=job.fence, max_running=max_running)
 
     def _claimable(self) -> ColumnElement[bool]:
         now = self.clock.now()
@@ -550,23 +549,20 @@ class JobStore(JobReader):
         dispatched now, in the same statement, so concurrent sweepers do not both send."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
+        unsent = [
+            J.state == State.QUEUED.value,
+            or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+        ]
         with self.engine.begin() as conn:
             ids = list(conn.execute(
-                select(J.id)
-                .where(
-                    J.state == State.QUEUED.value, J.run_after <= now,
-                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
-                )
+                select(J.id).where(*unsent, J.run_after <= now)
                 .order_by(J.run_after).limit(limit)
             ).scalars())
             if not ids:
                 return []
             marked = conn.execute(
                 update(J)
-                .where(
-                    J.id.in_(ids), J.state == State.QUEUED.value,
-                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
-                )
+                .where(J.id.in_(ids), *unsent)
                 .values(dispatched_at=now)
                 .returning(J.id)
             ).scalars()
