@@ -157,7 +157,7 @@ class BackendRun:
         return api.get_store()
 
     def _plain_setup(self) -> None:
-        from jobs.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
+        from jobs.runtime.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
 
         settings = from_env({"JOBS_DATA_DIR": str(self.root / "plain"),
                              "JOBS_BROKER_URL": self.durable_env["JOBS_BROKER_URL"],
@@ -214,8 +214,8 @@ class BackendRun:
         if self.plain_client is not None:
             self.plain_client.close()
         with contextlib.suppress(Exception):
-            from jobs.celery_app import app_for  # noqa: PLC0415
             from jobs.core.settings import get_settings  # noqa: PLC0415
+            from jobs.runtime.celery_app import app_for  # noqa: PLC0415
 
             app_for(get_settings()).close()
 

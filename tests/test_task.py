@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs.celery_app import run_job
+from jobs.runtime.celery_app import run_job
 
 
 @jobs.job("task_probe", max_attempts=2)

@@ -142,8 +142,8 @@ def test_garbage_messages_are_logged_once_and_dropped(stack: Stack) -> None:
     is not JSON. The worker logs one error for each, acknowledges it, keeps running."""
     from kombu import Connection, Exchange, Producer  # noqa: PLC0415
 
-    from jobs.celery_app import TASK_NAME, app_for  # noqa: PLC0415
     from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.runtime.celery_app import TASK_NAME, app_for  # noqa: PLC0415
 
     worker = stack.worker("A")
     app = app_for(get_settings())

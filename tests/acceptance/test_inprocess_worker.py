@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this process
-from jobs import celery_app as jobs_celery
 from jobs.core.settings import from_env
 from jobs.core.states import State
+from jobs.runtime import celery_app as jobs_celery
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,

@@ -1,0 +1,204 @@
+"""The Celery app: ``celery -A jobs.celery_app worker`` runs it as users run any Celery daemon.
+
+A message carries one thing, a job ID; the job table holds the rest. Each setting below
+closes one of Celery's known ways to lose or double-run work (see the README):
+
+- ``task_acks_late``: the message is acknowledged after the task returns, so a worker
+  that dies before it claimed the job does not swallow the doorbell.
+- ``task_reject_on_worker_lost``: without it a killed pool child's message is acked and lost.
+- ``worker_prefetch_multiplier=1``: a worker reserves one message per process, so queued
+  jobs are not hoarded by one busy worker (backpressure stays in the queue, visible).
+- ``worker_cancel_long_running_tasks_on_connection_loss``: after a broker reconnect the
+  old delivery is redelivered; the old run is stopped instead of racing it.
+- ``confirm_publish`` (AMQP): a publish returns only once RabbitMQ has the message.
+- JSON only: pickle is refused on both sides.
+- task events on: Flower sees every delivery and its outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from typing import Any
+
+from celery import Celery, current_app, signals
+
+from jobs import api
+from jobs.core.errors import UnknownJob
+from jobs.core.registry import REGISTRY
+from jobs.core.runner import Outcome, Runner, RunResult
+from jobs.core.settings import Settings, get_settings
+from jobs.core.states import State
+from jobs.core.validate import NAME_LENGTH
+from jobs.runtime import liveness
+
+log = logging.getLogger("jobs.worker")
+
+TASK_NAME = "jobs.run"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_ignore_result": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": settings.queue,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": True,
+        "enable_utc": True,
+    }
+    if settings.is_embedded_broker and settings.broker_url.startswith("filesystem"):
+        folder = settings.broker_folder
+        for sub in ("processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        config["broker_transport_options"] = {
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            # Fanout (events, remote control) bindings; kombu's default is ./control.
+            "control_folder": str(folder / "control"),
+            # kombu polls the folder once a second by default: a worker whose pool was busy
+            # at a poll would leave a waiting job alone for up to a second.
+            "polling_interval": 0.05,
+        }
+    elif not settings.is_embedded_broker:
+        config["broker_transport_options"] = {"confirm_publish": True}
+    return config
+
+
+def make_app(settings: Settings) -> Celery:
+    celery = Celery("jobs", set_as_current=False)
+    celery.conf.update(celery_config(settings))
+    return celery
+
+
+app = make_app(get_settings())
+_app_settings = get_settings()
+_other_apps: dict[Settings, Celery] = {}
+
+
+def app_for(settings: Settings) -> Celery:
+    """The app for these settings: the module's own, or one made for settings that changed
+    after import (the demo, tests, a process that re-reads its environment)."""
+    if settings == _app_settings:
+        return app
+    if settings not in _other_apps:
+        _other_apps[settings] = make_app(settings)
+    return _other_apps[settings]
+
+
+# Set by the worker's main process when a warm shutdown starts. Created at import, before
+# the prefork pool forks, so the pool children share it and hand their jobs back at the
+# next step boundary instead of running on until the delivery budget is spent.
+_shutting_down = multiprocessing.Event()
+
+
+def _owner(hostname: str | None) -> str:
+    return f"{hostname or 'worker'}:{os.getpid()}"
+
+
+def make_runner(hostname: str | None) -> Runner:
+    settings = get_settings()
+    store = api.get_store()
+    key = liveness.process_key(settings.database_url, store.engine.dialect.name)
+    return Runner.from_settings(
+        store, _owner(hostname), settings, registry=REGISTRY, liveness_key=key,
+        budget_seconds=settings.delivery_budget_seconds, stopping=_shutting_down.is_set,
+    )
+
+
+def _pass_on_slot(runner: Runner, result: RunResult) -> None:
+    """A run of a kind with a running limit ended: ring for the next waiting job of that kind
+    now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
+    unlimited kinds cost no extra query here.)"""
+    if result.job is None or result.max_running is None:
+        return
+    for waiting in runner.store.next_due(result.job.kind, 1):
+        api.dispatch(waiting)
+
+
+def _why_not_claimed(runner: Runner, job_id: str) -> str:
+    try:
+        job = runner.store.get(job_id)
+    except UnknownJob:
+        return "unknown job"
+    if job.state is State.RUNNING:
+        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
+    if job.state is State.QUEUED:
+        if job.run_after > runner.store.now():
+            return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
+        limits = runner.store.limits().get(job.kind)
+        if limits is not None and limits.max_running is not None:
+            return (f"QUEUED, waiting for a slot ({job.kind!r} allows "
+                    f"{limits.max_running} RUNNING at once)")
+        return "QUEUED, claimed by no one yet (try again)"
+    return f"already {job.state.value}"
+
+
+@app.task(name=TASK_NAME, bind=True, ignore_result=True)
+def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
+    """Claim the job through the core, run it, and let the message be acknowledged."""
+    job_id = args[0] if len(args) == 1 and not kwargs else None
+    if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
+        log.error("dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
+                  args, kwargs)
+        return "garbage"
+    runner = make_runner(getattr(self.request, "hostname", None))
+    result = runner.run(job_id)
+    if result.outcome is Outcome.NOT_CLAIMED:
+        why = _why_not_claimed(runner, job_id)
+        log.info("job %s: delivery dropped, %s", job_id, why)
+        return f"{job_id}: dropped ({why})"
+    if result.outcome is Outcome.HANDED_BACK:
+        api.dispatch(job_id)
+    _pass_on_slot(runner, result)
+    log.info("job %s: %s (ran %s, replayed %s)", job_id, result.outcome.value,
+             list(result.ran_steps), list(result.replayed_steps))
+    return f"{job_id}: {result.outcome.value}"
+
+
+def _is_ours(sender: Any) -> bool:
+    """Signals are process-wide: act only for workers of a jobs app, not any Celery app
+    that happens to import this module."""
+    return getattr(getattr(sender, "app", None), "main", None) == "jobs"
+
+
+@signals.worker_init.connect
+def _load_kinds(sender: Any = None, **_: Any) -> None:
+    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error."""
+    if not _is_ours(sender):
+        return
+    names = REGISTRY.names()
+    log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    api.seed_limits()
+
+
+@signals.worker_shutting_down.connect
+def _hand_back_on_shutdown(**_: Any) -> None:
+    """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
+    if current_app.main == "jobs":
+        log.info("warm shutdown: running jobs will be handed back at their next step")
+        _shutting_down.set()
+
+
+@signals.worker_process_init.connect
+def _take_liveness_lock(**_: Any) -> None:
+    """A prefork child takes its own liveness lock before it can claim anything."""
+    if current_app.main != "jobs":
+        return
+    settings = get_settings()
+    if settings.database_url.startswith("postgresql"):
+        liveness.process_key(settings.database_url, "postgresql")
