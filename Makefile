@@ -20,6 +20,7 @@ demo: install
 
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 test: lint

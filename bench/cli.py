@@ -65,6 +65,7 @@ def _positive(kind: type[int] | type[float]) -> Any:
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
         return value
+
     return parse
 
 
@@ -73,40 +74,82 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="Durable jobs vs plain Celery on the same broker, same worker settings "
-                    "and concurrency, measured in the same run.")
-    p.add_argument("--jobs", "-n", type=_positive(int),
-                   help=f"jobs per throughput batch (default {defaults.jobs} on pg-rabbitmq, "
-                        f"{defaults.embedded_jobs} on embedded)")
-    p.add_argument("--embedded-jobs", type=_positive(int),
-                   help="jobs per batch on embedded, where the filesystem transport hands a "
-                        "worker `concurrency` messages per 1 s poll (default: --jobs if given, "
-                        f"else {defaults.embedded_jobs})")
-    p.add_argument("--repeat", "-r", type=_positive(int), default=defaults.repeat,
-                   help="repeats of every measurement (default %(default)s)")
-    p.add_argument("--backend", choices=[*BACKENDS, "all"], default="all",
-                   help="default %(default)s")
-    p.add_argument("--concurrency", "-c", type=_positive(int), default=defaults.concurrency,
-                   help="worker processes per celery worker, both sides (default %(default)s)")
-    p.add_argument("--samples", type=_positive(int), default=defaults.samples,
-                   help="single jobs per repeat for the latency figures on pg-rabbitmq "
-                        "(default %(default)s)")
-    p.add_argument("--embedded-samples", type=_positive(int), default=defaults.embedded_samples,
-                   help="the same on embedded, where the filesystem transport polls once a "
-                        "second (default %(default)s)")
-    p.add_argument("--sweep-interval", type=_positive(float), default=defaults.sweep_interval,
-                   help="JOBS_SWEEP_INTERVAL_SECONDS of the durable side's sweeper "
-                        "(default %(default)s, the project default)")
+        "and concurrency, measured in the same run.",
+    )
+    p.add_argument(
+        "--jobs",
+        "-n",
+        type=_positive(int),
+        help=f"jobs per throughput batch (default {defaults.jobs} on pg-rabbitmq, "
+        f"{defaults.embedded_jobs} on embedded)",
+    )
+    p.add_argument(
+        "--embedded-jobs",
+        type=_positive(int),
+        help="jobs per batch on embedded, where the filesystem transport hands a "
+        "worker `concurrency` messages per 1 s poll (default: --jobs if given, "
+        f"else {defaults.embedded_jobs})",
+    )
+    p.add_argument(
+        "--repeat",
+        "-r",
+        type=_positive(int),
+        default=defaults.repeat,
+        help="repeats of every measurement (default %(default)s)",
+    )
+    p.add_argument(
+        "--backend", choices=[*BACKENDS, "all"], default="all", help="default %(default)s"
+    )
+    p.add_argument(
+        "--concurrency",
+        "-c",
+        type=_positive(int),
+        default=defaults.concurrency,
+        help="worker processes per celery worker, both sides (default %(default)s)",
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive(int),
+        default=defaults.samples,
+        help="single jobs per repeat for the latency figures on pg-rabbitmq (default %(default)s)",
+    )
+    p.add_argument(
+        "--embedded-samples",
+        type=_positive(int),
+        default=defaults.embedded_samples,
+        help="the same on embedded, where the filesystem transport polls once a "
+        "second (default %(default)s)",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=_positive(float),
+        default=defaults.sweep_interval,
+        help="JOBS_SWEEP_INTERVAL_SECONDS of the durable side's sweeper "
+        "(default %(default)s, the project default)",
+    )
     p.add_argument("--no-recovery", action="store_true", help="skip the SIGKILL recovery runs")
-    p.add_argument("--loglevel", default=defaults.loglevel,
-                   help="celery worker log level, both sides (default %(default)s)")
-    p.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL") or defaults.pg_url,
-                   help="PostgreSQL server (a bench_<random> database is created on it and "
-                        "dropped; env BENCH_PG_URL)")
-    p.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL") or defaults.amqp_url,
-                   help="RabbitMQ (env BENCH_AMQP_URL)")
+    p.add_argument(
+        "--loglevel",
+        default=defaults.loglevel,
+        help="celery worker log level, both sides (default %(default)s)",
+    )
+    p.add_argument(
+        "--pg-url",
+        default=os.environ.get("BENCH_PG_URL") or defaults.pg_url,
+        help="PostgreSQL server (a bench_<random> database is created on it and "
+        "dropped; env BENCH_PG_URL)",
+    )
+    p.add_argument(
+        "--amqp-url",
+        default=os.environ.get("BENCH_AMQP_URL") or defaults.amqp_url,
+        help="RabbitMQ (env BENCH_AMQP_URL)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the work folder (worker logs) after a successful run")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work folder (worker logs) after a successful run",
+    )
     return p
 
 
@@ -150,8 +193,9 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _run(backends: list[str], opts: Options, root: Path, procs: Processes, say: Say,
-         *, keep: bool) -> tuple[list[dict[str, Any]], bool]:
+def _run(
+    backends: list[str], opts: Options, root: Path, procs: Processes, say: Say, *, keep: bool
+) -> tuple[list[dict[str, Any]], bool]:
     """Every backend in turn; all processes stopped (and the PostgreSQL database dropped,
     inside run_backend) however it ends. Returns the rows and whether all of it ran."""
     rows: list[dict[str, Any]] = []
@@ -180,9 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(
         jobs=args.jobs or defaults.jobs,
         embedded_jobs=args.embedded_jobs or args.jobs or defaults.embedded_jobs,
-        repeat=args.repeat, concurrency=args.concurrency, samples=args.samples,
-        embedded_samples=args.embedded_samples, sweep_interval=args.sweep_interval,
-        loglevel=args.loglevel, pg_url=args.pg_url, amqp_url=args.amqp_url,
+        repeat=args.repeat,
+        concurrency=args.concurrency,
+        samples=args.samples,
+        embedded_samples=args.embedded_samples,
+        sweep_interval=args.sweep_interval,
+        loglevel=args.loglevel,
+        pg_url=args.pg_url,
+        amqp_url=args.amqp_url,
         recovery=not args.no_recovery,
     )
 
@@ -198,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{PG_RABBITMQ} skipped: {problem}")
             backends.remove(PG_RABBITMQ)
         else:
-            notes.append(f"{PG_RABBITMQ}: {opts.jobs} jobs per batch, {opts.samples} single "
-                         f"jobs per repeat, sweeper every {opts.sweep_interval:g} s.")
+            notes.append(
+                f"{PG_RABBITMQ}: {opts.jobs} jobs per batch, {opts.samples} single "
+                f"jobs per repeat, sweeper every {opts.sweep_interval:g} s."
+            )
     if EMBEDDED in backends:
         notes.append(EMBEDDED_NOTE.format(jobs=opts.embedded_jobs, samples=opts.embedded_samples))
 
@@ -207,20 +258,36 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="bench-"))
     procs = Processes(root / "logs", REPO)
-    say(f"work folder {root}; repeat {opts.repeat}, concurrency {opts.concurrency}, "
-        f"sweep interval {opts.sweep_interval:g}s")
+    say(
+        f"work folder {root}; repeat {opts.repeat}, concurrency {opts.concurrency}, "
+        f"sweep interval {opts.sweep_interval:g}s"
+    )
     started = time.monotonic()
     rows, ok = _run(backends, opts, root, procs, say, keep=args.keep)
     elapsed = time.monotonic() - started
     if not ok:
         notes.append("INTERRUPTED: partial results")
     if args.json:
-        print(json.dumps(_json_safe({
-            "command": [sys.executable, "-m", "bench", *(sys.argv[1:] if argv is None else argv)],
-            "backends": backends, "options": dataclasses.asdict(opts),
-            "elapsed_seconds": round(elapsed, 1), "rows": rows,
-            "notes": notes,
-        }), indent=2))
+        print(
+            json.dumps(
+                _json_safe(
+                    {
+                        "command": [
+                            sys.executable,
+                            "-m",
+                            "bench",
+                            *(sys.argv[1:] if argv is None else argv),
+                        ],
+                        "backends": backends,
+                        "options": dataclasses.asdict(opts),
+                        "elapsed_seconds": round(elapsed, 1),
+                        "rows": rows,
+                        "notes": notes,
+                    }
+                ),
+                indent=2,
+            )
+        )
     else:
         if rows:
             print(table(rows))

@@ -54,8 +54,13 @@ class Processes:
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                argv, env=env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                argv,
+                env=env,
+                cwd=self.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads hold locks here
             )
         child = Child(name, proc, log, hostname)
@@ -63,17 +68,35 @@ class Processes:
         return child
 
     def start_worker(
-        self, name: str, app: str, queue: str, concurrency: int, env: dict[str, str],
+        self,
+        name: str,
+        app: str,
+        queue: str,
+        concurrency: int,
+        env: dict[str, str],
         loglevel: str = "INFO",
     ) -> Child:
         """A real ``celery worker`` (prefork, ``-c concurrency``) on its own queue."""
         hostname = f"{name}@%h"
         argv = [
-            sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queue,
-            "-c", str(concurrency), "-n", hostname, "-l", loglevel,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-Q",
+            queue,
+            "-c",
+            str(concurrency),
+            "-n",
+            hostname,
+            "-l",
+            loglevel,
             # No cluster chatter with other workers on the same broker (other engineers'
             # test runs); both sides get the same flags.
-            "--without-gossip", "--without-mingle",
+            "--without-gossip",
+            "--without-mingle",
         ]
         return self.start(name, argv, env, hostname=name)
 

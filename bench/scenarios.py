@@ -106,8 +106,7 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def _base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JOBS_", "BENCH_", "CELERY_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBS_", "BENCH_", "CELERY_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -116,8 +115,16 @@ def _base_env() -> dict[str, str]:
 class BackendRun:
     """The processes, publishers and readers of one backend, and its measurements."""
 
-    def __init__(self, backend: str, opts: Options, root: Path, procs: Processes, say: Say,
-                 database_url: str, broker_url: str) -> None:
+    def __init__(
+        self,
+        backend: str,
+        opts: Options,
+        root: Path,
+        procs: Processes,
+        say: Say,
+        database_url: str,
+        broker_url: str,
+    ) -> None:
         self.backend = backend
         self.opts = opts
         self.root = root
@@ -159,9 +166,13 @@ class BackendRun:
     def _plain_setup(self) -> None:
         from jobs.runtime.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
 
-        settings = from_env({"JOBS_DATA_DIR": str(self.root / "plain"),
-                             "JOBS_BROKER_URL": self.durable_env["JOBS_BROKER_URL"],
-                             "JOBS_QUEUE": self.plain_queue})
+        settings = from_env(
+            {
+                "JOBS_DATA_DIR": str(self.root / "plain"),
+                "JOBS_BROKER_URL": self.durable_env["JOBS_BROKER_URL"],
+                "JOBS_QUEUE": self.plain_queue,
+            }
+        )
         config = celery_config(settings)  # exactly the durable side's settings
         self.plain_env = {
             **_base_env(),
@@ -177,10 +188,22 @@ class BackendRun:
         name = f"bench-{self.run_id}-{side}{self._workers[side]}"
         if side == "d":
             env = {**_base_env(), **self.durable_env}
-            return self.procs.start_worker(name, "jobs.celery_app", self.durable_queue,
-                                           self.opts.concurrency, env, self.opts.loglevel)
-        return self.procs.start_worker(name, plain_app.__name__, self.plain_queue,
-                                       self.opts.concurrency, self.plain_env, self.opts.loglevel)
+            return self.procs.start_worker(
+                name,
+                "jobs.celery_app",
+                self.durable_queue,
+                self.opts.concurrency,
+                env,
+                self.opts.loglevel,
+            )
+        return self.procs.start_worker(
+            name,
+            plain_app.__name__,
+            self.plain_queue,
+            self.opts.concurrency,
+            self.plain_env,
+            self.opts.loglevel,
+        )
 
     def start(self) -> None:
         if self.backend == PG_RABBITMQ:
@@ -188,11 +211,16 @@ class BackendRun:
 
             upgrade(engine_for(self.durable_env["JOBS_DATABASE_URL"]))
         self.offset = clock_offset(self.store.engine)
-        self.say(f"{self.backend}: database clock - local clock = {self.offset * 1e3:+.2f} ms "
-                 "(subtracted from database times)")
+        self.say(
+            f"{self.backend}: database clock - local clock = {self.offset * 1e3:+.2f} ms "
+            "(subtracted from database times)"
+        )
         self._plain_setup()
-        self.procs.start(f"bench-{self.run_id}-sweeper", [sys.executable, "-m", "jobs", "sweeper"],
-                         {**_base_env(), **self.durable_env})
+        self.procs.start(
+            f"bench-{self.run_id}-sweeper",
+            [sys.executable, "-m", "jobs", "sweeper"],
+            {**_base_env(), **self.durable_env},
+        )
         self.durable_worker = self._start_worker("d")
         self.plain_worker = self._start_worker("p")
         self.procs.wait_ready(self.durable_worker)
@@ -237,7 +265,8 @@ class BackendRun:
         with self.store.engine.connect() as conn:
             rows = conn.execute(
                 select(J.state, func.count(), func.max(J.finished_at))
-                .where(J.id.like(f"{tag}-%")).group_by(J.state)
+                .where(J.id.like(f"{tag}-%"))
+                .group_by(J.state)
             ).all()
         done, bad, last = 0, 0, None
         for state, count, finished in rows:
@@ -363,9 +392,12 @@ class BackendRun:
         self._series("throughput 0-step (jobs/s)", "jobs/s").add(zero_rate, plain_rate)
         busy = step_lat + zero_lat
         self._series("submit p50, busy (ms)", "ms").add(
-            percentile(busy, 50) * 1e3, percentile(plain_lat, 50) * 1e3)
-        self.say(f"  {self.backend} repeat {repeat + 1}: {n} jobs: plain {plain_rate:.1f}/s, "
-                 f"1-step {step_rate:.1f}/s, 0-step {zero_rate:.1f}/s")
+            percentile(busy, 50) * 1e3, percentile(plain_lat, 50) * 1e3
+        )
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: {n} jobs: plain {plain_rate:.1f}/s, "
+            f"1-step {step_rate:.1f}/s, 0-step {zero_rate:.1f}/s"
+        )
 
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
@@ -374,7 +406,9 @@ class BackendRun:
         p_e2e: list[float] = []
         for i in range(self.samples):
             pair: list[tuple[str, Callable[[], tuple[float, float]]]] = [
-                ("d", lambda: self.durable_e2e(kinds.STEP)), ("p", self.plain_e2e)]
+                ("d", lambda: self.durable_e2e(kinds.STEP)),
+                ("p", self.plain_e2e),
+            ]
             if (i + repeat) % 2:
                 pair.reverse()
             for side, measure in pair:
@@ -388,13 +422,17 @@ class BackendRun:
                 (d_e2e if side == "d" else p_e2e).append(e2e)
         for q in (50, 95):
             self._series(f"submit p{q} (ms)", "ms").add(
-                percentile(d_sub, q) * 1e3, percentile(p_sub, q) * 1e3)
+                percentile(d_sub, q) * 1e3, percentile(p_sub, q) * 1e3
+            )
         for q in (50, 95):
             self._series(f"end-to-end p{q} (ms)", "ms").add(
-                percentile(d_e2e, q) * 1e3, percentile(p_e2e, q) * 1e3)
-        self.say(f"  {self.backend} repeat {repeat + 1}: {self.samples} single jobs: end-to-end "
-                 f"p50 durable {percentile(d_e2e, 50) * 1e3:.1f} ms, "
-                 f"plain {percentile(p_e2e, 50) * 1e3:.1f} ms")
+                percentile(d_e2e, q) * 1e3, percentile(p_e2e, q) * 1e3
+            )
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: {self.samples} single jobs: end-to-end "
+            f"p50 durable {percentile(d_e2e, 50) * 1e3:.1f} ms, "
+            f"plain {percentile(p_e2e, 50) * 1e3:.1f} ms"
+        )
 
     def recovery(self, repeat: int) -> None:
         order = [self._durable_recovery, self._plain_recovery]
@@ -405,8 +443,10 @@ class BackendRun:
             side, seconds = measure()
             values[side] = seconds
         self._series("recovery after SIGKILL (s)", "s").add(values["d"], values["p"])
-        self.say(f"  {self.backend} repeat {repeat + 1}: recovery durable {values['d']:.3f} s, "
-                 f"plain {values['p']:.3f} s")
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: recovery durable {values['d']:.3f} s, "
+            f"plain {values['p']:.3f} s"
+        )
 
     def _durable_recovery(self) -> tuple[str, float]:
         """Kill the worker running a job; time until another worker's claim (RUNNING)."""
@@ -419,7 +459,9 @@ class BackendRun:
             def check() -> bool:
                 job = self.store.get(job_id)
                 return job.state is State.RUNNING and (job.owner or "").startswith(
-                    f"{worker.hostname}@")
+                    f"{worker.hostname}@"
+                )
+
             return check
 
         _wait(running_on(victim), 60, f"job {job_id} to run on {victim.name}")
@@ -427,13 +469,18 @@ class BackendRun:
         self.procs.wait_ready(rescuer)
         killed = self.procs.kill(victim)
         limit = self.store.get(job_id).lease_until
-        _wait(running_on(rescuer), self.opts.sweep_interval + 90,
-              f"job {job_id} to run on {rescuer.name} (lease until {limit})")
-        claimed = next(move.at for move in reversed(jobs.history(job_id))
-                       if move.to_state is State.RUNNING)
+        _wait(
+            running_on(rescuer),
+            self.opts.sweep_interval + 90,
+            f"job {job_id} to run on {rescuer.name} (lease until {limit})",
+        )
+        claimed = next(
+            move.at for move in reversed(jobs.history(job_id)) if move.to_state is State.RUNNING
+        )
         release.touch()
-        _wait(lambda: self.store.get(job_id).state is State.COMPLETED, 60,
-              f"job {job_id} to complete")
+        _wait(
+            lambda: self.store.get(job_id).state is State.COMPLETED, 60, f"job {job_id} to complete"
+        )
         self.durable_worker = rescuer
         return "d", self._db_time(claimed) - killed
 
@@ -444,14 +491,18 @@ class BackendRun:
         assert victim is not None
         release = self._release()
         tag = f"hold{uuid.uuid4().hex[:12]}"
-        self.plain_client.send_task(plain_app.HOLD, args=(tag, str(release)),
-                                    queue=self.plain_queue)
+        self.plain_client.send_task(
+            plain_app.HOLD, args=(tag, str(release)), queue=self.plain_queue
+        )
 
         def started_on(worker: Child) -> Callable[[], bool]:
             def check() -> bool:
                 self.reader.poll()
-                return any(m.host.startswith(f"{worker.hostname}@")
-                           for m in self.reader.marks(tag, "start"))
+                return any(
+                    m.host.startswith(f"{worker.hostname}@")
+                    for m in self.reader.marks(tag, "start")
+                )
+
             return check
 
         _wait(started_on(victim), 60, f"plain task {tag} to start on {victim.name}")
@@ -459,8 +510,11 @@ class BackendRun:
         self.procs.wait_ready(rescuer)
         killed = self.procs.kill(victim)
         _wait(started_on(rescuer), 90, f"plain task {tag} to start again on {rescuer.name}")
-        started = next(m.at for m in self.reader.marks(tag, "start")
-                       if m.host.startswith(f"{rescuer.hostname}@"))
+        started = next(
+            m.at
+            for m in self.reader.marks(tag, "start")
+            if m.host.startswith(f"{rescuer.hostname}@")
+        )
         release.touch()
 
         def done() -> bool:
@@ -472,8 +526,9 @@ class BackendRun:
         return "p", started - killed
 
 
-def run_backend(backend: str, opts: Options, root: Path, procs: Processes,
-                say: Say) -> list[Series]:
+def run_backend(
+    backend: str, opts: Options, root: Path, procs: Processes, say: Say
+) -> list[Series]:
     """Measure one backend; every process it started is stopped and its database dropped
     before this returns or raises."""
     with contextlib.ExitStack() as stack:
@@ -486,9 +541,11 @@ def run_backend(backend: str, opts: Options, root: Path, procs: Processes,
         run = BackendRun(backend, opts, root, procs, say, database_url, broker_url)
         stack.enter_context(_environ(run.durable_env))
         stack.callback(run.stop)
-        say(f"{backend}: starting workers (durable: jobs.celery_app + bench.kinds + sweeper; "
+        say(
+            f"{backend}: starting workers (durable: jobs.celery_app + bench.kinds + sweeper; "
             f"plain: bench.plain_app), concurrency {opts.concurrency}, {run.jobs} jobs per "
-            f"batch, {run.samples} single jobs per repeat")
+            f"batch, {run.samples} single jobs per repeat"
+        )
         run.start()
         run.warm_up()
         for r in range(opts.repeat):
@@ -507,9 +564,17 @@ def describe(series: list[Series]) -> list[dict[str, Any]]:
     rows = []
     for s in series:
         ratios = [ratio(d, p) for d, p in zip(s.durable, s.plain, strict=True)]
-        rows.append({
-            "backend": s.backend, "metric": s.metric, "unit": s.unit,
-            "durable": median(s.durable), "plain": median(s.plain), "ratio": median(ratios),
-            "durable_runs": s.durable, "plain_runs": s.plain, "ratio_runs": ratios,
-        })
+        rows.append(
+            {
+                "backend": s.backend,
+                "metric": s.metric,
+                "unit": s.unit,
+                "durable": median(s.durable),
+                "plain": median(s.plain),
+                "ratio": median(ratios),
+                "durable_runs": s.durable,
+                "plain_runs": s.plain,
+                "ratio_runs": ratios,
+            }
+        )
     return rows

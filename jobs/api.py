@@ -118,12 +118,17 @@ def submit(
         job_kind.check_inputs(inputs)
     settings = get_settings()
     attempts = (
-        max_attempts if max_attempts is not None  # 0 is refused by the store, not replaced
+        max_attempts
+        if max_attempts is not None  # 0 is refused by the store, not replaced
         else job_kind.max_attempts or settings.default_max_attempts
     )
     job, created = get_store().create(
-        kind, inputs, job_id=job_id or new_job_id(), max_attempts=attempts,
-        delay_seconds=delay_seconds, code_version=job_kind.version,
+        kind,
+        inputs,
+        job_id=job_id or new_job_id(),
+        max_attempts=attempts,
+        delay_seconds=delay_seconds,
+        code_version=job_kind.version,
     )
     if created and delay_seconds <= 0:
         dispatch(job.id)
@@ -156,8 +161,9 @@ def cancel(job_id: str, reason: str = "cancelled by an operator") -> Job:
     return get_store().cancel(job_id, reason)
 
 
-def set_limits(kind: str, *, max_running: int | None = None,
-               max_queued: int | None = None) -> KindLimits:
+def set_limits(
+    kind: str, *, max_running: int | None = None, max_queued: int | None = None
+) -> KindLimits:
     """Backpressure for a kind, for every worker at once: at most ``max_running`` RUNNING
     (enforced by the claim statement) and at most ``max_queued`` QUEUED (a submit past it
     raises :class:`jobs.AdmissionRefused` and writes nothing). ``None`` lifts a limit."""
@@ -170,8 +176,12 @@ def seed_limits() -> None:
     store = get_store()
     for kind in REGISTRY.kinds():
         if kind.max_running is not None or kind.max_queued is not None:
-            store.set_limits(kind.name, max_running=kind.max_running,
-                             max_queued=kind.max_queued, only_if_absent=True)
+            store.set_limits(
+                kind.name,
+                max_running=kind.max_running,
+                max_queued=kind.max_queued,
+                only_if_absent=True,
+            )
 
 
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:

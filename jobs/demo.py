@@ -69,8 +69,11 @@ class Processes:
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{name}.log").open("ab") as out:
             child = subprocess.Popen(
-                [sys.executable, "-m", "jobs", *args], env=self.env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "jobs", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.children[name] = child
         return child
@@ -163,8 +166,9 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
             api.reset()
 
 
-def _tell(store: JobStore, procs: Processes, job_id: str, timeout: float, echo: Echo,
-          data_dir: Path) -> bool:
+def _tell(
+    store: JobStore, procs: Processes, job_id: str, timeout: float, echo: Echo, data_dir: Path
+) -> bool:
     from jobs import api  # noqa: PLC0415
 
     procs.start("sweeper", "sweeper")
@@ -179,8 +183,10 @@ def _tell(store: JobStore, procs: Processes, job_id: str, timeout: float, echo: 
         return job if job.owner and "lookup_order" in names and started else None
 
     job = _wait_for(a_is_in_second_step, timeout, "worker A to record the lookup")
-    echo(f"worker A ({job.owner}) claimed {job_id} (fence {job.fence}), recorded lookup_order, "
-         "and is now inside check_payment")
+    echo(
+        f"worker A ({job.owner}) claimed {job_id} (fence {job.fence}), recorded lookup_order, "
+        "and is now inside check_payment"
+    )
     os.kill(worker_a.pid, signal.SIGKILL)
     killed_at = time.time()
     worker_a.wait()
@@ -197,8 +203,10 @@ def _tell(store: JobStore, procs: Processes, job_id: str, timeout: float, echo: 
     claim_at = next(
         move.at for move in reversed(store.history(job_id)) if move.to_state is State.RUNNING
     )
-    echo(f"worker B ({job.owner}) claimed {job_id} (fence {job.fence}) "
-         f"{claim_at.timestamp() - killed_at:.1f}s after the kill")
+    echo(
+        f"worker B ({job.owner}) claimed {job_id} (fence {job.fence}) "
+        f"{claim_at.timestamp() - killed_at:.1f}s after the kill"
+    )
 
     def finished() -> Job | None:
         job = store.get(job_id)
@@ -213,8 +221,7 @@ def _effects(data_dir: Path, job_id: str) -> list[str]:
     path = data_dir / "effects.log"
     if not path.exists():
         return []
-    return [line.split()[1] for line in path.read_text().splitlines()
-            if line.split()[0] == job_id]
+    return [line.split()[1] for line in path.read_text().splitlines() if line.split()[0] == job_id]
 
 
 def _report(store: JobStore, job: Job, data_dir: Path, echo: Echo) -> bool:
@@ -224,20 +231,25 @@ def _report(store: JobStore, job: Job, data_dir: Path, echo: Echo) -> bool:
     echo("history:")
     for move in history:
         source = move.from_state.value if move.from_state else "(new)"
-        echo(f"  {move.at.isoformat(timespec='milliseconds')}  {source:>16} -> "
-             f"{move.to_state.value:<16} owner={_short(move.owner):<2} fence={move.fence} "
-             f"{move.reason or ''}")
+        echo(
+            f"  {move.at.isoformat(timespec='milliseconds')}  {source:>16} -> "
+            f"{move.to_state.value:<16} owner={_short(move.owner):<2} fence={move.fence} "
+            f"{move.reason or ''}"
+        )
     echo("steps:")
     for step in store.steps(job.id):
         echo(f"  {step.name:<14} recorded by {_short(step.owner)} (fence {step.fence})")
     lookups = effects.count("lookup_order")
     checks = effects.count("check_payment:start")
-    echo(f"lookup_order ran {lookups} time(s); check_payment started {checks} time(s) "
-         "(the step A was killed in had no record, so B ran it again)")
+    echo(
+        f"lookup_order ran {lookups} time(s); check_payment started {checks} time(s) "
+        "(the step A was killed in had no record, so B ran it again)"
+    )
     echo("")
     echo(f"{job.id}: {story_path(history)}")
     owners = [_short(m.owner) for m in history if m.to_state is State.RUNNING]
     ok = job.state is State.COMPLETED and lookups == 1 and owners[:1] == ["A"] and owners[-1] == "B"
-    echo("the job outlived its worker" if ok else "UNEXPECTED: see the logs in "
-         f"{data_dir / 'logs'}")
+    echo(
+        "the job outlived its worker" if ok else f"UNEXPECTED: see the logs in {data_dir / 'logs'}"
+    )
     return ok

@@ -50,8 +50,12 @@ class _Scene:
         """The job's fields with instants in steps, so the output carries no real time."""
         lease = None if job.lease_until is None else self.ticks(job.lease_until)
         return {
-            "task_id": job.id, "state": job.state.value, "owner": job.owner,
-            "lease_until": lease, "fence": job.fence, "attempts": job.attempts,
+            "task_id": job.id,
+            "state": job.state.value,
+            "owner": job.owner,
+            "lease_until": lease,
+            "fence": job.fence,
+            "attempts": job.attempts,
         }
 
 
@@ -147,7 +151,4 @@ def _label(move: Transition) -> str:
 def _describe(scene: _Scene, move: Transition) -> str:
     source = move.from_state.value if move.from_state is not None else "(new)"
     who = f" owner={move.owner} fence={move.fence}" if move.owner is not None else ""
-    return (
-        f"at step {scene.ticks(move.at)}: {source} -> {move.to_state.value}{who}"
-        f" ({move.reason})"
-    )
+    return f"at step {scene.ticks(move.at)}: {source} -> {move.to_state.value}{who} ({move.reason})"

@@ -16,11 +16,14 @@ from jobs.core.settings import get_settings
 from jobs.core.store import Job, JobStore
 
 
-def make_runner(store: JobStore | None = None, owner: str | None = None,
-                heartbeat: bool = True) -> Runner:
+def make_runner(
+    store: JobStore | None = None, owner: str | None = None, heartbeat: bool = True
+) -> Runner:
     return Runner.from_settings(
-        store or api.get_store(), owner or f"inline@{socket.gethostname()}:{os.getpid()}",
-        get_settings(), heartbeat=heartbeat,
+        store or api.get_store(),
+        owner or f"inline@{socket.gethostname()}:{os.getpid()}",
+        get_settings(),
+        heartbeat=heartbeat,
     )
 
 
@@ -29,8 +32,13 @@ def run(job_id: str) -> RunResult:
     return make_runner().run(job_id)
 
 
-def perform_job(kind: str, inputs: dict[str, Any] | None = None, *,
-                job_id: str | None = None, max_attempts: int | None = None) -> Job:
+def perform_job(
+    kind: str,
+    inputs: dict[str, Any] | None = None,
+    *,
+    job_id: str | None = None,
+    max_attempts: int | None = None,
+) -> Job:
     """Submit a job without ringing the doorbell, run it once in-process, return its record."""
     previous = api.get_dispatcher()
     api.set_dispatcher(None)

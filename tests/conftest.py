@@ -103,9 +103,12 @@ __all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]
 def truncate_job_tables(engine: Engine) -> None:
     """Empty the job tables of the session's PostgreSQL database between tests."""
     with engine.begin() as conn:
-        conn.execute(text(
-            "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits RESTART IDENTITY CASCADE"
-        ))
+        conn.execute(
+            text(
+                "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits "
+                "RESTART IDENTITY CASCADE"
+            )
+        )
 
 
 @pytest.fixture(scope="session")
@@ -132,8 +135,12 @@ def clean_pg_engine(pg_engine: Engine) -> Engine:
 
 # -- the store contract's world: one empty database at head per test, on both backends ------
 
-STORE_TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__,
-                KindLimitRecord.__table__)
+STORE_TABLES = (
+    JobRecord.__table__,
+    StepRecord.__table__,
+    TransitionRecord.__table__,
+    KindLimitRecord.__table__,
+)
 Snapshot = tuple[list[tuple[Any, ...]], ...]
 
 

@@ -209,7 +209,8 @@ def test_a_rerun_after_a_crash_replays_recorded_steps(monkeypatch: pytest.Monkey
     assert (job.fence, job.attempts) == (2, 2)
     claims = [t for t in jobs.history(job_id) if t.to_state is jobs.State.RUNNING]
     assert [(t.from_state, t.owner, t.fence) for t in claims] == [
-        (jobs.State.QUEUED, "doomed", 1), (jobs.State.RUNNING, "rescuer", 2),
+        (jobs.State.QUEUED, "doomed", 1),
+        (jobs.State.RUNNING, "rescuer", 2),
     ]
 
 
@@ -485,12 +486,21 @@ def test_jobs_imports_are_imported_lazily(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CHECK_LAZY_IMPORT)],
-        env=env, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report == {
-        "lazy": True, "imported": True, "celery": False, "state": "COMPLETED", "result": 42,
+        "lazy": True,
+        "imported": True,
+        "celery": False,
+        "state": "COMPLETED",
+        "result": 42,
     }
 
 
@@ -531,22 +541,24 @@ def test_settings_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_settings_parse_every_variable() -> None:
-    settings = from_env({
-        "JOBS_DATA_DIR": "/srv/jobs",
-        "JOBS_DATABASE_URL": "postgresql://app@db:5432/jobs",
-        "JOBS_BROKER_URL": "amqp://guest@rabbit//",
-        "JOBS_LEASE_SECONDS": "12.5",
-        "JOBS_SWEEP_INTERVAL_SECONDS": "1",
-        "JOBS_REDISPATCH_AFTER_SECONDS": "60",
-        "JOBS_IMPORTS": " shop.jobs , billing ,",
-        "JOBS_MAX_INPUT_BYTES": "2048",
-        "JOBS_DEFAULT_MAX_ATTEMPTS": "7",
-        "JOBS_RETRY_BACKOFF_SECONDS": "0.5",
-        "JOBS_RETRY_BACKOFF_MAX_SECONDS": "10",
-        "JOBS_DELIVERY_BUDGET_SECONDS": "100",
-        "JOBS_QUEUE": "orders",
-        "JOBS_TEST_POSTGRES_URL": "ignored by the library",
-    })
+    settings = from_env(
+        {
+            "JOBS_DATA_DIR": "/srv/jobs",
+            "JOBS_DATABASE_URL": "postgresql://app@db:5432/jobs",
+            "JOBS_BROKER_URL": "amqp://guest@rabbit//",
+            "JOBS_LEASE_SECONDS": "12.5",
+            "JOBS_SWEEP_INTERVAL_SECONDS": "1",
+            "JOBS_REDISPATCH_AFTER_SECONDS": "60",
+            "JOBS_IMPORTS": " shop.jobs , billing ,",
+            "JOBS_MAX_INPUT_BYTES": "2048",
+            "JOBS_DEFAULT_MAX_ATTEMPTS": "7",
+            "JOBS_RETRY_BACKOFF_SECONDS": "0.5",
+            "JOBS_RETRY_BACKOFF_MAX_SECONDS": "10",
+            "JOBS_DELIVERY_BUDGET_SECONDS": "100",
+            "JOBS_QUEUE": "orders",
+            "JOBS_TEST_POSTGRES_URL": "ignored by the library",
+        }
+    )
     assert settings == Settings(
         data_dir=Path("/srv/jobs"),
         database_url="postgresql+psycopg://app@db:5432/jobs",

@@ -52,8 +52,9 @@ def new(store: JobStore, job_id: str, kind: str = KIND, **kw: Any) -> str:
     return job.id
 
 
-def claimed(store: JobStore, job_id: str, owner: str = "A", lease: float = LEASE,
-            **kw: Any) -> Claim:
+def claimed(
+    store: JobStore, job_id: str, owner: str = "A", lease: float = LEASE, **kw: Any
+) -> Claim:
     claim = store.claim(job_id, owner, lease, **kw)
     assert claim is not None, f"{job_id} should have been claimable"
     return claim
@@ -99,9 +100,7 @@ def test_a_claim_past_max_running_is_refused_until_a_slot_frees(
 
 
 @pytest.mark.parametrize("end", ["fail", "retry", "cancel"])
-def test_every_way_out_of_running_frees_the_slot(
-    store: JobStore, engine: Engine, end: str
-) -> None:
+def test_every_way_out_of_running_frees_the_slot(store: JobStore, engine: Engine, end: str) -> None:
     store.set_limits(KIND, max_running=1, max_queued=None)
     new(store, "j0")
     new(store, "j1")
@@ -116,9 +115,7 @@ def test_every_way_out_of_running_frees_the_slot(
     claimed(store, "j1")
 
 
-def test_expired_leases_do_not_count(
-    store: JobStore, engine: Engine, clock: LogicalClock
-) -> None:
+def test_expired_leases_do_not_count(store: JobStore, engine: Engine, clock: LogicalClock) -> None:
     store.set_limits(KIND, max_running=2, max_queued=None)
     for n in range(4):
         new(store, f"j{n}")
@@ -324,10 +321,12 @@ def test_set_limits_overwrites_and_only_if_absent_does_not(store: JobStore) -> N
     assert store.limits() == {}
     assert store.set_limits(KIND, max_running=1, max_queued=2) == KindLimits(KIND, 1, 2)
     assert store.set_limits(KIND, max_running=5, max_queued=6, only_if_absent=True) == (
-        KindLimits(KIND, 1, 2))
+        KindLimits(KIND, 1, 2)
+    )
     assert store.limits() == {KIND: KindLimits(KIND, 1, 2)}
     assert store.set_limits(OTHER, max_running=0, max_queued=None, only_if_absent=True) == (
-        KindLimits(OTHER, 0, None))
+        KindLimits(OTHER, 0, None)
+    )
     assert store.set_limits(KIND, max_running=None, max_queued=7) == KindLimits(KIND, None, 7)
     assert store.limits() == {KIND: KindLimits(KIND, None, 7), OTHER: KindLimits(OTHER, 0, None)}
 
@@ -366,7 +365,6 @@ RACE_RUNNING = 3
 RACE_JOBS = 12
 RACE_QUEUED = 5
 CREATES_EACH = 3
-
 
 
 def _claim_any(args: tuple[str, list[str], int]) -> list[str]:
@@ -463,8 +461,7 @@ def bp_cli(ctx: JobContext, n: int = 0) -> int:
 def test_the_decorator_keeps_the_defaults() -> None:
     kind = REGISTRY.get("bp_api")
     assert (kind.max_running, kind.max_queued) == (1, 2)
-    assert (REGISTRY.get("bp_free").max_running, REGISTRY.get("bp_free").max_queued) == (
-        None, None)
+    assert (REGISTRY.get("bp_free").max_running, REGISTRY.get("bp_free").max_queued) == (None, None)
 
 
 @pytest.mark.parametrize("option", ["max_running", "max_queued"])
@@ -546,14 +543,19 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "fragment"), [("-1", "must be at least 0"), ("abc", "'abc' is not a whole number"),
-                            ("1.5", "not a whole number")],
+    ("value", "fragment"),
+    [
+        ("-1", "must be at least 0"),
+        ("abc", "'abc' is not a whole number"),
+        ("1.5", "not a whole number"),
+    ],
 )
 def test_jobctl_limits_set_refuses_bad_values_and_changes_nothing(
     value: str, fragment: str
 ) -> None:
-    assert jobctl("limits", "set", "bp_cli", "--max-running", "1", "--max-queued", "4"
-                  ).exit_code == 0
+    assert (
+        jobctl("limits", "set", "bp_cli", "--max-running", "1", "--max-queued", "4").exit_code == 0
+    )
     for option in ("--max-running", "--max-queued"):
         result = jobctl("limits", "set", "bp_cli", option, value)
         assert result.exit_code != 0, result.output

@@ -22,15 +22,35 @@ ROW = re.compile(
 def test_bench_runs_and_prints_ratios() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--jobs", "4", "--embedded-samples", "2",
-         "--repeat", "1", "--backend", "embedded"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--jobs",
+            "4",
+            "--embedded-samples",
+            "2",
+            "--repeat",
+            "1",
+            "--backend",
+            "embedded",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert re.match(r"^backend\s+metric\s+durable\s+plain-celery\s+ratio$", lines[0]), lines[:3]
     rows = {m["metric"]: m for m in map(ROW.match, lines[1:]) if m}
-    for metric in ("throughput 1-step (jobs/s)", "throughput 0-step (jobs/s)",
-                   "submit p50 (ms)", "end-to-end p50 (ms)"):
+    for metric in (
+        "throughput 1-step (jobs/s)",
+        "throughput 0-step (jobs/s)",
+        "submit p50 (ms)",
+        "end-to-end p50 (ms)",
+    ):
         assert metric in rows, done.stdout
         assert rows[metric]["ratio"] != "n/a", done.stdout

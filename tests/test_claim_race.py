@@ -28,7 +28,6 @@ JOBS = 8
 LEASE = 10.0
 
 
-
 def _store(url: str, tick: float | None) -> JobStore:
     clock = None if tick is None else LogicalClock(tick)
     return JobStore(make_engine(url), clock=clock)
@@ -81,7 +80,8 @@ def _transition_counts(engine: Engine, job_id: str) -> Counter[tuple[str | None,
     with engine.connect() as conn:
         rows = conn.execute(
             select(t.from_state, t.to_state, func.count())
-            .where(t.job_id == job_id).group_by(t.from_state, t.to_state)
+            .where(t.job_id == job_id)
+            .group_by(t.from_state, t.to_state)
         ).all()
     return Counter({(r[0], r[1]): int(r[2]) for r in rows})
 
@@ -118,7 +118,8 @@ def test_one_winner_per_queued_job(
         assert job.owner == winners[job_id]
         assert (job.fence, job.attempts) == (1, 1)
         assert _transition_counts(engine, job_id) == {
-            (None, "QUEUED"): 1, ("QUEUED", "RUNNING"): 1,
+            (None, "QUEUED"): 1,
+            ("QUEUED", "RUNNING"): 1,
         }
 
 

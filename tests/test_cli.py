@@ -89,8 +89,9 @@ def test_submit_prints_only_the_id_of_a_queued_job() -> None:
 
 
 def test_submit_passes_id_max_attempts_and_delay() -> None:
-    job_id = submit("cli_lookup", {"order_id": 1}, "--id", "T-42", "--max-attempts", "2",
-                    "--delay", "60")
+    job_id = submit(
+        "cli_lookup", {"order_id": 1}, "--id", "T-42", "--max-attempts", "2", "--delay", "60"
+    )
 
     job = jobs.get("T-42")
     assert job_id == "T-42"
@@ -153,15 +154,19 @@ def run_later(delay: float = 0.15) -> Callable[[str], None]:
 def test_submit_wait_follows_the_job_to_completion() -> None:
     jobs.set_dispatcher(run_later())
 
-    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait",
-                    "--timeout", "10")
+    result = jobctl(
+        "submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait", "--timeout", "10"
+    )
 
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     job_id = lines[0]
     assert lines[1] == f"{job_id} QUEUED owner=- attempt 0 steps: -"
-    assert any(line.startswith(f"{job_id} COMPLETED owner=inline@") and
-               line.endswith("attempt 1 steps: lookup") for line in lines)
+    assert any(
+        line.startswith(f"{job_id} COMPLETED owner=inline@")
+        and line.endswith("attempt 1 steps: lookup")
+        for line in lines
+    )
     assert json.loads(lines[-1]) == {"checked": 7}
 
 
@@ -181,8 +186,9 @@ def test_submit_wait_exits_1_with_the_error_when_the_job_fails() -> None:
 def test_submit_wait_stops_with_a_hint_at_an_approval() -> None:
     jobs.set_dispatcher(run_later())
 
-    result = jobctl("submit", "cli_approval", "--input", '{"amount": 500}', "--wait",
-                    "--timeout", "10")
+    result = jobctl(
+        "submit", "cli_approval", "--input", '{"amount": 500}', "--wait", "--timeout", "10"
+    )
 
     assert result.exit_code == 0, result.output
     job_id = result.stdout.splitlines()[0]
@@ -208,8 +214,9 @@ def test_submit_wait_exits_1_when_the_job_is_cancelled() -> None:
 
 @pytest.mark.usefixtures("fast_poll")
 def test_submit_wait_times_out_with_exit_2() -> None:
-    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait",
-                    "--timeout", "0.1")
+    result = jobctl(
+        "submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait", "--timeout", "0.1"
+    )
 
     assert result.exit_code == 2
     assert "timed out" in result.stderr
@@ -227,9 +234,18 @@ def test_submit_timeout_without_wait_is_a_usage_error() -> None:
 
 
 REQUIRED_KEYS = {
-    "id": str, "kind": str, "state": str, "owner": (str, type(None)),
-    "lease_until": (str, type(None)), "fence": int, "attempts": int, "max_attempts": int,
-    "inputs": dict, "result": object, "last_error": (str, type(None)), "steps": list,
+    "id": str,
+    "kind": str,
+    "state": str,
+    "owner": (str, type(None)),
+    "lease_until": (str, type(None)),
+    "fence": int,
+    "attempts": int,
+    "max_attempts": int,
+    "inputs": dict,
+    "result": object,
+    "last_error": (str, type(None)),
+    "steps": list,
     "history": list,
 }
 
@@ -259,7 +275,9 @@ def test_show_json_of_a_completed_job_has_the_documented_shape() -> None:
     parse_instant(step["recorded_at"])
     history = shown["history"]
     assert [(h["from"], h["to"]) for h in history] == [
-        (None, "QUEUED"), ("QUEUED", "RUNNING"), ("RUNNING", "COMPLETED"),
+        (None, "QUEUED"),
+        ("QUEUED", "RUNNING"),
+        ("RUNNING", "COMPLETED"),
     ]
     for move in history:
         assert set(move) >= {"from", "to", "owner", "fence", "at", "reason", "approved_by"}
@@ -290,9 +308,16 @@ def test_show_text_lists_record_steps_and_history() -> None:
 
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for fragment in (f"id:          {job_id}", "state:       QUEUED", "attempts:    0/5",
-                     '{"amount": 500}', "lookup  500", "WAITING_APPROVAL -> QUEUED",
-                     "approved_by=alice", "(new) -> QUEUED"):
+    for fragment in (
+        f"id:          {job_id}",
+        "state:       QUEUED",
+        "attempts:    0/5",
+        '{"amount": 500}',
+        "lookup  500",
+        "WAITING_APPROVAL -> QUEUED",
+        "approved_by=alice",
+        "(new) -> QUEUED",
+    ):
         assert fragment in out
 
 
@@ -362,8 +387,9 @@ def test_approve_a_waiting_job_prints_its_new_state_and_records_who() -> None:
 def test_approve_a_job_that_is_not_waiting_is_an_illegal_transition() -> None:
     job_id = submit()
 
-    assert_one_line_error(jobctl("approve", job_id, "--by", "alice"), "illegal transition",
-                          "WAITING_APPROVAL")
+    assert_one_line_error(
+        jobctl("approve", job_id, "--by", "alice"), "illegal transition", "WAITING_APPROVAL"
+    )
     assert jobs.get(job_id).state is jobs.State.QUEUED
     assert_one_line_error(jobctl("approve", "nope", "--by", "alice"), "unknown job id")
 
@@ -399,7 +425,11 @@ def test_stats_counts_by_state_and_kind_and_shows_the_oldest_queued() -> None:
 
     assert figures["total"] == 3
     assert figures["by_state"] == {
-        "QUEUED": 2, "RUNNING": 0, "WAITING_APPROVAL": 0, "COMPLETED": 1, "FAILED": 0,
+        "QUEUED": 2,
+        "RUNNING": 0,
+        "WAITING_APPROVAL": 0,
+        "COMPLETED": 1,
+        "FAILED": 0,
         "CANCELLED": 0,
     }
     assert figures["by_kind"] == {"cli_approval": 1, "cli_lookup": 2}
@@ -487,15 +517,13 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 
 def child(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_installed_jobctl_submits_and_shows(cli_env: dict[str, str]) -> None:
     jobctl_bin = str(VENV_BIN / "jobctl")
 
-    submitted = child([jobctl_bin, "submit", "child_check", "--input", '{"order_id": 9}'],
-                      cli_env)
+    submitted = child([jobctl_bin, "submit", "child_check", "--input", '{"order_id": 9}'], cli_env)
     assert submitted.returncode == 0, submitted.stderr
     [job_id] = submitted.stdout.splitlines()
     shown = child([jobctl_bin, "show", job_id, "--json"], cli_env)
@@ -509,8 +537,9 @@ def test_installed_jobctl_submits_and_shows(cli_env: dict[str, str]) -> None:
 
 def test_python_dash_m_jobs_reports_mistakes_in_one_line(cli_env: dict[str, str]) -> None:
     unknown = child([sys.executable, "-m", "jobs", "show", "nope"], cli_env)
-    bad_json = child([sys.executable, "-m", "jobs", "submit", "child_check", "--input", "{"],
-                     cli_env)
+    bad_json = child(
+        [sys.executable, "-m", "jobs", "submit", "child_check", "--input", "{"], cli_env
+    )
 
     for result in (unknown, bad_json):
         assert result.returncode == 1

@@ -41,8 +41,16 @@ DEPLOYABLE_SETTINGS = {name for name in settings.KNOWN if not name.startswith("T
 CELERY_APP = "jobs.celery_app"
 # jobctl worker's own options (long and short); anything else would go to celery unchecked.
 WORKER_OPTIONS = {
-    "--concurrency", "-c", "--queues", "-Q", "--hostname", "-n", "--pool", "-P",
-    "--loglevel", "-l",
+    "--concurrency",
+    "-c",
+    "--queues",
+    "-Q",
+    "--hostname",
+    "-n",
+    "--pool",
+    "-P",
+    "--loglevel",
+    "-l",
 }
 
 
@@ -547,7 +555,8 @@ def test_dockerfile_parser_joins_continuations_and_drops_comments() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "subcommand"), [(WORKER_UNIT, "worker"), (SWEEPER_UNIT, "sweeper")],
+    ("path", "subcommand"),
+    [(WORKER_UNIT, "worker"), (SWEEPER_UNIT, "sweeper")],
     ids=["worker", "sweeper"],
 )
 def test_systemd_unit_runs_jobctl_safely(path: Path, subcommand: str) -> None:

@@ -46,8 +46,9 @@ def _amqp_reachable() -> None:
 @contextlib.contextmanager
 def _process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
-        child = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         yield child
     finally:
@@ -78,8 +79,11 @@ def test_flower_shows_worker_and_job_task(
     _amqp_reachable()
     queue = f"flower-{uuid.uuid4().hex[:8]}"
     settings_env = {
-        "JOBS_DATABASE_URL": pg_url, "JOBS_BROKER_URL": AMQP_URL, "JOBS_QUEUE": queue,
-        "JOBS_IMPORTS": "jobs.examples.check_order", "JOBS_DATA_DIR": str(tmp_path / "data"),
+        "JOBS_DATABASE_URL": pg_url,
+        "JOBS_BROKER_URL": AMQP_URL,
+        "JOBS_QUEUE": queue,
+        "JOBS_IMPORTS": "jobs.examples.check_order",
+        "JOBS_DATA_DIR": str(tmp_path / "data"),
     }
     for key, value in settings_env.items():
         monkeypatch.setenv(key, value)
@@ -89,13 +93,32 @@ def test_flower_shows_worker_and_job_task(
     env = {**os.environ, **settings_env}
     port = _free_port()
     auth = ("admin", "s3cret")
-    worker_cmd = [sys.executable, "-m", "jobs", "worker", "--pool", "solo",
-                  "--hostname", f"flowertest-{queue}@%h"]
-    flower_cmd = [sys.executable, "-m", "celery", "-A", "jobs.celery_app", "flower",
-                  f"--port={port}", "--address=127.0.0.1", f"--basic-auth={auth[0]}:{auth[1]}"]
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "jobs",
+        "worker",
+        "--pool",
+        "solo",
+        "--hostname",
+        f"flowertest-{queue}@%h",
+    ]
+    flower_cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "jobs.celery_app",
+        "flower",
+        f"--port={port}",
+        "--address=127.0.0.1",
+        f"--basic-auth={auth[0]}:{auth[1]}",
+    ]
     base = f"http://127.0.0.1:{port}"
-    with _process(flower_cmd, env, tmp_path / "flower.log"), \
-            _process(worker_cmd, env, tmp_path / "worker.log"):
+    with (
+        _process(flower_cmd, env, tmp_path / "flower.log"),
+        _process(worker_cmd, env, tmp_path / "worker.log"),
+    ):
         try:
             _poll(lambda: requests.get(f"{base}/healthcheck", timeout=2).ok, 30, "Flower to start")
             # Without credentials Flower refuses: basic auth is really on.
@@ -106,8 +129,11 @@ def test_flower_shows_worker_and_job_task(
                 return answer.ok and any(queue in name for name in answer.json())
 
             _poll(worker_seen, 60, "Flower to list the worker")
-            job_id = jobs.submit("check_order", {"order_id": 7, "check_seconds": 0.1},
-                                 job_id=f"FLOWER-{uuid.uuid4().hex[:6]}")
+            job_id = jobs.submit(
+                "check_order",
+                {"order_id": 7, "check_seconds": 0.1},
+                job_id=f"FLOWER-{uuid.uuid4().hex[:6]}",
+            )
 
             def job_task() -> dict[str, Any] | None:
                 tasks = requests.get(f"{base}/api/tasks", auth=auth, timeout=5).json()

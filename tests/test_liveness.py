@@ -110,8 +110,12 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     upgrade(engine)
     sqlite_store = JobStore(engine)
     assert liveness.process_key(f"sqlite:///{tmp_path}/x.db", "sqlite") == os.getpid()
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_pid = int(finished.stdout)
     assert not liveness.process_alive(dead_pid)
     assert liveness.process_alive(os.getpid())

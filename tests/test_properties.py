@@ -43,11 +43,17 @@ OWNER_WRITES = ("renew", "record_step", "complete", "fail", "retry", "release", 
 TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__)
 # Weighted by repetition: mostly claims, clock jumps and owner writes.
 OPERATIONS = (
-    ["claim"] * 5 + ["advance"] * 4 + ["write"] * 8 + ["approve"] * 2 + ["sweep"] * 2
-    + ["expire"] * 2 + ["cancel", "submit", "dispatch"]
+    ["claim"] * 5
+    + ["advance"] * 4
+    + ["write"] * 8
+    + ["approve"] * 2
+    + ["sweep"] * 2
+    + ["expire"] * 2
+    + ["cancel", "submit", "dispatch"]
 )
 
 Rows = tuple[list[Any], list[Any], list[Any]]
+
 
 class World:
     """One database, one logical clock, the claims ever handed out and the expected steps."""
@@ -91,8 +97,11 @@ class World:
     def is_current(self, claim: Claim) -> bool:
         job = self.job(claim.job_id)
         return bool(
-            job is not None and job.state == State.RUNNING and job.owner == claim.owner
-            and job.fence == claim.fence and job.lease_until > self.now
+            job is not None
+            and job.state == State.RUNNING
+            and job.owner == claim.owner
+            and job.fence == claim.fence
+            and job.lease_until > self.now
         )
 
     # -- operations ----------------------------------------------------------------------------
@@ -133,7 +142,8 @@ class World:
     def claim(self, job_id: str, owner: str, lease: float) -> None:
         job = self.job(job_id)
         claimable = (job.state == State.QUEUED and job.run_after <= self.now) or (
-            job.state == State.RUNNING and job.lease_until <= self.now
+            job.state == State.RUNNING
+            and job.lease_until <= self.now
             and job.attempts < job.max_attempts
         )
         claim = self.store.claim(job_id, owner, lease)
@@ -250,7 +260,8 @@ class World:
 
     def sweep(self) -> None:
         expected = {
-            row.id: row for row in self.rows[0]
+            row.id: row
+            for row in self.rows[0]
             if row.state == State.RUNNING and row.lease_until <= self.now
         }
         moved = {job.id: job for job in self.store.sweep_expired()}
@@ -266,7 +277,9 @@ class World:
         job = self.job(claim.job_id)
         fence = claim.fence + (1 if wrong_fence else 0)
         should = bool(
-            job.state == State.RUNNING and job.owner == claim.owner and job.fence == fence
+            job.state == State.RUNNING
+            and job.owner == claim.owner
+            and job.fence == fence
             and job.lease_until <= self.now
         )
         moved = self.store.expire(claim.job_id, claim.owner, fence, "gone", only_if_expired=True)

@@ -62,7 +62,7 @@ def cli_lines(*args: str) -> list[str]:
 
 def fields(line: str, prefix: str) -> dict[str, object]:
     assert line.startswith(prefix), line
-    value = ast.literal_eval(line[len(prefix):])
+    value = ast.literal_eval(line[len(prefix) :])
     assert isinstance(value, dict)
     return value
 
@@ -72,10 +72,15 @@ def test_lease_of_two_steps_blocks_b_once_then_b_recovers() -> None:
 
     assert lines == LEASE_2
     assert list(fields(lines[0], "step 0: A claimed ").items())[:4] == [
-        ("task_id", "T-42"), ("state", "RUNNING"), ("owner", "A"), ("lease_until", 2),
+        ("task_id", "T-42"),
+        ("state", "RUNNING"),
+        ("owner", "A"),
+        ("lease_until", 2),
     ]
     assert list(fields(lines[2], "step 2: B recovered ").items())[:3] == [
-        ("task_id", "T-42"), ("state", "RUNNING"), ("owner", "B"),
+        ("task_id", "T-42"),
+        ("state", "RUNNING"),
+        ("owner", "B"),
     ]
 
 
@@ -97,8 +102,9 @@ def test_b_recovers_exactly_when_the_lease_runs_out(lease: int) -> None:
         f"step {s}: B blocked (A's lease runs until step {lease})" for s in range(1, lease)
     ]
     assert any(line.startswith(f"step {lease}: B recovered {{'task_id': 'T-42'") for line in lines)
-    assert any(line.startswith(f"step {lease}: A's late write refused: LeaseLost")
-               for line in lines)
+    assert any(
+        line.startswith(f"step {lease}: A's late write refused: LeaseLost") for line in lines
+    )
     assert "history: QUEUED -> RUNNING(A) -> RUNNING(B) -> COMPLETED" in lines
     assert all("T-42" in line for line in lines if "task_id" in line)
 
@@ -142,8 +148,10 @@ def test_python_dash_m_jobs_simulate_is_identical_across_processes(tmp_path: Pat
     env["JOBS_DATA_DIR"] = str(tmp_path / "child-data")
     command = [sys.executable, "-m", "jobs", "simulate", "--lease-steps", "1"]
 
-    runs = [subprocess.run(command, env=env, capture_output=True, text=True, timeout=60,
-                           check=True) for _ in range(2)]
+    runs = [
+        subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=True)
+        for _ in range(2)
+    ]
 
     assert runs[0].stdout.splitlines() == LEASE_1
     assert runs[0].stdout == runs[1].stdout

@@ -38,9 +38,7 @@ def test_every_legal_pair_is_legal_and_checks(source: State | None, target: Stat
     states.check(source, target)  # does not raise
 
 
-@pytest.mark.parametrize(
-    ("source", "target"), [p for p in ALL_PAIRS if p not in LEGAL], ids=str
-)
+@pytest.mark.parametrize(("source", "target"), [p for p in ALL_PAIRS if p not in LEGAL], ids=str)
 def test_every_other_pair_is_refused(source: State | None, target: State) -> None:
     assert not states.is_legal(source, target)
     with pytest.raises(IllegalTransition) as info:

@@ -164,7 +164,10 @@ def test_claim_takes_a_queued_job(store: JobStore, clock: LogicalClock) -> None:
     assert store.get("j1") == job
     last = store.history("j1")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence) == (
-        State.QUEUED, State.RUNNING, "A", 1,
+        State.QUEUED,
+        State.RUNNING,
+        "A",
+        1,
     )
 
 
@@ -193,7 +196,10 @@ def test_lease_expires_exactly_at_lease_until(store: JobStore, clock: LogicalClo
     assert second.job.lease_until == clock.instant(2 * LEASE)
     last = store.history("j1")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence) == (
-        State.RUNNING, State.RUNNING, "B", 2,
+        State.RUNNING,
+        State.RUNNING,
+        "B",
+        2,
     )
 
 
@@ -580,7 +586,9 @@ def test_cancel(store: JobStore, clock: LogicalClock, source: State) -> None:
     assert job.finished_at == clock.instant(1)
     last = store.history("j1")[-1]
     assert (last.from_state, last.to_state, last.reason) == (
-        source, State.CANCELLED, "customer asked",
+        source,
+        State.CANCELLED,
+        "customer asked",
     )
     assert store.claim("j1", "B", LEASE) is None
 
@@ -617,8 +625,10 @@ def test_illegal_operator_moves_change_nothing(
     INTO[source](store)
     before = snapshot(engine)
     target = State.QUEUED if operation == "approve" else State.CANCELLED
-    move = (lambda: store.approve("j1", "alice")) if operation == "approve" else (
-        lambda: store.cancel("j1")
+    move = (
+        (lambda: store.approve("j1", "alice"))
+        if operation == "approve"
+        else (lambda: store.cancel("j1"))
     )
     with pytest.raises(IllegalTransition) as info:
         move()
@@ -691,7 +701,11 @@ def test_sweep_expired(store: JobStore, engine: Engine, clock: LogicalClock) -> 
     assert retry.last_error == "lease expired"
     last = store.history("retry")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence, last.reason) == (
-        State.RUNNING, State.QUEUED, "B", 1, "lease expired",
+        State.RUNNING,
+        State.QUEUED,
+        "B",
+        1,
+        "lease expired",
     )
 
     dead = moved["dead"]

@@ -38,27 +38,44 @@ def iso(instant: dt.datetime | None) -> str | None:
 
 def job_dict(job: Job) -> dict[str, Any]:
     return {
-        "id": job.id, "kind": job.kind, "state": job.state.value, "owner": job.owner,
-        "lease_until": iso(job.lease_until), "fence": job.fence, "attempts": job.attempts,
-        "max_attempts": job.max_attempts, "inputs": job.inputs, "result": job.result,
-        "last_error": job.last_error, "waiting_for": job.waiting_for,
-        "run_after": iso(job.run_after), "created_at": iso(job.created_at),
-        "updated_at": iso(job.updated_at), "finished_at": iso(job.finished_at),
+        "id": job.id,
+        "kind": job.kind,
+        "state": job.state.value,
+        "owner": job.owner,
+        "lease_until": iso(job.lease_until),
+        "fence": job.fence,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "inputs": job.inputs,
+        "result": job.result,
+        "last_error": job.last_error,
+        "waiting_for": job.waiting_for,
+        "run_after": iso(job.run_after),
+        "created_at": iso(job.created_at),
+        "updated_at": iso(job.updated_at),
+        "finished_at": iso(job.finished_at),
     }
 
 
 def step_dict(step: Step) -> dict[str, Any]:
     return {
-        "name": step.name, "output": step.output, "recorded_at": iso(step.recorded_at),
-        "owner": step.owner, "fence": step.fence,
+        "name": step.name,
+        "output": step.output,
+        "recorded_at": iso(step.recorded_at),
+        "owner": step.owner,
+        "fence": step.fence,
     }
 
 
 def transition_dict(move: Transition) -> dict[str, Any]:
     return {
         "from": move.from_state.value if move.from_state is not None else None,
-        "to": move.to_state.value, "owner": move.owner, "fence": move.fence,
-        "at": iso(move.at), "reason": move.reason, "approved_by": move.approved_by,
+        "to": move.to_state.value,
+        "owner": move.owner,
+        "fence": move.fence,
+        "at": iso(move.at),
+        "reason": move.reason,
+        "approved_by": move.approved_by,
     }
 
 
@@ -91,21 +108,40 @@ def parse_inputs(text: str) -> dict[str, Any]:
 
 @main.command()
 @click.argument("kind")
-@click.option("--input", "input_json", default="{}", show_default=True,
-              help="The job's inputs as a JSON object.")
+@click.option(
+    "--input",
+    "input_json",
+    default="{}",
+    show_default=True,
+    help="The job's inputs as a JSON object.",
+)
 @click.option("--id", "job_id", help="Choose the ID; the same ID and inputs again is a no-op.")
 @click.option("--max-attempts", type=click.IntRange(min=1), help="Override the kind's limit.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0,
-              help="Seconds before the job is due.")
+@click.option(
+    "--delay", type=click.FloatRange(min=0), default=0.0, help="Seconds before the job is due."
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
-def submit(*, kind: str, input_json: str, job_id: str | None, max_attempts: int | None,
-           delay: float, wait: bool, timeout: float | None) -> None:
+def submit(
+    *,
+    kind: str,
+    input_json: str,
+    job_id: str | None,
+    max_attempts: int | None,
+    delay: float,
+    wait: bool,
+    timeout: float | None,
+) -> None:
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
-    new_id = jobs.submit(kind, parse_inputs(input_json), job_id=job_id,
-                         max_attempts=max_attempts, delay_seconds=delay)
+    new_id = jobs.submit(
+        kind,
+        parse_inputs(input_json),
+        job_id=job_id,
+        max_attempts=max_attempts,
+        delay_seconds=delay,
+    )
     click.echo(new_id)
     if wait:
         _exit(follow(new_id, timeout))
@@ -117,12 +153,12 @@ def _exit(code: int) -> NoReturn:
 
 def progress_line(job: Job, steps: Sequence[Step]) -> str:
     names = ", ".join(step.name for step in steps) or "-"
-    return (f"{job.id} {job.state.value} owner={job.owner or '-'} "
-            f"attempt {job.attempts} steps: {names}")
+    return (
+        f"{job.id} {job.state.value} owner={job.owner or '-'} attempt {job.attempts} steps: {names}"
+    )
 
 
-def follow(job_id: str, timeout: float | None,
-           sleep: Callable[[float], None] = time.sleep) -> int:
+def follow(job_id: str, timeout: float | None, sleep: Callable[[float], None] = time.sleep) -> int:
     """Print a line whenever state, owner or recorded steps change; return the exit code."""
     deadline = None if timeout is None else time.monotonic() + timeout
     seen: tuple[Any, ...] | None = None
@@ -169,21 +205,28 @@ def show(job_id: str, as_json: bool) -> None:
     """A job's record, recorded steps and history of moves."""
     job, steps, history = jobs.get(job_id), jobs.steps(job_id), jobs.history(job_id)
     if as_json:
-        _echo_json({
-            **job_dict(job),
-            "steps": [step_dict(s) for s in steps],
-            "history": [transition_dict(t) for t in history],
-        })
+        _echo_json(
+            {
+                **job_dict(job),
+                "steps": [step_dict(s) for s in steps],
+                "history": [transition_dict(t) for t in history],
+            }
+        )
         return
     _show_text(job, steps, history)
 
 
 def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -> None:
     fields = [
-        ("id", job.id), ("kind", job.kind), ("state", job.state.value),
-        ("owner", job.owner or "-"), ("lease_until", iso(job.lease_until) or "-"),
-        ("fence", str(job.fence)), ("attempts", f"{job.attempts}/{job.max_attempts}"),
-        ("inputs", _compact(job.inputs)), ("result", _compact(job.result)),
+        ("id", job.id),
+        ("kind", job.kind),
+        ("state", job.state.value),
+        ("owner", job.owner or "-"),
+        ("lease_until", iso(job.lease_until) or "-"),
+        ("fence", str(job.fence)),
+        ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("inputs", _compact(job.inputs)),
+        ("result", _compact(job.result)),
         ("last_error", job.last_error or "-"),
     ]
     if job.waiting_for:
@@ -192,8 +235,10 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
         click.echo(f"{name + ':':<13}{value}")
     click.echo("steps:" + ("" if steps else " -"))
     for step in steps:
-        click.echo(f"  {step.name}  {_compact(step.output)}  "
-                   f"(owner={step.owner} fence={step.fence} at {iso(step.recorded_at)})")
+        click.echo(
+            f"  {step.name}  {_compact(step.output)}  "
+            f"(owner={step.owner} fence={step.fence} at {iso(step.recorded_at)})"
+        )
     click.echo("history:")
     for move in history:
         click.echo("  " + _history_line(move))
@@ -212,8 +257,11 @@ def _history_line(move: Transition) -> str:
 
 
 @main.command("list")
-@click.option("--state", type=click.Choice([s.value for s in State], case_sensitive=False),
-              help="Only jobs in this state.")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in State], case_sensitive=False),
+    help="Only jobs in this state.",
+)
 @click.option("--kind", help="Only jobs of this kind.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
@@ -228,8 +276,17 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
         return
     _table(
         ("ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"),
-        [(j.id, j.kind, j.state.value, j.owner or "-", f"{j.attempts}/{j.max_attempts}",
-          j.updated_at.isoformat(timespec="seconds")) for j in found],
+        [
+            (
+                j.id,
+                j.kind,
+                j.state.value,
+                j.owner or "-",
+                f"{j.attempts}/{j.max_attempts}",
+                j.updated_at.isoformat(timespec="seconds"),
+            )
+            for j in found
+        ],
     )
 
 
@@ -289,8 +346,11 @@ def stats_dict() -> dict[str, Any]:
         "by_state": by_state,
         "by_kind": by_kind,
         "queue_depth": by_state[State.QUEUED.value],
-        "oldest_queued": None if oldest is None else {
-            "id": oldest[0], "age_seconds": round(oldest[1], 3),
+        "oldest_queued": None
+        if oldest is None
+        else {
+            "id": oldest[0],
+            "age_seconds": round(oldest[1], 3),
         },
     }
 
@@ -308,8 +368,10 @@ def stats(as_json: bool) -> None:
     if figures["by_kind"]:
         _table(("KIND", "COUNT"), [(k, str(n)) for k, n in figures["by_kind"].items()])
     oldest = figures["oldest_queued"]
-    waiting = "none due" if oldest is None else (
-        f"oldest due {oldest['id']} waiting {oldest['age_seconds']:.1f}s"
+    waiting = (
+        "none due"
+        if oldest is None
+        else (f"oldest due {oldest['id']} waiting {oldest['age_seconds']:.1f}s")
     )
     click.echo(f"queue depth: {figures['queue_depth']} QUEUED; {waiting}")
     if figures["limits"]:
@@ -322,8 +384,16 @@ def _limits_table(limits: dict[str, dict[str, int | None]]) -> None:
 
     _table(
         ("KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED"),
-        [(kind, str(v["running"]), show(v["max_running"]), str(v["queued"]),
-          show(v["max_queued"])) for kind, v in limits.items()],
+        [
+            (
+                kind,
+                str(v["running"]),
+                show(v["max_running"]),
+                str(v["queued"]),
+                show(v["max_queued"]),
+            )
+            for kind, v in limits.items()
+        ],
     )
 
 
@@ -358,17 +428,24 @@ def limits(ctx: click.Context) -> None:
 
 @limits.command("set")
 @click.argument("kind")
-@click.option("--max-running",
-              help="At most N RUNNING at once, all workers together; 'none' lifts it.")
+@click.option(
+    "--max-running", help="At most N RUNNING at once, all workers together; 'none' lifts it."
+)
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
     store = jobs.get_store()
     current = store.limits().get(kind)
-    running = (current.max_running if current else None) if max_running is None else (
-        _limit_value(max_running, "--max-running"))
-    queued = (current.max_queued if current else None) if max_queued is None else (
-        _limit_value(max_queued, "--max-queued"))
+    running = (
+        (current.max_running if current else None)
+        if max_running is None
+        else (_limit_value(max_running, "--max-running"))
+    )
+    queued = (
+        (current.max_queued if current else None)
+        if max_queued is None
+        else (_limit_value(max_queued, "--max-queued"))
+    )
     result = store.set_limits(kind, max_running=running, max_queued=queued)
     click.echo(f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}")
 
@@ -404,10 +481,20 @@ def current() -> None:
 
 
 @main.command()
-@click.option("--lease-steps", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Lease length, in steps, both workers claim with.")
-@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Worker B tries to take over at steps 1 … STEPS-1.")
+@click.option(
+    "--lease-steps",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Lease length, in steps, both workers claim with.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Worker B tries to take over at steps 1 … STEPS-1.",
+)
 def simulate(lease_steps: int, steps: int) -> None:
     """Replay the crash-and-recover story on a private in-memory database, deterministically."""
     from jobs.simulate import simulate as replay  # noqa: PLC0415

@@ -21,8 +21,12 @@ from jobs.core.settings import get_settings
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker(
-    concurrency: int | None, queues: str | None, pool: str | None, hostname: str | None,
-    loglevel: str, celery_args: tuple[str, ...],
+    concurrency: int | None,
+    queues: str | None,
+    pool: str | None,
+    hostname: str | None,
+    loglevel: str,
+    celery_args: tuple[str, ...],
 ) -> None:
     """Run a Celery worker daemon in the foreground (exec: signals reach Celery itself).
 
@@ -31,8 +35,17 @@ def worker(
     settings = get_settings()  # a bad setting stops here with a clear message
     REGISTRY.names()  # so does a bad JOBS_IMPORTS module
     argv = [
-        sys.executable, "-m", "celery", "-A", "jobs.celery_app", "worker",
-        "-Q", queues or settings.queue, "-l", loglevel, "-E",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "jobs.celery_app",
+        "worker",
+        "-Q",
+        queues or settings.queue,
+        "-l",
+        loglevel,
+        "-E",
     ]
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
@@ -58,8 +71,10 @@ def sweeper(once: bool) -> None:
     store = api.get_store()
     if once:
         report = sweep_once(store, settings, api.dispatch)
-        click.echo(f"dead owners re-queued: {len(report.dead_owner)}, "
-                   f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}")
+        click.echo(
+            f"dead owners re-queued: {len(report.dead_owner)}, "
+            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
+        )
         return
     run_forever(store, settings, api.dispatch)
 

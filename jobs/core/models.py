@@ -47,8 +47,9 @@ class JobRecord(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
-        CheckConstraint(f"previous_state IS NULL OR previous_state IN ({_STATE_LIST})",
-                        name="previous_state"),
+        CheckConstraint(
+            f"previous_state IS NULL OR previous_state IN ({_STATE_LIST})", name="previous_state"
+        ),
         CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
         Index("ix_jobs_state_run_after", "state", "run_after"),
         Index("ix_jobs_state_lease_until", "state", "lease_until"),

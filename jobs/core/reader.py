@@ -30,7 +30,6 @@ class JobReader:
         self.clock: Clock = clock or DatabaseClock()
         self.max_payload_bytes = max_payload_bytes
 
-
     def now(self) -> dt.datetime:
         """The clock's current instant, as the database sees it."""
         with self._read() as conn:
@@ -49,7 +48,8 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(S.name, S.output, S.recorded_at, S.owner, S.fence)
-                .where(S.job_id == job_id).order_by(S.recorded_at, S.name)
+                .where(S.job_id == job_id)
+                .order_by(S.recorded_at, S.name)
             ).all()
         return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
 
@@ -58,12 +58,18 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(T.from_state, T.to_state, T.at, T.owner, T.fence, T.reason, T.approved_by)
-                .where(T.job_id == job_id).order_by(T.id)
+                .where(T.job_id == job_id)
+                .order_by(T.id)
             ).all()
         return [
             Transition(
-                State(r.from_state) if r.from_state else None, State(r.to_state), r.at, r.owner,
-                r.fence, r.reason, r.approved_by,
+                State(r.from_state) if r.from_state else None,
+                State(r.to_state),
+                r.at,
+                r.owner,
+                r.fence,
+                r.reason,
+                r.approved_by,
             )
             for r in rows
         ]
@@ -83,7 +89,8 @@ class JobReader:
             row = conn.execute(
                 select(J.id, J.run_after, now)
                 .where(J.state == State.QUEUED.value, J.run_after <= now)
-                .order_by(J.run_after).limit(1)
+                .order_by(J.run_after)
+                .limit(1)
             ).one_or_none()
         if row is None:
             return None
@@ -97,23 +104,29 @@ class JobReader:
     def next_due(self, kind: str, limit: int = 1) -> list[str]:
         """The oldest due QUEUED jobs of a kind: who gets a slot a finished job frees."""
         with self._read() as conn:
-            return list(conn.execute(
-                select(J.id).where(
-                    J.kind == kind, J.state == State.QUEUED.value,
-                    J.run_after <= self.clock.now(),
-                ).order_by(J.run_after, J.created_at).limit(limit)
-            ).scalars())
+            return list(
+                conn.execute(
+                    select(J.id)
+                    .where(
+                        J.kind == kind,
+                        J.state == State.QUEUED.value,
+                        J.run_after <= self.clock.now(),
+                    )
+                    .order_by(J.run_after, J.created_at)
+                    .limit(limit)
+                ).scalars()
+            )
 
     def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
         """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness
         lock, for the sweeper to compare with the locks still held."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.id, J.owner, J.fence, J.liveness_key)
-                .where(J.state == State.RUNNING.value, J.liveness_key.is_not(None))
+                select(J.id, J.owner, J.fence, J.liveness_key).where(
+                    J.state == State.RUNNING.value, J.liveness_key.is_not(None)
+                )
             ).all()
         return [(r[0], r[1] or "", r[2], r[3] or 0) for r in rows]
-
 
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(**{READ_ONLY: True})

@@ -37,13 +37,24 @@ class Job:
     @classmethod
     def from_row(cls, row: Row[Any] | JobRecord) -> Job:
         return cls(
-            id=row.id, kind=row.kind, state=State(row.state), inputs=row.inputs,
-            result=row.result, last_error=row.last_error, owner=row.owner, fence=row.fence,
-            lease_until=row.lease_until, attempts=row.attempts, max_attempts=row.max_attempts,
-            run_after=row.run_after, dispatched_at=row.dispatched_at,
-            code_version=row.code_version, waiting_for=row.waiting_for,
+            id=row.id,
+            kind=row.kind,
+            state=State(row.state),
+            inputs=row.inputs,
+            result=row.result,
+            last_error=row.last_error,
+            owner=row.owner,
+            fence=row.fence,
+            lease_until=row.lease_until,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            run_after=row.run_after,
+            dispatched_at=row.dispatched_at,
+            code_version=row.code_version,
+            waiting_for=row.waiting_for,
             created_at=row.created_at,
-            updated_at=row.updated_at, finished_at=row.finished_at,
+            updated_at=row.updated_at,
+            finished_at=row.finished_at,
         )
 
 

@@ -49,8 +49,13 @@ class Registry:
         self._lock = threading.RLock()
 
     def register(
-        self, name: str, handler: Handler, *, max_attempts: int | None = None,
-        version: str | None = None, max_running: int | None = None,
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        max_attempts: int | None = None,
+        version: str | None = None,
+        max_running: int | None = None,
         max_queued: int | None = None,
     ) -> JobKind:
         check_name(name, "job kind")
@@ -71,12 +76,23 @@ class Registry:
         return kind
 
     def job(
-        self, name: str, *, max_attempts: int | None = None, version: str | None = None,
-        max_running: int | None = None, max_queued: int | None = None,
+        self,
+        name: str,
+        *,
+        max_attempts: int | None = None,
+        version: str | None = None,
+        max_running: int | None = None,
+        max_queued: int | None = None,
     ) -> Callable[[F], F]:
         def decorate(handler: F) -> F:
-            self.register(name, handler, max_attempts=max_attempts, version=version,
-                          max_running=max_running, max_queued=max_queued)
+            self.register(
+                name,
+                handler,
+                max_attempts=max_attempts,
+                version=version,
+                max_running=max_running,
+                max_queued=max_queued,
+            )
             return handler
 
         return decorate

@@ -57,8 +57,13 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 class Heartbeat:
     """Renews a claim's lease every third of its length until stopped or refused."""
 
-    def __init__(self, store: JobStore, claim: Claim, lease_seconds: float,
-                 on_lost: Callable[[LeaseLost], None]) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        claim: Claim,
+        lease_seconds: float,
+        on_lost: Callable[[LeaseLost], None],
+    ) -> None:
         self._store = store
         self._claim = claim
         self._lease = lease_seconds
@@ -124,9 +129,12 @@ class Runner:
         """A runner with the lease and retry backoff of ``settings``; ``options`` add the
         rest (liveness key, delivery budget, heartbeat, stop flag)."""
         return cls(
-            store, owner, lease_seconds=settings.lease_seconds,
+            store,
+            owner,
+            lease_seconds=settings.lease_seconds,
             retry_backoff_seconds=settings.retry_backoff_seconds,
-            retry_backoff_max_seconds=settings.retry_backoff_max_seconds, **options,
+            retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
+            **options,
         )
 
     def run(self, job_id: str) -> RunResult:
@@ -170,8 +178,13 @@ class Runner:
             raise
         except Exception as err:
             error = f"{type(err).__name__}: {err}"
-            log.info("job %s attempt %d failed: %s\n%s", job.id, job.attempts, error,
-                     traceback.format_exc())
+            log.info(
+                "job %s attempt %d failed: %s\n%s",
+                job.id,
+                job.attempts,
+                error,
+                traceback.format_exc(),
+            )
             if job.attempts < job.max_attempts:
                 delay = backoff_seconds(
                     job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
@@ -194,4 +207,3 @@ class Runner:
         return RunResult(
             job.id, outcome, job, tuple(ctx.ran_steps), tuple(ctx.replayed_steps), error
         )
-

@@ -43,11 +43,22 @@ class Settings:
 
 
 KNOWN = {
-    "DATA_DIR", "DATABASE_URL", "BROKER_URL", "LEASE_SECONDS", "SWEEP_INTERVAL_SECONDS",
-    "REDISPATCH_AFTER_SECONDS", "IMPORTS", "MAX_INPUT_BYTES", "DEFAULT_MAX_ATTEMPTS",
-    "RETRY_BACKOFF_SECONDS", "RETRY_BACKOFF_MAX_SECONDS", "DELIVERY_BUDGET_SECONDS", "QUEUE",
+    "DATA_DIR",
+    "DATABASE_URL",
+    "BROKER_URL",
+    "LEASE_SECONDS",
+    "SWEEP_INTERVAL_SECONDS",
+    "REDISPATCH_AFTER_SECONDS",
+    "IMPORTS",
+    "MAX_INPUT_BYTES",
+    "DEFAULT_MAX_ATTEMPTS",
+    "RETRY_BACKOFF_SECONDS",
+    "RETRY_BACKOFF_MAX_SECONDS",
+    "DELIVERY_BUDGET_SECONDS",
+    "QUEUE",
     # read by the test-suite and tools, not by the library:
-    "TEST_POSTGRES_URL", "TEST_AMQP_URL",
+    "TEST_POSTGRES_URL",
+    "TEST_AMQP_URL",
 }
 
 
@@ -83,14 +94,14 @@ def normalize_database_url(url: str) -> str:
     """Send plain ``postgresql://`` URLs to psycopg 3, the driver we install."""
     for plain in ("postgres://", "postgresql://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain):]
+            return "postgresql+psycopg://" + url[len(plain) :]
     return url
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     unknown = sorted(
-        key for key in env if key.startswith(PREFIX) and key[len(PREFIX):] not in KNOWN
+        key for key in env if key.startswith(PREFIX) and key[len(PREFIX) :] not in KNOWN
     )
     if unknown:
         raise SettingsError(

@@ -44,9 +44,7 @@ def is_legal(source: State | None, target: State) -> bool:
 
 def sources_of(target: State) -> tuple[State, ...]:
     """Every state a job may be in for a move into ``target``: the WHERE clause's ``state IN``."""
-    return tuple(
-        source for (source, to) in TRANSITIONS if to is target and source is not None
-    )
+    return tuple(source for (source, to) in TRANSITIONS if to is target and source is not None)
 
 
 def check(source: State | None, target: State) -> None:

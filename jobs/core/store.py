@@ -52,8 +52,6 @@ J = JobRecord
 L = KindLimitRecord
 
 
-
-
 def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]) -> Any:
     """The dialect's INSERT, which has ON CONFLICT (settings admit only these two)."""
     if conn.dialect.name == "postgresql":
@@ -108,10 +106,14 @@ class JobStore(JobReader):
             return None
         conn.execute(
             insert(TransitionRecord).values(
-                job_id=job_id, from_state=row.previous_state, to_state=target.value, at=now,
+                job_id=job_id,
+                from_state=row.previous_state,
+                to_state=target.value,
+                at=now,
                 owner=owner if owner is not None else row.owner,
                 fence=fence if fence is not None else row.fence,
-                reason=reason, approved_by=approved_by,
+                reason=reason,
+                approved_by=approved_by,
             )
         )
         return row
@@ -120,8 +122,9 @@ class JobStore(JobReader):
         self, conn: Connection, job_id: str, target: State, claim: Claim | None = None
     ) -> Exception:
         row = conn.execute(
-            select(J.state, J.owner, J.fence, J.lease_until, (J.lease_until > self.clock.now()))
-            .where(J.id == job_id)
+            select(
+                J.state, J.owner, J.fence, J.lease_until, (J.lease_until > self.clock.now())
+            ).where(J.id == job_id)
         ).one_or_none()
         if row is None:
             return UnknownJob(job_id)
@@ -146,8 +149,15 @@ class JobStore(JobReader):
     ) -> Job:
         with self.engine.begin() as conn:
             row = self._transition(
-                conn, claim.job_id, target, only_from=[State.RUNNING], where=self._fenced(claim),
-                values=values, owner=claim.owner, fence=claim.fence, reason=reason,
+                conn,
+                claim.job_id,
+                target,
+                only_from=[State.RUNNING],
+                where=self._fenced(claim),
+                values=values,
+                owner=claim.owner,
+                fence=claim.fence,
+                reason=reason,
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, target, claim)
@@ -179,9 +189,17 @@ class JobStore(JobReader):
         now = self.clock.now()
         run_after = self.clock.after(delay_seconds) if delay_seconds > 0 else now
         values = {
-            "id": job_id, "kind": kind, "state": State.QUEUED.value, "inputs": inputs,
-            "fence": 0, "attempts": 0, "max_attempts": max_attempts, "run_after": run_after,
-            "code_version": code_version, "created_at": now, "updated_at": now,
+            "id": job_id,
+            "kind": kind,
+            "state": State.QUEUED.value,
+            "inputs": inputs,
+            "fence": 0,
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "run_after": run_after,
+            "code_version": code_version,
+            "created_at": now,
+            "updated_at": now,
             # Optimistic: the caller publishes right after commit; a failed publish calls
             # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
             "dispatched_at": None if delay_seconds > 0 else now,
@@ -194,7 +212,10 @@ class JobStore(JobReader):
             if row is not None:
                 conn.execute(
                     insert(TransitionRecord).values(
-                        job_id=job_id, from_state=None, to_state=State.QUEUED.value, at=now,
+                        job_id=job_id,
+                        from_state=None,
+                        to_state=State.QUEUED.value,
+                        at=now,
                         reason="submitted",
                     )
                 )
@@ -221,10 +242,17 @@ class JobStore(JobReader):
         """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
         (a takeover of a dead owner's job frees the slot it takes)."""
         other = aliased(J)
-        return select(func.count()).select_from(other).where(
-            other.kind == J.kind, other.state == State.RUNNING.value,
-            other.lease_until > self.clock.now(), other.id != J.id,
-        ).scalar_subquery()
+        return (
+            select(func.count())
+            .select_from(other)
+            .where(
+                other.kind == J.kind,
+                other.state == State.RUNNING.value,
+                other.lease_until > self.clock.now(),
+                other.id != J.id,
+            )
+            .scalar_subquery()
+        )
 
     def _admit(self, conn: Connection, kind: str, job_id: str) -> None:
         limits = self._lock_limits(conn, kind)
@@ -233,13 +261,13 @@ class JobStore(JobReader):
         if conn.execute(select(J.id).where(J.id == job_id)).one_or_none() is not None:
             return  # an idempotent re-submit adds nothing to the queue
         queued = conn.execute(
-            select(func.count()).select_from(J)
-            .where(J.kind == kind, J.state == State.QUEUED.value)
+            select(func.count()).select_from(J).where(J.kind == kind, J.state == State.QUEUED.value)
         ).scalar_one()
         if queued < limits.max_queued:
             return
         finished = conn.execute(
-            select(func.count()).select_from(J)
+            select(func.count())
+            .select_from(J)
             .where(J.kind == kind, J.finished_at >= self.clock.after(-60))
         ).scalar_one()
         excess = queued - limits.max_queued + 1
@@ -251,7 +279,11 @@ class JobStore(JobReader):
         )
 
     def set_limits(
-        self, kind: str, *, max_running: int | None, max_queued: int | None,
+        self,
+        kind: str,
+        *,
+        max_running: int | None,
+        max_queued: int | None,
         only_if_absent: bool = False,
     ) -> KindLimits:
         """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
@@ -262,8 +294,12 @@ class JobStore(JobReader):
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise InvalidInput(f"{name} must be a whole number >= 0 or None")
-        values = {"kind": kind, "max_running": max_running, "max_queued": max_queued,
-                  "updated_at": self.clock.now()}
+        values = {
+            "kind": kind,
+            "max_running": max_running,
+            "max_queued": max_queued,
+            "updated_at": self.clock.now(),
+        }
         with self.engine.begin() as conn:
             ins = _insert_for(conn, L).values(values)
             if only_if_absent:
@@ -271,8 +307,11 @@ class JobStore(JobReader):
             else:
                 ins = ins.on_conflict_do_update(
                     index_elements=[L.kind],
-                    set_={"max_running": max_running, "max_queued": max_queued,
-                          "updated_at": self.clock.now()},
+                    set_={
+                        "max_running": max_running,
+                        "max_queued": max_queued,
+                        "updated_at": self.clock.now(),
+                    },
                 )
             conn.execute(ins)
             row = conn.execute(
@@ -303,7 +342,10 @@ class JobStore(JobReader):
             if max_running is not None:
                 where.append(self._running_of_kind() < max_running)
             row = self._transition(
-                conn, job_id, State.RUNNING, where=where,
+                conn,
+                job_id,
+                State.RUNNING,
+                where=where,
                 values={
                     "owner": owner,
                     "fence": J.fence + 1,
@@ -311,7 +353,8 @@ class JobStore(JobReader):
                     "attempts": J.attempts + 1,
                     "liveness_key": liveness_key,
                 },
-                owner=owner, reason="claimed",
+                owner=owner,
+                reason="claimed",
             )
             if row is None:
                 return None
@@ -341,7 +384,8 @@ class JobStore(JobReader):
         """Heartbeat: push the lease out, only while it is still ours and unexpired."""
         with self.engine.begin() as conn:
             row = conn.execute(
-                update(J).where(*self._fenced(claim))
+                update(J)
+                .where(*self._fenced(claim))
                 .values(lease_until=self.clock.after(lease_seconds))
                 .returning(J.lease_until)
             ).one_or_none()
@@ -366,56 +410,95 @@ class JobStore(JobReader):
             literal(claim.owner, step.owner.type),
             literal(claim.fence, step.fence.type),
         ).where(*self._fenced(claim))
-        stmt = insert(StepRecord).from_select(
-            ["job_id", "name", "output", "recorded_at", "owner", "fence"], source
-        ).returning(StepRecord.job_id)
+        stmt = (
+            insert(StepRecord)
+            .from_select(["job_id", "name", "output", "recorded_at", "owner", "fence"], source)
+            .returning(StepRecord.job_id)
+        )
         try:
             with self.engine.begin() as conn:
                 if conn.execute(stmt).one_or_none() is None:
                     raise self._explain(conn, claim.job_id, State.RUNNING, claim)
         except IntegrityError:
-            raise StepError(
-                f"job {claim.job_id!r}: step {name!r} is already recorded"
-            ) from None
+            raise StepError(f"job {claim.job_id!r}: step {name!r} is already recorded") from None
 
     def complete(self, claim: Claim, result: Any = None) -> Job:
         encode_json(result, "result", self.max_payload_bytes)
         return self._owner_move(
-            claim, State.COMPLETED,
-            {"result": result, "lease_until": None, "liveness_key": None,
-             "finished_at": self.clock.now()},
+            claim,
+            State.COMPLETED,
+            {
+                "result": result,
+                "lease_until": None,
+                "liveness_key": None,
+                "finished_at": self.clock.now(),
+            },
             "completed",
         )
 
     def fail(self, claim: Claim, error: str) -> Job:
         return self._owner_move(
-            claim, State.FAILED,
-            {"last_error": error, "lease_until": None, "liveness_key": None,
-             "finished_at": self.clock.now()},
+            claim,
+            State.FAILED,
+            {
+                "last_error": error,
+                "lease_until": None,
+                "liveness_key": None,
+                "finished_at": self.clock.now(),
+            },
             error,
         )
 
     def _requeue_or_fail(
-        self, conn: Connection, job_id: str, where: Sequence[ColumnElement[bool]], *,
-        owner: str, fence: int, error: str, reason: str, run_after: ColumnElement[dt.datetime],
+        self,
+        conn: Connection,
+        job_id: str,
+        where: Sequence[ColumnElement[bool]],
+        *,
+        owner: str,
+        fence: int,
+        error: str,
+        reason: str,
+        run_after: ColumnElement[dt.datetime],
     ) -> Row[Any] | None:
         """RUNNING → FAILED when no attempts remain, else RUNNING → QUEUED due at ``run_after``:
         two compare-and-sets of which at most one matches, so a QUEUED job always has an
         attempt left and a claim never runs it past ``max_attempts``."""
         exhausted = f"{error}; attempts exhausted"
         row = self._transition(
-            conn, job_id, State.FAILED, only_from=[State.RUNNING],
+            conn,
+            job_id,
+            State.FAILED,
+            only_from=[State.RUNNING],
             where=[*where, J.attempts >= J.max_attempts],
-            values={"last_error": exhausted, "lease_until": None, "liveness_key": None,
-                    "finished_at": self.clock.now()},
-            owner=owner, fence=fence, reason=exhausted,
+            values={
+                "last_error": exhausted,
+                "lease_until": None,
+                "liveness_key": None,
+                "finished_at": self.clock.now(),
+            },
+            owner=owner,
+            fence=fence,
+            reason=exhausted,
         )
         if row is None:
             row = self._transition(
-                conn, job_id, State.QUEUED, only_from=[State.RUNNING], where=where,
-                values={"last_error": error, "owner": None, "lease_until": None,
-                        "liveness_key": None, "dispatched_at": None, "run_after": run_after},
-                owner=owner, fence=fence, reason=reason,
+                conn,
+                job_id,
+                State.QUEUED,
+                only_from=[State.RUNNING],
+                where=where,
+                values={
+                    "last_error": error,
+                    "owner": None,
+                    "lease_until": None,
+                    "liveness_key": None,
+                    "dispatched_at": None,
+                    "run_after": run_after,
+                },
+                owner=owner,
+                fence=fence,
+                reason=reason,
             )
         return row
 
@@ -424,8 +507,14 @@ class JobStore(JobReader):
         the job's attempts are exhausted."""
         with self.engine.begin() as conn:
             row = self._requeue_or_fail(
-                conn, claim.job_id, self._fenced(claim), owner=claim.owner, fence=claim.fence,
-                error=error, reason=f"retry: {error}", run_after=self.clock.after(delay_seconds),
+                conn,
+                claim.job_id,
+                self._fenced(claim),
+                owner=claim.owner,
+                fence=claim.fence,
+                error=error,
+                reason=f"retry: {error}",
+                run_after=self.clock.after(delay_seconds),
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.QUEUED, claim)
@@ -435,10 +524,16 @@ class JobStore(JobReader):
         """Give the job back to the queue without counting the attempt: the run did not fail,
         it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
         return self._owner_move(
-            claim, State.QUEUED,
-            {"owner": None, "lease_until": None, "liveness_key": None,
-             "dispatched_at": self.clock.now(), "run_after": self.clock.now(),
-             "attempts": J.attempts - 1},
+            claim,
+            State.QUEUED,
+            {
+                "owner": None,
+                "lease_until": None,
+                "liveness_key": None,
+                "dispatched_at": self.clock.now(),
+                "run_after": self.clock.now(),
+                "attempts": J.attempts - 1,
+            },
             reason,
         )
 
@@ -448,18 +543,31 @@ class JobStore(JobReader):
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
             row = self._transition(
-                conn, claim.job_id, State.WAITING_APPROVAL, only_from=[State.RUNNING],
+                conn,
+                claim.job_id,
+                State.WAITING_APPROVAL,
+                only_from=[State.RUNNING],
                 where=self._fenced(claim),
-                values={"owner": None, "lease_until": None, "liveness_key": None,
-                        "attempts": J.attempts - 1, "waiting_for": step_name},
-                owner=claim.owner, fence=claim.fence, reason=reason,
+                values={
+                    "owner": None,
+                    "lease_until": None,
+                    "liveness_key": None,
+                    "attempts": J.attempts - 1,
+                    "waiting_for": step_name,
+                },
+                owner=claim.owner,
+                fence=claim.fence,
+                reason=reason,
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
             S = StepRecord.__table__.c
-            if conn.execute(
-                select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
-            ).first() is not None:
+            if (
+                conn.execute(
+                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+                ).first()
+                is not None
+            ):
                 # The approval could never be recorded: refuse (the exception rolls back).
                 raise StepError(
                     f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
@@ -474,9 +582,13 @@ class JobStore(JobReader):
         now = self.clock.now()
         with self.engine.begin() as conn:
             row = self._transition(
-                conn, job_id, State.QUEUED, only_from=[State.WAITING_APPROVAL],
+                conn,
+                job_id,
+                State.QUEUED,
+                only_from=[State.WAITING_APPROVAL],
                 values={"run_after": now, "dispatched_at": now},
-                reason=note or "approved", approved_by=by,
+                reason=note or "approved",
+                approved_by=by,
             )
             if row is None:
                 raise self._explain(conn, job_id, State.QUEUED)
@@ -485,9 +597,12 @@ class JobStore(JobReader):
             if waiting_for is not None:
                 conn.execute(
                     insert(StepRecord).values(
-                        job_id=job_id, name=waiting_for,
-                        output={"approved_by": by, "note": note}, recorded_at=now,
-                        owner=by, fence=job.fence,
+                        job_id=job_id,
+                        name=waiting_for,
+                        output={"approved_by": by, "note": note},
+                        recorded_at=now,
+                        owner=by,
+                        fence=job.fence,
                     )
                 )
                 conn.execute(update(J).where(J.id == job_id).values(waiting_for=None))
@@ -497,9 +612,10 @@ class JobStore(JobReader):
     def cancel(self, job_id: str, reason: str = "cancelled by an operator") -> Job:
         with self.engine.begin() as conn:
             row = self._transition(
-                conn, job_id, State.CANCELLED,
-                values={"lease_until": None, "liveness_key": None,
-                        "finished_at": self.clock.now()},
+                conn,
+                job_id,
+                State.CANCELLED,
+                values={"lease_until": None, "liveness_key": None, "finished_at": self.clock.now()},
                 reason=reason,
             )
             if row is None:
@@ -521,7 +637,13 @@ class JobStore(JobReader):
             stale.append(J.lease_until <= self.clock.now())
         with self.engine.begin() as conn:
             row = self._requeue_or_fail(
-                conn, job_id, stale, owner=owner, fence=fence, error=reason, reason=reason,
+                conn,
+                job_id,
+                stale,
+                owner=owner,
+                fence=fence,
+                error=reason,
+                reason=reason,
                 run_after=self.clock.now(),
             )
             return None if row is None else Job.from_row(row)
@@ -534,7 +656,8 @@ class JobStore(JobReader):
             candidates = conn.execute(
                 select(J.id, J.owner, J.fence)
                 .where(J.state == State.RUNNING.value, J.lease_until <= now)
-                .order_by(J.lease_until).limit(limit)
+                .order_by(J.lease_until)
+                .limit(limit)
             ).all()
         moved = []
         for job_id, owner, fence in candidates:
@@ -554,17 +677,18 @@ class JobStore(JobReader):
             or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
         ]
         with self.engine.begin() as conn:
-            ids = list(conn.execute(
-                select(J.id).where(*unsent, J.run_after <= now)
-                .order_by(J.run_after).limit(limit)
-            ).scalars())
+            ids = list(
+                conn.execute(
+                    select(J.id)
+                    .where(*unsent, J.run_after <= now)
+                    .order_by(J.run_after)
+                    .limit(limit)
+                ).scalars()
+            )
             if not ids:
                 return []
             marked = conn.execute(
-                update(J)
-                .where(J.id.in_(ids), *unsent)
-                .values(dispatched_at=now)
-                .returning(J.id)
+                update(J).where(J.id.in_(ids), *unsent).values(dispatched_at=now).returning(J.id)
             ).scalars()
             return sorted(marked)
 
@@ -573,7 +697,8 @@ class JobStore(JobReader):
         again instead of waiting for the message to count as lost (not a state change)."""
         with self.engine.begin() as conn:
             conn.execute(
-                update(J).where(J.id == job_id, J.state == State.QUEUED.value)
+                update(J)
+                .where(J.id == job_id, J.state == State.QUEUED.value)
                 .values(dispatched_at=None)
             )
 

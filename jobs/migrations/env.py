@@ -36,8 +36,10 @@ def _run(connection: object) -> None:
 
 if context.is_offline_mode():
     context.configure(
-        url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-        literal_binds=True, render_as_batch=True,
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -115,8 +115,13 @@ def make_runner(hostname: str | None) -> Runner:
     store = api.get_store()
     key = liveness.process_key(settings.database_url, store.engine.dialect.name)
     return Runner.from_settings(
-        store, _owner(hostname), settings, registry=REGISTRY, liveness_key=key,
-        budget_seconds=settings.delivery_budget_seconds, stopping=_shutting_down.is_set,
+        store,
+        _owner(hostname),
+        settings,
+        registry=REGISTRY,
+        liveness_key=key,
+        budget_seconds=settings.delivery_budget_seconds,
+        stopping=_shutting_down.is_set,
     )
 
 
@@ -142,8 +147,10 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.limits().get(job.kind)
         if limits is not None and limits.max_running is not None:
-            return (f"QUEUED, waiting for a slot ({job.kind!r} allows "
-                    f"{limits.max_running} RUNNING at once)")
+            return (
+                f"QUEUED, waiting for a slot ({job.kind!r} allows "
+                f"{limits.max_running} RUNNING at once)"
+            )
         return "QUEUED, claimed by no one yet (try again)"
     return f"already {job.state.value}"
 
@@ -153,8 +160,11 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
     """Claim the job through the core, run it, and let the message be acknowledged."""
     job_id = args[0] if len(args) == 1 and not kwargs else None
     if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
-        log.error("dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
-                  args, kwargs)
+        log.error(
+            "dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
+            args,
+            kwargs,
+        )
         return "garbage"
     runner = make_runner(getattr(self.request, "hostname", None))
     result = runner.run(job_id)
@@ -165,8 +175,13 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
     if result.outcome is Outcome.HANDED_BACK:
         api.dispatch(job_id)
     _pass_on_slot(runner, result)
-    log.info("job %s: %s (ran %s, replayed %s)", job_id, result.outcome.value,
-             list(result.ran_steps), list(result.replayed_steps))
+    log.info(
+        "job %s: %s (ran %s, replayed %s)",
+        job_id,
+        result.outcome.value,
+        list(result.ran_steps),
+        list(result.replayed_steps),
+    )
     return f"{job_id}: {result.outcome.value}"
 
 

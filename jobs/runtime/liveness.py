@@ -33,6 +33,7 @@ log = logging.getLogger("jobs.liveness")
 _KEY_BITS = 62
 CHECK_EVERY_SECONDS = 5.0
 
+
 class LivenessLock:
     def __init__(self, database_url: str) -> None:
         self.key = secrets.randbits(_KEY_BITS) or 1
@@ -135,11 +136,17 @@ def rescue_dead_owners(store: JobStore) -> list[Job]:
         return []
     if dialect == "postgresql":
         alive = held_keys(store.engine)
-        dead = [(j, o, f, f"owner {o} died (liveness lock released)")
-                for j, o, f, key in running if key not in alive]
+        dead = [
+            (j, o, f, f"owner {o} died (liveness lock released)")
+            for j, o, f, key in running
+            if key not in alive
+        ]
     else:
-        dead = [(j, o, f, f"owner {o} died (process {key} is gone)")
-                for j, o, f, key in running if not process_alive(key)]
+        dead = [
+            (j, o, f, f"owner {o} died (process {key} is gone)")
+            for j, o, f, key in running
+            if not process_alive(key)
+        ]
     rescued = []
     for job_id, owner, fence, reason in dead:
         job = store.expire(job_id, owner, fence, reason)

@@ -59,14 +59,18 @@ def run_forever(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-    log.info("sweeper: every %.1fs on %s", settings.sweep_interval_seconds,
-             store.engine.url.render_as_string(hide_password=True))
+    log.info(
+        "sweeper: every %.1fs on %s",
+        settings.sweep_interval_seconds,
+        store.engine.url.render_as_string(hide_password=True),
+    )
     while not stop.is_set():
         try:
             report = sweep_once(store, settings, publish)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass
-            log.exception("sweeper: pass failed; next try in %.1fs",
-                          settings.sweep_interval_seconds)
+            log.exception(
+                "sweeper: pass failed; next try in %.1fs", settings.sweep_interval_seconds
+            )
         stop.wait(settings.sweep_interval_seconds)

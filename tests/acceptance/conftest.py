@@ -112,8 +112,14 @@ def rabbitmqctl(*args: str, timeout: float = 60) -> str:
 
 def rabbit_queue_depth(queue: str) -> tuple[int, int] | None:
     """(ready, unacknowledged) messages in ``queue``, asked of the broker itself."""
-    out = rabbitmqctl("list_queues", "-q", "--no-table-headers",
-                      "name", "messages_ready", "messages_unacknowledged")
+    out = rabbitmqctl(
+        "list_queues",
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+    )
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == queue:
@@ -144,8 +150,9 @@ def wait_for_amqp(url: str, timeout: float) -> None:
 # -- polling ------------------------------------------------------------------------------
 
 
-def wait_until(check: Callable[[], T | None], timeout: float, what: str,
-               interval: float = 0.05) -> T:
+def wait_until(
+    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T:
     """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -154,8 +161,9 @@ def wait_until(check: Callable[[], T | None], timeout: float, what: str,
         if last:
             return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} "
-                                 f"(last: {last!r})")
+            raise AssertionError(
+                f"timed out after {timeout:.1f}s waiting for {what} (last: {last!r})"
+            )
         time.sleep(interval)
 
 
@@ -197,8 +205,10 @@ class Proc:
     def wait_ready(self, timeout: float = 45) -> None:
         def ready() -> bool:
             if not self.alive():
-                raise AssertionError(f"{self.name} exited with {self.popen.returncode} "
-                                     f"before it was ready:\n{self.output()[-4000:]}")
+                raise AssertionError(
+                    f"{self.name} exited with {self.popen.returncode} "
+                    f"before it was ready:\n{self.output()[-4000:]}"
+                )
             return " ready." in self.output()
 
         wait_until(ready, timeout, f"{self.name} to be ready", interval=0.1)
@@ -268,28 +278,49 @@ class Stack:
 
     # -- processes ----------------------------------------------------------------------
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
-              node: str | None = None) -> Proc:
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, node: str | None = None
+    ) -> Proc:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "jobs", *args], env={**self.env, **(env or {})},
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "jobs", *args],
+                env={**self.env, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         proc = Proc(name, popen, log, node)
         self.procs.append(proc)
         return proc
 
-    def worker(self, name: str, *, pool: str = "solo", concurrency: int = 1,
-               env: dict[str, str] | None = None, wait: bool = True) -> Proc:
+    def worker(
+        self,
+        name: str,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> Proc:
         """A real ``celery worker`` (through ``python -m jobs worker``, which execs it)."""
         tag = f"{name}-{uuid.uuid4().hex[:6]}"
         proc = self.start(
             f"worker-{name}",
-            ["worker", "--pool", pool, "--concurrency", str(concurrency),
-             "--hostname", f"{tag}@%h", "--without-mingle", "--without-gossip"],
-            env, node=f"{tag}@",
+            [
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                str(concurrency),
+                "--hostname",
+                f"{tag}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            env,
+            node=f"{tag}@",
         )
         if wait:
             proc.wait_ready()
@@ -311,8 +342,9 @@ class Stack:
 
     def dump_logs(self) -> None:
         for proc in self.procs:
-            print(f"\n===== {proc.name} (pid {proc.pid}, exit {proc.popen.poll()}) "
-                  f"{proc.log} =====")
+            print(
+                f"\n===== {proc.name} (pid {proc.pid}, exit {proc.popen.poll()}) {proc.log} ====="
+            )
             print(proc.output()[-20000:])
         effects = self.data_dir / "effects.log"
         if effects.exists():
@@ -347,18 +379,21 @@ class Stack:
     def effect_count(self, job_id: str, name: str) -> int:
         return sum(1 for effect, _pid in self.effects(job_id) if effect == name)
 
-    def wait_state(self, job_id: str, states: tuple[State, ...] = FINISHED,
-                   timeout: float = 60) -> Job:
+    def wait_state(
+        self, job_id: str, states: tuple[State, ...] = FINISHED, timeout: float = 60
+    ) -> Job:
         def reached() -> Job | None:
             job = self.job(job_id)
             return job if job.state in states else None
 
-        return wait_until(reached, timeout,
-                          f"job {job_id} to reach {'/'.join(s.value for s in states)}")
+        return wait_until(
+            reached, timeout, f"job {job_id} to reach {'/'.join(s.value for s in states)}"
+        )
 
     def wait_effect(self, job_id: str, name: str, timeout: float = 60) -> list[tuple[str, int]]:
         return wait_until(
-            lambda: [e for e in self.effects(job_id) if e[0] == name], timeout,
+            lambda: [e for e in self.effects(job_id) if e[0] == name],
+            timeout,
             f"job {job_id}: effect {name!r}",
         )
 
@@ -378,8 +413,12 @@ class Stack:
         return ready, 0  # the filesystem transport has no acknowledgements
 
     def wait_queue_empty(self, timeout: float = 30) -> None:
-        wait_until(lambda: self.queue_depth() == (0, 0), timeout,
-                   f"queue {self.queue} to be empty", interval=0.5)
+        wait_until(
+            lambda: self.queue_depth() == (0, 0),
+            timeout,
+            f"queue {self.queue} to be empty",
+            interval=0.5,
+        )
 
 
 def at_seconds(moment: dt.datetime) -> float:
@@ -413,10 +452,12 @@ def assert_recorded_steps_ran_once(stack: Stack, job_id: str) -> dict[str, int]:
         recorder = owner_pid(step.owner)
         assert pids, f"step {step.name} is recorded but its function never ran"
         assert pids[-1] == recorder, (
-            f"step {step.name} was recorded by pid {recorder} and then ran again: {pids}")
+            f"step {step.name} was recorded by pid {recorder} and then ran again: {pids}"
+        )
         assert pids.count(recorder) == 1, f"pid {recorder} ran {step.name} twice: {pids}"
         assert len(pids) - 1 <= takeovers, (
-            f"step {step.name} ran {len(pids)} times with {takeovers} takeover(s)")
+            f"step {step.name} ran {len(pids)} times with {takeovers} takeover(s)"
+        )
     return {name: len(pids) for name, pids in runs.items()}
 
 
@@ -463,14 +504,16 @@ def stack(
         raise RuntimeError("parametrize 'stack' indirectly with BOTH, PG_RABBITMQ or EMBEDDED")
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
-    env.update({
-        "PYTHONUNBUFFERED": "1",
-        "JOBS_DATA_DIR": str(root / "data"),
-        "JOBS_QUEUE": f"acc-{uuid.uuid4().hex[:12]}",
-        "JOBS_IMPORTS": KINDS,
-        "JOBS_LEASE_SECONDS": "3",
-        "JOBS_SWEEP_INTERVAL_SECONDS": "0.5",
-    })
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "JOBS_DATA_DIR": str(root / "data"),
+            "JOBS_QUEUE": f"acc-{uuid.uuid4().hex[:12]}",
+            "JOBS_IMPORTS": KINDS,
+            "JOBS_LEASE_SECONDS": "3",
+            "JOBS_SWEEP_INTERVAL_SECONDS": "0.5",
+        }
+    )
     admin: Engine | None = None
     broker = ""
     if backend == "pg-rabbitmq":

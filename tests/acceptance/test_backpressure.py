@@ -46,15 +46,19 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
     for worker in workers:
         worker.wait_ready()
 
-    job_ids = [stack.submit("sleep_steps", {"steps": STEPS, "seconds": SECONDS})
-               for _ in range(JOBS)]
+    job_ids = [
+        stack.submit("sleep_steps", {"steps": STEPS, "seconds": SECONDS}) for _ in range(JOBS)
+    ]
     finished = [stack.wait_state(job_id, timeout=40) for job_id in job_ids]
     assert all(job.state is State.COMPLETED for job in finished), finished
 
     # Each job was claimed once and ran once: the refused deliveries wrote nothing.
     for job_id in job_ids:
         assert [t.to_state for t in stack.history(job_id)] == [
-            State.QUEUED, State.RUNNING, State.COMPLETED], stack.history(job_id)
+            State.QUEUED,
+            State.RUNNING,
+            State.COMPLETED,
+        ], stack.history(job_id)
         assert stack.effect_count(job_id, "sleep-0") == 1
         assert stack.effect_count(job_id, "sleep-1") == 1
 
@@ -65,18 +69,28 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
         assert started >= ended, f"two RUNNING at once: {intervals}"
 
     # The slot was handed on at once, not after the sweeper's one-minute re-dispatch.
-    gaps = [(started - ended).total_seconds()
-            for (_, ended), (started, _) in itertools.pairwise(intervals)]
-    total = (max(job.finished_at for job in finished if job.finished_at)
-             - min(job.created_at for job in finished)).total_seconds()
-    print(f"\n[backpressure] {JOBS} jobs one at a time in {total:.2f}s; "
-          f"hand-off gaps {[round(g, 3) for g in gaps]}s")
+    gaps = [
+        (started - ended).total_seconds()
+        for (_, ended), (started, _) in itertools.pairwise(intervals)
+    ]
+    total = (
+        max(job.finished_at for job in finished if job.finished_at)
+        - min(job.created_at for job in finished)
+    ).total_seconds()
+    print(
+        f"\n[backpressure] {JOBS} jobs one at a time in {total:.2f}s; "
+        f"hand-off gaps {[round(g, 3) for g in gaps]}s"
+    )
     assert max(gaps) < 5, gaps
     assert total < REDISPATCH_AFTER / 2, total
 
     # The deliveries that found the slot taken were dropped and said why.
-    waiting = [line for worker in workers for line in worker.output().splitlines()
-               if "delivery dropped" in line and "waiting for a slot" in line]
+    waiting = [
+        line
+        for worker in workers
+        for line in worker.output().splitlines()
+        if "delivery dropped" in line and "waiting for a slot" in line
+    ]
     assert waiting, "no delivery was refused for a slot"
     assert all("'sleep_steps' allows 1 RUNNING at once" in line for line in waiting), waiting
     assert all(any(job_id in line for job_id in job_ids) for line in waiting), waiting

@@ -28,8 +28,11 @@ from tests.acceptance.conftest import (
 pytestmark = pytest.mark.acceptance
 
 RECEIVED = re.compile(r"Task jobs\.run\[([0-9a-f-]+)\] received")
-CHILD_EXITED = re.compile(r"^\[([0-9-]+ [0-9:,]+): ERROR/MainProcess\] Process 'ForkPoolWorker-1' "
-                          r"pid:\d+ exited with 'signal 9", re.MULTILINE)
+CHILD_EXITED = re.compile(
+    r"^\[([0-9-]+ [0-9:,]+): ERROR/MainProcess\] Process 'ForkPoolWorker-1' "
+    r"pid:\d+ exited with 'signal 9",
+    re.MULTILINE,
+)
 
 
 def received_task_ids(proc: Proc) -> list[str]:
@@ -131,20 +134,28 @@ def test_sigkill_worker_main_process_mid_step(stack: Stack, pool: str) -> None:
     if pool == "prefork":
         # billiard's children do not run on as orphans: Celery's pool initializer sets
         # PR_SET_PDEATHSIG=SIGKILL, so the kernel kills the child when its parent dies.
-        wait_until(lambda: all(dead(pid) for pid in children), 5,
-                   f"pool children {children} to die with their parent")
+        wait_until(
+            lambda: all(dead(pid) for pid in children),
+            5,
+            f"pool children {children} to die with their parent",
+        )
 
     job = stack.wait_state(job_id, timeout=60)
     claimed_at = assert_taken_over(stack, job_id, victim, survivor)
     recovery = claimed_at - killed_at
-    print(f"\n[{stack.backend}/{pool}] survivor claimed {recovery:.2f}s after SIGKILL "
-          f"(lease {stack.env['JOBS_LEASE_SECONDS']}s); final fence {job.fence}")
+    print(
+        f"\n[{stack.backend}/{pool}] survivor claimed {recovery:.2f}s after SIGKILL "
+        f"(lease {stack.env['JOBS_LEASE_SECONDS']}s); final fence {job.fence}"
+    )
 
     history = stack.history(job_id)
     # The move that took the job from A: the sweeper's re-queue, or (PostgreSQL) a claim by
     # the survivor straight from RUNNING when A's liveness lock was already gone.
-    requeue = next(t for t in history if t.from_state is State.RUNNING
-                   and t.to_state in (State.QUEUED, State.RUNNING))
+    requeue = next(
+        t
+        for t in history
+        if t.from_state is State.RUNNING and t.to_state in (State.QUEUED, State.RUNNING)
+    )
     stack.wait_queue_empty()  # every delivery has been received (and logged) by now
     victim_ids = received_task_ids(victim)
     assert len(victim_ids) == 1, victim_ids
@@ -205,10 +216,12 @@ def test_sigkill_pool_child_mid_step_requeues_message(stack: Stack) -> None:
     noticed = CHILD_EXITED.search(worker.output())
     assert noticed, worker.output()[-3000:]
     noticed_at = dt.datetime.strptime(noticed.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    print(f"\n[child kill] after SIGKILL of the pool child: sweeper re-queued the job in "
-          f"{rescued.at.timestamp() - killed_at:.2f}s ({rescued.reason}); Celery's main "
-          f"process noticed the dead child after {noticed_at - killed_at:.2f}s; a new child "
-          f"claimed the job after {claims[-1].at.timestamp() - killed_at:.2f}s")
+    print(
+        f"\n[child kill] after SIGKILL of the pool child: sweeper re-queued the job in "
+        f"{rescued.at.timestamp() - killed_at:.2f}s ({rescued.reason}); Celery's main "
+        f"process noticed the dead child after {noticed_at - killed_at:.2f}s; a new child "
+        f"claimed the job after {claims[-1].at.timestamp() - killed_at:.2f}s"
+    )
 
     stack.wait_queue_empty()
     log = worker.output()
@@ -234,8 +247,12 @@ def test_default_lease_dead_owner_rescued_within_seconds(stack: Stack) -> None:
     wait_until(running_elsewhere, 10, "the survivor to claim the job")
     claim = stack.claims(job_id)[-1]
     seconds = claim.at.timestamp() - killed_at
-    print(f"\n[lease 30s] RUNNING under {claim.owner} {seconds:.2f}s after SIGKILL "
-          f"(the old lease had {lease.timestamp() - killed_at:.1f}s left)" if lease else "")
+    print(
+        f"\n[lease 30s] RUNNING under {claim.owner} {seconds:.2f}s after SIGKILL "
+        f"(the old lease had {lease.timestamp() - killed_at:.1f}s left)"
+        if lease
+        else ""
+    )
     assert seconds < 5, f"took {seconds:.2f}s"
     stack.wait_state(job_id, timeout=30)
     assert_taken_over(stack, job_id, victim, survivor)

@@ -32,7 +32,9 @@ pytestmark = pytest.mark.acceptance
 
 def dropped_lines(stack: Stack, job_id: str) -> list[str]:
     return [
-        line for proc in stack.procs for line in proc.output().splitlines()
+        line
+        for proc in stack.procs
+        for line in proc.output().splitlines()
         if f"job {job_id}: delivery dropped" in line
     ]
 
@@ -49,8 +51,11 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     owner = next(w for w in workers if w.owns(stack.job(job_id).owner))
     publish(job_id)
     publish(job_id)
-    lines = wait_until(lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(
-        stack, job_id), 20, "two deliveries dropped while the job runs")
+    lines = wait_until(
+        lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(stack, job_id),
+        20,
+        "two deliveries dropped while the job runs",
+    )
     assert all("RUNNING under" in line for line in lines), lines
     assert stack.job(job_id).state is State.RUNNING  # the duplicates did not disturb it
 
@@ -58,8 +63,11 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     assert job.state is State.COMPLETED, job
     publish(job_id)
     publish(job_id)
-    wait_until(lambda: len(dropped_lines(stack, job_id)) >= 4, 20,
-               "two deliveries dropped after completion")
+    wait_until(
+        lambda: len(dropped_lines(stack, job_id)) >= 4,
+        20,
+        "two deliveries dropped after completion",
+    )
     stack.wait_queue_empty()
     lines = dropped_lines(stack, job_id)
     assert len(lines) == 4, lines  # one line per extra delivery, nothing retried
@@ -67,12 +75,14 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
     # One claim, one run of each step, nothing written by the duplicates.
     assert [t.to_state for t in stack.history(job_id)] == [
-        State.QUEUED, State.RUNNING, State.COMPLETED]
+        State.QUEUED,
+        State.RUNNING,
+        State.COMPLETED,
+    ]
     assert owner.owns(stack.job(job_id).owner)
     assert stack.effect_count(job_id, "lookup_order") == 1
     assert stack.effect_count(job_id, "check_payment:start") == 1
-    assert assert_recorded_steps_ran_once(stack, job_id) == {"lookup_order": 1,
-                                                             "check_payment": 1}
+    assert assert_recorded_steps_ran_once(stack, job_id) == {"lookup_order": 1, "check_payment": 1}
     assert stack.job(job_id).fence == 1
 
 
@@ -96,8 +106,10 @@ def test_lost_message_is_redispatched_by_sweeper(stack: Stack) -> None:
     assert job.state is State.COMPLETED, job
     claim = stack.claims(job_id)[0]
     waited = (claim.at - submitted.created_at).total_seconds()
-    print(f"\n[{stack.backend}] lost message: claimed {waited:.2f}s after submit "
-          "(re-dispatch after 2s)")
+    print(
+        f"\n[{stack.backend}] lost message: claimed {waited:.2f}s after submit "
+        "(re-dispatch after 2s)"
+    )
     assert waited >= 2 - 0.1, waited  # not before the message counted as lost
     sweeper = next(p for p in stack.procs if p.name == "sweeper").output()
     assert re.search(rf"dispatched=\('{job_id}',\)", sweeper), sweeper[-2000:]
@@ -148,26 +160,39 @@ def test_garbage_messages_are_logged_once_and_dropped(stack: Stack) -> None:
     worker = stack.worker("A")
     app = app_for(get_settings())
     task_messages = [
-        ((), {}),                                 # no job id
-        ((123,), {}),                             # not a string
-        (("x" * 5000,), {}),                      # far too long for an id
-        (("job-1",), {"junk": True}),             # extra kwargs
-        ((["job-1"],), {}),                       # a list, not an id
+        ((), {}),  # no job id
+        ((123,), {}),  # not a string
+        (("x" * 5000,), {}),  # far too long for an id
+        (("job-1",), {"junk": True}),  # extra kwargs
+        ((["job-1"],), {}),  # a list, not an id
     ]
     for args, kwargs in task_messages:
         app.send_task(TASK_NAME, args=args, kwargs=kwargs, queue=stack.queue)
     # A task name the worker does not have.
     app.send_task("jobs.nope", args=("job-1",), queue=stack.queue)
 
-    headers = {"task": TASK_NAME, "id": str(uuid.uuid4()), "lang": "py",
-               "argsrepr": "", "kwargsrepr": ""}
+    headers = {
+        "task": TASK_NAME,
+        "id": str(uuid.uuid4()),
+        "lang": "py",
+        "argsrepr": "",
+        "kwargsrepr": "",
+    }
     raw: list[tuple[bytes, str, str, dict[str, str] | None]] = [
         # pickle, as a protocol-1 body: refused before it is unpickled
-        (pickle.dumps({"task": TASK_NAME, "id": "p1", "args": ["x"], "kwargs": {}}),
-         "application/x-python-serialize", "binary", None),
+        (
+            pickle.dumps({"task": TASK_NAME, "id": "p1", "args": ["x"], "kwargs": {}}),
+            "application/x-python-serialize",
+            "binary",
+            None,
+        ),
         # pickle with protocol-2 headers
-        (pickle.dumps((["x"], {}, {})), "application/x-python-serialize", "binary",
-         dict(headers, id=str(uuid.uuid4()))),
+        (
+            pickle.dumps((["x"], {}, {})),
+            "application/x-python-serialize",
+            "binary",
+            dict(headers, id=str(uuid.uuid4())),
+        ),
         # not JSON at all, with and without task headers
         (b"\x00\xffnot json{", "application/json", "utf-8", None),
         (b"{not json", "application/json", "utf-8", dict(headers, id=str(uuid.uuid4()))),
@@ -177,8 +202,13 @@ def test_garbage_messages_are_logged_once_and_dropped(stack: Stack) -> None:
     with Connection(stack.env["JOBS_BROKER_URL"]) as conn:
         producer = Producer(conn.default_channel, exchange=Exchange(stack.queue, "direct"))
         for body, content_type, encoding, hdrs in raw:
-            producer.publish(body, routing_key=stack.queue, content_type=content_type,
-                             content_encoding=encoding, headers=hdrs or {})
+            producer.publish(
+                body,
+                routing_key=stack.queue,
+                content_type=content_type,
+                content_encoding=encoding,
+                headers=hdrs or {},
+            )
     garbage = len(task_messages) + 1 + len(raw)
 
     stack.wait_queue_empty(timeout=30)

@@ -52,11 +52,13 @@ def session_queue(amqp_url: str) -> Iterator[str]:
 def celery_config(
     amqp_url: str, session_queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    settings = from_env({
-        "JOBS_BROKER_URL": amqp_url,
-        "JOBS_QUEUE": session_queue,
-        "JOBS_DATA_DIR": str(tmp_path_factory.mktemp("inproc")),
-    })
+    settings = from_env(
+        {
+            "JOBS_BROKER_URL": amqp_url,
+            "JOBS_QUEUE": session_queue,
+            "JOBS_DATA_DIR": str(tmp_path_factory.mktemp("inproc")),
+        }
+    )
     return jobs_celery.celery_config(settings)
 
 
@@ -80,9 +82,11 @@ def test_in_process_worker_runs_check_order(stack: Stack, celery_session_worker:
     # the daemon's fast path, so request.hostname is the machine's name, not the node's.)
     assert owner_pid(job.owner) == os.getpid(), job.owner
     assert [t.to_state for t in stack.history(job_id)] == [
-        State.QUEUED, State.RUNNING, State.COMPLETED]
-    assert assert_recorded_steps_ran_once(stack, job_id) == {
-        "lookup_order": 1, "check_payment": 1}
+        State.QUEUED,
+        State.RUNNING,
+        State.COMPLETED,
+    ]
+    assert assert_recorded_steps_ran_once(stack, job_id) == {"lookup_order": 1, "check_payment": 1}
     assert {pid for _effect, pid in stack.effects(job_id)} == {os.getpid()}
     stack.wait_queue_empty()
 
@@ -99,6 +103,8 @@ def test_in_process_worker_drops_a_duplicate(stack: Stack, celery_session_worker
     publish(job_id)
     stack.wait_queue_empty()
     assert [t.to_state for t in stack.history(job_id)] == [
-        State.QUEUED, State.RUNNING, State.COMPLETED]
-    assert assert_recorded_steps_ran_once(stack, job_id) == {
-        "lookup_order": 1, "check_payment": 1}
+        State.QUEUED,
+        State.RUNNING,
+        State.COMPLETED,
+    ]
+    assert assert_recorded_steps_ran_once(stack, job_id) == {"lookup_order": 1, "check_payment": 1}

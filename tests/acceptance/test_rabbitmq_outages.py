@@ -50,8 +50,9 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
     prefork.wait_ready()
     solo.wait_ready()
     running = [stack.submit("sleep_steps", {"steps": 8, "seconds": 1.0}) for _ in range(2)]
-    wait_until(lambda: all(recorded(stack, j) >= 2 for j in running), 30,
-               "both jobs to be two steps in")
+    wait_until(
+        lambda: all(recorded(stack, j) >= 2 for j in running), 30, "both jobs to be two steps in"
+    )
     owners = {stack.job(j).owner for j in running}
     assert any(prefork.owns(o) for o in owners), owners
     assert any(solo.owns(o) for o in owners), owners
@@ -76,13 +77,17 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
     for job_id in all_jobs:
         job = stack.wait_state(job_id, timeout=90)
         assert job.state is State.COMPLETED, job
-    print(f"\n[rabbitmq restart] outage {outage:.1f}s; all {len(all_jobs)} jobs completed "
-          f"{time.monotonic() - finished:.1f}s after the broker was back")
+    print(
+        f"\n[rabbitmq restart] outage {outage:.1f}s; all {len(all_jobs)} jobs completed "
+        f"{time.monotonic() - finished:.1f}s after the broker was back"
+    )
     for job_id in all_jobs:
         runs = assert_recorded_steps_ran_once(stack, job_id)
         rerun = {step: n for step, n in runs.items() if n > 1}
-        moves = [(t.from_state and t.from_state.value, t.to_state.value, t.reason)
-                 for t in stack.history(job_id)]
+        moves = [
+            (t.from_state and t.from_state.value, t.to_state.value, t.reason)
+            for t in stack.history(job_id)
+        ]
         print(f"  {job_id[:8]}: steps re-run after a lost owner: {rerun or 'none'}; {moves}")
         assert len(stack.steps(job_id)) == stack.job(job_id).inputs["steps"]
     assert prefork.alive()
@@ -129,24 +134,27 @@ def test_long_job_hands_back_before_consumer_timeout(
 
     history = stack.history(job_id)
     claims = [t for t in history if t.to_state is State.RUNNING]
-    handed_back = [t for t in history if t.from_state is State.RUNNING
-                   and t.to_state is State.QUEUED]
+    handed_back = [
+        t for t in history if t.from_state is State.RUNNING and t.to_state is State.QUEUED
+    ]
     assert all("delivery time budget used up" in (t.reason or "") for t in handed_back)
     assert len(handed_back) >= steps - 1, len(handed_back)
     deliveries = [
         (history[i + 1].at - move.at).total_seconds()
-        for i, move in enumerate(history) if move.to_state is State.RUNNING
+        for i, move in enumerate(history)
+        if move.to_state is State.RUNNING
     ]
     ran_for = (history[-1].at - claims[0].at).total_seconds()
-    print(f"\n[consumer_timeout {short_consumer_timeout}s] job ran {ran_for:.0f}s in "
-          f"{len(claims)} deliveries, longest {max(deliveries):.2f}s; "
-          f"attempts counted: {job.attempts}")
+    print(
+        f"\n[consumer_timeout {short_consumer_timeout}s] job ran {ran_for:.0f}s in "
+        f"{len(claims)} deliveries, longest {max(deliveries):.2f}s; "
+        f"attempts counted: {job.attempts}"
+    )
     assert ran_for > 65, "RabbitMQ checks consumer timeouts about once a minute"
     assert max(deliveries) < short_consumer_timeout
     assert job.attempts == 1  # a hand-back is not a failed attempt
 
-    assert assert_recorded_steps_ran_once(stack, job_id) == {
-        f"sleep-{n}": 1 for n in range(steps)}
+    assert assert_recorded_steps_ran_once(stack, job_id) == {f"sleep-{n}": 1 for n in range(steps)}
     log = worker.output()
     assert worker.alive()
     assert "PRECONDITION_FAILED" not in log, log[-5000:]

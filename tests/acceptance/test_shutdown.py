@@ -48,5 +48,7 @@ def test_warm_shutdown_hands_the_job_back(stack: Stack, pool: str) -> None:
     assert job.state is State.COMPLETED, job
     assert len(stack.steps(job_id)) == 30
     assert_recorded_steps_ran_once(stack, job_id)
-    print(f"\n[{stack.backend}/{pool}] worker stopped {stopped_in:.2f}s after SIGTERM, "
-          f"having recorded {recorded_by_a} of 30 steps")
+    print(
+        f"\n[{stack.backend}/{pool}] worker stopped {stopped_in:.2f}s after SIGTERM, "
+        f"having recorded {recorded_by_a} of 30 steps"
+    )

@@ -42,9 +42,11 @@ def test_sigstop_past_lease_then_sigcont_is_fenced_out(stack: Stack) -> None:
 
     wait_until(taken_over, 20, "the survivor to take the job over")
     takeover = stack.claims(job_id)[-1]
-    print(f"\n[{stack.backend}] lease {stack.env['JOBS_LEASE_SECONDS']}s: taken over "
-          f"{takeover.at.timestamp() - stopped_at:.2f}s after SIGSTOP "
-          f"(lease ran out {stale.lease_until.timestamp() - stopped_at:.2f}s after it)")
+    print(
+        f"\n[{stack.backend}] lease {stack.env['JOBS_LEASE_SECONDS']}s: taken over "
+        f"{takeover.at.timestamp() - stopped_at:.2f}s after SIGSTOP "
+        f"(lease ran out {stale.lease_until.timestamp() - stopped_at:.2f}s after it)"
+    )
     # The stale worker is still frozen: it is woken while the new owner is mid-step.
     assert stack.job(job_id).state is State.RUNNING
     assert victim.alive()
@@ -52,8 +54,11 @@ def test_sigstop_past_lease_then_sigcont_is_fenced_out(stack: Stack) -> None:
 
     lost = f"lease lost by '{stale.owner}' (fence {stale.fence})"
     wait_until(lambda: lost in victim.output(), 20, "the woken worker to hit LeaseLost")
-    wait_until(lambda: f"job {job_id}: lease_lost" in victim.output(), 20,
-               "the woken worker to give the run up")
+    wait_until(
+        lambda: f"job {job_id}: lease_lost" in victim.output(),
+        20,
+        "the woken worker to give the run up",
+    )
     job = stack.wait_state(job_id, timeout=30)
     assert job.state is State.COMPLETED, job
     assert survivor.owns(job.owner)
@@ -68,20 +73,28 @@ def test_sigstop_past_lease_then_sigcont_is_fenced_out(stack: Stack) -> None:
     assert takeover.fence > stale.fence
 
     # Nothing the woken worker tried to write was accepted.
-    after = history[history.index(takeover):]
+    after = history[history.index(takeover) :]
     assert not [t for t in after if victim.owns(t.owner)], after
     steps = {step.name: step for step in stack.steps(job_id)}
     assert [n for n, s in steps.items() if s.fence == stale.fence] == ["lookup_order"]
     assert steps["check_payment"].fence == takeover.fence
     assert survivor.owns(steps["check_payment"].owner)
     assert [t.to_state for t in history] == [
-        State.QUEUED, State.RUNNING, State.QUEUED, State.RUNNING, State.COMPLETED]
+        State.QUEUED,
+        State.RUNNING,
+        State.QUEUED,
+        State.RUNNING,
+        State.COMPLETED,
+    ]
 
     # Its step function did finish after SIGCONT (twice "done"), but only the survivor's
     # output was recorded; the recorded lookup never ran again.
     assert stack.effect_count(job_id, "lookup_order") == 1
     assert stack.effect_count(job_id, "check_payment:start") == 2
-    wait_until(lambda: stack.effect_count(job_id, "check_payment:done") == 2, 10,
-               "both check_payment runs to finish")
+    wait_until(
+        lambda: stack.effect_count(job_id, "check_payment:done") == 2,
+        10,
+        "both check_payment runs to finish",
+    )
     assert_recorded_steps_ran_once(stack, job_id)
     stack.wait_queue_empty()
