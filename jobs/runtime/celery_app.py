@@ -13,6 +13,9 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 - ``confirm_publish`` (AMQP): a publish returns only once RabbitMQ has the message.
 - JSON only: pickle is refused on both sides.
 - task events on: Flower sees every delivery and its outcome.
+- ``worker_consumer``: a message that is not exactly a doorbell is dropped with one log
+  line before Celery decodes it (:mod:`jobs.runtime.doorbell`), so no message can stop
+  a worker.
 """
 
 from __future__ import annotations
@@ -32,10 +35,9 @@ from jobs.core.settings import Settings, get_settings
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime import liveness
+from jobs.runtime.doorbell import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
-
-TASK_NAME = "jobs.run"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -58,11 +60,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": True,
         "enable_utc": True,
+        # Every message on our queue passes the doorbell gate before Celery decodes it.
+        "worker_consumer": "jobs.runtime.doorbell:GuardedConsumer",
     }
     if settings.is_embedded_broker and settings.broker_url.startswith("filesystem"):
         folder = settings.broker_folder
         for sub in ("processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        # kombu's transport with atomic publishes and unreadable files dropped, not raised.
+        config["broker_transport"] = "jobs.runtime.fs_transport:Transport"
         config["broker_transport_options"] = {
             "data_folder_in": str(folder),
             "data_folder_out": str(folder),
