@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from jobs.core.errors import LeaseLost, StepError
+from jobs.core.errors import InvalidInput, LeaseLost, StepError
 from jobs.core.store import Claim, JobStore
+from jobs.core.validate import check_name, check_text
 
 T = TypeVar("T")
 
@@ -34,6 +35,18 @@ class WaitingForApproval(JobInterrupt):
 
 class HandBack(JobInterrupt):
     """The run used up its time budget for one delivery: give the job back to the queue."""
+
+
+class Unstorable(JobInterrupt):
+    """A step name, step output or approval reason that can never be recorded: the job
+    fails now with the reason; retrying would only run the step's side effect again."""
+
+
+def _storable(check: Callable[[], object]) -> None:
+    try:
+        check()
+    except InvalidInput as err:
+        raise Unstorable(str(err)) from None
 
 
 class JobContext:
@@ -99,6 +112,7 @@ class JobContext:
         same value. If the process dies after ``fn`` ran but before the record commits,
         ``fn`` runs again: make such steps idempotent.
         """
+        _storable(lambda: check_name(name, "step name"))  # before the function runs
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)
@@ -111,7 +125,7 @@ class JobContext:
             raise HandBack(f"worker shutting down; handed back before step {name!r}")
         output = fn(*args, **kwargs)
         self._check_lease()
-        self.store.record_step(self.claim, name, output)
+        _storable(lambda: self.store.record_step(self.claim, name, output))
         self._recorded[name] = output
         self.ran_steps.append(name)
         result: T = json.loads(json.dumps(output))
@@ -125,6 +139,8 @@ class JobContext:
         """
         self._approvals += 1
         name = key or f"approval-{self._approvals}"
+        _storable(lambda: check_name(name, "approval key"))
+        _storable(lambda: check_text(reason, "approval reason"))
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)

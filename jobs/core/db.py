@@ -21,6 +21,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import StaticPool
 
+from jobs.core.validate import load_json
+
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDLE_IN_TRANSACTION_MS = 15_000
@@ -52,6 +54,8 @@ def _prepare_sqlite(engine: Engine) -> None:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """A new engine for ``url`` with the per-backend settings the store relies on."""
     parsed = make_url(url)
+    # A stored value that cannot be read back loads as validate.Unloadable, not an error.
+    kwargs.setdefault("json_deserializer", load_json)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database in (None, "", ":memory:"):

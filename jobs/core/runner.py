@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.context import HandBack, JobContext, WaitingForApproval
+from jobs.core.context import HandBack, JobContext, Unstorable, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
 from jobs.core.store import Claim, Job, JobStore
+from jobs.core.validate import check_loaded, clip
 
 log = logging.getLogger("jobs.runner")
 
@@ -154,12 +155,14 @@ class Runner:
         job = claim.job
         try:
             kind = self.registry.get(job.kind)
+            check_loaded(job.inputs, "inputs")
             kind.check_inputs(job.inputs)
+            recorded = {step.name: step.output for step in self.store.steps(job.id)}
+            check_loaded(recorded, "a recorded step output")
         except (UnknownKind, InvalidInput) as err:
             # Not transient: no retry would help. Fail with the reason instead of looping.
             failed = self.store.fail(claim, str(err))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
-        recorded = {step.name: step.output for step in self.store.steps(job.id)}
         deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
         ctx = JobContext(self.store, claim, recorded, deadline=deadline, stopping=self.stopping)
         try:
@@ -174,10 +177,13 @@ class Runner:
         except HandBack as hand_back:
             released = self.store.release(claim, str(hand_back))
             return self._result(released, Outcome.HANDED_BACK, ctx)
+        except Unstorable as unstorable:
+            failed = self.store.fail(claim, str(unstorable))
+            return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
         except LeaseLost:
             raise
         except Exception as err:
-            error = f"{type(err).__name__}: {err}"
+            error = clip(f"{type(err).__name__}: {err}")
             log.info(
                 "job %s attempt %d failed: %s\n%s",
                 job.id,

@@ -46,7 +46,7 @@ from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionR
 from jobs.core.reader import JOB_COLUMNS, JobReader
 from jobs.core.records import Claim, Job, KindLimits, Step, Transition
 from jobs.core.states import State
-from jobs.core.validate import check_name, encode_json
+from jobs.core.validate import check_name, check_person, check_text, encode_json
 
 J = JobRecord
 L = KindLimitRecord
@@ -578,7 +578,9 @@ class JobStore(JobReader):
     # -- operators -----------------------------------------------------------------------
 
     def approve(self, job_id: str, by: str, note: str | None = None) -> Job:
-        check_name(by, "approver")
+        check_person(by, "approver")
+        if note is not None:
+            check_text(note, "approval note")
         now = self.clock.now()
         with self.engine.begin() as conn:
             row = self._transition(
@@ -610,6 +612,7 @@ class JobStore(JobReader):
             return job
 
     def cancel(self, job_id: str, reason: str = "cancelled by an operator") -> Job:
+        check_text(reason, "cancel reason")
         with self.engine.begin() as conn:
             row = self._transition(
                 conn,
