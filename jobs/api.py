@@ -125,7 +125,7 @@ def submit(
     job, created = get_store().create(
         kind,
         inputs,
-        job_id=job_id or new_job_id(),
+        job_id=new_job_id() if job_id is None else job_id,  # '' is refused, not replaced
         max_attempts=attempts,
         delay_seconds=delay_seconds,
         code_version=job_kind.version,

@@ -15,6 +15,7 @@ from pathlib import Path
 from jobs.core.errors import SettingsError
 
 PREFIX = "JOBS_"
+BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,24 @@ KNOWN = {
 }
 
 
+DAY = 86_400.0
+
+# Sane ranges for each number, so a typo cannot make a lease that is never renewable (1e12
+# overflowed to a NULL lease) or that every run loses before its first step (1e-9).
+FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "LEASE_SECONDS": (1.0, DAY),
+    "SWEEP_INTERVAL_SECONDS": (0.05, 3600.0),
+    "REDISPATCH_AFTER_SECONDS": (1.0, DAY),
+    "RETRY_BACKOFF_SECONDS": (0.01, DAY),
+    "RETRY_BACKOFF_MAX_SECONDS": (0.01, 7 * DAY),
+    "DELIVERY_BUDGET_SECONDS": (1.0, DAY),
+}
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "MAX_INPUT_BYTES": (1, 256 * 1024 * 1024),
+    "DEFAULT_MAX_ATTEMPTS": (1, 1000),
+}
+
+
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(PREFIX + name)
     if raw is None or raw == "":
@@ -69,11 +88,14 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a number") from None
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a number") from None
     if not math.isfinite(value):  # an infinite lease would be stored as NULL: never renewable
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a finite number")
     if not value > 0:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be greater than 0")
+    low, high = FLOAT_BOUNDS.get(name, (0.0, math.inf))
+    if not low <= value <= high:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low:g} and {high:g}")
     return value
 
 
@@ -83,11 +105,66 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     try:
         value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a whole number") from None
+    except ValueError:  # also a number of more than 4,300 digits
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a whole number") from None
     if value < 1:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be at least 1")
+    low, high = INT_BOUNDS.get(name, (1, 2**31 - 1))
+    if not low <= value <= high:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low} and {high}")
     return value
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``: what error messages and logs show."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
+    """Refuse URLs that would lose jobs silently or fail later with a traceback."""
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - keep settings import light
+    from sqlalchemy.exc import ArgumentError  # noqa: PLC0415
+
+    shown = mask_url(url)
+    if not url.startswith(("sqlite", "postgresql")):
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: only sqlite:/// and postgresql:// URLs are supported"
+        )
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except (ArgumentError, ValueError) as err:
+        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r} is not a valid URL: {err}") from None
+    driver = parsed.get_driver_name()
+    if parsed.get_backend_name() == "postgresql":
+        if driver != "psycopg":
+            raise SettingsError(
+                f"{PREFIX}DATABASE_URL={shown!r}: the driver {driver!r} is not supported "
+                "(use postgresql:// for psycopg 3)"
+            )
+        if port is not None and not 0 < port < 65536:
+            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: port {port} is out of range")
+        return
+    if driver != "pysqlite":
+        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: use sqlite:///PATH")
+    database = parsed.database or ""
+    if database in ("", ":memory:") or "memory" in str(parsed.query.get("mode", "")):
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: an in-memory database would lose every job "
+            "when the process exits; use sqlite:///PATH"
+        )
+    folder = Path(database).absolute().parent
+    if given and folder != data_dir and not folder.is_dir():
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: the folder {str(folder)!r} does not exist"
+        )
 
 
 def normalize_database_url(url: str) -> str:
@@ -110,16 +187,21 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             + ")"
         )
     data_dir = Path(env.get(PREFIX + "DATA_DIR") or "jobs-data").absolute()
-    database_url = env.get(PREFIX + "DATABASE_URL") or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
+    if data_dir.exists() and not data_dir.is_dir():
+        raise SettingsError(f"{PREFIX}DATA_DIR={str(data_dir)!r} is a file, not a folder")
+    given_url = env.get(PREFIX + "DATABASE_URL")
+    database_url = given_url or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
     database_url = normalize_database_url(database_url)
-    if not database_url.startswith(("sqlite", "postgresql")):
-        raise SettingsError(
-            f"{PREFIX}DATABASE_URL={database_url!r}: "
-            "only sqlite:/// and postgresql:// URLs are supported"
-        )
+    _check_database_url(database_url, data_dir, given=bool(given_url))
     broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
+    scheme = broker_url.partition("://")[0]
     if "://" not in broker_url:
-        raise SettingsError(f"{PREFIX}BROKER_URL={broker_url!r} is not a URL")
+        raise SettingsError(f"{PREFIX}BROKER_URL={mask_url(broker_url)!r} is not a URL")
+    if scheme not in BROKER_SCHEMES:
+        raise SettingsError(
+            f"{PREFIX}BROKER_URL={mask_url(broker_url)!r}: use amqp:// (RabbitMQ) "
+            "or filesystem:// (embedded)"
+        )
     lease = _positive_float(env, "LEASE_SECONDS", 30.0)
     sweep = _positive_float(env, "SWEEP_INTERVAL_SECONDS", 2.0)
     imports = tuple(
@@ -129,6 +211,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         if not all(part.isidentifier() for part in name.split(".")):
             raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
     queue = env.get(PREFIX + "QUEUE") or "jobs"
+    if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
+        raise SettingsError(f"{PREFIX}QUEUE={queue[:40]!r}: letters, digits and -_.: only")
+    backoff = _positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0)
+    backoff_max = _positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0)
+    if backoff_max < backoff:
+        raise SettingsError(
+            f"{PREFIX}RETRY_BACKOFF_MAX_SECONDS={backoff_max:g} is below "
+            f"{PREFIX}RETRY_BACKOFF_SECONDS={backoff:g}"
+        )
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -139,8 +230,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         imports=imports,
         max_input_bytes=_positive_int(env, "MAX_INPUT_BYTES", 1_048_576),
         default_max_attempts=_positive_int(env, "DEFAULT_MAX_ATTEMPTS", 5),
-        retry_backoff_seconds=_positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0),
-        retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
+        retry_backoff_seconds=backoff,
+        retry_backoff_max_seconds=backoff_max,
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
     )

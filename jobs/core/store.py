@@ -46,7 +46,15 @@ from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionR
 from jobs.core.reader import JOB_COLUMNS, JobReader
 from jobs.core.records import Claim, Job, KindLimits, Step, Transition
 from jobs.core.states import State
-from jobs.core.validate import check_name, check_person, check_text, encode_json
+from jobs.core.validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    check_name,
+    check_number,
+    check_person,
+    check_text,
+    encode_json,
+)
 
 J = JobRecord
 L = KindLimitRecord
@@ -186,6 +194,8 @@ class JobStore(JobReader):
         inputs = json.loads(text)  # store exactly what a reader will get back
         if max_attempts < 1:
             raise InvalidInput("max_attempts must be at least 1")
+        check_number(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        check_number(delay_seconds, "delay_seconds", 0, MAX_DELAY_SECONDS)
         now = self.clock.now()
         run_after = self.clock.after(delay_seconds) if delay_seconds > 0 else now
         values = {

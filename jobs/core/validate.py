@@ -8,6 +8,9 @@ from typing import Any
 from jobs.core.errors import InvalidInput
 
 NAME_LENGTH = 200
+# A job may be tried at most this often, and delayed at most this long (a year).
+MAX_ATTEMPTS = 1000
+MAX_DELAY_SECONDS = 366 * 86_400.0
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -31,6 +34,14 @@ def encode_json(value: Any, what: str, limit: int) -> str:
     if len(text) > 2 * MAX_DEPTH:  # a shorter text cannot nest that deep
         check_depth(value, what)
     return text
+
+
+def check_number(value: object, what: str, low: float, high: float) -> None:
+    """A finite number (not a bool) between ``low`` and ``high``: attempts, delays."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{what} must be a number")
+    if not low <= value <= high:  # NaN fails both comparisons
+        raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {value!r:.40}")
 
 
 def check_name(value: object, what: str) -> None:

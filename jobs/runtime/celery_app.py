@@ -28,7 +28,7 @@ from typing import Any
 from celery import Celery, current_app, signals
 
 from jobs import api
-from jobs.core.errors import UnknownJob
+from jobs.core.errors import SettingsError, UnknownJob
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.settings import Settings, get_settings
@@ -199,10 +199,18 @@ def _is_ours(sender: Any) -> bool:
 
 @signals.worker_init.connect
 def _load_kinds(sender: Any = None, **_: Any) -> None:
-    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error."""
+    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error.
+
+    Celery logs and swallows an exception from a signal handler, and the worker would then
+    start with no kinds and FAIL every job it receives as an unknown kind: log one line and
+    exit instead (SystemExit is not swallowed)."""
     if not _is_ours(sender):
         return
-    names = REGISTRY.names()
+    try:
+        names = REGISTRY.names()
+    except SettingsError as err:
+        log.critical("%s; the worker will not start", err)
+        raise SystemExit(1) from None
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
     api.seed_limits()
 
