@@ -26,6 +26,12 @@ from jobs.core.validate import load_json
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDLE_IN_TRANSACTION_MS = 15_000
+# No statement of ours takes long; one that does is stuck (a lock, a dead server). Bounded
+# so a worker or sweeper gets an error it can retry instead of hanging. Generous for
+# `jobctl db upgrade`; behind a pooler set them on the role instead (deploy/README.md).
+STATEMENT_TIMEOUT_MS = 120_000
+LOCK_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_SECONDS = 10
 
 _lock = threading.Lock()
 _engines: dict[str, tuple[int, Engine]] = {}
@@ -51,8 +57,12 @@ def _prepare_sqlite(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """A new engine for ``url`` with the per-backend settings the store relies on."""
+def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
+    """A new engine for ``url`` with the per-backend settings the store relies on.
+
+    ``pooled``: the URL reaches PostgreSQL through a pooler in transaction mode (PgBouncer),
+    which refuses the ``options`` start-up parameter and cannot keep prepared statements
+    across transactions (before PgBouncer 1.21): neither is used then."""
     parsed = make_url(url)
     # A stored value that cannot be read back loads as validate.Unloadable, not an error.
     kwargs.setdefault("json_deserializer", load_json)
@@ -68,12 +78,17 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         _prepare_sqlite(engine)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
-    # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
-    # process would hold its row locks and stall every sweeper and claim behind it.
-    kwargs.setdefault(
-        "connect_args",
-        {"options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"},
-    )
+    connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    if pooled:
+        connect_args["prepare_threshold"] = None
+    else:
+        # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
+        # process would hold its row locks and stall every sweeper and claim behind it.
+        connect_args["options"] = (
+            f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
+            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+        )
+    kwargs.setdefault("connect_args", connect_args)
     return create_engine(url, **kwargs)
 
 
@@ -87,9 +102,17 @@ def engine_for(url: str) -> Engine:
         if cached is not None:
             # Inherited from the parent: drop the pool without closing the parent's sockets.
             cached[1].dispose(close=False)
-        engine = make_engine(url)
+        engine = make_engine(url, pooled=_behind_pooler(url))
         _engines[url] = (pid, engine)
         return engine
+
+
+def _behind_pooler(url: str) -> bool:
+    """Setting JOBS_LIVENESS_DATABASE_URL says JOBS_DATABASE_URL goes through a pooler."""
+    from jobs.core.settings import get_settings  # noqa: PLC0415 - settings read on first need
+
+    settings = get_settings()
+    return settings.liveness_database_url is not None and url == settings.database_url
 
 
 def dispose_all() -> None:

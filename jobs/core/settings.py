@@ -33,6 +33,9 @@ class Settings:
     retry_backoff_max_seconds: float = 300.0
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
+    # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
+    # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
+    liveness_database_url: str | None = None
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -57,6 +60,7 @@ KNOWN = {
     "RETRY_BACKOFF_MAX_SECONDS",
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
+    "LIVENESS_DATABASE_URL",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
     "TEST_AMQP_URL",
@@ -193,6 +197,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     database_url = given_url or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
     database_url = normalize_database_url(database_url)
     _check_database_url(database_url, data_dir, given=bool(given_url))
+    liveness_url = env.get(PREFIX + "LIVENESS_DATABASE_URL") or None
+    if liveness_url is not None:
+        liveness_url = normalize_database_url(liveness_url)
+        if not database_url.startswith("postgresql") or not liveness_url.startswith("postgresql"):
+            raise SettingsError(
+                f"{PREFIX}LIVENESS_DATABASE_URL={mask_url(liveness_url)!r}: only for a "
+                "PostgreSQL JOBS_DATABASE_URL, and itself a postgresql:// URL"
+            )
+        _check_database_url(liveness_url, data_dir, given=True)
     broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
     scheme = broker_url.partition("://")[0]
     if "://" not in broker_url:
@@ -234,6 +247,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retry_backoff_max_seconds=backoff_max,
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
+        liveness_database_url=liveness_url,
     )
 
 

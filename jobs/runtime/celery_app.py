@@ -212,6 +212,10 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         log.critical("%s; the worker will not start", err)
         raise SystemExit(1) from None
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    try:
+        log.info("%s", liveness.describe(get_settings().database_url))
+    except Exception as err:  # the database may be down at start-up: the worker waits for it
+        log.warning("liveness: cannot reach the database yet (%s)", type(err).__name__)
     api.seed_limits()
 
 
@@ -230,4 +234,7 @@ def _take_liveness_lock(**_: Any) -> None:
         return
     settings = get_settings()
     if settings.database_url.startswith("postgresql"):
-        liveness.process_key(settings.database_url, "postgresql")
+        try:  # bounded by the connect timeout; retried before the child's first claim
+            liveness.process_key(settings.database_url, "postgresql")
+        except Exception as err:
+            log.warning("liveness lock not taken yet: %s", type(err).__name__)

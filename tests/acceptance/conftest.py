@@ -17,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -49,6 +52,12 @@ PG_RABBITMQ = pytest.param(
     id="pg-rabbitmq",
 )
 EMBEDDED = pytest.param("embedded", marks=[pytest.mark.acceptance], id="embedded")
+# PostgreSQL on a throwaway server of the test's own (it may be restarted), RabbitMQ shared.
+PRIVATE_PG_RABBITMQ = pytest.param(
+    "private-pg-rabbitmq",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq],
+    id="private-pg-rabbitmq",
+)
 BOTH = [PG_RABBITMQ, EMBEDDED]
 
 FINISHED = (State.COMPLETED, State.FAILED, State.CANCELLED)
@@ -145,6 +154,82 @@ def wait_for_amqp(url: str, timeout: float) -> None:
             last = err
             time.sleep(0.5)
     raise AssertionError(f"RabbitMQ did not accept connections within {timeout:.0f}s: {last}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return str(found[-1]) if found else name
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL server: ``initdb`` into a temporary folder, its own port, run
+    as the ``postgres`` user, stopped however the test ends. For tests that restart or stop
+    the database; the shared server on 5432 is never touched."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "pgdata"
+        self.port = free_port()
+        self.log = root / "postgres.log"
+
+    def _as_postgres(self, *args: str, timeout: float = 120) -> None:
+        command = list(args)
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed: {done.stdout}{done.stderr}")
+
+    def init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._as_postgres(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def _ctl(self, *args: str) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres(
+            _pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", *args
+        )
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def restart(self) -> None:
+        """A fast restart: every session (and every advisory lock) is dropped."""
+        self._ctl("restart", "-m", "fast")
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ctl("stop", "-m", "immediate")
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    # Not under pytest's tmp_path: its root is private to this user, and the server runs as
+    # the postgres user.
+    server = PrivatePostgres(Path(tempfile.mkdtemp(prefix="jobs-private-pg-")))
+    try:
+        server.init()
+        server.start()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        server.stop()
+        service_unavailable("a throwaway PostgreSQL server (initdb/pg_ctl)", err)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
 
 
 # -- polling ------------------------------------------------------------------------------
@@ -245,7 +330,7 @@ class Stack:
 
     @property
     def rabbitmq(self) -> bool:
-        return self.backend == "pg-rabbitmq"
+        return self.backend in ("pg-rabbitmq", "private-pg-rabbitmq")
 
     @property
     def queue(self) -> str:
@@ -464,14 +549,14 @@ def assert_recorded_steps_ran_once(stack: Stack, job_id: str) -> dict[str, int]:
 # -- the fixture --------------------------------------------------------------------------
 
 
-def _create_database(admin: Engine) -> str:
+def _create_database(admin: Engine, admin_url: str = PG_ADMIN_URL) -> str:
     from jobs.core.db import make_engine  # noqa: PLC0415
     from jobs.schema import upgrade  # noqa: PLC0415
 
     name = f"acc_{uuid.uuid4().hex[:12]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     engine = make_engine(url)
     try:
         upgrade(engine)
@@ -500,8 +585,10 @@ def stack(
     request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     backend = getattr(request, "param", None)
-    if backend not in ("pg-rabbitmq", "embedded"):
-        raise RuntimeError("parametrize 'stack' indirectly with BOTH, PG_RABBITMQ or EMBEDDED")
+    if backend not in ("pg-rabbitmq", "embedded", "private-pg-rabbitmq"):
+        raise RuntimeError(
+            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, EMBEDDED or PRIVATE_PG_RABBITMQ"
+        )
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
     env.update(
@@ -516,7 +603,17 @@ def stack(
     )
     admin: Engine | None = None
     broker = ""
-    if backend == "pg-rabbitmq":
+    if backend == "private-pg-rabbitmq":
+        server: PrivatePostgres = request.getfixturevalue("private_pg")
+        broker = request.getfixturevalue("amqp_url")
+        private_admin = create_engine(server.admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            database_url = _create_database(private_admin, server.admin_url)
+        finally:
+            private_admin.dispose()
+        env["JOBS_DATABASE_URL"] = database_url
+        env["JOBS_BROKER_URL"] = broker
+    elif backend == "pg-rabbitmq":
         admin = request.getfixturevalue("pg_admin")
         broker = request.getfixturevalue("amqp_url")
         database_url = _create_database(admin)
@@ -544,4 +641,5 @@ def stack(
                 lock.release()
             if admin is not None:
                 _drop_database(admin, database_url)
+            if broker:
                 delete_rabbit_queue(broker, world.queue)
