@@ -89,7 +89,28 @@ def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
             f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
         )
     kwargs.setdefault("connect_args", connect_args)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not pooled:
+        _unprepare_behind_a_proxy(engine, parsed.port or 5432)
+    return engine
+
+
+def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:
+    """A connection that reaches a server listening on another port than the URL's goes
+    through a proxy, maybe a pooler in transaction mode, which (before PgBouncer 1.21)
+    loses psycopg's prepared statements between transactions: prepare nothing there."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT inet_server_port()")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()
+        if row is not None and row[0] is not None and int(row[0]) != url_port:
+            dbapi_connection.prepare_threshold = None
 
 
 def engine_for(url: str) -> Engine:

@@ -211,12 +211,21 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
     except SettingsError as err:
         log.critical("%s; the worker will not start", err)
         raise SystemExit(1) from None
-    log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    if not names:
+        log.warning("no job kinds: set JOBS_IMPORTS")
+    api.seed_limits()
+
+
+@signals.worker_ready.connect
+def _state_start(sender: Any = None, **_: Any) -> None:
+    """Once logging is set up: which kinds this worker runs and how dead workers are found."""
+    if not _is_ours(sender):
+        return
+    log.info("job kinds: %s", ", ".join(REGISTRY.names()) or "(none: set JOBS_IMPORTS)")
     try:
         log.info("%s", liveness.describe(get_settings().database_url))
     except Exception as err:  # the database may be down at start-up: the worker waits for it
         log.warning("liveness: cannot reach the database yet (%s)", type(err).__name__)
-    api.seed_limits()
 
 
 @signals.worker_shutting_down.connect

@@ -232,6 +232,81 @@ def private_pg() -> Iterator[PrivatePostgres]:
         shutil.rmtree(server.root, ignore_errors=True)
 
 
+class PgBouncer:
+    """A PgBouncer of the test's own, in transaction mode (how most production PostgreSQL
+    is reached), in front of the shared server; run as the postgres user (PgBouncer refuses
+    root) and stopped however the test ends."""
+
+    def __init__(self, root: Path, server_port: int, *, ignore_options: bool) -> None:
+        self.root = root
+        self.port = free_port()
+        ignored = "extra_float_digits" + (",options" if ignore_options else "")
+        (root / "users.txt").write_text('"postgres" ""\n')
+        (root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={server_port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {root / 'users.txt'}\n"
+            "pool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 500\n"
+            f"ignore_startup_parameters = {ignored}\n"
+            f"logfile = {root / 'pgbouncer.log'}\npidfile = {root / 'pgbouncer.pid'}\n"
+        )
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = ["pgbouncer", str(self.root / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+            for path in self.root.iterdir():
+                shutil.chown(path, "postgres", "postgres")
+            command = ["runuser", "-u", "postgres", "--", *command]
+        self.popen = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.1)
+        log = self.root / "pgbouncer.log"
+        raise RuntimeError(f"pgbouncer did not start: {log.read_text() if log.exists() else ''}")
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+
+    def url_for(self, direct_url: str) -> str:
+        """``direct_url`` (same database, same user) through this PgBouncer."""
+        return make_url(direct_url).set(port=self.port).render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=[False, True], ids=["pgbouncer-default", "pgbouncer-ignoring-options"])
+def pgbouncer(request: pytest.FixtureRequest) -> Iterator[PgBouncer]:
+    """PgBouncer with its default start-up parameter rules (``options`` refused) and with
+    ``ignore_startup_parameters = options``."""
+    if shutil.which("pgbouncer") is None:
+        service_unavailable("PgBouncer", RuntimeError("pgbouncer is not installed"))
+    root = Path(tempfile.mkdtemp(prefix="jobs-pgbouncer-"))
+    bouncer = PgBouncer(root, make_url(PG_ADMIN_URL).port or 5432, ignore_options=request.param)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # -- polling ------------------------------------------------------------------------------
 
 
