@@ -19,11 +19,10 @@ import click
 import jobs
 from jobs import schema
 from jobs.cli import main
-from jobs.core.db import engine_for
 from jobs.core.errors import IllegalTransition, InvalidInput
-from jobs.core.settings import get_settings
 from jobs.core.states import TERMINAL, State
 from jobs.core.store import Job, Step, Transition
+from jobs.runtime import process
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
@@ -323,7 +322,7 @@ def cancel(job_id: str, reason: str) -> None:
 
 def stats_dict() -> dict[str, Any]:
     """Counts with every state present (zeros too), so dashboards need no defaults."""
-    store = jobs.get_store()
+    store = process.current().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
     for (kind, state), count in sorted(store.counts().items()):
@@ -434,7 +433,7 @@ def limits(ctx: click.Context) -> None:
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
-    store = jobs.get_store()
+    store = process.current().store
     current = store.limits().get(kind)
     running = (
         (current.max_running if current else None)
@@ -461,7 +460,7 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
-    engine = engine_for(get_settings().database_url)
+    engine = process.current().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
 
@@ -469,7 +468,7 @@ def upgrade() -> None:
 @db.command()
 def current() -> None:
     """Show the schema's revision and whether it is the one this code needs."""
-    engine = engine_for(get_settings().database_url)
+    engine = process.current().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if revision == head:
         click.echo(f"{revision} (head)")
