@@ -162,9 +162,11 @@ class ProcessRuntime:
         try:
             dispatcher(job_ids)
         except Exception as err:
+            first, more = job_ids[0], len(job_ids) - 1
             log.warning(
-                "publish of %d job(s) failed (%s); the sweeper will re-dispatch them",
-                len(job_ids),
+                "job %s%s: publish failed (%s); the sweeper will re-dispatch it",
+                first,
+                f" and {more} more" if more else "",
                 err,
             )
             try:
