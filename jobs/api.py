@@ -90,10 +90,9 @@ def _insert(
     job_kind: JobKind, rows: list[dict[str, Any]], delay_seconds: float, unit: UnitOfWork | None
 ) -> list[str]:
     runtime = process.current()
-    runtime.seed_limits([job_kind])
-    created = runtime.store.create_many(
-        job_kind.name, rows, conn=None if unit is None else unit.connection
-    )
+    conn = None if unit is None else unit.connection
+    runtime.seed_limits([job_kind], conn=conn)
+    created = runtime.store.create_many(job_kind.name, rows, conn=conn)
     to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
     if to_ring:
         if unit is None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from jobs.core.db import READ_ONLY
 from jobs.core.errors import SettingsError
 from jobs.core.models import SCHEMA_REVISION
 
@@ -44,7 +45,7 @@ def head_revision(engine: Engine) -> str:
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, read without loading Alembic (workers never need
     it); ``None`` for a database with no job tables yet."""
-    with engine.connect() as conn:
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
         try:
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
         except DBAPIError:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn, TextIO
 
 import click
 
@@ -105,6 +105,22 @@ def parse_inputs(text: str) -> dict[str, Any]:
     return value
 
 
+def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
+    is reported with its number and nothing is submitted."""
+    inputs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            inputs.append(parse_inputs(line))
+        except InvalidInput as err:
+            raise InvalidInput(
+                f"line {number}: {str(err).replace('--input', 'the line')}"
+            ) from None
+    return inputs
+
+
 @main.command()
 @click.argument("kind")
 @click.option(
@@ -121,6 +137,13 @@ def parse_inputs(text: str) -> dict[str, Any]:
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
+@click.option(
+    "--from-file",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    help="Queue one job per line of a JSON-lines file of inputs ('-': standard input), "
+    "all in one transaction; prints the IDs in order.",
+)
 def submit(
     *,
     kind: str,
@@ -130,10 +153,19 @@ def submit(
     delay: float,
     wait: bool,
     timeout: float | None,
+    from_file: TextIO | None,
 ) -> None:
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
+    if from_file is not None:
+        if wait or job_id is not None or input_json != "{}":
+            raise click.UsageError("--from-file does not combine with --input, --id or --wait")
+        ids = jobs.submit_many(
+            kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+        )
+        click.echo("\n".join(ids))
+        return
     new_id = jobs.submit(
         kind,
         parse_inputs(input_json),

@@ -23,7 +23,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
@@ -98,7 +98,9 @@ class ProcessRuntime:
             lock = self._liveness
         return lock.ensure()
 
-    def seed_limits(self, kinds: Sequence[JobKind] | None = None) -> None:
+    def seed_limits(
+        self, kinds: Sequence[JobKind] | None = None, conn: Connection | None = None
+    ) -> None:
         """Write the ``max_running``/``max_queued`` a kind declares in ``@jobs.job`` for kinds
         that have no limits row yet (once per process and kind; the database's numbers then
         rule, and ``jobs.set_limits`` changes them for every process)."""
