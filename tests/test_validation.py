@@ -22,6 +22,7 @@ from jobs.core.errors import InvalidInput
 from jobs.core.runner import Outcome
 from jobs.core.states import State
 from jobs.core.validate import ERROR_LENGTH, MAX_DEPTH, TEXT_LENGTH
+from jobs.runtime import process
 
 CALLS: Counter[str] = Counter()
 
@@ -95,7 +96,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
     sweeper re-sending the job forever."""
     job_id = api.submit("val_echo", {"x": 1})
     deep = '{"x": ' + "[" * 5000 + "1" + "]" * 5000 + "}"
-    with api.get_store().engine.begin() as conn:
+    with process.current().store.engine.begin() as conn:
         conn.execute(
             text("UPDATE jobs SET inputs = :deep WHERE id = :id"), {"deep": deep, "id": job_id}
         )
@@ -110,7 +111,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
 
 def test_a_recorded_step_that_cannot_be_loaded_fails_the_job() -> None:
     job_id = api.submit("val_bad_name", {"name": "charge"})
-    with api.get_store().engine.begin() as conn:
+    with process.current().store.engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO job_steps (job_id, name, output, recorded_at, owner, fence) "

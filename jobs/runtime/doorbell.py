@@ -24,10 +24,10 @@ from celery.worker.consumer import Consumer
 
 from jobs.core.errors import InvalidInput
 from jobs.core.validate import NAME_LENGTH, check_name
+from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
 
-TASK_NAME = "jobs.run"
 # A doorbell is about a hundred bytes; anything much larger is not one of ours.
 MAX_BODY_BYTES = 4096
 JSON_TYPES = ("application/json",)

@@ -23,7 +23,7 @@ connection took it, not with the worker, so it says nothing about the worker. Po
 ``JOBS_LIVENESS_DATABASE_URL`` straight at PostgreSQL and the locks are taken there; without
 it, a connection that reaches PostgreSQL through a proxy is detected (the server's port is
 not the URL's) and liveness locks are switched off: dead workers' jobs are then recovered
-when their lease runs out. :func:`describe` states which at start-up.
+when their lease runs out. :func:`lock_for` logs which, once per process.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from jobs.core.liveness import HELD_KEYS_SQL, RESTART_GRACE_SECONDS, SERVER_UPTIME_SQL
-from jobs.core.settings import get_settings, mask_url, normalize_database_url
+from jobs.core.settings import Settings, mask_url, normalize_database_url
 from jobs.core.store import Job, JobStore
 
 log = logging.getLogger("jobs.liveness")
@@ -149,42 +149,35 @@ def through_proxy(conn: Connection, url: str) -> str | None:
     return f"the URL names port {url_port} but the server listens on {server_port}"
 
 
-def lock_url_for(database_url: str) -> str | None:
-    """Where this process takes its lock for ``database_url``: ``JOBS_LIVENESS_DATABASE_URL``
-    when set for it, else the database URL itself."""
-    settings = get_settings()
-    if settings.liveness_database_url and database_url == settings.database_url:
-        return settings.liveness_database_url
-    return None
-
-
-# Per process: database URL -> why liveness locks are off for it ("" when they are on).
-_proxied: dict[str, str] = {}
+def lock_url_for(settings: Settings) -> str | None:
+    """``JOBS_LIVENESS_DATABASE_URL`` (the locks are taken there), or None (on the database)."""
+    return settings.liveness_database_url
 
 
 def _proxy_reason(database_url: str) -> str:
-    if database_url not in _proxied:
-        engine = create_engine(
-            database_url,
-            poolclass=NullPool,
-            connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
-        )
-        try:
-            with engine.connect() as conn:
-                _proxied[database_url] = through_proxy(conn, database_url) or ""
-        finally:
-            engine.dispose()
-    return _proxied[database_url]
+    """Why liveness locks are off for ``database_url`` ("" when they are on): one short
+    connection, made once per process runtime (see :func:`lock_for`)."""
+    engine = create_engine(
+        database_url,
+        poolclass=NullPool,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    try:
+        with engine.connect() as conn:
+            return through_proxy(conn, database_url) or ""
+    finally:
+        engine.dispose()
 
 
-def describe(database_url: str) -> str:
-    """One line for a worker's start-up log: how dead workers are found on this database."""
+def describe(settings: Settings, reason: str = "") -> str:
+    """One line for a worker's log: how dead workers are found on this database (``reason``:
+    why the database URL looks like a pooler, if it does)."""
+    database_url = settings.database_url
     if not database_url.startswith("postgresql"):
         return "liveness: the owner's process ID (embedded: every worker runs on this host)"
-    lock_url = lock_url_for(database_url)
+    lock_url = lock_url_for(settings)
     if lock_url is not None:
         return f"liveness: advisory locks on {mask_url(lock_url)} (JOBS_LIVENESS_DATABASE_URL)"
-    reason = _proxy_reason(database_url)
     if reason:
         return (
             f"liveness: OFF, {mask_url(database_url)} looks like a pooler ({reason}); jobs "
@@ -194,38 +187,17 @@ def describe(database_url: str) -> str:
     return f"liveness: advisory locks on {mask_url(database_url)}"
 
 
-# This process's locks, one per database URL; ``_locks_pid`` tells an inherited table
-# (after a fork) from our own.
-_process_locks: dict[str, LivenessLock] = {}
-_locks_pid: int | None = None
-_guard = threading.Lock()
-
-
-def process_key(database_url: str, dialect: str) -> int | None:
-    """This process's liveness key for ``database_url`` (taking the lock on first use);
-    None off PostgreSQL, and behind a pooler without ``JOBS_LIVENESS_DATABASE_URL``."""
-    global _locks_pid  # noqa: PLW0603 - one table of locks per process, re-made after a fork
-    pid = os.getpid()
-    if dialect == "sqlite":
-        # An embedded database lives on this host, and so do all its workers: the process
-        # ID is enough for a sweeper here to tell whether the owner still exists.
-        return pid
-    if dialect != "postgresql":
+def lock_for(settings: Settings) -> LivenessLock | None:
+    """A new liveness lock for this process on ``settings``' PostgreSQL database, or None
+    behind a pooler without ``JOBS_LIVENESS_DATABASE_URL`` (a lock taken through it would
+    say nothing about this process). Logs how dead workers are found. Called once per
+    process runtime, which keeps the answer."""
+    lock_url = lock_url_for(settings)
+    reason = "" if lock_url is not None else _proxy_reason(settings.database_url)
+    log.info("%s", describe(settings, reason))
+    if reason:
         return None
-    with _guard:
-        if _locks_pid != pid:
-            # After a fork the inherited connections belong to the parent: never reuse them.
-            _process_locks.clear()
-            _locks_pid = pid
-        lock = _process_locks.get(database_url)
-        if lock is None:
-            lock_url = lock_url_for(database_url)
-            if lock_url is None and _proxy_reason(database_url):
-                return None  # a lock taken through a pooler would say nothing about us
-            # Keyed by URL: a lock taken on another database (the settings changed since)
-            # would neither be seen by this database's sweeper nor survive that database.
-            lock = _process_locks[database_url] = LivenessLock(database_url, lock_url)
-    return lock.ensure()
+    return LivenessLock(settings.database_url, lock_url)
 
 
 def held_keys(engine: Engine) -> set[int]:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from jobs.core.settings import Settings
@@ -34,20 +34,21 @@ class SweepReport:
         return bool(self.dead_owner or self.expired or self.dispatched)
 
 
-def sweep_once(store: JobStore, settings: Settings, publish: Callable[[str], bool]) -> SweepReport:
+def sweep_once(
+    store: JobStore, settings: Settings, publish: Callable[[Sequence[str]], bool]
+) -> SweepReport:
+    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could."""
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
-    dispatched = []
-    for job_id in store.due_for_dispatch(settings.redispatch_after_seconds):
-        if publish(job_id):
-            dispatched.append(job_id)
+    due = store.due_for_dispatch(settings.redispatch_after_seconds)
+    dispatched = due if due and publish(due) else []
     return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
 
 
 def run_forever(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
 ) -> None:
     stop = stop or threading.Event()
