@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -132,34 +133,33 @@ def mask_url(url: str) -> str:
 
 
 def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
-    """Refuse URLs that would lose jobs silently or fail later with a traceback."""
-    from sqlalchemy.engine import make_url  # noqa: PLC0415 - keep settings import light
-    from sqlalchemy.exc import ArgumentError  # noqa: PLC0415
-
+    """Refuse URLs that would lose jobs silently or fail later with a traceback. (Parsed
+    with urllib: a worker's main process loads no SQLAlchemy.)"""
     shown = mask_url(url)
     if not url.startswith(("sqlite", "postgresql")):
         raise SettingsError(
             f"{PREFIX}DATABASE_URL={shown!r}: only sqlite:/// and postgresql:// URLs are supported"
         )
     try:
-        parsed = make_url(url)
-        port = parsed.port
-    except (ArgumentError, ValueError) as err:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number in 0..65535
+    except ValueError as err:
         raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r} is not a valid URL: {err}") from None
-    driver = parsed.get_driver_name()
-    if parsed.get_backend_name() == "postgresql":
+    backend, _, driver = parts.scheme.partition("+")
+    if backend == "postgresql":
         if driver != "psycopg":
             raise SettingsError(
                 f"{PREFIX}DATABASE_URL={shown!r}: the driver {driver!r} is not supported "
                 "(use postgresql:// for psycopg 3)"
             )
-        if port is not None and not 0 < port < 65536:
-            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: port {port} is out of range")
+        if port == 0:
+            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: port 0 is out of range")
         return
-    if driver != "pysqlite":
+    if backend != "sqlite" or driver not in ("", "pysqlite"):
         raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: use sqlite:///PATH")
-    database = parsed.database or ""
-    if database in ("", ":memory:") or "memory" in str(parsed.query.get("mode", "")):
+    database = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    query = urllib.parse.parse_qs(parts.query)
+    if database in ("", ":memory:") or "memory" in query.get("mode", []):
         raise SettingsError(
             f"{PREFIX}DATABASE_URL={shown!r}: an in-memory database would lose every job "
             "when the process exits; use sqlite:///PATH"
