@@ -736,3 +736,19 @@ def test_a_broken_imports_module_is_one_line_and_stops_a_worker(
     ]
     assert len(refused) == 1, worker.stdout + worker.stderr
     assert "the worker will not start" in refused[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([], "Flower needs --basic-auth user:password"),
+        (["--basic-auth", "admin"], "--basic-auth must be user:password"),
+        (["--basic-auth", "admin:"], "--basic-auth must be user:password"),
+    ],
+)
+def test_flower_refuses_to_start_without_credentials(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], fragment: str
+) -> None:
+    """Issue 8: Flower lists every job ID and can shut workers down; it must not start open."""
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    assert_one_line_error(jobctl("flower", *args), fragment)
