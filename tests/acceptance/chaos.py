@@ -91,15 +91,15 @@ class Chaos:
     # -- faults ---------------------------------------------------------------------------
 
     def inject(self, submitted: list[str]) -> Fault:
-        kinds = [
-            "kill_worker",
-            "kill_child",
-            "stop_past_lease",
-            "restart_postgres",
-            "duplicate",
-            "garbage",
-        ]
-        kind = self.random.choice(kinds)
+        weights = {
+            "kill_worker": 3,
+            "kill_child": 3,
+            "stop_past_lease": 2,
+            "restart_postgres": 1,
+            "duplicate": 2,
+            "garbage": 1,
+        }
+        kind = self.random.choices(list(weights), list(weights.values()))[0]
         live = [worker for worker in self.pool if worker.alive()]
         victim = live[self.random.randrange(len(live))] if live else None
         if kind == "kill_worker" and victim is not None:
@@ -157,6 +157,7 @@ class Report:
     jobs: int
     faults: dict[str, int]
     lost: list[str]
+    failed: list[str]
     illegal: list[str]
     stale_writes: list[str]
     recorded_reruns: list[str]
@@ -187,6 +188,7 @@ class Report:
             f"jobs {self.jobs}",
             f"faults {sum(self.faults.values())}: {faults or '-'}",
             f"jobs lost {len(self.lost)}",
+            f"jobs FAILED after using up their attempts {len(self.failed)}",
             f"illegal transitions {len(self.illegal)}",
             f"stale writes accepted {len(self.stale_writes)}",
             f"recorded steps run twice {len(self.recorded_reruns)}",
@@ -200,12 +202,14 @@ class Report:
 
 def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
     """Read every job's history, steps and side effects; count what must never happen."""
-    lost, illegal, stale, recorded_reruns, unexplained = [], [], [], [], []
+    lost, failed, illegal, stale, recorded_reruns, unexplained = [], [], [], [], [], []
     body_reruns = 0
     recovery: list[float] = []
     for job_id in job_ids:
         job = stack.job(job_id)
-        if job.state is not State.COMPLETED:
+        if job.state is State.FAILED and job.attempts >= job.max_attempts:
+            failed.append(f"{job_id}: {job.last_error}")
+        elif job.state is not State.COMPLETED:
             lost.append(f"{job_id} {job.state.value}")
         history = stack.history(job_id)
         for move in history:
@@ -231,15 +235,17 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
             later = [c for c in claims if c.fence is not None and c.fence > fence and c.at < at]
             if later:
                 stale.append(f"{job_id}: {what} by fence {fence} after claim {later[0].fence}")
-        # Side effects: each step body's runs, and who recorded the step.
-        runs: dict[str, list[int]] = collections.defaultdict(list)
-        for effect, pid in stack.effects(job_id):
-            runs[effect].append(pid)
+        # Side effects: each step body's runs (process, instant) against the step's record.
+        runs: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
+        for effect, pid, at in stack.timed_effects(job_id):
+            runs[effect].append((pid, at))
         for step in stack.steps(job_id):
-            pids = runs.get(step.name, [])
-            recorder = owner_pid(step.owner)
-            if (pids and pids[-1] != recorder) or pids.count(recorder) > 1:
-                recorded_reruns.append(f"{job_id}: {step.name} runs {pids}")
+            started = runs.get(step.name, [])
+            recorded_at = step.recorded_at.timestamp()
+            after = [pid for pid, at in started if at > recorded_at + 0.01]
+            if after:
+                recorded_reruns.append(f"{job_id}: {step.name} ran after its record by {after}")
+            pids = [pid for pid, _at in started]
             extra = len(pids) - 1
             body_reruns += max(0, extra)
             if extra > len(claims) - 1:
@@ -258,6 +264,7 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
         len(job_ids),
         dict(counts),
         lost,
+        failed,
         illegal,
         stale,
         recorded_reruns,

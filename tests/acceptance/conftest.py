@@ -527,14 +527,20 @@ class Stack:
 
     def effects(self, job_id: str) -> list[tuple[str, int]]:
         """(effect, pid) for each time a step function of ``job_id`` really ran."""
+        return [(effect, pid) for effect, pid, _at in self.timed_effects(job_id)]
+
+    def timed_effects(self, job_id: str) -> list[tuple[str, int, float]]:
+        """(effect, pid, wall-clock instant) for each time a step function of ``job_id``
+        really ran, in the order they ran."""
         path = self.data_dir / "effects.log"
         if not path.exists():
             return []
         found = []
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3 and parts[0] == job_id:
-                found.append((parts[1], int(parts[2].removeprefix("pid="))))
+            if len(parts) == 4 and parts[0] == job_id:
+                pid, at = int(parts[2].removeprefix("pid=")), float(parts[3].removeprefix("at="))
+                found.append((parts[1], pid, at))
         return found
 
     def effect_count(self, job_id: str, name: str) -> int:

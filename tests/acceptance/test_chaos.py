@@ -56,5 +56,8 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     report = check(stack, submitted, chaos.faults)
     for line in report.lines(seed):
         print(f"[chaos] {line}")
+    for name in ("lost", "failed", "illegal", "stale_writes", "recorded_reruns"):
+        for item in getattr(report, name)[:5]:
+            print(f"[chaos] {name}: {item}")
     assert report.ok, report
     assert all(worker.alive() for worker in chaos.pool)
