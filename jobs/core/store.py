@@ -620,34 +620,51 @@ class JobStore(JobReader):
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
         or the ID exists): the caller then takes the transactional path, which says which."""
         table = J.__table__.c
-        limited = select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
-        source = select(
-            *[
-                value if isinstance(value, ColumnElement) else literal(value, table[name].type)
-                for name, value in values.items()
-            ]
-        ).where(~exists(limited))
-        created = (
-            postgresql.insert(J)
-            .from_select(list(values), source)
-            .on_conflict_do_nothing()
-            .returning(*JOB_COLUMNS)
-            .cte("created")
-        )
-        history = (
-            insert(TransitionRecord)
-            .from_select(
-                ["job_id", "to_state", "at", "reason"],
-                select(
-                    created.c.id,
-                    literal(State.QUEUED.value, T.to_state.type),
-                    created.c.created_at,
-                    literal("submitted", T.reason.type),
-                ),
+        # A delayed job's due time is an expression with its delay inside: built afresh.
+        reusable = values["dispatched_at"] is not None
+        params = {
+            f"c_{name}": value
+            for name, value in values.items()
+            if not isinstance(value, ColumnElement)
+        }
+
+        def build() -> Executable:
+            limited = select(L.kind).where(
+                L.kind == bindparam("c_kind", type_=table.kind.type), L.max_queued.is_not(None)
             )
-            .cte("history")
-        )
-        return conn.execute(select(*created.c).add_cte(history)).one_or_none()
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else bindparam(f"c_{name}", type_=table[name].type)
+                    for name, value in values.items()
+                ]
+            ).where(~exists(limited))
+            created = (
+                postgresql.insert(J)
+                .from_select(list(values), source)
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS)
+                .cte("created")
+            )
+            history = (
+                insert(TransitionRecord)
+                .from_select(
+                    ["job_id", "to_state", "at", "reason"],
+                    select(
+                        created.c.id,
+                        literal(State.QUEUED.value, T.to_state.type),
+                        created.c.created_at,
+                        literal("submitted", T.reason.type),
+                    ),
+                )
+                .cte("history")
+            )
+            return select(*created.c).add_cte(history)
+
+        key = ("create", tuple(values), tuple(name in params for name in values))
+        statement = self._reusable(key, build) if reusable else build()
+        return conn.execute(statement, params).one_or_none()
 
     # -- backpressure --------------------------------------------------------------------
 
