@@ -6,6 +6,11 @@ when out of attempts, and (3) re-sends the doorbell for QUEUED jobs that are due
 were never published (a failed publish, a retry whose backoff ended) or whose message
 seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). Every move is
 a fenced compare-and-set, so any number of sweepers may run at once.
+
+On RabbitMQ a :class:`~jobs.runtime.queue_watch.QueueWatch` also looks at the queue each
+pass: when it was gone (declared again now) or served again after its node was down, the
+doorbells it held may be lost, so every due QUEUED job is rung again at once instead of
+after the re-dispatch delay.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
+from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 
 log = logging.getLogger("jobs.sweeper")
 
@@ -34,10 +41,34 @@ class SweepReport:
         return bool(self.dead_owner or self.expired or self.dispatched)
 
 
-def sweep_once(store: JobStore, settings: Settings, publish: Callable[[str], bool]) -> SweepReport:
+def ring_all_due(store: JobStore, publish: Callable[[str], bool]) -> list[str]:
+    """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
+    that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
+    dispatched before this call started are taken, so the loop ends."""
+    started = time.monotonic()
+    taken: set[str] = set()
+    dispatched: list[str] = []
+    while True:
+        since_start = max(time.monotonic() - started, 1e-6)
+        batch = [job_id for job_id in store.due_for_dispatch(since_start) if job_id not in taken]
+        if not batch:
+            return dispatched
+        taken.update(batch)
+        dispatched += [job_id for job_id in batch if publish(job_id)]
+
+
+def sweep_once(
+    store: JobStore,
+    settings: Settings,
+    publish: Callable[[str], bool],
+    watch: QueueWatch | None = None,
+) -> SweepReport:
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
     dispatched = []
+    health = watch.check() if watch is not None else QueueHealth.OK
+    if health.ring_all:
+        dispatched += ring_all_due(store, publish)
     for job_id in store.due_for_dispatch(settings.redispatch_after_seconds):
         if publish(job_id):
             dispatched.append(job_id)
@@ -49,6 +80,7 @@ def run_forever(
     settings: Settings,
     publish: Callable[[str], bool],
     stop: threading.Event | None = None,
+    watch: QueueWatch | None = None,
 ) -> None:
     stop = stop or threading.Event()
 
@@ -66,7 +98,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish)
+            report = sweep_once(store, settings, publish, watch)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +93,10 @@ class RabbitCluster:
     nodes: list[RabbitNode] = field(default_factory=list)
     epmd_port: int = 0
     base_env: dict[str, str] = field(default_factory=dict)
+    epmd: subprocess.Popen[bytes] | None = None
+    tag: str = ""
+    made: int = 0
+    size: int = 3
 
     @classmethod
     def create(cls, root: Path, size: int = 3) -> RabbitCluster:
@@ -122,36 +125,40 @@ class RabbitCluster:
                 "RABBITMQ_USE_LONGNAME": "false",
             }
         )
-        cluster = cls(root, [], epmd_port, base_env)
-        tag = uuid.uuid4().hex[:6]
-        for index in range(1, size + 1):
-            base = root / f"node{index}"
-            base.mkdir()
-            amqp_port, dist_port = free_port(), free_port()
-            name = f"jobs{tag}-{index}@{HOST}"
-            config = base / "rabbitmq.conf"
-            config.write_text(
-                f"listeners.tcp.1 = 127.0.0.1:{amqp_port}\n"
-                "loopback_users = none\n"
-                "cluster_partition_handling = pause_minority\n"
-                # quick to notice a dead peer: the tests stop nodes on purpose
-                "net_ticktime = 10\n"
-            )
-            env = {
-                **base_env,
-                "RABBITMQ_NODENAME": name,
-                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-                "RABBITMQ_NODE_PORT": str(amqp_port),
-                "RABBITMQ_DIST_PORT": str(dist_port),
-                "RABBITMQ_CONFIG_FILE": str(config),
-                "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
-                "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-                "RABBITMQ_LOG_BASE": str(base / "log"),
-                "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
-                "RABBITMQ_LOGS": str(base / "log" / "rabbit.log"),
-            }
-            cluster.nodes.append(RabbitNode(index, name, amqp_port, dist_port, base, env))
+        cluster = cls(root, [], epmd_port, base_env, tag=uuid.uuid4().hex[:6], size=size)
+        for _ in range(size):
+            cluster.nodes.append(cluster._new_node())
         return cluster
+
+    def _new_node(self) -> RabbitNode:
+        self.made += 1
+        index = self.made
+        base = self.root / f"node{index}"
+        base.mkdir()
+        amqp_port, dist_port = free_port(), free_port()
+        name = f"jobs{self.tag}-{index}@{HOST}"
+        config = base / "rabbitmq.conf"
+        config.write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{amqp_port}\n"
+            "loopback_users = none\n"
+            "cluster_partition_handling = pause_minority\n"
+            # quick to notice a dead peer: the tests stop nodes on purpose
+            "net_ticktime = 10\n"
+        )
+        env = {
+            **self.base_env,
+            "RABBITMQ_NODENAME": name,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(amqp_port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_CONFIG_FILE": str(config),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
+            "RABBITMQ_LOGS": str(base / "log" / "rabbit.log"),
+        }
+        return RabbitNode(index, name, amqp_port, dist_port, base, env)
 
     # -- rabbitmqctl against our nodes, with our cookie and epmd --------------------------
 
@@ -169,9 +176,6 @@ class RabbitCluster:
                 f"rabbitmqctl -n {node.name} {' '.join(args)}: {done.stdout}{done.stderr}"
             )
         return done.stdout
-
-    def queues(self, node: RabbitNode, queue: str) -> Iterator[str]:
-        yield from self.ctl(node, "-q", "--no-table-headers", "list_queues", "name").split()
 
     def wait_booted(self, node: RabbitNode, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -193,6 +197,14 @@ class RabbitCluster:
 
     def start(self) -> None:
         """Boot the nodes and join the others to the first one."""
+        # Our own port mapper, in the foreground, so that destroy() can stop it by its PID.
+        self.epmd = subprocess.Popen(
+            ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+            env=self.base_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         for node in self.nodes:
             node.start()
         for node in self.nodes:
@@ -272,13 +284,30 @@ class RabbitCluster:
             raise AssertionError(f"no leader/home node for {queue!r}: {info}")
         return found[0]
 
+    def add_node(self) -> RabbitNode:
+        """A fresh node joined to the cluster (after one was lost for good)."""
+        member = self.running()[0]
+        node = self._new_node()
+        self.nodes.append(node)
+        node.start()
+        self.wait_booted(node)
+        self.ctl(node, "stop_app")
+        self.ctl(node, "join_cluster", member.name)
+        self.ctl(node, "start_app")
+        self.wait_booted(node)
+        return node
+
+    def heal(self) -> None:
+        """Every node running again, and as many nodes as the cluster started with."""
+        for node in self.nodes:
+            if not node.alive():
+                self.restart_node(node)
+        while len(self.nodes) < self.size:
+            self.add_node()
+
     def destroy(self) -> None:
         for node in self.nodes:
             node.kill()
-        subprocess.run(
-            ["epmd", "-port", str(self.epmd_port), "-kill"],
-            env=self.base_env,
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
+        if self.epmd is not None:
+            self.epmd.kill()
+            self.epmd.wait(10)
