@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from amqp.exceptions import NotFound
@@ -191,3 +192,27 @@ def test_watch_concludes_nothing_when_no_broker_answers() -> None:
     assert watch.check() is QueueHealth.UNREACHABLE
     assert not QueueHealth.UNREACHABLE.ring_all
     watch.close()
+
+
+# -- the docs tell the same story as the code ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_docs_match_the_queue_settings() -> None:
+    deploy = (ROOT / "deploy" / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "made by the Celery configuration in\n  `jobs.celery_app`" not in deploy
+    assert "`JOBS_QUEUE_TYPE=quorum`" in deploy
+    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in deploy
+    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in readme
+    default = Settings.__dataclass_fields__["queue_type"].default
+    assert f"| `JOBS_QUEUE_TYPE` | `{default}` |" in readme
+    assert f"**The default is `{default}`**" in deploy
+    first, longest = broker_errors.FIRST_PAUSE_SECONDS, broker_errors.LONGEST_PAUSE_SECONDS
+    assert f"retrying in {first}s (error 1 in a row)" in deploy
+    assert f"doubling to {longest:g} s" in deploy
+    assert f"doubling from {first:g} s to {longest:g} s" in readme
+    sizing = (ROOT / "deploy" / "SIZING.md").read_text()
+    assert "SWEEPER_TABLE" not in sizing
+    assert "python -m bench.sizing" in sizing
