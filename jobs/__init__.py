@@ -21,7 +21,6 @@ from jobs.api import (
     cancel,
     dispatch,
     get,
-    get_store,
     history,
     list_jobs,
     seed_limits,
@@ -29,6 +28,7 @@ from jobs.api import (
     set_limits,
     steps,
     submit,
+    submit_many,
 )
 from jobs.core.context import JobContext
 from jobs.core.errors import (
@@ -70,7 +70,6 @@ __all__ = [
     "cancel",
     "dispatch",
     "get",
-    "get_store",
     "history",
     "job",
     "list_jobs",
@@ -79,4 +78,5 @@ __all__ = [
     "set_limits",
     "steps",
     "submit",
+    "submit_many",
 ]

@@ -121,10 +121,10 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
     clock.advance(1)
     assert store.due_for_dispatch(30) == []  # sent at submit: the normal pass waits 30 s
     published: list[str] = []
-    rung = ring_all_due(store, lambda job_id: published.append(job_id) or True)
+    rung = ring_all_due(store, lambda job_ids: published.extend(job_ids) or True)
     assert sorted(rung) == sorted(ids)
     assert sorted(published) == sorted(ids)
-    assert ring_all_due(store, lambda _job_id: True) == []  # rung at this instant already
+    assert ring_all_due(store, lambda _job_ids: True) == []  # rung at this instant already
 
 
 class FakeWatch:
@@ -142,7 +142,7 @@ def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
     ids = sorted(_queued(store, 3))
     clock.advance(1)  # sent at submit, a second ago
     settings = settings_with()
-    report = sweep_once(store, settings, lambda _job_id: True, FakeWatch(health))  # type: ignore[arg-type]
+    report = sweep_once(store, settings, lambda _job_ids: True, FakeWatch(health))  # type: ignore[arg-type]
     expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
     assert sorted(report.dispatched) == expected
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn, TextIO
 
 import click
 
 import jobs
 from jobs import schema
 from jobs.cli import main
-from jobs.core.db import engine_for
 from jobs.core.errors import IllegalTransition, InvalidInput
-from jobs.core.settings import get_settings
 from jobs.core.states import TERMINAL, State
 from jobs.core.store import Job, Step, Transition
+from jobs.runtime import process
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
@@ -106,6 +105,22 @@ def parse_inputs(text: str) -> dict[str, Any]:
     return value
 
 
+def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
+    is reported with its number and nothing is submitted."""
+    inputs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            inputs.append(parse_inputs(line))
+        except InvalidInput as err:
+            raise InvalidInput(
+                f"line {number}: {str(err).replace('--input', 'the line')}"
+            ) from None
+    return inputs
+
+
 @main.command()
 @click.argument("kind")
 @click.option(
@@ -122,6 +137,13 @@ def parse_inputs(text: str) -> dict[str, Any]:
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
+@click.option(
+    "--from-file",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    help="Queue one job per line of a JSON-lines file of inputs ('-': standard input), "
+    "all in one transaction; prints the IDs in order.",
+)
 def submit(
     *,
     kind: str,
@@ -131,10 +153,19 @@ def submit(
     delay: float,
     wait: bool,
     timeout: float | None,
+    from_file: TextIO | None,
 ) -> None:
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
+    if from_file is not None:
+        if wait or job_id is not None or input_json != "{}":
+            raise click.UsageError("--from-file does not combine with --input, --id or --wait")
+        ids = jobs.submit_many(
+            kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+        )
+        click.echo("\n".join(ids))
+        return
     new_id = jobs.submit(
         kind,
         parse_inputs(input_json),
@@ -323,7 +354,7 @@ def cancel(job_id: str, reason: str) -> None:
 
 def stats_dict() -> dict[str, Any]:
     """Counts with every state present (zeros too), so dashboards need no defaults."""
-    store = jobs.get_store()
+    store = process.current().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
     for (kind, state), count in sorted(store.counts().items()):
@@ -434,7 +465,7 @@ def limits(ctx: click.Context) -> None:
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
-    store = jobs.get_store()
+    store = process.current().store
     current = store.limits().get(kind)
     running = (
         (current.max_running if current else None)
@@ -461,7 +492,7 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
-    engine = engine_for(get_settings().database_url)
+    engine = process.current().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
 
@@ -469,7 +500,7 @@ def upgrade() -> None:
 @db.command()
 def current() -> None:
     """Show the schema's revision and whether it is the one this code needs."""
-    engine = engine_for(get_settings().database_url)
+    engine = process.current().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if revision == head:
         click.echo(f"{revision} (head)")

@@ -63,22 +63,23 @@ def worker(
 @click.option("--once", is_flag=True, help="Run one pass, print what it did, and exit.")
 def sweeper(once: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
-    from jobs import api  # noqa: PLC0415
+    from jobs.runtime import process  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
     settings = get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    store = api.get_store()
+    runtime = process.current()
+    store = runtime.store
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
-        report = sweep_once(store, settings, api.dispatch, watch)
+        report = sweep_once(store, settings, runtime.dispatch, watch)
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
         )
         return
-    run_forever(store, settings, api.dispatch, watch=watch)
+    run_forever(store, settings, runtime.dispatch, watch=watch)
 
 
 @main.command()

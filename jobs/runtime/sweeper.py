@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from jobs.core.settings import Settings
@@ -41,7 +41,7 @@ class SweepReport:
         return bool(self.dead_owner or self.expired or self.dispatched)
 
 
-def ring_all_due(store: JobStore, publish: Callable[[str], bool]) -> list[str]:
+def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> list[str]:
     """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
     that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
     dispatched before this call started are taken, so the loop ends."""
@@ -54,31 +54,32 @@ def ring_all_due(store: JobStore, publish: Callable[[str], bool]) -> list[str]:
         if not batch:
             return dispatched
         taken.update(batch)
-        dispatched += [job_id for job_id in batch if publish(job_id)]
+        if publish(batch):
+            dispatched += batch
 
 
 def sweep_once(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     watch: QueueWatch | None = None,
 ) -> SweepReport:
+    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could.
+    With a ``watch`` (RabbitMQ), a queue that lost its doorbells has every due one rung."""
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
-    dispatched = []
     health = watch.check() if watch is not None else QueueHealth.OK
-    if health.ring_all:
-        dispatched += ring_all_due(store, publish)
-    for job_id in store.due_for_dispatch(settings.redispatch_after_seconds):
-        if publish(job_id):
-            dispatched.append(job_id)
+    dispatched = ring_all_due(store, publish) if health.ring_all else []
+    due = store.due_for_dispatch(settings.redispatch_after_seconds)
+    if due and publish(due):
+        dispatched += due
     return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
 
 
 def run_forever(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
     watch: QueueWatch | None = None,
 ) -> None:
