@@ -3,7 +3,9 @@
 1. Connections: one ``jobctl worker`` (prefork, ``-c`` processes) and one ``jobctl sweeper``
    against a throwaway PostgreSQL database and a private queue on RabbitMQ run a batch of
    one-step jobs; the open TCP connections of each process to PostgreSQL and RabbitMQ are
-   sampled every 50 ms, and the most seen at once is reported per process.
+   sampled every 50 ms, and the most seen at once is reported per process. Then the same
+   worker drains ``--drain-jobs`` jobs queued at once: jobs/s, and jobs per CPU-second of
+   the PostgreSQL backends serving the run's database (the ceiling per PostgreSQL core).
 2. The sweeper's cost per pass: ``sweep_once`` (dead owners, expired leases, due
    doorbells) on a database holding N QUEUED jobs (sent, not due for re-dispatch) and R
    RUNNING ones under live leases, median of 7 passes, for growing N and R.
@@ -25,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -63,7 +66,49 @@ def _count(pid: int, ports: dict[int, str]) -> dict[tuple[str, str], int]:
     return dict(seen)
 
 
-def connections(concurrency: int, jobs_count: int) -> None:
+def _backend_cpu_seconds(database: str) -> float:
+    """CPU seconds used so far by the PostgreSQL backends serving ``database`` (their
+    command line names it), so other databases on a shared server do not count."""
+    total = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith("postgres:") and f" {database} " in cmdline:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+    return total
+
+
+def drain(api: Any, database_url: str, count: int, concurrency: int) -> None:
+    """``count`` one-step jobs queued in one ``submit_many``; the running worker drains
+    them. Reports jobs/s and jobs per PostgreSQL CPU-second of this database's backends
+    (backends that end during the run are missed: an under-estimate of CPU, so the
+    per-core figure is an upper bound)."""
+    from sqlalchemy.engine import make_url  # noqa: PLC0415
+
+    database = make_url(database_url).database or ""
+    from jobs.runtime import process  # noqa: PLC0415
+
+    store = process.current().store
+    cpu_before = _backend_cpu_seconds(database)
+    started = time.monotonic()
+    ids = api.submit_many(STEP, [{} for _ in range(count)])
+    deadline = started + 300
+    while time.monotonic() < deadline:
+        last_done = all(store.get(job_id).state.value == "COMPLETED" for job_id in ids[-10:])
+        if last_done and all(store.get(job_id).state.value == "COMPLETED" for job_id in ids):
+            break
+        time.sleep(0.1)
+    seconds = time.monotonic() - started
+    cpu = _backend_cpu_seconds(database) - cpu_before
+    print(
+        f"drain: {count} one-step jobs, -c {concurrency}: {count / seconds:.0f} jobs/s; "
+        f"PostgreSQL backends used {cpu / seconds:.2f} cores "
+        f"= {count / cpu:.0f} jobs per PostgreSQL CPU-second"
+    )
+
+
+def connections(concurrency: int, jobs_count: int, drain_jobs: int) -> None:
     ports = {_ports(PG_URL, 5432): "PostgreSQL", _ports(AMQP_URL, 5672): "RabbitMQ"}
     with pg_database(PG_URL) as database_url, tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
@@ -105,7 +150,9 @@ def connections(concurrency: int, jobs_count: int) -> None:
             reset_settings()
             api.reset()
             ids = [api.submit(STEP, {}) for _ in range(jobs_count)]
-            store = api.get_store()
+            from jobs.runtime import process  # noqa: PLC0415
+
+            store = process.current().store
             most: dict[str, Counter[tuple[str, str]]] = {name: Counter() for name in procs}
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -119,6 +166,7 @@ def connections(concurrency: int, jobs_count: int) -> None:
             for name, seen in most.items():
                 for (role, service), n in sorted(seen.items()):
                     print(f"  {name:8} {role:10} {service:10} {n}")
+            drain(api, database_url, drain_jobs, concurrency)
         finally:
             for popen in procs.values():
                 with_group(popen)
@@ -173,11 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sizing", description=__doc__)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--drain-jobs", type=int, default=3000)
     parser.add_argument("--skip-connections", action="store_true")
     parser.add_argument("--skip-sweeper", action="store_true")
     args = parser.parse_args(argv)
     if not args.skip_connections:
-        connections(args.concurrency, args.jobs)
+        connections(args.concurrency, args.jobs, args.drain_jobs)
     if not args.skip_sweeper:
         sweeper_cost([(1000, 0), (1000, 200), (10000, 0), (10000, 2000)])
     return 0

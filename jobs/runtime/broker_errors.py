@@ -66,6 +66,7 @@ class BrokerPause:
         return float(min(self.longest, self.first * 2 ** (self.errors_in_a_row - 1)))
 
     def reset(self) -> None:
+        """The consumer consumes again: the next error pauses ``first`` seconds."""
         self.errors_in_a_row = 0
 
 

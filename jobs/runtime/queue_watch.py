@@ -32,6 +32,8 @@ log = logging.getLogger("jobs.sweeper")
 
 
 class QueueHealth(enum.Enum):
+    """What one :meth:`QueueWatch.check` found (see the module's docstring)."""
+
     OK = "ok"
     GONE_NOW_DECLARED = "gone, declared again"
     BACK = "serving again after it was unavailable"
@@ -77,6 +79,7 @@ class QueueWatch:
                 log.debug("sweeper: closing the broker connection failed: %s", err)
 
     def check(self) -> QueueHealth:
+        """Ask the broker about the queue once (declaring it if it is gone); never raises."""
         from jobs.runtime.celery_app import task_queue  # noqa: PLC0415 - the one declaration
 
         try:
@@ -129,4 +132,5 @@ class QueueWatch:
         return QueueHealth.GONE_NOW_DECLARED
 
     def close(self) -> None:
+        """Close the watch's broker connection (the sweeper is stopping)."""
         self._drop_connection()
