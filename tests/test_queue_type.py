@@ -4,9 +4,11 @@ queue watch (issue 10). The cluster scenarios are in tests/acceptance/test_rabbi
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from amqp.exceptions import NotFound
@@ -216,3 +218,35 @@ def test_docs_match_the_queue_settings() -> None:
     sizing = (ROOT / "deploy" / "SIZING.md").read_text()
     assert "SWEEPER_TABLE" not in sizing
     assert "python -m bench.sizing" in sizing
+
+
+@pytest.mark.rabbitmq
+def test_quorum_delivery_limit_drops_a_message_that_keeps_coming_back(
+    amqp_settings: Settings,
+) -> None:
+    """The second guard against a message that kills its consumers: RabbitMQ drops a
+    doorbell returned ``QUORUM_DELIVERY_LIMIT`` times (here by reject-and-requeue, as a
+    consumer that dies does) instead of delivering it for ever."""
+    with Connection(AMQP_URL) as conn:
+        channel = conn.channel()
+        queue = make_app(amqp_settings).amqp.queues[amqp_settings.queue].bind(channel)
+        queue.declare()
+        channel.basic_publish(
+            channel.prepare_message(b"poison"), exchange="", routing_key=amqp_settings.queue
+        )
+        deliveries = 0
+        while message := _get_soon(queue):
+            deliveries += 1
+            assert deliveries <= QUORUM_DELIVERY_LIMIT + 1, "never dropped"
+            message.reject(requeue=True)
+        assert deliveries == QUORUM_DELIVERY_LIMIT + 1
+
+
+def _get_soon(queue: Any, tries: int = 20) -> Any:
+    """The next message, allowing a requeued one a moment to come back."""
+    for _ in range(tries):
+        message = queue.get(no_ack=False)
+        if message is not None:
+            return message
+        time.sleep(0.05)
+    return None

@@ -12,6 +12,7 @@ Wall time: about 35 s to start the cluster once per session, then 20-60 s per te
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 
 import pytest
@@ -209,3 +210,50 @@ def test_node_lost_for_good_queue_declared_again_and_doorbells_rung(
     print(
         f"\n[lost for good] {len(jobs)} jobs done {took:.1f}s after forget_cluster_node; {rang[0]}"
     )
+
+
+@pytest.mark.parametrize("stack", [PG_RABBIT_CLUSTER], indirect=True)
+def test_refused_permission_then_granted_and_a_dead_first_url(
+    stack: Stack, cluster: RabbitCluster
+) -> None:
+    """A user without configure permission: the worker logs ``ACCESS_REFUSED`` and retries
+    (no exit) until an operator grants it, then consumes within seconds. Then a worker
+    whose first failover URL is a dead node starts and runs jobs within a few seconds."""
+    first = cluster.nodes[0]
+    user = f"limited{uuid.uuid4().hex[:6]}"
+    cluster.ctl(first, "add_user", user, "secret")
+    try:
+        cluster.ctl(first, "set_permissions", "-p", "/", user, "^$", ".*", ".*")
+        urls = [node.url.replace("guest:guest", f"{user}:secret") for node in cluster.nodes]
+        stack.configure(JOBS_QUEUE_TYPE="quorum")
+        declare_on(first)  # by guest: the queue exists, the limited user may not declare it
+        worker = stack.worker("L", wait=False, env={"JOBS_BROKER_URL": ";".join(urls)})
+        stack.sweeper()
+        job_id = stack.submit("sleep_steps", JOB)
+        wait_until(
+            lambda: worker.output().count("ACCESS_REFUSED") >= 3, 30, "three refusals logged"
+        )
+        assert worker.alive(), worker.output()[-3000:]
+        assert stack.job(job_id).state is State.QUEUED
+        cluster.ctl(first, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+        granted = time.monotonic()
+        stack.wait_state(job_id, timeout=30)
+        after_grant = time.monotonic() - granted
+        assert stack.job(job_id).state is State.COMPLETED
+        assert after_grant < 15, after_grant
+        assert worker.alive()
+    finally:
+        cluster.ctl(first, "delete_user", user, check=False)
+
+    cluster.stop_node(first)
+    started = time.monotonic()
+    late = stack.worker("D", wait=True)  # JOBS_BROKER_URL: the full list, node 1 first
+    ready = time.monotonic() - started
+    more = submit(stack, 4)
+    took = wait_all_done(stack, more, timeout=20)
+    assert late.alive()
+    print(
+        f"\n[permissions] job done {after_grant:.1f}s after the grant; [dead first URL] "
+        f"worker ready in {ready:.1f}s, 4 jobs done {took:.1f}s later"
+    )
+    assert ready < 20, ready
