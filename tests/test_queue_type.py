@@ -19,7 +19,7 @@ from jobs.core.errors import SettingsError
 from jobs.core.settings import QUEUE_TYPES, Settings, from_env
 from jobs.core.store import JobStore
 from jobs.runtime import broker_errors
-from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _HideChannelErrorRetry
+from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
 from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 from jobs.runtime.sweeper import ring_all_due, sweep_once
@@ -86,22 +86,22 @@ def test_pause_doubles_to_the_longest_and_starts_over() -> None:
     assert pause.next_seconds() == broker_errors.FIRST_PAUSE_SECONDS
 
 
-def test_celerys_connection_lost_line_is_hidden_for_channel_errors_only() -> None:
-    hide = _HideChannelErrorRetry((NotFound,))
+def test_celerys_lines_are_hidden_only_while_a_channel_error_is_handled() -> None:
+    quiet = _QuietRetry()
 
-    def record(error: BaseException) -> logging.LogRecord:
+    def record(msg: str, *args: object) -> logging.LogRecord:
         return logging.LogRecord(
-            "celery.worker.consumer.consumer",
-            logging.WARNING,
-            __file__,
-            1,
-            "%s (%r)",
-            (broker_errors.CONNECTION_RETRY, error),
-            None,
+            "celery.worker.consumer.consumer", logging.WARNING, __file__, 1, msg, args, None
         )
 
-    assert not hide.filter(record(NotFound("NOT_FOUND - home node 'x' is down")))
-    assert hide.filter(record(ConnectionResetError(104, "reset")))
+    lost = record("%s (%r)", broker_errors.CONNECTION_RETRY, NotFound("NOT_FOUND - x"))
+    prefetch = record("Skipping prefetch count reduction after connection restart")
+    cancelled = record("Task %r cancelled", "jobs.run")
+    assert all(quiet.filter(r) for r in (lost, prefetch, cancelled))
+    quiet.active = True
+    assert not quiet.filter(lost)
+    assert not quiet.filter(prefetch)
+    assert quiet.filter(cancelled)
     assert broker_errors.describe(NotFound("NOT_FOUND - no queue 'q'")) == (
         "NOT_FOUND - no queue 'q'"
     )

@@ -16,8 +16,8 @@ for it.
   declaring and consuming again) after a pause that doubles from
   :data:`FIRST_PAUSE_SECONDS` up to :data:`LONGEST_PAUSE_SECONDS`, so consumption
   resumes within seconds of the cluster serving the queue again without hammering it;
-- says so in one line (``broker refused queue 'jobs': NOT_FOUND - … ; retrying in 2.0s``)
-  instead of Celery's "Connection to broker lost" plus a traceback;
+- says so in one warning (``broker refused queue 'jobs': NOT_FOUND - … ; retrying in 2.0s``)
+  instead of Celery's "Connection to broker lost" and its prefetch notice;
 - starts the pause over once the consumer is consuming again;
 - leaves out Celery's native delayed delivery (see :data:`LEFT_OUT_STEPS`).
 """
@@ -97,22 +97,35 @@ class ConsumingResumed(bootsteps.StartStopStep):  # type: ignore[misc]
             pause.reset()
 
 
-class _HideChannelErrorRetry(logging.Filter):
-    """Celery logs every recoverable error as "Connection to broker lost"; for a channel
-    error our own line says what really happened, so Celery's is dropped."""
+class _QuietRetry(logging.Filter):
+    """While the consumer handles a channel error, Celery's own lines about it ("Connection
+    to broker lost", "Skipping prefetch count reduction") would say the wrong thing; our one
+    line says what happened. Everything else Celery logs meanwhile (a task cancelled) stays."""
 
-    def __init__(self, channel_errors: tuple[type[BaseException], ...]) -> None:
+    HIDDEN_PREFIXES = ("Skipping prefetch count reduction",)
+
+    def __init__(self) -> None:
         super().__init__()
-        self.channel_errors = channel_errors
+        self.active = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not self.active:
+            return True
         args = record.args
-        return not (
-            isinstance(args, tuple)
-            and len(args) == 2
-            and args[0] == CONNECTION_RETRY
-            and isinstance(args[1], self.channel_errors)
-        )
+        if isinstance(args, tuple) and args and args[0] == CONNECTION_RETRY:
+            return False
+        return not str(record.msg).startswith(self.HIDDEN_PREFIXES)
+
+
+def _quiet_retry_filter() -> _QuietRetry:
+    """The one filter on Celery's consumer logger (added on first use)."""
+    consumer_log = logging.getLogger("celery.worker.consumer.consumer")
+    for existing in consumer_log.filters:
+        if isinstance(existing, _QuietRetry):
+            return existing
+    quiet = _QuietRetry()
+    consumer_log.addFilter(quiet)
+    return quiet
 
 
 class RetryingConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type hints
@@ -129,9 +142,7 @@ class RetryingConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.broker_pause = BrokerPause()
-        consumer_log = logging.getLogger("celery.worker.consumer.consumer")
-        if not any(isinstance(f, _HideChannelErrorRetry) for f in consumer_log.filters):
-            consumer_log.addFilter(_HideChannelErrorRetry(tuple(self.channel_errors)))
+        self._quiet = _quiet_retry_filter()
 
     def _is_channel_error(self, error: BaseException) -> bool:
         return isinstance(error, tuple(self.channel_errors)) and not isinstance(
@@ -152,7 +163,11 @@ class RetryingConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type 
         wait(seconds)
 
     def on_connection_error_after_connected(self, exc: BaseException) -> None:
-        super().on_connection_error_after_connected(exc)
+        self._quiet.active = self._is_channel_error(exc)
+        try:
+            super().on_connection_error_after_connected(exc)
+        finally:
+            self._quiet.active = False
         self._pause_after(exc)
 
     def on_connection_error_before_connected(self, exc: BaseException) -> None:
