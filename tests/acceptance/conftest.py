@@ -12,7 +12,7 @@ Tests pick backends with ``@pytest.mark.parametrize("stack", BOTH, indirect=True
 (or ``PG_RABBITMQ`` / ``EMBEDDED``). ``PG_RABBIT_CLUSTER`` runs the stack against a
 private 3-node RabbitMQ cluster started once per session (``rabbit_cluster``, see
 tests/acceptance/rabbit_cluster.py) through a failover URL list; the ``cluster`` fixture
-gives a test that cluster and brings every node back (or a fresh one) after it.
+gives a test that cluster with every node running (restarted, or a fresh one joined).
 """
 
 from __future__ import annotations
@@ -171,10 +171,12 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
 
 
 @pytest.fixture
-def cluster(rabbit_cluster: RabbitCluster) -> Iterator[RabbitCluster]:
-    """The session's cluster, with all three nodes running again after the test."""
-    yield rabbit_cluster
+def cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
+    """The session's cluster with all three nodes running: a node an earlier test stopped
+    is restarted (or a fresh one joined) before the test, not after, so the session's last
+    test does not pay for a repair nobody needs."""
     rabbit_cluster.heal()
+    return rabbit_cluster
 
 
 # -- polling ------------------------------------------------------------------------------

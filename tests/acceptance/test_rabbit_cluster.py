@@ -1,7 +1,8 @@
 """Scale-out on a RabbitMQ cluster (issue 10): nodes die under running jobs.
 
 A private 3-node cluster (tests/acceptance/rabbit_cluster.py; the service on 5672 is
-never touched), two real workers and a sweeper reach it through a failover URL list.
+never touched), two real workers (one solo, one prefork with two children) and a sweeper
+reach it through a failover URL list.
 Nodes are stopped with SIGKILL, the way a crashed host goes. In every case every job
 completes within a stated time, no worker exits, and no job is lost.
 
@@ -79,7 +80,10 @@ def check_nothing_lost(stack: Stack, job_ids: list[str], workers: list[Proc]) ->
 
 
 def start_processes(stack: Stack) -> list[Proc]:
-    workers = [stack.worker("A", wait=False), stack.worker("B", wait=False)]
+    workers = [
+        stack.worker("A", wait=False),
+        stack.worker("B", pool="prefork", concurrency=2, wait=False),
+    ]
     stack.sweeper()
     for worker in workers:
         worker.wait_ready(timeout=60)
@@ -155,7 +159,7 @@ def test_classic_queue_home_node_down_workers_wait_and_resume(
         30,
         "both workers to log the refused queue",
     )
-    time.sleep(8)  # an outage long enough for several retries
+    time.sleep(5)  # an outage long enough for several retries
     for worker in workers:
         assert worker.alive(), worker.output()[-3000:]
         lines = [ln for ln in worker.output().splitlines() if "broker refused queue" in ln]
