@@ -13,23 +13,16 @@ Public API::
     job_id = jobs.submit("check_order", {"order_id": 42})
     jobs.approve(job_id, by="alice")
 
-Importing :mod:`jobs` imports no Celery and none of ``JOBS_IMPORTS``; both load on first need.
+Importing :mod:`jobs` imports no Celery, no SQLAlchemy and none of ``JOBS_IMPORTS``: a
+module that only defines jobs stays light (a worker's main process never connects to the
+database), and the operations load what they need on first use.
 """
 
-from jobs.api import (
-    approve,
-    cancel,
-    dispatch,
-    get,
-    history,
-    list_jobs,
-    seed_limits,
-    set_dispatcher,
-    set_limits,
-    steps,
-    submit,
-    submit_many,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jobs.core.context import JobContext
 from jobs.core.errors import (
     AdmissionRefused,
@@ -45,7 +38,55 @@ from jobs.core.errors import (
 )
 from jobs.core.registry import REGISTRY, job
 from jobs.core.states import TRANSITIONS, State
-from jobs.core.store import Job, KindLimits, Step, Transition
+
+if TYPE_CHECKING:
+    from jobs.api import (
+        approve,
+        cancel,
+        dispatch,
+        get,
+        history,
+        list_jobs,
+        seed_limits,
+        set_dispatcher,
+        set_limits,
+        steps,
+        submit,
+        submit_many,
+    )
+    from jobs.core.records import Job, KindLimits, Step, Transition
+
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "approve",
+            "cancel",
+            "dispatch",
+            "get",
+            "history",
+            "list_jobs",
+            "seed_limits",
+            "set_dispatcher",
+            "set_limits",
+            "steps",
+            "submit",
+            "submit_many",
+        ),
+        "jobs.api",
+    ),
+    **dict.fromkeys(("Job", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The operations and record types, imported on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "REGISTRY",
