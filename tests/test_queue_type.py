@@ -144,7 +144,7 @@ def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
     ids = sorted(_queued(store, 3))
     clock.advance(1)  # sent at submit, a second ago
     settings = settings_with()
-    report = sweep_once(store, settings, lambda _job_ids: True, FakeWatch(health))  # type: ignore[arg-type]
+    report = sweep_once(store, settings, lambda _job_ids: True, watch=FakeWatch(health))  # type: ignore[arg-type]
     expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
     assert sorted(report.dispatched) == expected
 

@@ -73,13 +73,15 @@ def sweeper(once: bool) -> None:
     store = runtime.store
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
-        report = sweep_once(store, settings, runtime.dispatch, watch)
+        report = sweep_once(
+            store, settings, runtime.dispatch, runtime.waiting_doorbells, watch=watch
+        )
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
         )
         return
-    run_forever(store, settings, runtime.dispatch, watch=watch)
+    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
 
 
 @main.command()

@@ -62,15 +62,28 @@ def sweep_once(
     store: JobStore,
     settings: Settings,
     publish: Callable[[Sequence[str]], bool],
+    waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> SweepReport:
-    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could.
-    With a ``watch`` (RabbitMQ), a queue that lost its doorbells has every due one rung."""
+    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could;
+    ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
+
+    A doorbell published long ago and still unclaimed is either lost or waiting behind a
+    backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
+    as the queue is short of: with 5,000 doorbells ready in the queue, a backlog of 5,000
+    slow jobs is not published a second time, while lost ones are re-sent once it drains.
+
+    With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
+    doorbell it held: then every due one is rung at once, however recently it was sent."""
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
     health = watch.check() if watch is not None else QueueHealth.OK
     dispatched = ring_all_due(store, publish) if health.ring_all else []
-    due = store.due_for_dispatch(settings.redispatch_after_seconds)
+    stale_limit = None
+    ready = waiting()
+    if ready is not None:
+        stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
+    due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
     if due and publish(due):
         dispatched += due
     return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
@@ -81,6 +94,7 @@ def run_forever(
     settings: Settings,
     publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
+    waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> None:
     stop = stop or threading.Event()
@@ -99,7 +113,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish, watch)
+            report = sweep_once(store, settings, publish, waiting, watch)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass
