@@ -181,7 +181,7 @@ class BackendRun:
         config = celery_config(settings)  # exactly the durable side's settings
         self.plain_env = {
             **_base_env(),
-            plain_app.CONFIG_ENV: json.dumps(config),
+            plain_app.CONFIG_ENV: json.dumps(plain_app.as_json(config)),
             marks.ENV: str(self.marks_path),
         }
         client = Celery("bench_plain_client", set_as_current=False)

@@ -95,6 +95,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         folder = settings.broker_folder
         for sub in ("processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        config["broker_transport"] = "jobs.runtime.fs_transport:Transport"
         config["broker_transport_options"] = {
             "data_folder_in": str(folder),
             "data_folder_out": str(folder),
