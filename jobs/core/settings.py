@@ -18,6 +18,12 @@ from jobs.core.errors import SettingsError
 PREFIX = "JOBS_"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
 
+QUEUE_TYPES = ("classic", "quorum")
+"""``JOBS_QUEUE_TYPE`` values. ``classic`` is the default because a queue's type is fixed
+when it is first declared: an existing deployment's ``jobs`` queue is classic, and a new
+default would make every upgraded worker's declare fail with ``PRECONDITION_FAILED``.
+Clusters should choose ``quorum`` (see deploy/README.md, "Quorum queues")."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -34,6 +40,7 @@ class Settings:
     retry_backoff_max_seconds: float = 300.0
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
+    queue_type: str = "classic"
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
     liveness_database_url: str | None = None
@@ -61,6 +68,7 @@ KNOWN = {
     "RETRY_BACKOFF_MAX_SECONDS",
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
+    "QUEUE_TYPE",
     "LIVENESS_DATABASE_URL",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
@@ -224,6 +232,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         if not all(part.isidentifier() for part in name.split(".")):
             raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
     queue = env.get(PREFIX + "QUEUE") or "jobs"
+    queue_type = env.get(PREFIX + "QUEUE_TYPE") or "classic"
+    if queue_type not in QUEUE_TYPES:
+        raise SettingsError(
+            f"{PREFIX}QUEUE_TYPE={queue_type!r} must be one of: {', '.join(QUEUE_TYPES)}"
+        )
     if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
         raise SettingsError(f"{PREFIX}QUEUE={queue[:40]!r}: letters, digits and -_.: only")
     backoff = _positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0)
@@ -247,6 +260,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retry_backoff_max_seconds=backoff_max,
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
+        queue_type=queue_type,
         liveness_database_url=liveness_url,
     )
 

@@ -106,6 +106,12 @@ def _param(name: str) -> ColumnElement[Any]:
     return bindparam(name, type_=_PARAM_TYPES[name])
 
 
+def _state_in(allowed: Sequence[State]) -> ColumnElement[bool]:
+    """``state IN (...)`` written out as equalities: an expanding ``IN`` parameter makes
+    SQLAlchemy re-render the statement's text at every execution."""
+    return or_(*(J.state == state.value for state in allowed))
+
+
 class JobStore(JobReader):
     """Every write to the job tables, plus the reads it inherits.
 
@@ -267,7 +273,7 @@ class JobStore(JobReader):
             allowed = tuple(s for s in allowed if s in narrowed)
         return (
             update(J)
-            .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
+            .where(J.id == job_id, _state_in(allowed), *where)
             .values(
                 previous_state=J.state,
                 state=target.value,
@@ -630,34 +636,51 @@ class JobStore(JobReader):
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
         or the ID exists): the caller then takes the transactional path, which says which."""
         table = J.__table__.c
-        limited = select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
-        source = select(
-            *[
-                value if isinstance(value, ColumnElement) else literal(value, table[name].type)
-                for name, value in values.items()
-            ]
-        ).where(~exists(limited))
-        created = (
-            postgresql.insert(J)
-            .from_select(list(values), source)
-            .on_conflict_do_nothing()
-            .returning(*JOB_COLUMNS)
-            .cte("created")
-        )
-        history = (
-            insert(TransitionRecord)
-            .from_select(
-                ["job_id", "to_state", "at", "reason"],
-                select(
-                    created.c.id,
-                    literal(State.QUEUED.value, T.to_state.type),
-                    created.c.created_at,
-                    literal("submitted", T.reason.type),
-                ),
+        # A delayed job's due time is an expression with its delay inside: built afresh.
+        reusable = values["dispatched_at"] is not None
+        params = {
+            f"c_{name}": value
+            for name, value in values.items()
+            if not isinstance(value, ColumnElement)
+        }
+
+        def build() -> Executable:
+            limited = select(L.kind).where(
+                L.kind == bindparam("c_kind", type_=table.kind.type), L.max_queued.is_not(None)
             )
-            .cte("history")
-        )
-        return conn.execute(select(*created.c).add_cte(history)).one_or_none()
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else bindparam(f"c_{name}", type_=table[name].type)
+                    for name, value in values.items()
+                ]
+            ).where(~exists(limited))
+            created = (
+                postgresql.insert(J)
+                .from_select(list(values), source)
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS)
+                .cte("created")
+            )
+            history = (
+                insert(TransitionRecord)
+                .from_select(
+                    ["job_id", "to_state", "at", "reason"],
+                    select(
+                        created.c.id,
+                        literal(State.QUEUED.value, T.to_state.type),
+                        created.c.created_at,
+                        literal("submitted", T.reason.type),
+                    ),
+                )
+                .cte("history")
+            )
+            return select(*created.c).add_cte(history)
+
+        key = ("create", tuple(values), tuple(name in params for name in values))
+        statement = self._reusable(key, build) if reusable else build()
+        return conn.execute(statement, params).one_or_none()
 
     # -- backpressure --------------------------------------------------------------------
 
@@ -781,16 +804,12 @@ class JobStore(JobReader):
         On PostgreSQL a kind without a running limit is claimed by one autocommit statement
         (the claim, its history row, and whether recorded steps exist); only when that finds
         nothing does a second try lock the kind's limits row and count its running jobs."""
-        where = [self._claimable()]
-        if kinds is not None:
-            where.append(J.kind.in_(list(kinds)))
-        values = {
-            "owner": owner,
-            "fence": J.fence + 1,
-            "lease_until": self.clock.after(lease_seconds),
-            "attempts": J.attempts + 1,
-            "liveness_key": liveness_key,
-        }
+
+        def claimable() -> list[ColumnElement[bool]]:
+            where = [self._claimable()]
+            if kinds is not None:
+                where.append(J.kind.in_(list(kinds)))
+            return where
 
         def unlimited() -> Row[Any] | None:
             """PostgreSQL: the claim of a kind without a running limit, one statement."""
@@ -802,7 +821,7 @@ class JobStore(JobReader):
                 return self._transition_statement(
                     _param("p_job_id"),
                     State.RUNNING,
-                    where=[*where, no_running_limit],
+                    where=[*claimable(), no_running_limit],
                     values={
                         "owner": _param("p_owner"),
                         "fence": J.fence + 1,
@@ -840,8 +859,14 @@ class JobStore(JobReader):
                 conn,
                 job_id,
                 State.RUNNING,
-                where=[*where, *limited],
-                values=values,
+                where=[*claimable(), *limited],
+                values={
+                    "owner": owner,
+                    "fence": J.fence + 1,
+                    "lease_until": self.clock.after(lease_seconds),
+                    "attempts": J.attempts + 1,
+                    "liveness_key": liveness_key,
+                },
                 owner=owner,
                 reason="claimed",
             )

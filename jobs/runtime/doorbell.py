@@ -20,10 +20,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery.worker.consumer import Consumer
-
 from jobs.core.errors import InvalidInput
 from jobs.core.validate import NAME_LENGTH, check_name
+from jobs.runtime.broker_errors import RetryingConsumer
 from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
@@ -145,8 +144,9 @@ def drop(message: Any, reason: str, ack: Callable[[], Any] | None = None) -> Non
         message.ack()
 
 
-class GuardedConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
-    """Celery's consumer with a gate in front of its task handler.
+class GuardedConsumer(RetryingConsumer):
+    """The worker's consumer (:class:`RetryingConsumer`: broker-side errors pause and retry)
+    with a gate in front of its task handler.
 
     ``jobs.run`` messages are checked (:func:`doorbell_job_id`) and their headers rebuilt
     before Celery's own handler sees them; any other message on our queue is dropped; and
@@ -156,7 +156,8 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         celery_handler: Callable[[Any], Any] = super().create_task_handler(*args, **kwargs)
-        connection_errors = tuple(self.connection_errors or ())
+        # Broker trouble is not the message's fault: let the consumer's own handling see it.
+        connection_errors = tuple(self.connection_errors or ()) + tuple(self.channel_errors or ())
 
         def on_task_received(message: Any) -> Any:
             try:

@@ -1,17 +1,11 @@
-"""kombu's ``filesystem://`` transport, made safe for the embedded broker.
+"""kombu's filesystem transport (the embedded default's broker), with atomic messages.
 
-kombu's own transport has two holes a worker falls into (kombu issue #1551):
-
-- a publisher creates the message file and then writes it, so a worker polling the folder
-  can move and read a file that is still empty or half written; and
-- a reader that finds a file that is not a message envelope (empty, not JSON, missing
-  fields, a bad body encoding) raises inside the worker's event loop, and the whole
-  worker stops.
-
-Here a message file is written under a temporary name and renamed into place, so a
-reader sees all of it or nothing; and a file that is not a readable envelope is removed
-with one log line instead of stopping the worker. Chosen by ``broker_transport`` in
-:mod:`jobs.runtime.celery_app` whenever the broker URL is ``filesystem://``.
+kombu writes a message file in place: the consumer may move and read it between the
+file's creation and its write, find it empty, and the worker's main process dies on the
+JSON error with the message gone (seen with a bulk submit on the embedded default). Here a
+message is written under a name no consumer matches and renamed into place when complete
+(a rename is atomic), and a file that still cannot be decoded is dropped with one log line
+instead of stopping the worker: its job stays QUEUED and the sweeper rings it again.
 """
 
 from __future__ import annotations
@@ -22,45 +16,40 @@ import uuid
 from time import monotonic
 from typing import Any
 
-from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 log = logging.getLogger("jobs.worker")
 
+TRANSPORT = "jobs.runtime.fs_transport:Transport"
+
 
 class Channel(filesystem.Channel):
-    """Atomic publishes; unreadable message files dropped instead of raised."""
+    """A filesystem channel whose messages appear whole or not at all."""
 
-    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
-        # The temporary name does not end in ".<queue>.msg", so no reader picks it up.
+        # A leading dot: kombu matches '<anything>.<queue>.msg' on what follows the first
+        # dot, which for this name is '<name>.part', so no consumer takes it half-written.
         partial = os.path.join(self.data_folder_out, f".{name}.part")
-        try:
-            with open(partial, "wb") as out:
-                out.write(dumps(payload).encode())  # type: ignore[no-untyped-call]
-            os.replace(partial, final)
-        except OSError as err:
-            raise ChannelError(f"Cannot add file {final!r} to directory") from err
+        with open(partial, "wb") as out:
+            out.write(str_to_bytes(dumps(payload)))  # type: ignore[no-untyped-call]
+        os.replace(partial, final)
 
-    def _get(self, queue: Any, timeout: Any = None) -> Any:
+    def _get(self, queue: Any) -> Any:  # type: ignore[override] # kombu's own hierarchy disagrees
         while True:
             try:
-                # Raises queue.Empty when no message file is left.
                 payload = super()._get(queue)  # type: ignore[no-untyped-call]
-            except (ValueError, RecursionError) as err:  # not JSON (or not UTF-8)
-                log.error(
-                    "dropped a message file in queue %.60r: not JSON (%s)",
-                    queue,
-                    type(err).__name__,
-                )
+            except (ValueError, RecursionError) as err:  # not JSON: drop it, keep consuming
+                log.error("dropped an unreadable message file on queue %r: %.200s", queue, err)
                 continue
-            try:
+            try:  # anyone who can write to the folder can leave JSON that is no envelope
                 self.Message(payload, channel=self)  # type: ignore[no-untyped-call]
-            except Exception as err:  # any envelope kombu cannot turn into a message
+            except Exception as err:
                 log.error(
-                    "dropped a message file in queue %.60r: not a message envelope (%s)",
+                    "dropped a message file on queue %r that is not a message envelope (%s)",
                     queue,
                     type(err).__name__,
                 )
@@ -69,6 +58,6 @@ class Channel(filesystem.Channel):
 
 
 class Transport(filesystem.Transport):
-    """The filesystem transport with :class:`Channel`."""
+    """``broker_transport`` for ``filesystem://`` URLs (set by ``celery_config``)."""
 
     Channel = Channel

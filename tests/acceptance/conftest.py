@@ -9,7 +9,10 @@ the fixture's teardown however the test ends; when a test fails, the logs of eve
 process it started are printed.
 
 Tests pick backends with ``@pytest.mark.parametrize("stack", BOTH, indirect=True)``
-(or ``PG_RABBITMQ`` / ``EMBEDDED``).
+(or ``PG_RABBITMQ`` / ``EMBEDDED``). ``PG_RABBIT_CLUSTER`` runs the stack against a
+private 3-node RabbitMQ cluster started once per session (``rabbit_cluster``, see
+tests/acceptance/rabbit_cluster.py) through a failover URL list; the ``cluster`` fixture
+gives a test that cluster with every node running (restarted, or a fresh one joined).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from jobs.core.settings import reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
 from jobs.runtime import process
+from tests.acceptance.rabbit_cluster import RABBITMQ_BIN, RabbitCluster
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
 T = TypeVar("T")
@@ -60,6 +64,11 @@ PRIVATE_PG_RABBITMQ = pytest.param(
     id="private-pg-rabbitmq",
 )
 BOTH = [PG_RABBITMQ, EMBEDDED]
+PG_RABBIT_CLUSTER = pytest.param(
+    "pg-rabbit-cluster",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbit_cluster],
+    id="pg-rabbit-cluster",
+)
 
 FINISHED = (State.COMPLETED, State.FAILED, State.CANCELLED)
 
@@ -308,6 +317,28 @@ def pgbouncer(request: pytest.FixtureRequest) -> Iterator[PgBouncer]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """A private 3-node RabbitMQ cluster for the whole session (about 35 s to start)."""
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        service_unavailable("RabbitMQ cluster", FileNotFoundError(RABBITMQ_BIN))
+    cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbit-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
+    """The session's cluster with all three nodes running: a node an earlier test stopped
+    is restarted (or a fresh one joined) before the test, not after, so the session's last
+    test does not pay for a repair nobody needs."""
+    rabbit_cluster.heal()
+    return rabbit_cluster
+
+
 # -- polling ------------------------------------------------------------------------------
 
 
@@ -398,6 +429,7 @@ class Stack:
     monkeypatch: pytest.MonkeyPatch
     database_url: str
     procs: list[Proc] = field(default_factory=list)
+    cluster: RabbitCluster | None = None
 
     def __post_init__(self) -> None:
         self._apply()
@@ -407,6 +439,10 @@ class Stack:
     @property
     def rabbitmq(self) -> bool:
         return self.backend in ("pg-rabbitmq", "private-pg-rabbitmq")
+
+    @property
+    def amqp(self) -> bool:
+        return self.backend in ("pg-rabbitmq", "pg-rabbit-cluster", "private-pg-rabbitmq")
 
     @property
     def queue(self) -> str:
@@ -571,6 +607,9 @@ class Stack:
 
     def queue_depth(self) -> tuple[int, int]:
         """(ready, unacknowledged) messages in this stack's queue."""
+        if self.cluster is not None:
+            info = self.cluster.queue_info(self.queue)
+            return (int(info["ready"]), int(info["unacked"])) if info else (0, 0)
         if self.rabbitmq:
             depth = rabbit_queue_depth(self.queue)
             return depth if depth is not None else (0, 0)
@@ -667,9 +706,10 @@ def stack(
     request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     backend = getattr(request, "param", None)
-    if backend not in ("pg-rabbitmq", "embedded", "private-pg-rabbitmq"):
+    if backend not in ("pg-rabbitmq", "pg-rabbit-cluster", "embedded", "private-pg-rabbitmq"):
         raise RuntimeError(
-            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, EMBEDDED or PRIVATE_PG_RABBITMQ"
+            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER, EMBEDDED "
+            "or PRIVATE_PG_RABBITMQ"
         )
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
@@ -695,15 +735,20 @@ def stack(
             private_admin.dispose()
         env["JOBS_DATABASE_URL"] = database_url
         env["JOBS_BROKER_URL"] = broker
-    elif backend == "pg-rabbitmq":
+    elif backend in ("pg-rabbitmq", "pg-rabbit-cluster"):
         admin = request.getfixturevalue("pg_admin")
-        broker = request.getfixturevalue("amqp_url")
+        if backend == "pg-rabbitmq":
+            broker = request.getfixturevalue("amqp_url")
+        else:
+            broker = request.getfixturevalue("cluster").urls
         database_url = _create_database(admin)
         env["JOBS_DATABASE_URL"] = database_url
         env["JOBS_BROKER_URL"] = broker
     else:
         database_url = f"sqlite:///{root / 'data' / 'jobs.sqlite3'}"
     world = Stack(backend, root, env, monkeypatch, database_url)
+    if backend == "pg-rabbit-cluster":
+        world.cluster = request.getfixturevalue("cluster")
     try:
         yield world
     finally:
