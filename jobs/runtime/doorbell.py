@@ -156,6 +156,8 @@ class GuardedConsumer(RetryingConsumer):
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         celery_handler: Callable[[Any], Any] = super().create_task_handler(*args, **kwargs)
+        if getattr(self.app, "main", None) != "jobs":
+            return celery_handler  # another app on our settings (the bench's plain Celery)
         # Broker trouble is not the message's fault: let the consumer's own handling see it.
         connection_errors = tuple(self.connection_errors or ()) + tuple(self.channel_errors or ())
 
