@@ -8,11 +8,12 @@ web app can ``import jobs`` at module level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
@@ -20,6 +21,7 @@ from jobs.core.validate import check_name
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
+JobScope = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Registry:
         self._imports = tuple(imports) if imports is not None else None
         self._imported = False
         self._lock = threading.RLock()
+        self._scopes: list[JobScope] = []
 
     def register(
         self,
@@ -132,6 +135,29 @@ class Registry:
     def names(self) -> list[str]:
         self._ensure_imported()
         return sorted(self._kinds)
+
+    def add_job_scope(self, scope: JobScope) -> None:
+        """Run every handler inside ``scope()``, a context manager made afresh for each run:
+        how a web framework wraps its jobs (Flask's application context, Django's
+        stale-connection cleanup). Scopes nest in the order they were added; adding one
+        twice is a no-op."""
+        with self._lock:
+            if scope not in self._scopes:
+                self._scopes.append(scope)
+
+    def remove_job_scope(self, scope: JobScope) -> None:
+        """Stop wrapping handlers in ``scope`` (tests, an app torn down)."""
+        with self._lock:
+            if scope in self._scopes:
+                self._scopes.remove(scope)
+
+    @contextlib.contextmanager
+    def job_scope(self) -> Iterator[None]:
+        """The scopes a handler runs in (nothing when none was added)."""
+        with contextlib.ExitStack() as stack:
+            for scope in list(self._scopes):
+                stack.enter_context(scope())
+            yield
 
     def reset_imports(self) -> None:
         with self._lock:

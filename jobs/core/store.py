@@ -535,6 +535,18 @@ class JobStore(JobReader):
             retry_after,
         )
 
+    def check_admission(self, kind: str, adding: int = 1) -> None:
+        """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit
+        in its ``max_queued`` now; writes nothing (the check's transaction rolls back). For
+        a submit that will happen later, after a caller's commit: the answer may change
+        in between."""
+        with self.engine.connect() as conn:
+            checking = conn.begin()
+            try:
+                self._admit(conn, kind, [f"admission check {n}" for n in range(adding)])
+            finally:
+                checking.rollback()
+
     def set_limits(
         self,
         kind: str,
