@@ -19,12 +19,10 @@ from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
-from jobs import api
 from jobs.core.clock import LogicalClock
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import normalize_database_url, reset_settings
+from jobs.core.settings import normalize_database_url
 from jobs.core.store import JobStore
 from jobs.schema import upgrade
 
@@ -55,20 +53,12 @@ def _unmute_jobs_loggers() -> None:
 
 
 @pytest.fixture(autouse=True)
-def isolated_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Each test gets its own data folder and SQLite database and no doorbell."""
-    for key in list(os.environ):
-        if key.startswith("JOBS_") and not key.startswith("JOBS_TEST_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "jobs-data"))
-    reset_settings()
-    api.reset()
-    api.set_dispatcher(None)
+def isolated_jobs(tmp_path: Path, jobs_isolated: Path) -> Path:
+    """Each test gets its own data folder and SQLite database and no doorbell: the
+    ``jobs_isolated`` fixture of our pytest plugin (jobs/pytest_plugin.py), which users'
+    tests get too."""
     _unmute_jobs_loggers()
-    yield tmp_path
-    reset_settings()
-    api.reset()
-    REGISTRY.reset_imports()
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def mark_checked(order_id: int) -> bool:
     return True
 
 
-@jobs.job("check_order", max_attempts=3, max_queued=20)
+@jobs.job("check_flask_order", max_attempts=3, max_queued=20)
 def check_order(ctx: jobs.JobContext, order_id: int) -> dict[str, Any]:
     """Runs in the app's context: ``db.session`` works here as in a view."""
     order = ctx.step("load", load, order_id)
@@ -86,7 +86,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         order = Order(customer=body["customer"], total_cents=body["total_cents"])
         db.session.add(order)
         db.session.flush()  # the order's ID, for the job's inputs
-        order.job_id = jobs_ext.submit("check_order", {"order_id": order.id})
+        order.job_id = jobs_ext.submit("check_flask_order", {"order_id": order.id})
         if body.get("fail_after_submit"):
             raise RuntimeError("failed after the submit: the order and its job roll back")
         db.session.commit()

@@ -18,7 +18,7 @@ def mark_checked(order_id: int) -> bool:
     return Order.objects.filter(pk=order_id).update(checked=True) == 1
 
 
-@jobs.job("check_order", max_attempts=3, max_queued=20)
+@jobs.job("check_shop_order", max_attempts=3, max_queued=20)
 def check_order(ctx: jobs.JobContext, order_id: int) -> dict[str, Any]:
     order = ctx.step("load", load, order_id)
     approved_by = None

@@ -3,6 +3,7 @@ job commit together, or neither does (a full queue answers 429, the order rolled
 
 import json
 
+from django.db import router
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -17,7 +18,9 @@ from orders.models import Order
 def create_order(request: HttpRequest) -> HttpResponse:
     body = json.loads(request.body or b"{}")
     order = Order.objects.create(customer=body["customer"], total_cents=body["total_cents"])
-    order.job_id = jobs.contrib.django.submit("check_order", {"order_id": order.pk})
+    order.job_id = jobs.contrib.django.submit(
+        "check_shop_order", {"order_id": order.pk}, using=router.db_for_write(Order)
+    )
     order.save(update_fields=["job_id"])
     if body.get("fail_after_submit"):
         raise RuntimeError("failed after the submit: the order and its job roll back")
@@ -47,7 +50,9 @@ def approve_order(request: HttpRequest, order_id: int) -> HttpResponse:
         return JsonResponse({"error": "no such order"}, status=404)
     body = json.loads(request.body or b"{}")
     try:
-        job = jobs.contrib.django.approve(order.job_id, by=body.get("by", "shop"))
+        job = jobs.contrib.django.approve(
+            order.job_id, by=body.get("by", "shop"), using=router.db_for_write(Order)
+        )
     except jobs.IllegalTransition as err:
         return JsonResponse({"error": str(err)}, status=409)
     return JsonResponse({"job": {"id": job.id, "state": job.state.value}})

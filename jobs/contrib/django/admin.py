@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import router
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
@@ -77,12 +78,16 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Approve selected jobs (as you)")
     def approve_jobs(self, request: HttpRequest, queryset: Any) -> None:
         by = f"admin:{request.user.get_username()}"
-        self._each(request, queryset, "approved", lambda job_id: approve(job_id, by=by))
+        using = router.db_for_write(JobRow)
+        self._each(
+            request, queryset, "approved", lambda job_id: approve(job_id, by=by, using=using)
+        )
 
     @admin.action(description="Cancel selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: Any) -> None:
-        by = f"cancelled in the admin by {request.user.get_username()}"
-        self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, by))
+        why = f"cancelled in the admin by {request.user.get_username()}"
+        using = router.db_for_write(JobRow)
+        self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why, using=using))
 
     def _each(self, request: HttpRequest, queryset: Any, done: str, change: Any) -> None:
         changed = 0

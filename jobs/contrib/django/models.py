@@ -4,7 +4,19 @@ through :mod:`jobs.api`, never through these models."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
+
+
+class JSONColumn(models.JSONField):
+    """The job tables' JSON columns: text on SQLite, ``json`` on PostgreSQL (which psycopg
+    has already decoded, where Django's JSONField expects ``jsonb`` text)."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if value is None or not isinstance(value, str | bytes | bytearray):
+            return value
+        return super().from_db_value(value, expression, connection)
 
 
 class JobRow(models.Model):
@@ -13,8 +25,8 @@ class JobRow(models.Model):
     id = models.CharField(max_length=200, primary_key=True)
     kind = models.CharField(max_length=200)
     state = models.CharField(max_length=20)
-    inputs = models.JSONField()
-    result = models.JSONField(null=True)
+    inputs = JSONColumn()
+    result = JSONColumn(null=True)
     last_error = models.TextField(null=True)
     owner = models.CharField(max_length=200, null=True)
     attempts = models.IntegerField()
