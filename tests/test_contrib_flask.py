@@ -1,0 +1,167 @@
+"""jobs.contrib.flask through the example shop and Flask's test client, in-process (jobs
+run with jobs.testing.drain), on a SQLite file shared by the app and the jobs and on
+PostgreSQL: an order and its job commit or roll back together through db.session, the
+doorbell rings only after the commit, a full queue answers 429 and saves nothing, the
+handler runs in the app's context, the blueprint answers 202/404/409/400."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flask_sqlalchemy")
+
+import jobs  # noqa: E402
+from jobs import testing  # noqa: E402
+from jobs.core.registry import REGISTRY  # noqa: E402
+from jobs.core.settings import get_settings, set_defaults_source  # noqa: E402
+from jobs.core.states import State  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
+KIND = "check_flask_order"
+
+
+class Shop:
+    def __init__(self, app: Any, client: Any) -> None:
+        self.app = app
+        self.client = client
+        self.rung: list[str] = []
+
+    def orders_of(self, customer: str) -> int:
+        import shop_flask  # noqa: PLC0415
+
+        with self.app.app_context():
+            return (
+                shop_flask.db.session.query(shop_flask.Order).filter_by(customer=customer).count()
+            )
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
+    if str(EXAMPLE) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE))
+    import shop_flask  # noqa: PLC0415
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{jobs_isolated / 'shop.sqlite3'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+        request.getfixturevalue("clean_pg_engine")
+    app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True})
+    try:
+        with app.app_context():
+            shop_flask.db.session.query(shop_flask.Order).delete()
+            shop_flask.db.session.commit()
+        world = Shop(app, app.test_client())
+        jobs.set_dispatcher(world.rung.append)
+        jobs.set_limits(KIND, max_queued=None)
+        yield world
+    finally:
+        with app.app_context():
+            shop_flask.db.engine.dispose()
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+def test_the_jobs_live_in_the_apps_database_unless_configured(shop: Shop) -> None:
+    assert get_settings().database_url == shop.app.config["SQLALCHEMY_DATABASE_URI"].replace(
+        "postgresql://", "postgresql+psycopg://"
+    )
+
+
+def test_an_order_and_its_job_commit_together_and_the_job_runs_in_the_app_context(
+    shop: Shop,
+) -> None:
+    response = shop.client.post("/orders", json={"customer": "ada", "total_cents": 500})
+    assert response.status_code == 201, response.data
+    body = response.get_json()
+    assert shop.orders_of("ada") == 1
+    assert shop.rung == [body["job_id"]]
+    assert [r.job_id for r in testing.drain()] == [body["job_id"]]
+    shown = shop.client.get(f"/orders/{body['order_id']}").get_json()
+    assert shown["checked"] is True  # db.session inside the handler
+    assert shown["job"]["state"] == "COMPLETED"
+
+
+def test_a_failed_request_leaves_no_order_no_job_and_no_doorbell(shop: Shop) -> None:
+    shop.app.config["PROPAGATE_EXCEPTIONS"] = False
+    response = shop.client.post(
+        "/orders", json={"customer": "bob", "total_cents": 5, "fail_after_submit": True}
+    )
+    assert response.status_code == 500
+    assert shop.orders_of("bob") == 0
+    assert jobs.list_jobs(kind=KIND) == []
+    assert shop.rung == []
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Shop) -> None:
+    jobs.set_limits(KIND, max_queued=0)
+    response = shop.client.post("/orders", json={"customer": "cy", "total_cents": 5})
+    assert response.status_code == 429
+    assert int(response.headers["Retry-After"]) >= 1
+    assert shop.orders_of("cy") == 0
+    assert jobs.list_jobs(kind=KIND) == []
+
+
+def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
+    created = shop.client.post("/orders", json={"customer": "dee", "total_cents": 250_000})
+    order = created.get_json()
+    testing.drain()
+    assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
+    approved = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    assert approved.status_code == 200
+    assert shop.rung[-1] == order["job_id"]
+    again = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    assert again.status_code == 409
+    testing.drain()
+    assert jobs.get(order["job_id"]).result == {
+        "order_id": order["order_id"],
+        "approved_by": "erin",
+    }
+
+
+def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
+    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345})
+    assert created.status_code == 202
+    job_id = created.get_json()["id"]
+    assert created.headers["Location"] == f"/jobs/{job_id}"
+    assert shop.rung == [job_id]
+    shown = shop.client.get(created.headers["Location"]).get_json()
+    assert shown["state"] == "QUEUED"
+    assert shop.client.get("/jobs/no-such-job").status_code == 404
+    assert shop.client.post(f"/jobs/{job_id}/approve", json={"by": "x"}).status_code == 409
+    assert shop.client.post(f"/jobs/{job_id}/approve", json={}).status_code == 400
+    assert shop.client.post(f"/jobs/{KIND}", json=[1]).status_code == 400
+    assert shop.client.post("/jobs/no_such_kind", json={}).status_code == 400
+    jobs.set_limits(KIND, max_queued=1)
+    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1})
+    assert refused.status_code == 429
+    assert "Retry-After" in refused.headers
+
+
+def test_a_scoped_session_rings_once_per_commit(shop: Shop) -> None:
+    """db.session is a scoped_session: the submit joins this request's session, and a
+    later commit of another session rings nothing more."""
+    import shop_flask  # noqa: PLC0415
+
+    with shop.app.app_context():
+        first = shop.app.extensions["jobs"].submit(KIND, {"order_id": 1})
+        assert shop.rung == []
+        shop_flask.db.session.commit()
+        assert shop.rung == [first]
+    with shop.app.app_context():
+        shop_flask.db.session.add(shop_flask.Order(customer="z", total_cents=1))
+        shop_flask.db.session.commit()
+    assert shop.rung == [first]
+    with shop.app.app_context():
+        rolled = shop.app.extensions["jobs"].submit(KIND, {"order_id": 2})
+        shop_flask.db.session.rollback()
+    with shop.app.app_context():
+        shop_flask.db.session.commit()
+    assert shop.rung == [first]
+    with pytest.raises(jobs.UnknownJob):
+        jobs.get(rolled)
