@@ -165,3 +165,28 @@ def test_a_scoped_session_rings_once_per_commit(shop: Shop) -> None:
     assert shop.rung == [first]
     with pytest.raises(jobs.UnknownJob):
         jobs.get(rolled)
+
+
+# PostgreSQL only: on SQLite the second request's write would wait for the first's lock.
+@pytest.mark.parametrize(
+    "shop", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_another_sessions_commit_or_rollback_does_not_ring_or_drop_a_pending_doorbell(
+    shop: Shop,
+) -> None:
+    """Two requests at once (two app contexts, two sessions of one db.session): the other
+    one's commit must not ring this one's uncommitted job, nor its rollback drop it.
+    (Passing the scoped_session itself used to listen on every session it makes.)"""
+    import shop_flask  # noqa: PLC0415
+
+    with shop.app.app_context():
+        mine = shop.app.extensions["jobs"].submit(KIND, {"order_id": 1})
+        with shop.app.app_context():
+            shop_flask.db.session.add(shop_flask.Order(customer="other", total_cents=1))
+            shop_flask.db.session.commit()
+        assert shop.rung == []  # not rung before its own commit
+        with shop.app.app_context():
+            shop_flask.db.session.add(shop_flask.Order(customer="other", total_cents=1))
+            shop_flask.db.session.rollback()
+        shop_flask.db.session.commit()
+    assert shop.rung == [mine]
