@@ -50,7 +50,7 @@ def configure(default_sqlite: Path) -> None:
     if str(EXAMPLE) not in sys.path:
         sys.path.insert(0, str(EXAMPLE))
     settings.configure(
-        SECRET_KEY="tests",  # noqa: S106
+        SECRET_KEY="tests",
         DEBUG=False,
         ALLOWED_HOSTS=["*"],
         USE_TZ=True,

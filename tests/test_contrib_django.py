@@ -15,12 +15,15 @@ import pytest
 
 pytest.importorskip("django")
 
-import jobs  # noqa: E402
-from jobs import testing  # noqa: E402
-from jobs.core.errors import AdmissionRefused, SettingsError  # noqa: E402
-from jobs.core.settings import get_settings  # noqa: E402
-from jobs.core.states import State  # noqa: E402
-from tests.django_site import django_world, use_database  # noqa: E402, F401
+import jobs
+from jobs import testing
+from jobs.core.errors import AdmissionRefused, SettingsError
+from jobs.core.settings import get_settings
+from jobs.core.states import State
+from tests import django_site
+from tests.django_site import use_database
+
+django_world = django_site.django_world
 
 KIND = "check_shop_order"
 
@@ -65,7 +68,24 @@ def shop(
     doorbell = Doorbell()
     jobs.set_dispatcher(doorbell)
     jobs.set_limits(KIND, max_queued=None)
-    yield doorbell
+    return doorbell
+
+
+def rolled_back(alias: str, work: Any) -> Any:
+    """Run ``work()`` in ``atomic()`` on ``alias``, then fail so that it rolls back; return
+    what ``work`` returned."""
+    from django.db import transaction  # noqa: PLC0415
+
+    returned = []
+
+    def fail_after_work() -> None:
+        with transaction.atomic(using=alias):
+            returned.append(work())
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError, match="roll back"):
+        fail_after_work()
+    return returned[0]
 
 
 def post(client: Any, path: str, body: dict[str, Any]) -> Any:
@@ -182,16 +202,12 @@ def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rol
 ) -> None:
     """max_queued on @jobs.job is enforced before any worker ever started, including when
     the seed was written in a caller's transaction that rolled back."""
-    from django.db import transaction  # noqa: PLC0415
-
     import jobs.contrib.django  # noqa: PLC0415
     from tests.django_site import ROUTER  # noqa: PLC0415
 
     kind = f"limited_{ROUTER.alias}"
     jobs.job(kind, max_queued=1)(lambda ctx: None)
-    with pytest.raises(RuntimeError), transaction.atomic(using=ROUTER.alias):
-        jobs.contrib.django.submit(kind, using=ROUTER.alias)
-        raise RuntimeError("roll back the submit and the seed with it")
+    rolled_back(ROUTER.alias, lambda: jobs.contrib.django.submit(kind, using=ROUTER.alias))
     assert jobs.list_jobs(kind=kind) == []
     jobs.contrib.django.submit(kind, using=ROUTER.alias)
     with pytest.raises(AdmissionRefused):
@@ -214,9 +230,10 @@ def test_submit_on_commit_checks_admission_first_and_submits_after_the_commit(
     assert jobs.get(job_id).state is State.QUEUED
     assert shop.rung == [job_id]
 
-    with pytest.raises(RuntimeError), transaction.atomic(using=ROUTER.alias):
-        rolled = jobs.contrib.django.submit_on_commit(KIND, {"order_id": 2}, using=ROUTER.alias)
-        raise RuntimeError("rolled back")
+    rolled = rolled_back(
+        ROUTER.alias,
+        lambda: jobs.contrib.django.submit_on_commit(KIND, {"order_id": 2}, using=ROUTER.alias),
+    )
     with pytest.raises(jobs.UnknownJob):
         jobs.get(rolled)
 

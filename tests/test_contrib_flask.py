@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("flask_sqlalchemy")
 
-import jobs  # noqa: E402
-from jobs import testing  # noqa: E402
-from jobs.core.registry import REGISTRY  # noqa: E402
-from jobs.core.settings import get_settings, set_defaults_source  # noqa: E402
-from jobs.core.states import State  # noqa: E402
+import jobs
+from jobs import testing
+from jobs.core.registry import REGISTRY
+from jobs.core.settings import get_settings, set_defaults_source
+from jobs.core.states import State
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
 KIND = "check_flask_order"
