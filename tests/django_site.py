@@ -115,11 +115,18 @@ def database_for(url: str) -> dict[str, Any]:
     }
 
 
-def use_database(alias: str, url: str) -> str:
-    """Add ``url`` as Django database ``alias`` (migrated), and route the shop to it."""
+TEMPORARY: list[str] = []
+
+
+def use_database(alias: str, url: str, *, keep: bool = True) -> str:
+    """Add ``url`` as Django database ``alias`` (migrated), and route the shop to it.
+    ``keep=False``: forget it when the test ends (a database the test drops; with
+    ATOMIC_REQUESTS every request would otherwise open a transaction on it)."""
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connections  # noqa: PLC0415
 
+    if not keep:
+        TEMPORARY.append(alias)
     if alias not in connections.settings:
         configured = connections.configure_settings(
             {"default": connections.settings["default"], alias: database_for(url)}
@@ -146,5 +153,9 @@ def django_world(
         from django.db import connections  # noqa: PLC0415
 
         connections.close_all()
+        while TEMPORARY:
+            alias = TEMPORARY.pop()
+            del connections[alias]
+            del connections.settings[alias]
         ROUTER.alias = "default"
         set_defaults_source(None)

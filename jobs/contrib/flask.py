@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,7 +91,19 @@ class Jobs:
         config = app.config
         set_defaults_source(lambda: config_env(config))
         REGISTRY.add_job_scope(app.app_context)
+        if self.db is not None:
+            os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
+
+    def _abandon_pools(self) -> None:
+        """In a forked worker child: drop the pooled connections Flask-SQLAlchemy's engines
+        inherited from the parent (a pooled connection must not cross a fork), without
+        closing the parent's sockets."""
+        if self.app is None or self.db is None:
+            return
+        with self.app.app_context():
+            for engine in self.db.engines.values():
+                engine.dispose(close=False)
 
     def create_tables(self) -> None:
         """Bring the job tables to head (what ``jobctl db upgrade`` does; deployments run
