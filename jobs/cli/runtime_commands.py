@@ -71,13 +71,13 @@ def sweeper(once: bool) -> None:
     runtime = process.current()
     store = runtime.store
     if once:
-        report = sweep_once(store, settings, runtime.dispatch)
+        report = sweep_once(store, settings, runtime.dispatch, runtime.waiting_doorbells)
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
         )
         return
-    run_forever(store, settings, runtime.dispatch)
+    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells)
 
 
 @main.command()

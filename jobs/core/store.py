@@ -642,6 +642,8 @@ class JobStore(JobReader):
         with self.engine.begin() as conn:
             limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
             max_running = None if limits is None else limits.max_running
+            if max_running is None and self.engine.dialect.name == "postgresql":
+                return None  # the statement above already tried this claim without a limit
             limited = [] if max_running is None else [self._running_of_kind() < max_running]
             row = self._transition(
                 conn,
@@ -1014,29 +1016,40 @@ class JobStore(JobReader):
                 moved.append(job)
         return moved
 
-    def due_for_dispatch(self, stale_seconds: float, limit: int = 100) -> list[str]:
+    def due_for_dispatch(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[str]:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost). Marks them
-        dispatched now, in the same statement, so concurrent sweepers do not both send."""
+        dispatched now, in the same statement, so concurrent sweepers do not both send.
+        ``stale_limit`` caps the second kind: the caller may know that most of those
+        doorbells are still waiting in the broker's queue behind a backlog."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        unsent = [
-            J.state == State.QUEUED.value,
-            or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+        queued_and_due = [J.state == State.QUEUED.value, J.run_after <= now]
+        kinds_of_unsent: list[tuple[ColumnElement[bool], int]] = [
+            (J.dispatched_at.is_(None), limit)
         ]
+        stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
+        if stale_take:
+            kinds_of_unsent.append((J.dispatched_at <= stale, stale_take))
         with self.engine.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(J.id)
-                    .where(*unsent, J.run_after <= now)
-                    .order_by(J.run_after)
-                    .limit(limit)
+            ids: list[str] = []
+            for unsent, take in kinds_of_unsent:
+                ids += conn.execute(
+                    select(J.id).where(*queued_and_due, unsent).order_by(J.run_after).limit(take)
                 ).scalars()
-            )
             if not ids:
                 return []
             marked = conn.execute(
-                update(J).where(J.id.in_(ids), *unsent).values(dispatched_at=now).returning(J.id)
+                update(J)
+                .where(
+                    J.id.in_(ids),
+                    J.state == State.QUEUED.value,
+                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                )
+                .values(dispatched_at=now)
+                .returning(J.id)
             ).scalars()
             return sorted(marked)
 

@@ -35,12 +35,25 @@ class SweepReport:
 
 
 def sweep_once(
-    store: JobStore, settings: Settings, publish: Callable[[Sequence[str]], bool]
+    store: JobStore,
+    settings: Settings,
+    publish: Callable[[Sequence[str]], bool],
+    waiting: Callable[[], int | None] = lambda: None,
 ) -> SweepReport:
-    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could."""
+    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could;
+    ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
+
+    A doorbell published long ago and still unclaimed is either lost or waiting behind a
+    backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
+    as the queue is short of: with 5,000 doorbells ready in the queue, a backlog of 5,000
+    slow jobs is not published a second time, while lost ones are re-sent once it drains."""
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
-    due = store.due_for_dispatch(settings.redispatch_after_seconds)
+    stale_limit = None
+    ready = waiting()
+    if ready is not None:
+        stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
+    due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
     dispatched = due if due and publish(due) else []
     return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
 
@@ -50,6 +63,7 @@ def run_forever(
     settings: Settings,
     publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
+    waiting: Callable[[], int | None] = lambda: None,
 ) -> None:
     stop = stop or threading.Event()
 
@@ -67,7 +81,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish)
+            report = sweep_once(store, settings, publish, waiting)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass
