@@ -276,3 +276,33 @@ def test_settings_come_from_settings_jobs_and_the_environment_wins(
         with pytest.raises(SettingsError, match=r"settings.JOBS: unknown setting 'LEASE_SECOND'"):
             get_settings()
     reset_settings()
+
+
+def test_management_commands_wrap_jobctl_with_the_projects_settings(tmp_path: Path) -> None:
+    """``manage.py jobs_stats`` reads settings.JOBS (the shop's own SQLite database) and a
+    user's mistake is one line and a non-zero exit, as with jobctl."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from tests.django_site import EXAMPLE  # noqa: PLC0415
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBS_", "DJANGO_"))}
+    env["JOBS_DATA_DIR"] = str(tmp_path / "shop-data")
+    manage = [sys.executable, str(EXAMPLE / "manage.py")]
+    migrated = subprocess.run(
+        [*manage, "migrate", "-v0"], env=env, capture_output=True, check=False
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    stats = subprocess.run(
+        [*manage, "jobs_stats", "--json"], env=env, capture_output=True, check=False
+    )
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["total"] == 0
+    assert (tmp_path / "shop-data" / "shop.sqlite3").exists()  # Django's database, the jobs'
+    wrong = subprocess.run(
+        [*manage, "jobs_stats", "--bogus"], env=env, capture_output=True, check=False
+    )
+    assert wrong.returncode != 0
+    assert b"Traceback" not in wrong.stderr
+    assert b"--bogus" in wrong.stderr

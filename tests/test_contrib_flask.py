@@ -190,3 +190,35 @@ def test_another_sessions_commit_or_rollback_does_not_ring_or_drop_a_pending_doo
             shop_flask.db.session.rollback()
         shop_flask.db.session.commit()
     assert shop.rung == [mine]
+
+
+def test_settings_come_from_app_config_and_the_environment_wins(
+    jobs_isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flask import Flask  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+    from jobs.core.errors import SettingsError  # noqa: PLC0415
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+
+    app = Flask("configured")
+    app.config["JOBS"] = {"LEASE_SECONDS": 7, "IMPORTS": ["a", "b.c"]}
+    app.config["JOBS_QUEUE"] = "shop"
+    try:
+        Jobs(app)
+        settings = get_settings()
+        assert (settings.lease_seconds, settings.imports, settings.queue) == (
+            7,
+            ("a", "b.c"),
+            "shop",
+        )
+        monkeypatch.setenv("JOBS_LEASE_SECONDS", "9")
+        reset_settings()
+        assert get_settings().lease_seconds == 9
+        app.config["JOBS_LEASE_SECOND"] = 1
+        reset_settings()
+        with pytest.raises(SettingsError, match=r"app\.config: unknown setting 'LEASE_SECOND'"):
+            get_settings()
+    finally:
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
