@@ -127,6 +127,7 @@ class DjangoUnit:
 
     @property
     def connection(self) -> Connection:
+        """A SQLAlchemy ``Connection`` on Django's connection, inside its ``atomic()``."""
         if self._connection is None:
             django_connection = connections[self.using]
             if not django_connection.in_atomic_block:
@@ -139,6 +140,7 @@ class DjangoUnit:
         return self._connection
 
     def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Ring from ``transaction.on_commit`` (dropped by Django on a rollback)."""
         ids = list(job_ids)
         transaction.on_commit(lambda: ring(ids), using=self.using, robust=True)
 
