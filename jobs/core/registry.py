@@ -151,11 +151,16 @@ class Registry:
             if scope in self._scopes:
                 self._scopes.remove(scope)
 
+    def job_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """The scopes a handler runs in (a no-op, and no cost to speak of, when none was
+        added)."""
+        return self._in_scopes(list(self._scopes)) if self._scopes else contextlib.nullcontext()
+
+    @staticmethod
     @contextlib.contextmanager
-    def job_scope(self) -> Iterator[None]:
-        """The scopes a handler runs in (nothing when none was added)."""
+    def _in_scopes(scopes: list[JobScope]) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
-            for scope in list(self._scopes):
+            for scope in scopes:
                 stack.enter_context(scope())
             yield
 
