@@ -50,8 +50,7 @@ def shop(
         url = f"sqlite:///{tmp_path_factory.getbasetemp() / 'shop-shared.sqlite3'}"
         alias = "shop_sqlite"
     else:
-        url = request.getfixturevalue("pg_url")
-        request.getfixturevalue("clean_pg_engine")
+        url = request.getfixturevalue("clean_pg_web_url")
         alias = "shop_pg"
     monkeypatch.setenv("JOBS_DATABASE_URL", url)
     from jobs.core.settings import reset_settings  # noqa: PLC0415

@@ -49,8 +49,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
     if request.param == "sqlite":
         url = f"sqlite:///{jobs_isolated / 'shop.sqlite3'}"
     else:
-        url = request.getfixturevalue("pg_url")
-        request.getfixturevalue("clean_pg_engine")
+        url = request.getfixturevalue("clean_pg_web_url")
     app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True})
     try:
         with app.app_context():
