@@ -64,20 +64,24 @@ def worker(
 def sweeper(once: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs.runtime import process  # noqa: PLC0415
+    from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
     settings = get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     runtime = process.current()
     store = runtime.store
+    watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
-        report = sweep_once(store, settings, runtime.dispatch, runtime.waiting_doorbells)
+        report = sweep_once(
+            store, settings, runtime.dispatch, runtime.waiting_doorbells, watch=watch
+        )
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
         )
         return
-    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells)
+    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
 
 
 @main.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import threading
@@ -30,15 +31,21 @@ class JobKind:
     handler: Handler
     max_attempts: int | None
     version: str | None
-    # Seeded into the job_kind_limits table when a worker starts, if the kind has no row
-    # yet: after that the database's numbers rule (jobctl limits set changes them live).
+    # Seeded into the job_kind_limits table before a process's first submit of the kind or
+    # when a worker starts, if the kind has no row yet: after that the database's numbers
+    # rule (jobctl limits set changes them live).
     max_running: int | None = None
     max_queued: int | None = None
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        """The handler's signature, read once (every submit and every run checks inputs)."""
+        return inspect.signature(self.handler)
 
     def check_inputs(self, inputs: dict[str, Any]) -> None:
         """Refuse inputs the handler cannot be called with, before anything is written."""
         try:
-            inspect.signature(self.handler).bind(None, **inputs)
+            self.signature.bind(None, **inputs)
         except TypeError as err:
             raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
 

@@ -13,15 +13,23 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 - ``confirm_publish`` (AMQP): a publish returns only once RabbitMQ has the message.
 - JSON only: pickle is refused on both sides.
 - task events on: Flower sees every delivery and its outcome.
+- the queue is declared by :func:`task_queue` with ``JOBS_QUEUE_TYPE`` and the same
+  arguments in every process that builds its app here (workers, sweepers, submitters,
+  Flower): RabbitMQ refuses a declare whose arguments differ from the queue's.
+- ``broker_channel_error_retry`` and ``worker_consumer``: a broker-side error (queue's
+  node down, inequivalent declare, refused permission) pauses and retries instead of
+  stopping the worker (see jobs/runtime/broker_errors.py).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 from typing import Any
 
 from celery import Celery, current_app, signals
+from kombu.entity import Queue
 
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
@@ -29,6 +37,34 @@ from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
+
+QUORUM_DELIVERY_LIMIT = 20
+"""``x-delivery-limit`` of a quorum queue: a doorbell delivered this many times without an
+acknowledgement (each time its consumer died or lost its channel) is dropped by RabbitMQ,
+so a message that kills whatever consumes it cannot crash-loop the workers. Ordinary
+redeliveries (a killed worker, a reconnect) are far fewer; a hand-back publishes a new
+message. A dropped doorbell loses no job: the sweeper rings again after
+``JOBS_REDISPATCH_AFTER_SECONDS``, and the job's attempts in the database decide when it is
+poison. 20 is RabbitMQ 4.0's default."""
+
+
+def queue_arguments(settings: Settings) -> dict[str, Any] | None:
+    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE`` (None: classic)."""
+    if settings.queue_type == "quorum":
+        return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
+    return None
+
+
+def task_queue(settings: Settings) -> Queue:
+    """The jobs queue exactly as every process declares it (durable, direct exchange of the
+    same name, as Celery declares its default queue)."""
+    return Queue(  # type: ignore[no-untyped-call]
+        settings.queue,
+        exchange=settings.queue,
+        routing_key=settings.queue,
+        queue_arguments=queue_arguments(settings),
+        durable=True,
+    )
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -48,6 +84,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_default_queue": settings.queue,
+        "task_queues": [task_queue(settings)],
+        "worker_consumer": "jobs.runtime.broker_errors:RetryingConsumer",
+        "broker_channel_error_retry": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": True,
         "enable_utc": True,
@@ -56,6 +95,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         folder = settings.broker_folder
         for sub in ("processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        config["broker_transport"] = "jobs.runtime.fs_transport:Transport"
         config["broker_transport_options"] = {
             "data_folder_in": str(folder),
             "data_folder_out": str(folder),
@@ -128,6 +168,23 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    _preload_for_the_pool()
+
+
+def _preload_for_the_pool() -> None:
+    """Load, before the pool forks, the code every pool child runs (the delivery, SQLAlchemy,
+    the database driver), without connecting anywhere, then freeze the garbage collector's
+    view of it: the children share those pages with this process instead of each importing
+    its own copy, and no collection in a child touches (and so copies) them. Measured on a
+    worker with two children: 116 MiB proportional set size (PSS) against 144 MiB when each
+    child imported on its own (bench: worker memory)."""
+    import jobs.runtime.delivery  # noqa: F401, PLC0415 - what every delivery runs
+
+    if get_settings().database_url.startswith("postgresql"):
+        import psycopg  # noqa: F401, PLC0415 - the driver the children's engines load
+
+    gc.collect()
+    gc.freeze()
 
 
 @signals.worker_shutting_down.connect

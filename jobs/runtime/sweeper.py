@@ -6,6 +6,11 @@ when out of attempts, and (3) re-sends the doorbell for QUEUED jobs that are due
 were never published (a failed publish, a retry whose backoff ended) or whose message
 seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). Every move is
 a fenced compare-and-set, so any number of sweepers may run at once.
+
+On RabbitMQ a :class:`~jobs.runtime.queue_watch.QueueWatch` also looks at the queue each
+pass: when it was gone (declared again now) or served again after its node was down, the
+doorbells it held may be lost, so every due QUEUED job is rung again at once instead of
+after the re-dispatch delay.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
+from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 
 log = logging.getLogger("jobs.sweeper")
 
@@ -34,11 +41,29 @@ class SweepReport:
         return bool(self.dead_owner or self.expired or self.dispatched)
 
 
+def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> list[str]:
+    """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
+    that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
+    dispatched before this call started are taken, so the loop ends."""
+    started = time.monotonic()
+    taken: set[str] = set()
+    dispatched: list[str] = []
+    while True:
+        since_start = max(time.monotonic() - started, 1e-6)
+        batch = [job_id for job_id in store.due_for_dispatch(since_start) if job_id not in taken]
+        if not batch:
+            return dispatched
+        taken.update(batch)
+        if publish(batch):
+            dispatched += batch
+
+
 def sweep_once(
     store: JobStore,
     settings: Settings,
     publish: Callable[[Sequence[str]], bool],
     waiting: Callable[[], int | None] = lambda: None,
+    watch: QueueWatch | None = None,
 ) -> SweepReport:
     """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could;
     ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
@@ -46,15 +71,21 @@ def sweep_once(
     A doorbell published long ago and still unclaimed is either lost or waiting behind a
     backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
     as the queue is short of: with 5,000 doorbells ready in the queue, a backlog of 5,000
-    slow jobs is not published a second time, while lost ones are re-sent once it drains."""
+    slow jobs is not published a second time, while lost ones are re-sent once it drains.
+
+    With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
+    doorbell it held: then every due one is rung at once, however recently it was sent."""
     dead = [job.id for job in rescue_dead_owners(store)]
     expired = [job.id for job in store.sweep_expired()]
+    health = watch.check() if watch is not None else QueueHealth.OK
+    dispatched = ring_all_due(store, publish) if health.ring_all else []
     stale_limit = None
     ready = waiting()
     if ready is not None:
         stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
     due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
-    dispatched = due if due and publish(due) else []
+    if due and publish(due):
+        dispatched += due
     return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
 
 
@@ -64,6 +95,7 @@ def run_forever(
     publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
     waiting: Callable[[], int | None] = lambda: None,
+    watch: QueueWatch | None = None,
 ) -> None:
     stop = stop or threading.Event()
 
@@ -81,7 +113,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish, waiting)
+            report = sweep_once(store, settings, publish, waiting, watch)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass
