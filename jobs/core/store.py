@@ -734,6 +734,20 @@ class JobStore(JobReader):
             retry_after,
         )
 
+    def check_admission(self, kind: str, adding: int = 1) -> None:
+        """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit
+        in its ``max_queued`` now; writes nothing (the check's transaction rolls back). For
+        a submit that will happen later, after a caller's commit: the answer may change
+        in between."""
+        # A read (the counts) on SQLite: a deferred BEGIN takes no write lock, so a caller
+        # holding one on the same file (its own open transaction) is not waited for.
+        with self._read() as conn:
+            checking = conn.begin()
+            try:
+                self._admit(conn, kind, [f"admission check {n}" for n in range(adding)])
+            finally:
+                checking.rollback()
+
     def set_limits(
         self,
         kind: str,
