@@ -1123,18 +1123,6 @@ class JobStore(JobReader):
         will be recorded as step ``step_name``."""
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
-            if (
-                step_name in {step.name for step in steps}
-                or conn.execute(
-                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
-                ).first()
-                is not None
-            ):
-                # The approval could never be recorded: refuse before writing anything.
-                raise StepError(
-                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
-                    "an approval needs a step name of its own"
-                )
             row = self._transition(
                 conn,
                 claim.job_id,
@@ -1155,6 +1143,18 @@ class JobStore(JobReader):
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
+            if (
+                conn.execute(
+                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+                ).first()
+                is not None
+            ):
+                # The approval could never be recorded: refuse (the exception rolls back the
+                # move, so a stale owner still learns of its lost lease first).
+                raise StepError(
+                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
+                    "an approval needs a step name of its own"
+                )
             return Job.from_row(row)
 
     # -- operators -----------------------------------------------------------------------
