@@ -34,6 +34,8 @@ class JobctlGroup(click.Group):
             raise click.ClickException(str(err)) from None
         except _DATABASE_ERRORS as err:
             raise _database_failure(err) from None
+        except UnicodeEncodeError:  # bytes that are not UTF-8 in an argument (an ID, a name)
+            raise click.ClickException("an argument is not valid UTF-8 text") from None
 
 
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
