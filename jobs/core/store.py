@@ -582,13 +582,20 @@ class JobStore(JobReader):
                 return [(Job.from_row(created), True)]
         with self._unit(conn) as unit:
             self._admit(unit, kind, ids)
+            # One statement compiled for one row, sent as multi-row INSERTs by the driver
+            # (SQLAlchemy's "insertmanyvalues"): a VALUES list of N rows compiled afresh
+            # costs more than the database spends writing them.
+            clock_values = {
+                name for name, value in rows[0].items() if isinstance(value, ColumnElement)
+            }
             inserted = {
                 row.id: row
                 for row in unit.execute(
                     _insert_for(unit, J)
-                    .values(list(rows))
+                    .values({name: rows[0][name] for name in clock_values})
                     .on_conflict_do_nothing()
-                    .returning(*JOB_COLUMNS)
+                    .returning(*JOB_COLUMNS),
+                    [{k: v for k, v in row.items() if k not in clock_values} for row in rows],
                 )
             }
             if inserted:
