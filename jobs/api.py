@@ -8,6 +8,7 @@ the core never imports Celery); tests and embedded users may replace it.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
@@ -16,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs.core.db import engine_for
+from jobs.core.errors import AdmissionRefused
 from jobs.core.registry import REGISTRY
+from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.settings import get_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
@@ -122,14 +125,18 @@ def submit(
         if max_attempts is not None  # 0 is refused by the store, not replaced
         else job_kind.max_attempts or settings.default_max_attempts
     )
-    job, created = get_store().create(
-        kind,
-        inputs,
-        job_id=job_id or new_job_id(),
-        max_attempts=attempts,
-        delay_seconds=delay_seconds,
-        code_version=job_kind.version,
-    )
+    try:
+        job, created = get_store().create(
+            kind,
+            inputs,
+            job_id=job_id or new_job_id(),
+            max_attempts=attempts,
+            delay_seconds=delay_seconds,
+            code_version=job_kind.version,
+        )
+    except AdmissionRefused:
+        _count("admission_refused", kind)
+        raise
     if created and delay_seconds <= 0:
         dispatch(job.id)
     return job.id
@@ -186,3 +193,71 @@ def seed_limits() -> None:
 
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:
     return get_store().list(state, kind, limit)
+
+
+def _count(event: str, kind: str) -> None:
+    """Bump an operational counter for the metrics; a failure to count is logged, never raised
+    (the caller's own error matters more)."""
+    try:
+        get_store().count_event(event, kind)
+    except Exception:
+        log.exception("could not count %s for kind %s", event, kind)
+
+
+# -- periodic jobs -------------------------------------------------------------------------
+
+
+def schedule(
+    name: str,
+    kind: str,
+    every: str | int | float | dt.timedelta,
+    *,
+    inputs: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    catch_up: str = "latest",
+) -> Schedule:
+    """Create or change a periodic job at run time, held in the database for every sweeper.
+
+    ``every`` is a cron expression (``"*/15 * * * *"``, read in ``timezone``) or an interval
+    (``"every 10m"``, seconds, a timedelta). Each tick submits one job of ``kind`` with
+    ``inputs`` and the ID ``<name>@<tick>``; changing a schedule keeps its last tick.
+    """
+    inputs = {} if inputs is None else inputs
+    REGISTRY.get(kind).check_inputs(inputs)
+    return get_store().put_schedule(
+        Schedule(
+            name, kind, normalize_spec(every), timezone=timezone, inputs=inputs, catch_up=catch_up
+        )
+    )
+
+
+def unschedule(name: str) -> bool:
+    """Stop a periodic job (its submitted jobs are left alone); False if it did not exist."""
+    return get_store().delete_schedule(name)
+
+
+def schedules() -> list[Schedule]:
+    """Every periodic schedule with its last tick (see :meth:`Schedule.next_tick`)."""
+    return get_store().schedules()
+
+
+def sync_schedules() -> list[Schedule]:
+    """Write the schedules declared with ``@jobs.job(schedule=…)`` into the database (workers
+    and sweepers do this at start-up). A kind whose schedule was removed from the code keeps
+    its row until ``jobctl schedules remove NAME``: one process's partial imports must not
+    stop another's schedule."""
+    store = get_store()
+    return [
+        store.put_schedule(
+            Schedule(
+                kind.name,
+                kind.name,
+                kind.schedule,
+                timezone=kind.timezone,
+                catch_up=kind.catch_up,
+                source="code",
+            )
+        )
+        for kind in REGISTRY.kinds()
+        if kind.schedule is not None
+    ]

@@ -4,20 +4,31 @@ SQLite) and never change a row."""
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
+from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, Row, func, select
 
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import READ_ONLY
-from jobs.core.errors import UnknownJob
-from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.errors import InvalidInput, UnknownJob
+from jobs.core.models import (
+    CounterRecord,
+    JobRecord,
+    KindLimitRecord,
+    ScheduleRecord,
+    StepRecord,
+    TransitionRecord,
+)
 from jobs.core.records import Job, KindLimits, Step, Transition
-from jobs.core.states import State
+from jobs.core.schedule import Schedule
+from jobs.core.states import TERMINAL, State
 
 J = JobRecord
 L = KindLimitRecord
 JOB_COLUMNS = tuple(J.__table__.c)
+SCHEDULE_COLUMNS = tuple(ScheduleRecord.__table__.c)
 
 
 class JobReader:
@@ -141,3 +152,69 @@ class JobReader:
             stmt = stmt.where(J.kind == kind)
         with self._read() as conn:
             return [Job.from_row(r) for r in conn.execute(stmt)]
+
+    # == time and operations (issue 9): schedules, retention, counters, explain =============
+
+    def schedules(self) -> builtins.list[Schedule]:
+        """Every periodic schedule, by name."""
+        with self._read() as conn:
+            rows = conn.execute(select(*SCHEDULE_COLUMNS).order_by(ScheduleRecord.name)).all()
+            return [_schedule_of(row) for row in rows]
+
+    def schedule(self, name: str) -> Schedule:
+        """One schedule by name; :class:`InvalidInput` names the known ones if it is unknown."""
+        with self._read() as conn:
+            row = conn.execute(
+                select(*SCHEDULE_COLUMNS).where(ScheduleRecord.name == name)
+            ).one_or_none()
+            if row is not None:
+                return _schedule_of(row)
+        known = ", ".join(s.name for s in self.schedules()) or "none"
+        raise InvalidInput(f"unknown schedule {name!r} (known: {known})")
+
+    def count_prunable(self, older_than_seconds: float) -> int:
+        """How many finished jobs retention would delete now (``jobctl prune --dry-run``)."""
+        with self._read() as conn:
+            count: int = conn.execute(
+                select(func.count())
+                .select_from(J)
+                .where(
+                    J.state.in_([state.value for state in TERMINAL]),
+                    J.finished_at < self.clock.after(-older_than_seconds),
+                )
+            ).scalar_one()
+        return count
+
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Operational counters by (name, kind): monotonic, never pruned."""
+        C = CounterRecord
+        with self._read() as conn:
+            rows = conn.execute(select(C.name, C.kind, C.value)).all()
+        return {(row.name, row.kind): int(row.value) for row in rows}
+
+    def awaiting_redispatch(self, stale_seconds: float) -> dict[str, str]:
+        """{job id: kind} of due QUEUED jobs whose message was sent more than
+        ``stale_seconds`` ago and never claimed: the next sweep counts them as lost."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.id, J.kind).where(
+                    J.state == State.QUEUED.value,
+                    J.run_after <= self.clock.now(),
+                    J.dispatched_at <= self.clock.after(-stale_seconds),
+                )
+            ).all()
+        return {row.id: row.kind for row in rows}
+
+
+def _schedule_of(row: Row[Any]) -> Schedule:
+    return Schedule(
+        name=row.name,
+        kind=row.kind,
+        spec=row.spec,
+        timezone=row.timezone,
+        inputs=dict(row.inputs),
+        catch_up=row.catch_up,
+        source=row.source,
+        last_tick=row.last_tick,
+        created_at=row.created_at,
+    )

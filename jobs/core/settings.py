@@ -32,6 +32,10 @@ class Settings:
     retry_backoff_max_seconds: float = 300.0
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
+    # Finished jobs older than this are deleted by the sweeper; None keeps them forever.
+    retention_days: float | None = 14.0
+    # The sweeper serves Prometheus metrics on this port when set (needs the metrics extra).
+    metrics_port: int | None = None
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -56,6 +60,8 @@ KNOWN = {
     "RETRY_BACKOFF_MAX_SECONDS",
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
+    "RETENTION_DAYS",
+    "METRICS_PORT",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
     "TEST_AMQP_URL",
@@ -88,6 +94,22 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value < 1:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be at least 1")
     return value
+
+
+def _retention_days(env: Mapping[str, str]) -> float | None:
+    raw = (env.get(PREFIX + "RETENTION_DAYS") or "").strip()
+    if raw.lower() == "none":
+        return None
+    return _positive_float(env, "RETENTION_DAYS", 14.0)
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a TCP port (1-65535)")
+    return int(raw)
 
 
 def normalize_database_url(url: str) -> str:
@@ -143,6 +165,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
+        retention_days=_retention_days(env),
+        metrics_port=_port(env, "METRICS_PORT"),
     )
 
 

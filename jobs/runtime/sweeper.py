@@ -4,8 +4,11 @@ Each pass (1) takes back jobs whose owner is known dead (PostgreSQL liveness loc
 (2) re-queues RUNNING jobs whose lease ran out on the database clock, or fails them
 when out of attempts, and (3) re-sends the doorbell for QUEUED jobs that are due and
 were never published (a failed publish, a retry whose backoff ended) or whose message
-seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). Every move is
-a fenced compare-and-set, so any number of sweepers may run at once.
+seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It then
+(4) submits one job per due tick of each periodic schedule (:mod:`jobs.runtime.periodic`)
+and (5) deletes a few batches of finished jobs past ``JOBS_RETENTION_DAYS``. Every move is
+a fenced compare-and-set and every tick a deterministic job ID, so any number of sweepers
+may run at once. Recoveries are counted by cause in the database for the metrics.
 """
 
 from __future__ import annotations
@@ -14,34 +17,82 @@ import dataclasses
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from types import FrameType
 
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
+from jobs.runtime.periodic import fire_due_ticks
 
 log = logging.getLogger("jobs.sweeper")
 
 
+#: Retention deletes at most this many batches per pass, so a pass stays short and the
+#: rest waits for the next one.
+PRUNE_BATCH_SIZE = 500
+PRUNE_BATCHES_PER_PASS = 4
+DAY_SECONDS = 86400.0
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepReport:
+    """What one pass did, by job ID."""
+
     dead_owner: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
     dispatched: tuple[str, ...] = ()
+    lost_messages: tuple[str, ...] = ()
+    ticks: tuple[str, ...] = ()
+    pruned: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.dead_owner or self.expired or self.dispatched)
+        return bool(self.dead_owner or self.expired or self.dispatched or self.ticks or self.pruned)
+
+
+def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
+    for kind, amount in Counter(kinds).items():
+        store.count_event(event, kind, amount)
 
 
 def sweep_once(store: JobStore, settings: Settings, publish: Callable[[str], bool]) -> SweepReport:
-    dead = [job.id for job in rescue_dead_owners(store)]
-    expired = [job.id for job in store.sweep_expired()]
+    """One pass of recovery, dispatch, periodic ticks and retention."""
+    dead = rescue_dead_owners(store)
+    expired = store.sweep_expired()
+    _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
+    _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
+    stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
     dispatched = []
     for job_id in store.due_for_dispatch(settings.redispatch_after_seconds):
         if publish(job_id):
             dispatched.append(job_id)
-    return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
+    lost = [job_id for job_id in dispatched if job_id in stale]
+    _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
+    ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
+    return SweepReport(
+        tuple(job.id for job in dead),
+        tuple(job.id for job in expired),
+        tuple(dispatched),
+        tuple(lost),
+        tuple(tick.job_id for tick in ticks if tick.created),
+        prune(store, settings.retention_days),
+    )
+
+
+def prune(
+    store: JobStore, retention_days: float | None, *, batches: int = PRUNE_BATCHES_PER_PASS
+) -> int:
+    """Delete up to ``batches`` batches of finished jobs past retention; returns how many."""
+    if retention_days is None:
+        return 0
+    deleted = 0
+    for _ in range(batches):
+        batch = store.prune_finished(retention_days * DAY_SECONDS, PRUNE_BATCH_SIZE)
+        deleted += len(batch)
+        if len(batch) < PRUNE_BATCH_SIZE:
+            break
+    return deleted
 
 
 def run_forever(
