@@ -13,24 +13,13 @@ Public API::
     job_id = jobs.submit("check_order", {"order_id": 42})
     jobs.approve(job_id, by="alice")
 
-Importing :mod:`jobs` imports no Celery and none of ``JOBS_IMPORTS``; both load on first need.
+Importing :mod:`jobs` imports no Celery, no SQLAlchemy and none of ``JOBS_IMPORTS``: the
+operations and records load on first use (so ``jobctl --help`` and ``@jobs.job`` stay fast).
 """
 
-from jobs.api import (
-    approve,
-    cancel,
-    dispatch,
-    get,
-    get_store,
-    history,
-    list_jobs,
-    seed_limits,
-    set_dispatcher,
-    set_limits,
-    steps,
-    submit,
-)
-from jobs.core.context import JobContext
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -45,7 +34,69 @@ from jobs.core.errors import (
 )
 from jobs.core.registry import REGISTRY, job
 from jobs.core.states import TRANSITIONS, State
-from jobs.core.store import Job, KindLimits, Step, Transition
+
+if TYPE_CHECKING:
+    from jobs.api import (
+        approve,
+        cancel,
+        dispatch,
+        get,
+        get_store,
+        history,
+        list_jobs,
+        schedule,
+        schedules,
+        seed_limits,
+        set_dispatcher,
+        set_limits,
+        steps,
+        submit,
+        unschedule,
+    )
+    from jobs.core.context import JobContext
+    from jobs.core.records import Job, KindLimits, Step, Transition
+    from jobs.core.schedule import Schedule
+
+#: Names loaded on first use, by the module that defines them.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "approve",
+            "cancel",
+            "dispatch",
+            "get",
+            "get_store",
+            "history",
+            "list_jobs",
+            "schedule",
+            "schedules",
+            "seed_limits",
+            "set_dispatcher",
+            "set_limits",
+            "steps",
+            "submit",
+            "unschedule",
+        ),
+        "jobs.api",
+    ),
+    "JobContext": "jobs.core.context",
+    "Job": "jobs.core.records",
+    "KindLimits": "jobs.core.records",
+    "Step": "jobs.core.records",
+    "Transition": "jobs.core.records",
+    "Schedule": "jobs.core.schedule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "REGISTRY",
@@ -59,6 +110,7 @@ __all__ = [
     "JobError",
     "KindLimits",
     "LeaseLost",
+    "Schedule",
     "SettingsError",
     "State",
     "Step",
@@ -74,9 +126,12 @@ __all__ = [
     "history",
     "job",
     "list_jobs",
+    "schedule",
+    "schedules",
     "seed_limits",
     "set_dispatcher",
     "set_limits",
     "steps",
     "submit",
+    "unschedule",
 ]

@@ -69,13 +69,19 @@ def sweeper(once: bool) -> None:
     settings = get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = api.get_store()
+    api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     if once:
         report = sweep_once(store, settings, api.dispatch)
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
-            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
+            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}, "
+            f"ticks submitted: {len(report.ticks)}, finished jobs pruned: {report.pruned}"
         )
         return
+    if settings.metrics_port is not None:
+        from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
+
+        serve(store, settings.metrics_port)
     run_forever(store, settings, api.dispatch)
 
 

@@ -199,6 +199,7 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
     api.seed_limits()
+    api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
 
 
 @signals.worker_shutting_down.connect
