@@ -12,18 +12,21 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 import jobs
-from jobs import schema
 from jobs.cli import main
-from jobs.core.db import engine_for
-from jobs.core.errors import IllegalTransition, InvalidInput
+from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.settings import get_settings
 from jobs.core.states import TERMINAL, State
-from jobs.core.store import Job, Step, Transition
+
+if TYPE_CHECKING:  # the store loads SQLAlchemy: only when a command runs
+    from jobs.core.records import Job, Step, Transition
+
+#: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
+EX_TEMPFAIL = 75
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
@@ -135,13 +138,18 @@ def submit(
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
-    new_id = jobs.submit(
-        kind,
-        parse_inputs(input_json),
-        job_id=job_id,
-        max_attempts=max_attempts,
-        delay_seconds=delay,
-    )
+    try:
+        new_id = jobs.submit(
+            kind,
+            parse_inputs(input_json),
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay,
+        )
+    except AdmissionRefused as err:
+        # Not a mistake: the system is full. Scripts tell "try later" by the exit code.
+        click.echo(f"Error: {err} (retry-after={err.retry_after:.0f}s)", err=True)
+        _exit(EX_TEMPFAIL)
     click.echo(new_id)
     if wait:
         _exit(follow(new_id, timeout))
@@ -461,6 +469,9 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
+    from jobs import schema  # noqa: PLC0415 - Alembic only for the db commands
+    from jobs.core.db import engine_for  # noqa: PLC0415
+
     engine = engine_for(get_settings().database_url)
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
@@ -469,6 +480,9 @@ def upgrade() -> None:
 @db.command()
 def current() -> None:
     """Show the schema's revision and whether it is the one this code needs."""
+    from jobs import schema  # noqa: PLC0415
+    from jobs.core.db import engine_for  # noqa: PLC0415
+
     engine = engine_for(get_settings().database_url)
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if revision == head:

@@ -81,7 +81,7 @@ def sweeper(once: bool) -> None:
     if settings.metrics_port is not None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
-        serve(store, settings.metrics_port)
+        serve(store, settings.metrics_port, settings.lease_seconds)
     run_forever(store, settings, api.dispatch)
 
 

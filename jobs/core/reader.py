@@ -205,6 +205,14 @@ class JobReader:
             ).all()
         return {row.id: row.kind for row in rows}
 
+    def liveness_key_of(self, job_id: str) -> int | None:
+        """The liveness key the job's current owner took (None if not RUNNING or none)."""
+        with self._read() as conn:
+            key: int | None = conn.execute(
+                select(J.liveness_key).where(J.id == job_id)
+            ).scalar_one_or_none()
+        return key
+
 
 def _schedule_of(row: Row[Any]) -> Schedule:
     return Schedule(
