@@ -10,8 +10,10 @@ the optional ``metrics`` extra). Every scrape reads the tables:
   recoveries by cause (dead owner, expired lease, lost message) and admission refusals;
 - counters and histograms that tail the history and the step records from the moment the
   exporter started (so a restart is an ordinary counter reset and retention never makes
-  them go down): completions and failures, job run durations (the final attempt's claim
-  to its end) and step durations (from the claim or the previous step of the same run).
+  them go down): completions and failures, takeovers (a worker's claim of a RUNNING job
+  whose owner died or whose lease expired, before any sweeper moved it), job run
+  durations (the final attempt's claim to its end) and step durations (from the claim or
+  the previous step of the same run).
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ class TableCollector(Collector):
             "Time from the claim (or the previous step of the same run) to a step's record.",
             ["kind"],
             buckets=DURATION_BUCKETS,
+            registry=self._tailed,
+        )
+        self.takeovers = Counter(
+            "jobs_takeovers",
+            "RUNNING jobs a worker's claim took from an owner that was gone or whose lease "
+            "had expired (the sweeper's recoveries are jobs_recoveries_total).",
+            ["kind"],
             registry=self._tailed,
         )
         self._last_transition: int | None = None
@@ -174,17 +183,23 @@ class TableCollector(Collector):
                 .scalar_subquery()
             )
             rows = conn.execute(
-                select(T.id, T.to_state, T.at, J.kind, started)
+                select(T.id, T.from_state, T.to_state, T.at, J.kind, started)
                 .join(J, J.id == T.job_id)
                 .where(
                     T.id > self._last_transition,
-                    T.to_state.in_([State.COMPLETED.value, State.FAILED.value]),
+                    T.to_state.in_(
+                        [State.COMPLETED.value, State.FAILED.value, State.RUNNING.value]
+                    ),
                 )
                 .order_by(T.id)
                 .limit(TAIL_LIMIT)
             ).all()
             newest = conn.execute(select(func.max(T.id))).scalar() or 0
-        for _, to_state, at, kind, began in rows:
+        for _, from_state, to_state, at, kind, began in rows:
+            if to_state == State.RUNNING.value:
+                if from_state == State.RUNNING.value:  # a claim took a live-looking job over
+                    self.takeovers.labels(kind).inc()
+                continue
             outcome = "completed" if to_state == State.COMPLETED.value else "failed"
             self.finished.labels(kind, outcome).inc()
             if began is not None:
