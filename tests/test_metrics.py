@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
+from jobs.core.schedule import Schedule
 from jobs.core.store import JobStore
 from jobs.runtime.metrics import registry_for
 
@@ -113,3 +114,32 @@ def test_a_bad_metrics_port_is_refused_at_start(raw: str, monkeypatch: pytest.Mo
 
     with pytest.raises(SettingsError, match="JOBS_METRICS_PORT"):
         from_env({"JOBS_METRICS_PORT": raw})
+
+
+def test_the_grafana_dashboard_uses_only_series_the_exporter_serves(engine: Engine) -> None:
+    import json  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    store = JobStore(engine)
+    run_job(store, "r0", "report", 1)
+    registry = registry_for(store, lease_seconds=30)
+    scrape(registry)
+    run_job(store, "r1", "report", 1)
+    store.create("mail", {}, job_id="busy", max_attempts=1)
+    assert store.claim("busy", "w", 5) is not None
+    store.count_event("recovery_dead_owner", "report")
+    store.count_event("admission_refused", "mail")
+    store.create("mail", {}, job_id="taken", max_attempts=2)
+    assert store.claim("taken", "w1", 0.01) is not None
+    time.sleep(0.05)
+    assert store.claim("taken", "w2", 600) is not None
+    store.put_schedule(Schedule("nightly", "report", "@daily"))
+    served = {name for name, _ in scrape(registry)}
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "deploy" / "grafana" / "durable-jobs.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\b(jobs[a-z_]*)\b", expr)}
+    assert used, exprs
+    assert used <= served, sorted(used - served)

@@ -185,3 +185,48 @@ def test_the_time_between_ticks_is_the_databases(store: JobStore, clock: Logical
     assert store.now() == clock.instant()
     assert store.schedule("beat").created_at == clock.instant()
     assert isinstance(store.now(), dt.datetime)
+
+
+def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    import dataclasses  # noqa: PLC0415
+
+    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+
+    settings = dataclasses.replace(from_env({}), retention_days=1.0)
+    finished_job(store, "old", State.COMPLETED)
+    store.create("k", {}, job_id="hung", max_attempts=2)
+    assert store.claim("hung", "w", 30) is not None
+    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(DAY + 10)
+    sent: list[str] = []
+    report = sweep_once(store, settings, lambda job_id: sent.append(job_id) is None)
+    assert report.pruned == 1
+    assert report.expired == ("hung",)
+    assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
+    assert set(sent) == {"hung", "beat@2000-01-02T00:00:10Z"}
+    assert store.counters() == {("recovery_expired_lease", "k"): 1}
+    kept = dataclasses.replace(settings, retention_days=None)
+    finished_job(store, "old2", State.CANCELLED)
+    clock.advance(30 * DAY)
+    assert sweep_once(store, kept, lambda job_id: True).pruned == 0
+
+
+def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+
+    settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
+    store.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
+    store.create("k", {}, job_id="unsent", max_attempts=2)
+    store.forget_dispatch("unsent")  # its publish failed: not a lost message
+    clock.advance(31)
+    report = sweep_once(store, settings, lambda job_id: True)
+    assert set(report.dispatched) == {"sent", "unsent"}
+    assert report.lost_messages == ("sent",)
+    assert sweep_once(store, settings, lambda job_id: True).lost_messages == ()
+    assert store.counters() == {("recovery_lost_message", "k"): 1}

@@ -300,3 +300,12 @@ def test_explain_tells_a_live_owner_from_a_dead_one_on_postgresql(pg_url: str) -
     finally:
         lock.release()
         engine.dispose()
+
+
+def test_limits_json_lists_every_limited_kind() -> None:
+    assert json.loads(jobctl("limits", "--json").stdout) == {}
+    jobs.set_limits("ops_lookup", max_running=2)
+    jobs.submit("ops_lookup", {"order_id": 1})
+    assert json.loads(jobctl("limits", "--json").stdout) == {
+        "ops_lookup": {"max_running": 2, "running": 0, "max_queued": None, "queued": 1}
+    }

@@ -423,12 +423,15 @@ def _limit_value(raw: str | None, name: str) -> int | None:
 
 
 @main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object by kind, for scripts.")
 @click.pass_context
-def limits(ctx: click.Context) -> None:
+def limits(ctx: click.Context, as_json: bool) -> None:
     """Backpressure per kind: how many may run and wait at once (held in the database)."""
     if ctx.invoked_subcommand is None:
         figures = stats_dict()["limits"]
-        if figures:
+        if as_json:
+            _echo_json(figures)
+        elif figures:
             _limits_table(figures)
         else:
             click.echo("no limits set (jobctl limits set KIND --max-running N --max-queued M)")

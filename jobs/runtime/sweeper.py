@@ -31,7 +31,7 @@ log = logging.getLogger("jobs.sweeper")
 
 #: Retention deletes at most this many batches per pass, so a pass stays short and the
 #: rest waits for the next one.
-PRUNE_BATCH_SIZE = 500
+PRUNE_BATCH_SIZE = 200
 PRUNE_BATCHES_PER_PASS = 4
 DAY_SECONDS = 86400.0
 
