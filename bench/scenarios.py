@@ -34,6 +34,7 @@ from jobs.core.models import JobRecord
 from jobs.core.settings import from_env, reset_settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.runtime import process
 from jobs.schema import upgrade
 
 Say = Callable[[str], None]
@@ -161,7 +162,7 @@ class BackendRun:
 
     @property
     def store(self) -> JobStore:
-        return api.get_store()
+        return process.current().store
 
     def _plain_setup(self) -> None:
         from jobs.runtime.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
@@ -207,9 +208,9 @@ class BackendRun:
 
     def start(self) -> None:
         if self.backend == PG_RABBITMQ:
-            from jobs.core.db import engine_for  # noqa: PLC0415
+            from jobs.core.db import make_engine  # noqa: PLC0415
 
-            upgrade(engine_for(self.durable_env["JOBS_DATABASE_URL"]))
+            upgrade(make_engine(self.durable_env["JOBS_DATABASE_URL"]))
         self.offset = clock_offset(self.store.engine)
         self.say(
             f"{self.backend}: database clock - local clock = {self.offset * 1e3:+.2f} ms "

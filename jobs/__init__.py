@@ -41,7 +41,6 @@ if TYPE_CHECKING:
         cancel,
         dispatch,
         get,
-        get_store,
         history,
         list_jobs,
         schedule,
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
         set_limits,
         steps,
         submit,
+        submit_many,
         unschedule,
     )
     from jobs.core.context import JobContext
@@ -65,7 +65,6 @@ _LAZY = {
             "cancel",
             "dispatch",
             "get",
-            "get_store",
             "history",
             "list_jobs",
             "schedule",
@@ -75,6 +74,7 @@ _LAZY = {
             "set_limits",
             "steps",
             "submit",
+            "submit_many",
             "unschedule",
         ),
         "jobs.api",
@@ -122,7 +122,6 @@ __all__ = [
     "cancel",
     "dispatch",
     "get",
-    "get_store",
     "history",
     "job",
     "list_jobs",
@@ -133,5 +132,6 @@ __all__ = [
     "set_limits",
     "steps",
     "submit",
+    "submit_many",
     "unschedule",
 ]

@@ -1,104 +1,114 @@
-"""The public operations (``jobs.submit``, ``jobs.approve`` …) over the process's store.
+"""The public operations (``jobs.submit``, ``jobs.approve`` …) over the process's runtime.
 
-This facade wires the core to the outside: it opens the store from the settings and
-rings the doorbell after every commit that leaves a job QUEUED. The doorbell is a
-plain callable, by default the Celery publisher (imported only when first needed, so
-the core never imports Celery); tests and embedded users may replace it.
+This facade wires the core to the outside: it takes the store and the doorbell from the
+process's runtime object (:mod:`jobs.runtime.process`) and rings the doorbell after every
+commit that leaves a job QUEUED. A submit either commits alone, or joins the caller's
+transaction (``connection=``, ``session=`` or a :class:`jobs.transactions.UnitOfWork`) and
+rings only once that transaction has committed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobs.core.db import engine_for
-from jobs.core.errors import AdmissionRefused
-from jobs.core.registry import REGISTRY
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from jobs.core.errors import AdmissionRefused, InvalidInput
+from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.schedule import Schedule, normalize_spec
-from jobs.core.settings import get_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
-from jobs.schema import ensure_schema
+from jobs.runtime import process
+from jobs.transactions import UnitOfWork, unit_for
 
 log = logging.getLogger("jobs")
 
-Dispatcher = Callable[[str], None]
 
-_lock = threading.Lock()
-_store: tuple[int, str, JobStore] | None = None
-_dispatcher: Dispatcher | None = None
-_dispatcher_set = False
-
-
-def get_store() -> JobStore:
-    """The process's store for ``JOBS_DATABASE_URL``; the schema is checked on first use."""
-    global _store  # noqa: PLW0603 - one store per process and database
-    settings = get_settings()
-    pid = os.getpid()
-    cached = _store
-    if cached is not None and cached[0] == pid and cached[1] == settings.database_url:
-        return cached[2]
-    with _lock:
-        engine = engine_for(settings.database_url)
-        ensure_schema(engine)
-        store = JobStore(engine, max_payload_bytes=settings.max_input_bytes)
-        _store = (pid, settings.database_url, store)
-        return store
+def _store() -> JobStore:
+    return process.current().store
 
 
 def reset() -> None:
-    """Forget the cached store and dispatcher (after the settings changed)."""
-    global _store, _dispatcher, _dispatcher_set  # noqa: PLW0603
-    with _lock:
-        _store = None
-        _dispatcher = None
-        _dispatcher_set = False
+    """Close and forget the process's store, engine and doorbell (after the settings
+    changed, or between tests)."""
+    process.reset()
 
 
-def set_dispatcher(dispatcher: Dispatcher | None) -> None:
-    """Replace the doorbell. ``None`` sends none: jobs then reach workers only through the
-    sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`."""
-    global _dispatcher, _dispatcher_set  # noqa: PLW0603
-    _dispatcher = dispatcher
-    _dispatcher_set = True
+def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
+    """Replace the doorbell with ``dispatcher(job_id)``. ``None`` sends none: jobs then reach
+    workers only through the sweeper's re-dispatch or an in-process
+    :func:`jobs.testing.drain`. Kept until :func:`reset`."""
+    if dispatcher is None:
+        process.current().set_dispatcher(None)
+        return
+    ring_one = dispatcher
 
+    def ring_each(job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            ring_one(job_id)
 
-def get_dispatcher() -> Dispatcher | None:
-    """The doorbell in use (the Celery publisher unless replaced)."""
-    global _dispatcher, _dispatcher_set  # noqa: PLW0603
-    if not _dispatcher_set:
-        from jobs.runtime.dispatch import publish  # noqa: PLC0415 - Celery only when needed
-
-        _dispatcher = publish
-        _dispatcher_set = True
-    return _dispatcher
+    process.current().set_dispatcher(ring_each)
 
 
 def dispatch(job_id: str) -> bool:
     """Publish a job's ID after its QUEUED state committed. A failure loses nothing: the
     job stays QUEUED in the database and the sweeper sends it again."""
-    dispatcher = get_dispatcher()
-    if dispatcher is None:
-        return False
-    try:
-        dispatcher(job_id)
-    except Exception as err:
-        log.warning("job %s: publish failed (%s); the sweeper will re-dispatch it", job_id, err)
-        try:
-            get_store().forget_dispatch(job_id)
-        except Exception:
-            log.exception("job %s: could not mark it for re-dispatch", job_id)
-        return False
-    return True
+    return process.current().dispatch([job_id])
 
 
 def new_job_id() -> str:
     return uuid.uuid4().hex
+
+
+def _prepare(
+    kind: str, inputs: Any, job_id: str | None, max_attempts: int | None, delay_seconds: float
+) -> tuple[JobKind, dict[str, Any]]:
+    """Check one submission against its kind and return the row the store will insert."""
+    inputs = {} if inputs is None else inputs
+    job_kind = REGISTRY.get(kind)
+    if isinstance(inputs, dict):
+        job_kind.check_inputs(inputs)
+    if job_id is not None and not isinstance(job_id, str):
+        raise InvalidInput("job_id must be a string")
+    attempts = (
+        max_attempts
+        if max_attempts is not None  # 0 is refused by the store, not replaced
+        else job_kind.max_attempts or process.current().settings.default_max_attempts
+    )
+    row = _store().new_job_values(
+        kind,
+        inputs,
+        job_id=new_job_id() if job_id is None else job_id,
+        max_attempts=attempts,
+        delay_seconds=delay_seconds,
+        code_version=job_kind.version,
+    )
+    return job_kind, row
+
+
+def _insert(
+    job_kind: JobKind, rows: list[dict[str, Any]], delay_seconds: float, unit: UnitOfWork | None
+) -> list[str]:
+    runtime = process.current()
+    conn = None if unit is None else unit.connection
+    runtime.seed_limits([job_kind], conn=conn)
+    try:
+        created = runtime.store.create_many(job_kind.name, rows, conn=conn)
+    except AdmissionRefused:
+        _count("admission_refused", job_kind.name)
+        raise
+    to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
+    if to_ring:
+        if unit is None:
+            runtime.dispatch(to_ring)
+        else:
+            unit.after_commit(to_ring, runtime.dispatch)
+    return [job.id for job, _new in created]
 
 
 def submit(
@@ -108,64 +118,92 @@ def submit(
     job_id: str | None = None,
     max_attempts: int | None = None,
     delay_seconds: float = 0,
+    connection: Connection | None = None,
+    session: Session | None = None,
+    unit: UnitOfWork | None = None,
 ) -> str:
     """Queue a job of a registered kind and return its ID.
 
     A caller-chosen ``job_id`` makes submit idempotent: the same ID with the same kind and
     inputs returns the existing job's ID (nothing new is written or sent); the same ID with
     different kind or inputs raises :class:`jobs.DuplicateJob`.
+
+    With ``connection=`` (a SQLAlchemy ``Connection`` in a transaction), ``session=`` (a
+    SQLAlchemy ``Session``) or ``unit=``, the job is written in the caller's transaction:
+    a rollback leaves no job, and the doorbell rings only after the commit. On an error,
+    roll the caller's transaction back.
     """
-    inputs = {} if inputs is None else inputs
+    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, delay_seconds)
+    return _insert(job_kind, [row], delay_seconds, unit_for(connection, session, unit))[0]
+
+
+def submit_many(
+    kind: str,
+    inputs: Sequence[dict[str, Any]],
+    *,
+    job_ids: Sequence[str] | None = None,
+    max_attempts: int | None = None,
+    delay_seconds: float = 0,
+    connection: Connection | None = None,
+    session: Session | None = None,
+    unit: UnitOfWork | None = None,
+) -> list[str]:
+    """Queue many jobs of one kind at once: one transaction, one multi-row INSERT, one
+    batch of doorbells. The rules are :func:`submit`'s, applied to the whole batch: every
+    input is checked before anything is written, admission counts the batch (all or none),
+    and caller-chosen ``job_ids`` are idempotent one by one."""
+    if isinstance(inputs, dict | str | bytes):
+        raise InvalidInput("inputs must be a list of JSON objects, one per job")
+    if job_ids is not None and len(job_ids) != len(inputs):
+        raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+    rows = []
     job_kind = REGISTRY.get(kind)
-    if isinstance(inputs, dict):
-        job_kind.check_inputs(inputs)
-    settings = get_settings()
-    attempts = (
-        max_attempts
-        if max_attempts is not None  # 0 is refused by the store, not replaced
-        else job_kind.max_attempts or settings.default_max_attempts
-    )
-    try:
-        job, created = get_store().create(
-            kind,
-            inputs,
-            job_id=job_id or new_job_id(),
-            max_attempts=attempts,
-            delay_seconds=delay_seconds,
-            code_version=job_kind.version,
-        )
-    except AdmissionRefused:
-        _count("admission_refused", kind)
-        raise
-    if created and delay_seconds <= 0:
-        dispatch(job.id)
-    return job.id
+    for index, one in enumerate(inputs):
+        try:
+            job_kind, row = _prepare(
+                kind,
+                one,
+                None if job_ids is None else job_ids[index],
+                max_attempts,
+                delay_seconds,
+            )
+        except InvalidInput as err:
+            raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
+        rows.append(row)
+    if not rows:
+        return []
+    return _insert(job_kind, rows, delay_seconds, unit_for(connection, session, unit))
 
 
 def get(job_id: str) -> Job:
-    return get_store().get(job_id)
+    """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
+    return _store().get(job_id)
 
 
 def steps(job_id: str) -> list[Step]:
-    get_store().get(job_id)  # unknown IDs are an error, not an empty list
-    return get_store().steps(job_id)
+    """The job's recorded steps, in the order they were recorded."""
+    store = _store()
+    store.get(job_id)  # unknown IDs are an error, not an empty list
+    return store.steps(job_id)
 
 
 def history(job_id: str) -> list[Transition]:
-    get_store().get(job_id)
-    return get_store().history(job_id)
+    """Every state change of the job, oldest first, with who made it and why."""
+    store = _store()
+    store.get(job_id)
+    return store.history(job_id)
 
 
 def approve(job_id: str, *, by: str, note: str | None = None) -> Job:
     """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its steps."""
-    job = get_store().approve(job_id, by, note)
+    job = _store().approve(job_id, by, note)
     dispatch(job.id)
     return job
 
 
 def cancel(job_id: str, reason: str = "cancelled by an operator") -> Job:
     """Stop a job that has not ended; a running owner is refused at its next fenced write."""
-    return get_store().cancel(job_id, reason)
+    return _store().cancel(job_id, reason)
 
 
 def set_limits(
@@ -174,32 +212,26 @@ def set_limits(
     """Backpressure for a kind, for every worker at once: at most ``max_running`` RUNNING
     (enforced by the claim statement) and at most ``max_queued`` QUEUED (a submit past it
     raises :class:`jobs.AdmissionRefused` and writes nothing). ``None`` lifts a limit."""
-    return get_store().set_limits(kind, max_running=max_running, max_queued=max_queued)
+    return _store().set_limits(kind, max_running=max_running, max_queued=max_queued)
 
 
 def seed_limits() -> None:
     """Write the registered kinds' ``max_running``/``max_queued`` defaults for kinds that have
-    no limits row yet (workers do this at start-up; the database's numbers then rule)."""
-    store = get_store()
-    for kind in REGISTRY.kinds():
-        if kind.max_running is not None or kind.max_queued is not None:
-            store.set_limits(
-                kind.name,
-                max_running=kind.max_running,
-                max_queued=kind.max_queued,
-                only_if_absent=True,
-            )
+    no limits row yet (workers do this at start-up, submitters before a kind's first
+    submit; the database's numbers then rule)."""
+    process.current().seed_limits()
 
 
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:
-    return get_store().list(state, kind, limit)
+    """The newest jobs first, optionally of one state and/or kind."""
+    return _store().list(state, kind, limit)
 
 
 def _count(event: str, kind: str) -> None:
-    """Bump an operational counter for the metrics; a failure to count is logged, never raised
-    (the caller's own error matters more)."""
+    """Bump an operational counter for the metrics, in a transaction of its own; a failure
+    to count is logged, never raised (the caller's own error matters more)."""
     try:
-        get_store().count_event(event, kind)
+        _store().count_event(event, kind)
     except Exception:
         log.exception("could not count %s for kind %s", event, kind)
 
@@ -224,7 +256,7 @@ def schedule(
     """
     inputs = {} if inputs is None else inputs
     REGISTRY.get(kind).check_inputs(inputs)
-    return get_store().put_schedule(
+    return _store().put_schedule(
         Schedule(
             name, kind, normalize_spec(every), timezone=timezone, inputs=inputs, catch_up=catch_up
         )
@@ -233,12 +265,12 @@ def schedule(
 
 def unschedule(name: str) -> bool:
     """Stop a periodic job (its submitted jobs are left alone); False if it did not exist."""
-    return get_store().delete_schedule(name)
+    return _store().delete_schedule(name)
 
 
 def schedules() -> list[Schedule]:
     """Every periodic schedule with its last tick (see :meth:`Schedule.next_tick`)."""
-    return get_store().schedules()
+    return _store().schedules()
 
 
 def sync_schedules() -> list[Schedule]:
@@ -246,7 +278,7 @@ def sync_schedules() -> list[Schedule]:
     and sweepers do this at start-up). A kind whose schedule was removed from the code keeps
     its row until ``jobctl schedules remove NAME``: one process's partial imports must not
     stop another's schedule."""
-    store = get_store()
+    store = _store()
     return [
         store.put_schedule(
             Schedule(

@@ -8,19 +8,24 @@ a process that finds it behind stops with a message saying so.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
+from jobs.core.db import READ_ONLY
 from jobs.core.errors import SettingsError
+from jobs.core.models import SCHEMA_REVISION
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 def alembic_config(engine: Engine) -> Config:
+    from alembic.config import Config  # noqa: PLC0415 - Alembic only to migrate
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option(
@@ -30,17 +35,26 @@ def alembic_config(engine: Engine) -> Config:
 
 
 def head_revision(engine: Engine) -> str:
+    from alembic.script import ScriptDirectory  # noqa: PLC0415
+
     head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
     assert head is not None
     return head
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    """The revision the database is at, read without loading Alembic (workers never need
+    it); ``None`` for a database with no job tables yet."""
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        try:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except DBAPIError:
+            return None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command  # noqa: PLC0415
+
     config = alembic_config(engine)
     with engine.begin() as conn:
         config.attributes["connection"] = conn
@@ -48,11 +62,14 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def ensure_schema(engine: Engine) -> None:
+    """Check (PostgreSQL) or bring up to date (SQLite) the job tables; the revision the
+    code needs is :data:`jobs.core.models.SCHEMA_REVISION`, checked against Alembic's head
+    by the test-suite, so a process whose schema is current never imports Alembic."""
+    current, head = current_revision(engine), SCHEMA_REVISION
     if engine.dialect.name == "sqlite":
-        if current_revision(engine) != head_revision(engine):
+        if current != head:
             upgrade(engine)
         return
-    current, head = current_revision(engine), head_revision(engine)
     if current != head:
         raise SettingsError(
             f"the jobs schema in {engine.url.render_as_string(hide_password=True)} is at "

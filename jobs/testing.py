@@ -12,18 +12,21 @@ from typing import Any
 
 from jobs import api
 from jobs.core.runner import Outcome, Runner, RunResult
-from jobs.core.settings import get_settings
 from jobs.core.store import Job, JobStore
+from jobs.runtime import process
 
 
 def make_runner(
     store: JobStore | None = None, owner: str | None = None, heartbeat: bool = True
 ) -> Runner:
+    """A runner like a worker's, signed ``inline@<host>:<pid>``; ``heartbeat=False`` runs
+    without lease renewals (deterministic tests whose lease outlasts the run)."""
+    runtime = process.current()
     return Runner.from_settings(
-        store or api.get_store(),
+        store or runtime.store,
         owner or f"inline@{socket.gethostname()}:{os.getpid()}",
-        get_settings(),
-        heartbeat=heartbeat,
+        runtime.settings,
+        heartbeat=runtime.heartbeat if heartbeat else None,
     )
 
 
@@ -40,12 +43,8 @@ def perform_job(
     max_attempts: int | None = None,
 ) -> Job:
     """Submit a job without ringing the doorbell, run it once in-process, return its record."""
-    previous = api.get_dispatcher()
-    api.set_dispatcher(None)
-    try:
+    with process.current().doorbell_off():
         job_id = api.submit(kind, inputs, job_id=job_id, max_attempts=max_attempts)
-    finally:
-        api.set_dispatcher(previous)
     run(job_id)
     return api.get(job_id)
 

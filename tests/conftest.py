@@ -86,9 +86,9 @@ def pg_url() -> Iterator[str]:
     try:
         yield url
     finally:
-        from jobs.core.db import dispose_all  # noqa: PLC0415
+        from jobs.runtime import process  # noqa: PLC0415
 
-        dispose_all()
+        process.reset()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()

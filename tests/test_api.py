@@ -24,6 +24,7 @@ from jobs.core.context import JobContext
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome
 from jobs.core.settings import Settings, from_env, get_settings, reset_settings
+from jobs.runtime import process
 
 CALLS: Counter[str] = Counter()
 CRASH = {"now": False}
@@ -222,7 +223,7 @@ def test_a_crashed_run_is_swept_back_and_rerun(monkeypatch: pytest.MonkeyPatch) 
         testing.make_runner(heartbeat=False).run(job_id)
     CRASH["now"] = False
     time.sleep(0.25)
-    assert [j.id for j in jobs.get_store().sweep_expired()] == [job_id]
+    assert [j.id for j in process.current().store.sweep_expired()] == [job_id]
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
     assert CALLS == {"one": 1, "two": 1}
@@ -278,9 +279,10 @@ def test_a_running_handler_notices_its_cancel() -> None:
     job = jobs.get(job_id)
     assert job.state is jobs.State.CANCELLED
     assert job.result is None
-    # "after" ran (nothing checked between the cancel and it) but its output was refused
-    assert [s.name for s in jobs.steps(job_id)] == ["before"]
-    assert CALLS == {"before": 1, "after": 1}
+    # "before"'s record waited for the job's next write (the start of "after"), which the
+    # cancel refused: a cancelled run records nothing more, and "after" never ran
+    assert [s.name for s in jobs.steps(job_id)] == []
+    assert CALLS == {"before": 1}
 
 
 def test_the_heartbeat_stops_a_cancelled_handler_before_its_next_step(
@@ -376,7 +378,7 @@ def test_oversized_inputs_write_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_job_whose_kind_or_inputs_no_longer_fit_fails_without_retrying() -> None:
-    store = jobs.get_store()
+    store = process.current().store
     store.create("api_lookup", {"renamed": 1}, job_id="old-inputs", max_attempts=5)
     store.create("api_gone", {}, job_id="old-kind", max_attempts=5)
     results = {r.job_id: r for r in testing.drain()}
@@ -431,7 +433,7 @@ def test_a_failing_doorbell_loses_nothing(caplog: pytest.LogCaptureFixture) -> N
     assert job.dispatched_at is None  # so the next sweep sends it at once
     assert "publish failed" in caplog.text
     assert jobs.dispatch(job_id) is False
-    assert jobs.get_store().due_for_dispatch(300) == [job_id]
+    assert process.current().store.due_for_dispatch(300) == [job_id]
     jobs.set_dispatcher(None)
     assert jobs.dispatch(job_id) is False
     [result] = testing.drain()

@@ -30,6 +30,7 @@ from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 from jobs.core.store import Claim, JobStore, KindLimits
+from jobs.runtime import process
 from tests import racing
 from tests.conftest import snapshot
 
@@ -472,7 +473,7 @@ def test_the_decorator_refuses_a_negative_default(option: str) -> None:
 
 
 def test_seed_limits_writes_the_defaults_but_never_overwrites_an_operator() -> None:
-    store = jobs.get_store()
+    store = process.current().store
     jobs.seed_limits()
     limits = store.limits()
     assert limits["bp_api"] == KindLimits("bp_api", 1, 2)
@@ -525,7 +526,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     result = jobctl("limits", "set", "bp_cli", "--max-running", "2", "--max-queued", "none")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=None"
-    assert jobs.get_store().limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
+    assert process.current().store.limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
 
     result = jobctl("limits", "set", "bp_cli", "--max-queued", "5")
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=5"
@@ -533,7 +534,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
     result = jobctl("limits", "set", "bp_cli")
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
-    assert jobs.get_store().limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
+    assert process.current().store.limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
 
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
@@ -563,13 +564,13 @@ def test_jobctl_limits_set_refuses_bad_values_and_changes_nothing(
         assert fragment in result.stderr
         assert option in result.stderr
         assert "Traceback" not in result.output
-        assert jobs.get_store().limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
+        assert process.current().store.limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
 
 
 def test_jobctl_stats_json_has_limits_with_counts() -> None:
     jobs.set_limits("bp_cli", max_running=2, max_queued=3)
     ids = [jobs.submit("bp_cli", {"n": n}) for n in range(3)]
-    assert jobs.get_store().claim(ids[0], "w", 60) is not None
+    assert process.current().store.claim(ids[0], "w", 60) is not None
     result = jobctl("stats", "--json")
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)
@@ -585,7 +586,7 @@ def test_jobctl_submit_past_max_queued_is_one_line_with_a_retry_hint() -> None:
     ok = jobctl("submit", "bp_cli", "--input", '{"n": 1}')
     assert ok.exit_code == 0, ok.output
     result = jobctl("submit", "bp_cli", "--input", '{"n": 2}')
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 75, result.output  # EX_TEMPFAIL: try again later
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

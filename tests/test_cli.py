@@ -21,6 +21,7 @@ import jobs
 from jobs.cli import core_commands, main
 from jobs.core.context import JobContext
 from jobs.core.settings import reset_settings
+from jobs.runtime import process
 from jobs.schema import MIGRATIONS
 from jobs.testing import run
 
@@ -151,6 +152,26 @@ def run_later(delay: float = 0.15) -> Callable[[str], None]:
 
 
 @pytest.mark.usefixtures("fast_poll")
+def test_submit_from_file_queues_one_job_per_line_in_one_go(tmp_path: Path) -> None:
+    path = tmp_path / "orders.jsonl"
+    path.write_text('{"order_id": 1}\n\n{"order_id": 2}\n{"order_id": 3}\n')
+    result = jobctl("submit", "cli_lookup", "--from-file", str(path))
+    assert result.exit_code == 0, result.output
+    ids = result.stdout.split()
+    assert [jobs.get(job_id).inputs["order_id"] for job_id in ids] == [1, 2, 3]
+
+
+def test_submit_from_file_names_the_bad_line_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "orders.jsonl"
+    path.write_text('{"order_id": 1}\n[1, 2]\n')
+    assert_one_line_error(
+        jobctl("submit", "cli_lookup", "--from-file", str(path)), "line 2", "JSON object"
+    )
+    path.write_text('{"order_id": 1}\n{"wrong": 1}\n')
+    assert_one_line_error(jobctl("submit", "cli_lookup", "--from-file", str(path)), "job 2 of 2")
+    assert jobs.list_jobs() == []
+
+
 def test_submit_wait_follows_the_job_to_completion() -> None:
     jobs.set_dispatcher(run_later())
 
@@ -289,7 +310,7 @@ def test_show_json_of_a_completed_job_has_the_documented_shape() -> None:
 
 def test_show_json_of_a_running_job_has_an_aware_lease() -> None:
     job_id = submit()
-    claim = jobs.get_store().claim(job_id, "worker-A", lease_seconds=30)
+    claim = process.current().store.claim(job_id, "worker-A", lease_seconds=30)
     assert claim is not None
 
     shown = show_json(job_id)

@@ -20,7 +20,7 @@ import requests
 
 import jobs
 from jobs import api
-from jobs.core.db import engine_for
+from jobs.core.db import make_engine
 from jobs.core.settings import reset_settings
 from jobs.schema import upgrade
 from tests.conftest import AMQP_URL, service_unavailable
@@ -89,7 +89,7 @@ def test_flower_shows_worker_and_job_task(
         monkeypatch.setenv(key, value)
     reset_settings()
     api.reset()
-    upgrade(engine_for(pg_url))
+    upgrade(make_engine(pg_url))
     env = {**os.environ, **settings_env}
     port = _free_port()
     auth = ("admin", "s3cret")

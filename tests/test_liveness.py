@@ -4,6 +4,7 @@ owner's job cannot. The fence still guards the old owner's writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,9 +18,10 @@ from sqlalchemy.pool import NullPool
 
 from jobs.core.db import make_engine
 from jobs.core.errors import LeaseLost
+from jobs.core.settings import get_settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
-from jobs.runtime import liveness
+from jobs.runtime import liveness, process
 from jobs.schema import upgrade
 from tests.conftest import PG_ADMIN_URL
 
@@ -109,7 +111,12 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/x.db")
     upgrade(engine)
     sqlite_store = JobStore(engine)
-    assert liveness.process_key(f"sqlite:///{tmp_path}/x.db", "sqlite") == os.getpid()
+    assert (
+        process.ProcessRuntime(
+            dataclasses.replace(get_settings(), database_url=f"sqlite:///{tmp_path}/x.db")
+        ).liveness_key()
+        == os.getpid()
+    )
     finished = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 import pytest
 
@@ -19,8 +20,8 @@ DAY = 86400.0
 
 
 def fire(store: JobStore, sent: list[str]) -> list[str]:
-    def publish(job_id: str) -> bool:
-        sent.append(job_id)
+    def publish(job_ids: Sequence[str]) -> bool:
+        sent.extend(job_ids)
         return True
 
     fired = fire_due_ticks(store, publish, default_max_attempts=3, registry=Registry([]))
@@ -202,7 +203,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     store.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(DAY + 10)
     sent: list[str] = []
-    report = sweep_once(store, settings, lambda job_id: sent.append(job_id) is None)
+    report = sweep_once(store, settings, lambda job_ids: sent.extend(job_ids) is None)
     assert report.pruned == 1
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
@@ -211,7 +212,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
-    assert sweep_once(store, kept, lambda job_id: True).pruned == 0
+    assert sweep_once(store, kept, lambda job_ids: True).pruned == 0
 
 
 def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
@@ -223,10 +224,10 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
     store.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
     store.create("k", {}, job_id="unsent", max_attempts=2)
-    store.forget_dispatch("unsent")  # its publish failed: not a lost message
+    store.forget_dispatch(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
-    report = sweep_once(store, settings, lambda job_id: True)
+    report = sweep_once(store, settings, lambda job_ids: True)
     assert set(report.dispatched) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
-    assert sweep_once(store, settings, lambda job_id: True).lost_messages == ()
+    assert sweep_once(store, settings, lambda job_ids: True).lost_messages == ()
     assert store.counters() == {("recovery_lost_message", "k"): 1}

@@ -790,16 +790,16 @@ def test_due_for_dispatch(store: JobStore, clock: LogicalClock) -> None:
     clock.advance(1)  # t=35: "later" is exactly 30 s stale
     assert store.due_for_dispatch(30) == ["later"]
     assert store.due_for_dispatch(30) == []
-    store.forget_dispatch("sent")  # a failed publish: at once, not after the window
+    store.forget_dispatch(["sent"])  # a failed publish: at once, not after the window
     assert store.get("sent").dispatched_at is None
     assert store.due_for_dispatch(30) == ["sent"]
-    store.forget_dispatch("running")  # not QUEUED: untouched
+    store.forget_dispatch(["running"])  # not QUEUED: untouched
     assert store.get("running").dispatched_at is not None
 
 
 def test_due_for_dispatch_limit(store: JobStore) -> None:
     for i in range(5):
-        store.forget_dispatch(new(store, f"j{i}"))
+        store.forget_dispatch([new(store, f"j{i}")])
     first = store.due_for_dispatch(30, limit=3)
     assert len(first) == 3
     rest = store.due_for_dispatch(30, limit=3)

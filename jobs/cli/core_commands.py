@@ -11,22 +11,30 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
 
 import jobs
 from jobs.cli import main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
-from jobs.core.settings import get_settings
 from jobs.core.states import TERMINAL, State
 
-if TYPE_CHECKING:  # the store loads SQLAlchemy: only when a command runs
+if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs.core.records import Job, Step, Transition
+    from jobs.runtime.process import ProcessRuntime
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75
+
+
+def _runtime() -> ProcessRuntime:
+    """The process's runtime, imported on first use so ``--help`` stays fast."""
+    from jobs.runtime import process  # noqa: PLC0415
+
+    return process.current()
+
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
@@ -109,6 +117,22 @@ def parse_inputs(text: str) -> dict[str, Any]:
     return value
 
 
+def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
+    is reported with its number and nothing is submitted."""
+    inputs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            inputs.append(parse_inputs(line))
+        except InvalidInput as err:
+            raise InvalidInput(
+                f"line {number}: {str(err).replace('--input', 'the line')}"
+            ) from None
+    return inputs
+
+
 @main.command()
 @click.argument("kind")
 @click.option(
@@ -125,6 +149,13 @@ def parse_inputs(text: str) -> dict[str, Any]:
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
+@click.option(
+    "--from-file",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    help="Queue one job per line of a JSON-lines file of inputs ('-': standard input), "
+    "all in one transaction; prints the IDs in order.",
+)
 def submit(
     *,
     kind: str,
@@ -134,11 +165,20 @@ def submit(
     delay: float,
     wait: bool,
     timeout: float | None,
+    from_file: TextIO | None,
 ) -> None:
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
     try:
+        if from_file is not None:
+            if wait or job_id is not None or input_json != "{}":
+                raise click.UsageError("--from-file does not combine with --input, --id or --wait")
+            ids = jobs.submit_many(
+                kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+            )
+            click.echo("\n".join(ids))
+            return
         new_id = jobs.submit(
             kind,
             parse_inputs(input_json),
@@ -148,7 +188,7 @@ def submit(
         )
     except AdmissionRefused as err:
         # Not a mistake: the system is full. Scripts tell "try later" by the exit code.
-        click.echo(f"Error: {err} (retry-after={err.retry_after:.0f}s)", err=True)
+        click.echo(f"Error: {err}", err=True)  # the message ends "retry in Ns"
         _exit(EX_TEMPFAIL)
     click.echo(new_id)
     if wait:
@@ -331,7 +371,7 @@ def cancel(job_id: str, reason: str) -> None:
 
 def stats_dict() -> dict[str, Any]:
     """Counts with every state present (zeros too), so dashboards need no defaults."""
-    store = jobs.get_store()
+    store = _runtime().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
     for (kind, state), count in sorted(store.counts().items()):
@@ -445,7 +485,7 @@ def limits(ctx: click.Context, as_json: bool) -> None:
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
-    store = jobs.get_store()
+    store = _runtime().store
     current = store.limits().get(kind)
     running = (
         (current.max_running if current else None)
@@ -473,9 +513,8 @@ def db() -> None:
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
     from jobs import schema  # noqa: PLC0415 - Alembic only for the db commands
-    from jobs.core.db import engine_for  # noqa: PLC0415
 
-    engine = engine_for(get_settings().database_url)
+    engine = _runtime().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
 
@@ -484,9 +523,8 @@ def upgrade() -> None:
 def current() -> None:
     """Show the schema's revision and whether it is the one this code needs."""
     from jobs import schema  # noqa: PLC0415
-    from jobs.core.db import engine_for  # noqa: PLC0415
 
-    engine = engine_for(get_settings().database_url)
+    engine = _runtime().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if revision == head:
         click.echo(f"{revision} (head)")

@@ -17,6 +17,14 @@ from jobs.cli import main
 
 if TYPE_CHECKING:
     from jobs.core.schedule import Schedule
+    from jobs.core.store import JobStore
+
+
+def _store() -> JobStore:
+    """The process's store (loads SQLAlchemy: only when a command runs)."""
+    from jobs.runtime import process  # noqa: PLC0415
+
+    return process.current().store
 
 
 def _iso(instant: Any) -> str | None:
@@ -47,9 +55,8 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
     """Periodic jobs with their last and next tick (fired by the sweepers)."""
     if ctx.invoked_subcommand is not None:
         return
-    import jobs  # noqa: PLC0415 - the store loads SQLAlchemy: only when a command runs
 
-    store = jobs.get_store()
+    store = _store()
     now = store.now()
     found = [_schedule_dict(schedule, now) for schedule in store.schedules()]
     if as_json:
@@ -129,7 +136,6 @@ def remove_schedule(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Delete finished jobs (COMPLETED, FAILED, CANCELLED) with their steps and history."""
-    import jobs  # noqa: PLC0415
     from jobs.core.settings import get_settings  # noqa: PLC0415
     from jobs.runtime import sweeper  # noqa: PLC0415
 
@@ -138,7 +144,7 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
         raise click.ClickException(
             "JOBS_RETENTION_DAYS=none keeps finished jobs; give --older-than DAYS to prune"
         )
-    store = jobs.get_store()
+    store = _store()
     if dry_run:
         count = store.count_prunable(days * sweeper.DAY_SECONDS)
     else:
@@ -160,11 +166,10 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def explain(job_id: str, as_json: bool) -> None:
     """Why a job is where it is, and what an operator can do."""
-    import jobs  # noqa: PLC0415
     from jobs.core.settings import get_settings  # noqa: PLC0415
     from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
 
-    found = explain_job(jobs.get_store(), get_settings(), job_id)
+    found = explain_job(_store(), get_settings(), job_id)
     if as_json:
         click.echo(json.dumps(found.as_dict(), indent=2))
         return
@@ -178,12 +183,11 @@ def explain(job_id: str, as_json: bool) -> None:
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 def metrics(port: int, addr: str) -> None:
     """Serve Prometheus metrics read from the job tables on http://ADDR:PORT/metrics."""
-    import jobs  # noqa: PLC0415
     from jobs.core.settings import get_settings  # noqa: PLC0415
     from jobs.runtime.metrics import serve  # noqa: PLC0415
 
     try:
-        serve(jobs.get_store(), port, get_settings().lease_seconds, addr)
+        serve(_store(), port, get_settings().lease_seconds, addr)
     except OSError as err:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {err.strerror}") from None
     click.echo(f"serving metrics on http://{addr}:{port}/metrics (Ctrl-C stops)")

@@ -64,14 +64,16 @@ def worker(
 def sweeper(once: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
+    from jobs.runtime import process  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
     settings = get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    store = api.get_store()
+    runtime = process.current()
+    store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     if once:
-        report = sweep_once(store, settings, api.dispatch)
+        report = sweep_once(store, settings, runtime.dispatch)
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}, "
@@ -82,7 +84,7 @@ def sweeper(once: bool) -> None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
         serve(store, settings.metrics_port, settings.lease_seconds)
-    run_forever(store, settings, api.dispatch)
+    run_forever(store, settings, runtime.dispatch)
 
 
 @main.command()

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from jobs.core.errors import LeaseLost, StepError
-from jobs.core.store import Claim, JobStore
+from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
 
@@ -46,6 +47,7 @@ class JobContext:
         lost: threading.Event | None = None,
         deadline: float | None = None,
         stopping: Callable[[], bool] | None = None,
+        heartbeat: LeaseHeartbeat | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -58,6 +60,12 @@ class JobContext:
         self._stopping = stopping
         self.ran_steps: list[str] = []
         self.replayed_steps: list[str] = []
+        # A step that ran, its output checked, waiting to be recorded with the job's next
+        # write (the next step's start, or the run's outcome): one write fewer per job.
+        self._pending: list[PendingStep] = []
+        # Held while pending steps are written, by this thread or the heartbeat's.
+        self._pending_lock = threading.Lock()
+        self._heartbeat = heartbeat
 
     @property
     def job_id(self) -> str:
@@ -87,9 +95,35 @@ class JobContext:
             )
         self._used.add(name)
 
-    def _check_lease(self) -> None:
+    def check_lease(self) -> None:
+        """Raise :class:`LeaseLost` if the heartbeat was refused: stop, write nothing."""
         if self._lost.is_set():
             raise self.lost_reason or LeaseLost(self.job_id, self.owner, self.claim.fence)
+
+    def take_pending(self) -> list[PendingStep]:
+        """The steps that ran but are not recorded yet, handed to the write that records
+        them (the runner's outcome); the context forgets them. Waits for a write of them
+        the heartbeat may have in flight."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel_flush(id(self))
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        return pending
+
+    def take_pending_and_record(self) -> None:
+        """Record the pending steps now, in this thread (the start of the next step)."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel_flush(id(self))
+        self.flush()
+
+    def flush(self) -> None:
+        """Record the steps that ran and wait for the job's next write: before another
+        step starts (a step never begins while an earlier one is unrecorded), or from the
+        heartbeat thread when the handler runs on for long without a step."""
+        with self._pending_lock:
+            if self._pending:
+                self.store.record_steps(self.claim, self._pending)
+                self._pending = []
 
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` once for this job and record its JSON output.
@@ -104,17 +138,24 @@ class JobContext:
             self.replayed_steps.append(name)
             replayed: T = self._recorded[name]
             return replayed
-        self._check_lease()
+        self.check_lease()
         if self._deadline is not None and time.monotonic() >= self._deadline:
             raise HandBack(f"delivery time budget used up before step {name!r}")
         if self._stopping is not None and self._stopping():
             raise HandBack(f"worker shutting down; handed back before step {name!r}")
+        self.take_pending_and_record()
         output = fn(*args, **kwargs)
-        self._check_lease()
-        self.store.record_step(self.claim, name, output)
-        self._recorded[name] = output
+        self.check_lease()
+        pending = self.store.pending_step(name, output)
+        with self._pending_lock:
+            self._pending.append(pending)
+        if self._heartbeat is not None:
+            self._heartbeat.flush_later(id(self), self.flush)
+        else:
+            self.flush()  # no heartbeat thread to bound the wait: record at once
+        self._recorded[name] = pending.output
         self.ran_steps.append(name)
-        result: T = json.loads(json.dumps(output))
+        result: T = json.loads(pending.text)  # the handler's copy: mutating it changes no record
         return result
 
     def wait_for_approval(self, reason: str, *, key: str | None = None) -> dict[str, Any]:
@@ -130,5 +171,5 @@ class JobContext:
             self.replayed_steps.append(name)
             approval: dict[str, Any] = self._recorded[name]
             return approval
-        self._check_lease()
+        self.check_lease()
         raise WaitingForApproval(reason, name)

@@ -6,27 +6,33 @@ not block the writer), a busy timeout (writers queue instead of failing), and
 write lock with "database is locked" whatever the timeout). pysqlite's own
 transaction handling is switched off so that we issue the BEGIN ourselves.
 
-Engines are cached per process: a pooled connection must never cross a fork
-(Celery's prefork children inherit the parent's pool), so a new PID gets a new engine.
+PostgreSQL engines do not ping a pooled connection at every checkout (a round trip per
+write on the hot path); a write that meets a connection the server closed is retried once
+on a fresh one (:func:`retry_on_disconnect`). Single-statement writes run in autocommit
+mode (:func:`autocommit`), which spares the ``BEGIN`` and ``COMMIT`` round trips.
+
+A pooled connection must never cross a fork (Celery's prefork children inherit the
+parent's pool): the process's runtime object (:mod:`jobs.runtime.process`) owns its
+engine and makes a new one in a child.
 """
 
 from __future__ import annotations
 
-import os
-import threading
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
+
+T = TypeVar("T")
 
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDLE_IN_TRANSACTION_MS = 15_000
-
-_lock = threading.Lock()
-_engines: dict[str, tuple[int, Engine]] = {}
 
 
 def _prepare_sqlite(engine: Engine) -> None:
@@ -63,7 +69,6 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, **kwargs)
         _prepare_sqlite(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
     # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
     # process would hold its row locks and stall every sweeper and claim behind it.
     kwargs.setdefault(
@@ -73,23 +78,22 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
-def engine_for(url: str) -> Engine:
-    """The process's shared engine for ``url``, recreated after a fork."""
-    pid = os.getpid()
-    with _lock:
-        cached = _engines.get(url)
-        if cached is not None and cached[0] == pid:
-            return cached[1]
-        if cached is not None:
-            # Inherited from the parent: drop the pool without closing the parent's sockets.
-            cached[1].dispose(close=False)
-        engine = make_engine(url)
-        _engines[url] = (pid, engine)
-        return engine
+@contextlib.contextmanager
+def autocommit(engine: Engine) -> Iterator[Connection]:
+    """A pooled connection in autocommit mode, for a write that is one statement: the
+    statement commits on its own, with no ``BEGIN``/``COMMIT`` round trips around it."""
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def dispose_all() -> None:
-    with _lock:
-        for _pid, engine in _engines.values():
-            engine.dispose()
-        _engines.clear()
+def retry_on_disconnect(attempt: Callable[[], T]) -> T:
+    """Run ``attempt``; if it met a pooled connection the server had closed (a database
+    restart, an idle timeout), run it once more on a fresh one. SQLAlchemy then discards
+    the whole pool's older connections, so one retry is enough. Only for writes whose
+    retry is safe: fenced compare-and-sets, which refuse a second application."""
+    try:
+        return attempt()
+    except DBAPIError as err:
+        if not err.connection_invalidated:
+            raise
+    return attempt()

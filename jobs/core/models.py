@@ -39,6 +39,11 @@ _STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
 _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 
+# The Alembic revision these models match (jobs/migrations/versions): a process whose
+# database is at it needs no Alembic at all. A test keeps the two in step.
+SCHEMA_REVISION = "0003"
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 

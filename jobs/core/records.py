@@ -68,10 +68,28 @@ class Claim:
     # The kind's running limit as the claim saw it under its lock (None: unlimited), so
     # whoever ends the run knows whether a slot was freed without reading the limits again.
     max_running: int | None = None
+    # Whether the job had recorded steps when claimed: a first run has none to read.
+    has_steps: bool = True
 
     @property
     def job_id(self) -> str:
         return self.job.id
+
+    @classmethod
+    def from_row(cls, row: Row[Any], owner: str, max_running: int | None = None) -> Claim:
+        """The claim a claiming UPDATE's RETURNING row proves (it carries ``has_steps``)."""
+        job = Job.from_row(row)
+        return cls(job, owner, job.fence, max_running, bool(row.has_steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingStep:
+    """A step that ran and whose checked output waits to be recorded with the job's next
+    write (the next step's start, or the run's outcome)."""
+
+    name: str
+    output: Any
+    text: str  # the output as JSON text, as checked
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,15 @@
 """Run one job: claim it, replay its recorded steps, run the handler, record the outcome.
 
 Used unchanged by the Celery task, by ``jobs.testing`` and by the in-process drain, so
-the rules are the same whichever way a job reaches a worker. A heartbeat thread renews
-the lease while the handler runs; when a renewal is refused the handler is stopped at
-its next step and nothing more is written.
+the rules are the same whichever way a job reaches a worker. The process's heartbeat
+(:class:`jobs.core.heartbeat.LeaseHeartbeat`) renews the lease while the handler runs;
+when a renewal is refused the handler is stopped at its next step and nothing more is
+written.
+
+A job's writes, for a one-step job: the claim (which also says whether recorded steps
+exist, so a first run reads none), and the outcome, which records the last step's
+output in the same statement. A step's record is written with the job's next write: the
+start of the next step, or the outcome.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +25,7 @@ from typing import Any
 
 from jobs.core.context import HandBack, JobContext, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
+from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
 from jobs.core.store import Claim, Job, JobStore
@@ -54,46 +60,6 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     return float(min(cap, base * (2 ** max(0, attempt - 1))))
 
 
-class Heartbeat:
-    """Renews a claim's lease every third of its length until stopped or refused."""
-
-    def __init__(
-        self,
-        store: JobStore,
-        claim: Claim,
-        lease_seconds: float,
-        on_lost: Callable[[LeaseLost], None],
-    ) -> None:
-        self._store = store
-        self._claim = claim
-        self._lease = lease_seconds
-        self._on_lost = on_lost
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True
-        )
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        interval = self._lease / 3
-        while not self._stop.wait(interval):
-            try:
-                self._store.renew(self._claim, self._lease)
-            except LeaseLost as lost:
-                log.warning("%s", lost)
-                self._on_lost(lost)
-                return
-            except Exception:  # a database blip: keep trying until the lease runs out
-                log.exception("job %s: lease renewal failed; will retry", self._claim.job_id)
-
-
 class Runner:
     def __init__(
         self,
@@ -102,7 +68,7 @@ class Runner:
         *,
         lease_seconds: float = 30.0,
         registry: Registry = REGISTRY,
-        heartbeat: bool = True,
+        heartbeat: LeaseHeartbeat | None = None,
         liveness_key: int | None = None,
         budget_seconds: float | None = None,
         retry_backoff_seconds: float = 1.0,
@@ -113,6 +79,7 @@ class Runner:
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.registry = registry
+        # None runs without renewals (deterministic tests): the lease must outlast the run.
         self.heartbeat = heartbeat
         self.liveness_key = liveness_key
         self.budget_seconds = budget_seconds
@@ -159,20 +126,37 @@ class Runner:
             # Not transient: no retry would help. Fail with the reason instead of looping.
             failed = self.store.fail(claim, str(err))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
-        recorded = {step.name: step.output for step in self.store.steps(job.id)}
+        recorded = (
+            {step.name: step.output for step in self.store.steps(job.id)} if claim.has_steps else {}
+        )
         deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
-        ctx = JobContext(self.store, claim, recorded, deadline=deadline, stopping=self.stopping)
+        ctx = JobContext(
+            self.store,
+            claim,
+            recorded,
+            deadline=deadline,
+            stopping=self.stopping,
+            heartbeat=self.heartbeat,
+        )
+        if self.heartbeat is not None:
+            self.heartbeat.watch(claim, ctx.lease_lost)
         try:
-            if self.heartbeat:
-                with Heartbeat(self.store, claim, self.lease_seconds, ctx.lease_lost):
-                    result = kind.handler(ctx, **job.inputs)
-            else:
-                result = kind.handler(ctx, **job.inputs)
+            return self._run_handler(claim, kind.handler, ctx)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.unwatch(claim)
+
+    def _run_handler(self, claim: Claim, handler: Callable[..., Any], ctx: JobContext) -> RunResult:
+        job = claim.job
+        try:
+            result = handler(ctx, **job.inputs)
         except WaitingForApproval as wait:
-            parked = self.store.wait_for_approval(claim, wait.reason, wait.step_name)
+            parked = self.store.wait_for_approval(
+                claim, wait.reason, wait.step_name, steps=ctx.take_pending()
+            )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
         except HandBack as hand_back:
-            released = self.store.release(claim, str(hand_back))
+            released = self.store.release(claim, str(hand_back), steps=ctx.take_pending())
             return self._result(released, Outcome.HANDED_BACK, ctx)
         except LeaseLost:
             raise
@@ -189,16 +173,18 @@ class Runner:
                 delay = backoff_seconds(
                     job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
                 )
-                retried = self.store.retry(claim, error, delay)
+                retried = self.store.retry(claim, error, delay, steps=ctx.take_pending())
                 return self._result(retried, Outcome.RETRYING, ctx, error)
-            failed = self.store.fail(claim, error)
+            failed = self.store.fail(claim, error, steps=ctx.take_pending())
             return self._result(failed, Outcome.FAILED, ctx, error)
+        ctx.check_lease()
+        pending = ctx.take_pending()
         try:
-            completed = self.store.complete(claim, result)
+            completed = self.store.complete(claim, result, steps=pending)
         except InvalidInput as err:
             # The return value cannot be stored (not JSON, too big): no retry would change it,
             # and letting it escape would leave the job RUNNING until its lease ran out.
-            failed = self.store.fail(claim, str(err))
+            failed = self.store.fail(claim, str(err), steps=pending)
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
 

@@ -10,10 +10,11 @@ change appends a row to the history in the same transaction.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -21,11 +22,13 @@ from sqlalchemy import (
     Connection,
     Row,
     delete,
+    exists,
     func,
     insert,
     literal,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,6 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from jobs.core import states
+from jobs.core.db import autocommit, retry_on_disconnect
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -52,13 +56,19 @@ from jobs.core.models import (
     TransitionRecord,
 )
 from jobs.core.reader import JOB_COLUMNS, JobReader
-from jobs.core.records import Claim, Job, KindLimits, Step, Transition
+from jobs.core.records import Claim, Job, KindLimits, PendingStep, Step, Transition
 from jobs.core.schedule import Schedule, check_schedule
 from jobs.core.states import State
 from jobs.core.validate import check_name, encode_json
 
 J = JobRecord
 L = KindLimitRecord
+S = StepRecord.__table__.c
+T = TransitionRecord.__table__.c
+
+# Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
+# them only when they do: a first run cannot have any).
+HAS_STEPS = exists(select(S.job_id).where(S.job_id == J.id)).label("has_steps")
 
 
 def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]) -> Any:
@@ -68,8 +78,40 @@ def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]
     return sqlite.insert(table)
 
 
+def _uses_ctes(conn: Connection) -> bool:
+    """PostgreSQL runs a transition and its history row as one statement (a data-modifying
+    CTE); SQLite has none, and runs them as two statements in one transaction."""
+    return conn.dialect.name == "postgresql"
+
+
 class JobStore(JobReader):
-    """Every write to the job tables, plus the reads it inherits."""
+    """Every write to the job tables, plus the reads it inherits.
+
+    **Unit of work.** Every write takes an optional ``conn``: a SQLAlchemy ``Connection``
+    inside the caller's transaction. Given one, the write joins that transaction (it
+    commits or rolls back with the caller's own work, and nothing is committed here);
+    without one, the store runs the write on its own engine. On PostgreSQL an owner's
+    write is one statement, sent in autocommit mode (no ``BEGIN``/``COMMIT`` round trips);
+    writes of several statements (admission, limited claims) run in one transaction.
+    """
+
+    # -- units of work -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _unit(
+        self, conn: Connection | None, *, one_statement: bool = False
+    ) -> Iterator[Connection]:
+        """The connection a write runs on: the caller's (joining its transaction), else one
+        of ours, in autocommit mode when the write is a single statement on PostgreSQL,
+        else in a transaction committed when the block ends."""
+        if conn is not None:
+            yield conn
+        elif one_statement and self.engine.dialect.name == "postgresql":
+            with autocommit(self.engine) as own:
+                yield own
+        else:
+            with self.engine.begin() as own:
+                yield own
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -96,7 +138,11 @@ class JobStore(JobReader):
         fence: int | None = None,
         reason: str | None = None,
         approved_by: str | None = None,
+        steps: Sequence[PendingStep] = (),
     ) -> Row[Any] | None:
+        """One compare-and-set of the job's state, its history row, and (for an owner's
+        write) the steps it records with it: one statement on PostgreSQL, one transaction
+        on SQLite. ``None`` when the WHERE clause matched no row (nothing was written)."""
         allowed = states.sources_of(target)
         if only_from is not None:
             narrowed = tuple(only_from)
@@ -104,40 +150,128 @@ class JobStore(JobReader):
                 states.check(source, target)
             allowed = tuple(s for s in allowed if s in narrowed)
         now = self.clock.now()
-        stmt = (
+        move = (
             update(J)
             .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
             .values(previous_state=J.state, state=target.value, updated_at=now, **(values or {}))
-            .returning(*JOB_COLUMNS, J.previous_state)
+            .returning(*JOB_COLUMNS, J.previous_state, HAS_STEPS)
         )
-        row = conn.execute(stmt).one_or_none()
+        history = {
+            "to_state": target.value,
+            "reason": reason,
+            "approved_by": approved_by,
+        }
+        if _uses_ctes(conn):
+            moved = move.cte("moved")
+            ctes = [
+                insert(TransitionRecord)
+                .from_select(
+                    [
+                        "job_id",
+                        "from_state",
+                        "to_state",
+                        "at",
+                        "owner",
+                        "fence",
+                        "reason",
+                        "approved_by",
+                    ],
+                    select(
+                        moved.c.id,
+                        moved.c.previous_state,
+                        literal(target.value, T.to_state.type),
+                        now,
+                        literal(owner, T.owner.type) if owner is not None else moved.c.owner,
+                        literal(fence, T.fence.type) if fence is not None else moved.c.fence,
+                        literal(reason, T.reason.type),
+                        literal(approved_by, T.approved_by.type),
+                    ),
+                )
+                .cte("history")
+            ]
+            if steps:
+                ctes.append(self._steps_from(moved, steps, owner, fence).cte("recorded"))
+            with self._recording(job_id, steps):
+                return conn.execute(select(*moved.c).add_cte(*ctes)).one_or_none()
+        row = conn.execute(move).one_or_none()
         if row is None:
             return None
         conn.execute(
             insert(TransitionRecord).values(
                 job_id=job_id,
                 from_state=row.previous_state,
-                to_state=target.value,
                 at=now,
                 owner=owner if owner is not None else row.owner,
                 fence=fence if fence is not None else row.fence,
-                reason=reason,
-                approved_by=approved_by,
+                **history,
             )
         )
+        if steps:
+            with self._recording(job_id, steps):
+                conn.execute(
+                    insert(StepRecord).values(
+                        [
+                            {
+                                "job_id": job_id,
+                                "name": step.name,
+                                "output": step.output,
+                                "recorded_at": now,
+                                "owner": owner,
+                                "fence": fence,
+                            }
+                            for step in steps
+                        ]
+                    )
+                )
         return row
+
+    def _steps_from(
+        self, source: Any, steps: Sequence[PendingStep], owner: str | None, fence: int | None
+    ) -> Any:
+        """INSERT the pending steps for the row ``source`` yields (none when it yields none)."""
+        selects = [
+            select(
+                source.c.id,
+                literal(step.name, S.name.type),
+                literal(step.output, S.output.type),
+                self.clock.now(),
+                literal(owner, S.owner.type),
+                literal(fence, S.fence.type),
+            )
+            for step in steps
+        ]
+        rows = selects[0] if len(selects) == 1 else selects[0].union_all(*selects[1:])
+        return insert(StepRecord).from_select(
+            ["job_id", "name", "output", "recorded_at", "owner", "fence"], rows
+        )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _recording(job_id: str, steps: Sequence[PendingStep]) -> Iterator[None]:
+        """A step name already recorded for the job is a handler's mistake, not a crash."""
+        try:
+            yield
+        except IntegrityError:
+            if not steps:
+                raise
+            names = ", ".join(repr(step.name) for step in steps)
+            raise StepError(f"job {job_id!r}: step {names} is already recorded") from None
 
     def _explain(
         self, conn: Connection, job_id: str, target: State, claim: Claim | None = None
     ) -> Exception:
         row = conn.execute(
             select(
-                J.state, J.owner, J.fence, J.lease_until, (J.lease_until > self.clock.now())
+                J.state,
+                J.owner,
+                J.fence,
+                J.lease_until,
+                (J.lease_until > self.clock.now()).label("lease_live"),
             ).where(J.id == job_id)
         ).one_or_none()
         if row is None:
             return UnknownJob(job_id)
-        current = State(row[0])
+        current = State(row.state)
         if claim is not None:
             if current is State.CANCELLED:
                 return LeaseLost(job_id, claim.owner, claim.fence, "the job was cancelled")
@@ -145,7 +279,7 @@ class JobStore(JobReader):
                 return LeaseLost(
                     job_id, claim.owner, claim.fence, f"now {current.value} under fence {row.fence}"
                 )
-            if current is State.RUNNING and not row[4]:
+            if current is State.RUNNING and not row.lease_live:
                 return LeaseLost(job_id, claim.owner, claim.fence, "the lease expired")
         if not states.is_legal(current, target):
             return IllegalTransition(current, target, job_id)
@@ -154,25 +288,71 @@ class JobStore(JobReader):
         return IllegalTransition(current, target, job_id)
 
     def _owner_move(
-        self, claim: Claim, target: State, values: dict[str, Any], reason: str | None
+        self,
+        claim: Claim,
+        target: State,
+        values: dict[str, Any],
+        reason: str | None,
+        steps: Sequence[PendingStep] = (),
     ) -> Job:
-        with self.engine.begin() as conn:
-            row = self._transition(
-                conn,
-                claim.job_id,
-                target,
-                only_from=[State.RUNNING],
-                where=self._fenced(claim),
-                values=values,
-                owner=claim.owner,
-                fence=claim.fence,
-                reason=reason,
-            )
-            if row is None:
-                raise self._explain(conn, claim.job_id, target, claim)
-            return Job.from_row(row)
+        def attempt() -> Job:
+            with self._unit(None, one_statement=True) as conn:
+                row = self._transition(
+                    conn,
+                    claim.job_id,
+                    target,
+                    only_from=[State.RUNNING],
+                    where=self._fenced(claim),
+                    values=values,
+                    owner=claim.owner,
+                    fence=claim.fence,
+                    reason=reason,
+                    steps=steps,
+                )
+                if row is None:
+                    raise self._explain(conn, claim.job_id, target, claim)
+                return Job.from_row(row)
+
+        return retry_on_disconnect(attempt)
 
     # -- submit --------------------------------------------------------------------------
+
+    def _new_job_values(
+        self,
+        kind: str,
+        inputs: Any,
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float,
+        code_version: str | None,
+    ) -> dict[str, Any]:
+        """Validate one submission and return its row; raises before anything is written."""
+        check_name(job_id, "job id")
+        check_name(kind, "job kind")
+        if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
+            raise InvalidInput("inputs must be a JSON object with string keys")
+        text = encode_json(inputs, "inputs", self.max_payload_bytes)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidInput("max_attempts must be at least 1")
+        now = self.clock.now()
+        delayed = delay_seconds > 0
+        return {
+            "id": job_id,
+            "kind": kind,
+            "state": State.QUEUED.value,
+            "inputs": json.loads(text),  # store exactly what a reader will get back
+            "fence": 0,
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "run_after": self.clock.after(delay_seconds) if delayed else now,
+            "code_version": code_version,
+            "created_at": now,
+            "updated_at": now,
+            # Optimistic: the caller publishes right after commit; a failed publish calls
+            # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
+            "dispatched_at": None if delayed else now,
+        }
 
     def create(
         self,
@@ -183,57 +363,83 @@ class JobStore(JobReader):
         max_attempts: int,
         delay_seconds: float = 0,
         code_version: str | None = None,
+        conn: Connection | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
-        of the same request), and with anything else raises :class:`DuplicateJob`."""
-        check_name(job_id, "job id")
-        check_name(kind, "job kind")
-        if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
-            raise InvalidInput("inputs must be a JSON object with string keys")
-        text = encode_json(inputs, "inputs", self.max_payload_bytes)
-        inputs = json.loads(text)  # store exactly what a reader will get back
-        if max_attempts < 1:
-            raise InvalidInput("max_attempts must be at least 1")
-        now = self.clock.now()
-        run_after = self.clock.after(delay_seconds) if delay_seconds > 0 else now
-        values = {
-            "id": job_id,
-            "kind": kind,
-            "state": State.QUEUED.value,
-            "inputs": inputs,
-            "fence": 0,
-            "attempts": 0,
-            "max_attempts": max_attempts,
-            "run_after": run_after,
-            "code_version": code_version,
-            "created_at": now,
-            "updated_at": now,
-            # Optimistic: the caller publishes right after commit; a failed publish calls
-            # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
-            "dispatched_at": None if delay_seconds > 0 else now,
-        }
-        with self.engine.begin() as conn:
-            self._admit(conn, kind, job_id)
-            ins = _insert_for(conn, J).values(values).on_conflict_do_nothing()
-            row = conn.execute(ins.returning(*JOB_COLUMNS)).one_or_none()
-            created = row is not None
-            if row is not None:
-                conn.execute(
-                    insert(TransitionRecord).values(
-                        job_id=job_id,
-                        from_state=None,
-                        to_state=State.QUEUED.value,
-                        at=now,
-                        reason="submitted",
-                    )
-                )
-            else:
-                row = conn.execute(select(*JOB_COLUMNS).where(J.id == job_id)).one()
-        job = Job.from_row(row)
-        if not created and (job.kind != kind or job.inputs != inputs):
-            raise DuplicateJob(job_id)
+        of the same request), and with anything else raises :class:`DuplicateJob`.
+        With ``conn`` the job joins the caller's transaction."""
+        values = self._new_job_values(
+            kind,
+            inputs,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay_seconds,
+            code_version=code_version,
+        )
+        [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created
+
+    def create_many(
+        self, kind: str, rows: Sequence[dict[str, Any]], *, conn: Connection | None = None
+    ) -> list[tuple[Job, bool]]:
+        """Insert validated job rows of one kind (from :meth:`new_job_values`) in one
+        transaction: admission counts them all, one multi-row INSERT writes them, one
+        INSERT their history. An ID already present returns its job (``created=False``)
+        when kind and inputs match, else raises :class:`DuplicateJob` and writes nothing."""
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        if len(set(ids)) != len(ids):
+            raise InvalidInput("the same job id appears twice in one submission")
+        with self._unit(conn) as unit:
+            self._admit(unit, kind, ids)
+            inserted = {
+                row.id: row
+                for row in unit.execute(
+                    _insert_for(unit, J)
+                    .values(list(rows))
+                    .on_conflict_do_nothing()
+                    .returning(*JOB_COLUMNS)
+                )
+            }
+            if inserted:
+                unit.execute(
+                    insert(TransitionRecord),
+                    [
+                        {
+                            "job_id": job_id,
+                            "from_state": None,
+                            "to_state": State.QUEUED.value,
+                            "at": inserted[job_id].created_at,
+                            "reason": "submitted",
+                        }
+                        for job_id in ids
+                        if job_id in inserted
+                    ],
+                )
+            existing = {}
+            if len(inserted) < len(ids):
+                existing = {
+                    row.id: row
+                    for row in unit.execute(
+                        select(*JOB_COLUMNS).where(J.id.in_([i for i in ids if i not in inserted]))
+                    )
+                }
+            results = []
+            for values in rows:
+                if values["id"] in inserted:
+                    results.append((Job.from_row(inserted[values["id"]]), True))
+                    continue
+                job = Job.from_row(existing[values["id"]])
+                if job.kind != kind or job.inputs != values["inputs"]:
+                    # Raised inside the unit: a transaction of our own rolls back whatever
+                    # this call inserted; a caller's transaction is the caller's to roll back.
+                    raise DuplicateJob(job.id)
+                results.append((job, False))
+        return results
+
+    new_job_values = _new_job_values
 
     # -- backpressure --------------------------------------------------------------------
 
@@ -245,7 +451,7 @@ class JobStore(JobReader):
         row = conn.execute(
             select(L.kind, L.max_running, L.max_queued).where(L.kind == kind).with_for_update()
         ).one_or_none()
-        return None if row is None else KindLimits(row[0], row[1], row[2])
+        return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
 
     def _running_of_kind(self) -> Any:
         """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
@@ -263,27 +469,37 @@ class JobStore(JobReader):
             .scalar_subquery()
         )
 
-    def _admit(self, conn: Connection, kind: str, job_id: str) -> None:
+    def _admit(self, conn: Connection, kind: str, job_ids: Sequence[str]) -> None:
+        """Refuse the submission (writing nothing) when it would take the kind's QUEUED jobs
+        past ``max_queued``; a kind without that limit costs one indexed read, no lock."""
+        has_limit = conn.execute(
+            select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
+        ).one_or_none()
+        if has_limit is None:
+            return
         limits = self._lock_limits(conn, kind)
         if limits is None or limits.max_queued is None:
             return
-        if conn.execute(select(J.id).where(J.id == job_id)).one_or_none() is not None:
+        present = set(conn.execute(select(J.id).where(J.id.in_(list(job_ids)))).scalars())
+        adding = len([job_id for job_id in job_ids if job_id not in present])
+        if adding == 0:
             return  # an idempotent re-submit adds nothing to the queue
         queued = conn.execute(
             select(func.count()).select_from(J).where(J.kind == kind, J.state == State.QUEUED.value)
         ).scalar_one()
-        if queued < limits.max_queued:
+        if queued + adding <= limits.max_queued:
             return
         finished = conn.execute(
             select(func.count())
             .select_from(J)
             .where(J.kind == kind, J.finished_at >= self.clock.after(-60))
         ).scalar_one()
-        excess = queued - limits.max_queued + 1
+        excess = queued + adding - limits.max_queued
         retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
         raise AdmissionRefused(
             f"job kind {kind!r} has {queued} jobs queued (max_queued={limits.max_queued}); "
-            "nothing was written",
+            + (f"{adding} more do not fit; " if adding > 1 else "")
+            + "nothing was written",
             retry_after,
         )
 
@@ -294,6 +510,7 @@ class JobStore(JobReader):
         max_running: int | None,
         max_queued: int | None,
         only_if_absent: bool = False,
+        conn: Connection | None = None,
     ) -> KindLimits:
         """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
         check_name(kind, "job kind")
@@ -309,8 +526,8 @@ class JobStore(JobReader):
             "max_queued": max_queued,
             "updated_at": self.clock.now(),
         }
-        with self.engine.begin() as conn:
-            ins = _insert_for(conn, L).values(values)
+        with self._unit(conn) as unit:
+            ins = _insert_for(unit, L).values(values)
             if only_if_absent:
                 ins = ins.on_conflict_do_nothing()
             else:
@@ -322,11 +539,11 @@ class JobStore(JobReader):
                         "updated_at": self.clock.now(),
                     },
                 )
-            conn.execute(ins)
-            row = conn.execute(
+            unit.execute(ins)
+            row = unit.execute(
                 select(L.kind, L.max_running, L.max_queued).where(L.kind == kind)
             ).one()
-        return KindLimits(row[0], row[1], row[2])
+        return KindLimits(row.kind, row.max_running, row.max_queued)
 
     # -- ownership -----------------------------------------------------------------------
 
@@ -340,35 +557,56 @@ class JobStore(JobReader):
         kinds: Sequence[str] | None = None,
     ) -> Claim | None:
         """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
-        that expired or whose owner process is gone (its liveness lock was released). One
-        statement; ``None`` means someone else owns it or it is not claimable now."""
+        that expired or whose owner process is gone (its liveness lock was released).
+        ``None`` means someone else owns it or it is not claimable now.
+
+        On PostgreSQL a kind without a running limit is claimed by one autocommit statement
+        (the claim, its history row, and whether recorded steps exist); only when that finds
+        nothing does a second try lock the kind's limits row and count its running jobs."""
         where = [self._claimable()]
         if kinds is not None:
             where.append(J.kind.in_(list(kinds)))
+        values = {
+            "owner": owner,
+            "fence": J.fence + 1,
+            "lease_until": self.clock.after(lease_seconds),
+            "attempts": J.attempts + 1,
+            "liveness_key": liveness_key,
+        }
+
+        def unlimited() -> Row[Any] | None:
+            no_running_limit = ~exists(
+                select(L.kind).where(L.kind == J.kind, L.max_running.is_not(None))
+            )
+            with self._unit(None, one_statement=True) as conn:
+                return self._transition(
+                    conn,
+                    job_id,
+                    State.RUNNING,
+                    where=[*where, no_running_limit],
+                    values=values,
+                    owner=owner,
+                    reason="claimed",
+                )
+
+        if self.engine.dialect.name == "postgresql":
+            row = retry_on_disconnect(unlimited)
+            if row is not None:
+                return Claim.from_row(row, owner)
         with self.engine.begin() as conn:
             limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
             max_running = None if limits is None else limits.max_running
-            if max_running is not None:
-                where.append(self._running_of_kind() < max_running)
+            limited = [] if max_running is None else [self._running_of_kind() < max_running]
             row = self._transition(
                 conn,
                 job_id,
                 State.RUNNING,
-                where=where,
-                values={
-                    "owner": owner,
-                    "fence": J.fence + 1,
-                    "lease_until": self.clock.after(lease_seconds),
-                    "attempts": J.attempts + 1,
-                    "liveness_key": liveness_key,
-                },
+                where=[*where, *limited],
+                values=values,
                 owner=owner,
                 reason="claimed",
             )
-            if row is None:
-                return None
-            job = Job.from_row(row)
-        return Claim(job=job, owner=owner, fence=job.fence, max_running=max_running)
+        return None if row is None else Claim.from_row(row, owner, max_running)
 
     def _claimable(self) -> ColumnElement[bool]:
         now = self.clock.now()
@@ -390,8 +628,8 @@ class JobStore(JobReader):
             return list(conn.execute(stmt).scalars())
 
     def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
-        """Heartbeat: push the lease out, only while it is still ours and unexpired."""
-        with self.engine.begin() as conn:
+        """Push one claim's lease out, only while it is still ours and unexpired."""
+        with self._unit(None, one_statement=True) as conn:
             row = conn.execute(
                 update(J)
                 .where(*self._fenced(claim))
@@ -400,38 +638,62 @@ class JobStore(JobReader):
             ).one_or_none()
             if row is None:
                 raise self._explain(conn, claim.job_id, State.RUNNING, claim)
-            renewed = row[0]
-            assert renewed is not None
+            renewed: dt.datetime = row.lease_until
             return renewed
 
-    def record_step(self, claim: Claim, name: str, output: Any) -> None:
-        """Record a step's output, fenced: one INSERT … SELECT that finds the job row only
-        while the claim still owns it."""
+    def renew_leases(
+        self, owner: str, claims: Sequence[tuple[str, int]], lease_seconds: float
+    ) -> set[str]:
+        """A process's heartbeat: push out the leases of all its live claims, given as
+        ``(job id, fence)``, in one statement. Returns the IDs renewed; a claim missing from
+        the answer lost its lease (expired, taken over, cancelled) and must stop."""
+        if not claims:
+            return set()
+        with self._unit(None, one_statement=True) as conn:
+            return set(
+                conn.execute(
+                    update(J)
+                    .where(
+                        tuple_(J.id, J.fence).in_([tuple(pair) for pair in claims]),
+                        J.owner == owner,
+                        J.state == State.RUNNING.value,
+                        J.lease_until > self.clock.now(),
+                    )
+                    .values(lease_until=self.clock.after(lease_seconds))
+                    .returning(J.id)
+                ).scalars()
+            )
+
+    def pending_step(self, name: str, output: Any) -> PendingStep:
+        """Check a step's name and output and return them ready to record: a value that can
+        never be stored is refused here, before any write."""
         check_name(name, "step name")
         text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
-        now = self.clock.now()
-        step = StepRecord.__table__.c
-        source = select(
-            J.id,
-            literal(name, step.name.type),
-            literal(json.loads(text), step.output.type),
-            now,
-            literal(claim.owner, step.owner.type),
-            literal(claim.fence, step.fence.type),
-        ).where(*self._fenced(claim))
-        stmt = (
-            insert(StepRecord)
-            .from_select(["job_id", "name", "output", "recorded_at", "owner", "fence"], source)
-            .returning(StepRecord.job_id)
-        )
-        try:
-            with self.engine.begin() as conn:
-                if conn.execute(stmt).one_or_none() is None:
-                    raise self._explain(conn, claim.job_id, State.RUNNING, claim)
-        except IntegrityError:
-            raise StepError(f"job {claim.job_id!r}: step {name!r} is already recorded") from None
+        return PendingStep(name, json.loads(text), text)
 
-    def complete(self, claim: Claim, result: Any = None) -> Job:
+    def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
+        """Record step outputs, fenced: one INSERT … SELECT that finds the job row only while
+        the claim still owns it."""
+        if not steps:
+            return
+        owned = select(J.id).where(*self._fenced(claim)).subquery("owned")
+        stmt = self._steps_from(owned, steps, claim.owner, claim.fence).returning(StepRecord.job_id)
+
+        def attempt() -> None:
+            with self._unit(None, one_statement=True) as conn, self._recording(claim.job_id, steps):
+                if not conn.execute(stmt).first():
+                    raise self._explain(conn, claim.job_id, State.RUNNING, claim)
+
+        retry_on_disconnect(attempt)
+
+    def record_step(self, claim: Claim, name: str, output: Any) -> None:
+        """Record one step's output now (see :meth:`record_steps`)."""
+        self.record_steps(claim, [self.pending_step(name, output)])
+
+    def complete(
+        self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement."""
         encode_json(result, "result", self.max_payload_bytes)
         return self._owner_move(
             claim,
@@ -443,9 +705,10 @@ class JobStore(JobReader):
                 "finished_at": self.clock.now(),
             },
             "completed",
+            steps,
         )
 
-    def fail(self, claim: Claim, error: str) -> Job:
+    def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         return self._owner_move(
             claim,
             State.FAILED,
@@ -456,6 +719,7 @@ class JobStore(JobReader):
                 "finished_at": self.clock.now(),
             },
             error,
+            steps,
         )
 
     def _requeue_or_fail(
@@ -469,6 +733,7 @@ class JobStore(JobReader):
         error: str,
         reason: str,
         run_after: ColumnElement[dt.datetime],
+        steps: Sequence[PendingStep] = (),
     ) -> Row[Any] | None:
         """RUNNING → FAILED when no attempts remain, else RUNNING → QUEUED due at ``run_after``:
         two compare-and-sets of which at most one matches, so a QUEUED job always has an
@@ -489,6 +754,7 @@ class JobStore(JobReader):
             owner=owner,
             fence=fence,
             reason=exhausted,
+            steps=steps,
         )
         if row is None:
             row = self._transition(
@@ -508,12 +774,20 @@ class JobStore(JobReader):
                 owner=owner,
                 fence=fence,
                 reason=reason,
+                steps=steps,
             )
         return row
 
-    def retry(self, claim: Claim, error: str, delay_seconds: float) -> Job:
+    def retry(
+        self,
+        claim: Claim,
+        error: str,
+        delay_seconds: float,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
         """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
-        the job's attempts are exhausted."""
+        the job's attempts are exhausted. ``steps`` that ran before the error are recorded."""
         with self.engine.begin() as conn:
             row = self._requeue_or_fail(
                 conn,
@@ -524,12 +798,13 @@ class JobStore(JobReader):
                 error=error,
                 reason=f"retry: {error}",
                 run_after=self.clock.after(delay_seconds),
+                steps=steps,
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.QUEUED, claim)
             return Job.from_row(row)
 
-    def release(self, claim: Claim, reason: str) -> Job:
+    def release(self, claim: Claim, reason: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         """Give the job back to the queue without counting the attempt: the run did not fail,
         it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
         return self._owner_move(
@@ -544,13 +819,28 @@ class JobStore(JobReader):
                 "attempts": J.attempts - 1,
             },
             reason,
+            steps,
         )
 
-    def wait_for_approval(self, claim: Claim, reason: str, step_name: str) -> Job:
+    def wait_for_approval(
+        self, claim: Claim, reason: str, step_name: str, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
         """Park the job and release the lease; the pause gives back its attempt. The approval
         will be recorded as step ``step_name``."""
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
+            if (
+                step_name in {step.name for step in steps}
+                or conn.execute(
+                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+                ).first()
+                is not None
+            ):
+                # The approval could never be recorded: refuse before writing anything.
+                raise StepError(
+                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
+                    "an approval needs a step name of its own"
+                )
             row = self._transition(
                 conn,
                 claim.job_id,
@@ -567,31 +857,22 @@ class JobStore(JobReader):
                 owner=claim.owner,
                 fence=claim.fence,
                 reason=reason,
+                steps=steps,
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
-            S = StepRecord.__table__.c
-            if (
-                conn.execute(
-                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
-                ).first()
-                is not None
-            ):
-                # The approval could never be recorded: refuse (the exception rolls back).
-                raise StepError(
-                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
-                    "an approval needs a step name of its own"
-                )
             return Job.from_row(row)
 
     # -- operators -----------------------------------------------------------------------
 
-    def approve(self, job_id: str, by: str, note: str | None = None) -> Job:
+    def approve(
+        self, job_id: str, by: str, note: str | None = None, *, conn: Connection | None = None
+    ) -> Job:
         check_name(by, "approver")
         now = self.clock.now()
-        with self.engine.begin() as conn:
+        with self._unit(conn) as unit:
             row = self._transition(
-                conn,
+                unit,
                 job_id,
                 State.QUEUED,
                 only_from=[State.WAITING_APPROVAL],
@@ -600,11 +881,11 @@ class JobStore(JobReader):
                 approved_by=by,
             )
             if row is None:
-                raise self._explain(conn, job_id, State.QUEUED)
+                raise self._explain(unit, job_id, State.QUEUED)
             job = Job.from_row(row)
             waiting_for = row.waiting_for
             if waiting_for is not None:
-                conn.execute(
+                unit.execute(
                     insert(StepRecord).values(
                         job_id=job_id,
                         name=waiting_for,
@@ -614,21 +895,27 @@ class JobStore(JobReader):
                         fence=job.fence,
                     )
                 )
-                conn.execute(update(J).where(J.id == job_id).values(waiting_for=None))
+                unit.execute(update(J).where(J.id == job_id).values(waiting_for=None))
                 job = dataclasses.replace(job, waiting_for=None)
             return job
 
-    def cancel(self, job_id: str, reason: str = "cancelled by an operator") -> Job:
-        with self.engine.begin() as conn:
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by an operator",
+        *,
+        conn: Connection | None = None,
+    ) -> Job:
+        with self._unit(conn) as unit:
             row = self._transition(
-                conn,
+                unit,
                 job_id,
                 State.CANCELLED,
                 values={"lease_until": None, "liveness_key": None, "finished_at": self.clock.now()},
                 reason=reason,
             )
             if row is None:
-                raise self._explain(conn, job_id, State.CANCELLED)
+                raise self._explain(unit, job_id, State.CANCELLED)
             return Job.from_row(row)
 
     # -- recovery ------------------------------------------------------------------------
@@ -669,8 +956,14 @@ class JobStore(JobReader):
                 .limit(limit)
             ).all()
         moved = []
-        for job_id, owner, fence in candidates:
-            job = self.expire(job_id, owner or "", fence, "lease expired", only_if_expired=True)
+        for candidate in candidates:
+            job = self.expire(
+                candidate.id,
+                candidate.owner or "",
+                candidate.fence,
+                "lease expired",
+                only_if_expired=True,
+            )
             if job is not None:
                 moved.append(job)
         return moved
@@ -701,13 +994,15 @@ class JobStore(JobReader):
             ).scalars()
             return sorted(marked)
 
-    def forget_dispatch(self, job_id: str) -> None:
-        """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbell
-        again instead of waiting for the message to count as lost (not a state change)."""
+    def forget_dispatch(self, job_ids: Sequence[str]) -> None:
+        """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells
+        again instead of waiting for the messages to count as lost (not a state change)."""
+        if not job_ids:
+            return
         with self.engine.begin() as conn:
             conn.execute(
                 update(J)
-                .where(J.id == job_id, J.state == State.QUEUED.value)
+                .where(J.id.in_(list(job_ids)), J.state == State.QUEUED.value)
                 .values(dispatched_at=None)
             )
 
@@ -757,18 +1052,46 @@ class JobStore(JobReader):
             ).first()
         return deleted is not None
 
-    def advance_schedule(self, name: str, tick: dt.datetime) -> bool:
-        """Record that ``tick``'s job exists: ``last_tick`` only ever moves forward (a
-        compare-and-set), so a slow sweeper can never move it back and re-fire old ticks."""
+    def advance_schedule(
+        self, name: str, tick: dt.datetime, *, conn: Connection | None = None
+    ) -> bool:
+        """Move ``last_tick`` to ``tick`` if it is behind: a compare-and-set that never moves
+        it back, so a slow sweeper cannot re-fire old ticks. False: someone got there first."""
         S = ScheduleRecord
-        with self.engine.begin() as conn:
-            moved = conn.execute(
+        with self._unit(conn) as unit:
+            moved = unit.execute(
                 update(S)
                 .where(S.name == name, or_(S.last_tick.is_(None), S.last_tick < tick))
                 .values(last_tick=tick)
                 .returning(S.name)
             ).first()
         return moved is not None
+
+    def fire_tick(
+        self,
+        schedule: Schedule,
+        tick: dt.datetime,
+        *,
+        job_id: str,
+        max_attempts: int,
+        code_version: str | None = None,
+    ) -> tuple[Job, bool] | None:
+        """Submit ``tick``'s job and move the schedule past it, in one transaction: the
+        compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
+        tick one moves it and submits, and the others (blocked on the schedule's row until
+        that commits, or serialized by SQLite) find it moved and submit nothing (None).
+        ``(job, created)`` otherwise; ``created`` is False if the job ID already existed."""
+        with self.engine.begin() as conn:
+            if not self.advance_schedule(schedule.name, tick, conn=conn):
+                return None
+            return self.create(
+                schedule.kind,
+                schedule.inputs,
+                job_id=job_id,
+                max_attempts=max_attempts,
+                code_version=code_version,
+                conn=conn,
+            )
 
     def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:
         """Delete one batch of finished jobs (COMPLETED, FAILED, CANCELLED) that finished more
@@ -806,4 +1129,13 @@ class JobStore(JobReader):
             )
 
 
-__all__ = ["Claim", "Job", "JobReader", "JobStore", "KindLimits", "Step", "Transition"]
+__all__ = [
+    "Claim",
+    "Job",
+    "JobReader",
+    "JobStore",
+    "KindLimits",
+    "PendingStep",
+    "Step",
+    "Transition",
+]

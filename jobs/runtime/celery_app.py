@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from typing import Any
 
 from celery import Celery, current_app, signals
@@ -31,7 +30,7 @@ from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.settings import Settings, get_settings
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
-from jobs.runtime import liveness
+from jobs.runtime import process
 
 log = logging.getLogger("jobs.worker")
 
@@ -106,20 +105,17 @@ def app_for(settings: Settings) -> Celery:
 _shutting_down = multiprocessing.Event()
 
 
-def _owner(hostname: str | None) -> str:
-    return f"{hostname or 'worker'}:{os.getpid()}"
-
-
 def make_runner(hostname: str | None) -> Runner:
-    settings = get_settings()
-    store = api.get_store()
-    key = liveness.process_key(settings.database_url, store.engine.dialect.name)
+    """A runner for this process: its store, owner name, liveness key and heartbeat."""
+    runtime = process.current()
+    settings = runtime.settings
     return Runner.from_settings(
-        store,
-        _owner(hostname),
+        runtime.store,
+        runtime.owner_name(hostname),
         settings,
         registry=REGISTRY,
-        liveness_key=key,
+        liveness_key=runtime.liveness_key(),
+        heartbeat=runtime.heartbeat,
         budget_seconds=settings.delivery_budget_seconds,
         stopping=_shutting_down.is_set,
     )
@@ -131,8 +127,7 @@ def _pass_on_slot(runner: Runner, result: RunResult) -> None:
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return
-    for waiting in runner.store.next_due(result.job.kind, 1):
-        api.dispatch(waiting)
+    process.current().dispatch(runner.store.next_due(result.job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:
@@ -173,7 +168,7 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
         log.info("job %s: delivery dropped, %s", job_id, why)
         return f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
-        api.dispatch(job_id)
+        process.current().dispatch([job_id])
     _pass_on_slot(runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
@@ -198,7 +193,7 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
-    api.seed_limits()
+    process.current().seed_limits()
     api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
 
 
@@ -215,6 +210,4 @@ def _take_liveness_lock(**_: Any) -> None:
     """A prefork child takes its own liveness lock before it can claim anything."""
     if current_app.main != "jobs":
         return
-    settings = get_settings()
-    if settings.database_url.startswith("postgresql"):
-        liveness.process_key(settings.database_url, "postgresql")
+    process.current().liveness_key()

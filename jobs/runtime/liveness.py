@@ -73,37 +73,6 @@ class LivenessLock:
         self._engine.dispose()
 
 
-# This process's locks, one per database URL; ``_locks_pid`` tells an inherited table
-# (after a fork) from our own.
-_process_locks: dict[str, LivenessLock] = {}
-_locks_pid: int | None = None
-_guard = threading.Lock()
-
-
-def process_key(database_url: str, dialect: str) -> int | None:
-    """This process's liveness key for ``database_url`` (taking the lock on first use);
-    None off PostgreSQL."""
-    global _locks_pid  # noqa: PLW0603 - one table of locks per process, re-made after a fork
-    pid = os.getpid()
-    if dialect == "sqlite":
-        # An embedded database lives on this host, and so do all its workers: the process
-        # ID is enough for a sweeper here to tell whether the owner still exists.
-        return pid
-    if dialect != "postgresql":
-        return None
-    with _guard:
-        if _locks_pid != pid:
-            # After a fork the inherited connections belong to the parent: never reuse them.
-            _process_locks.clear()
-            _locks_pid = pid
-        lock = _process_locks.get(database_url)
-        if lock is None:
-            # Keyed by URL: a lock taken on another database (the settings changed since)
-            # would neither be seen by this database's sweeper nor survive that database.
-            lock = _process_locks[database_url] = LivenessLock(database_url)
-    return lock.ensure()
-
-
 def held_keys(engine: Engine) -> set[int]:
     with engine.connect() as conn:
         return {int(key) for key in conn.execute(text(HELD_KEYS_SQL)).scalars()}

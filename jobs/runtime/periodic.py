@@ -1,10 +1,11 @@
 """Firing periodic schedules, once per tick, from any number of sweepers and no leader.
 
-For each due tick the sweeper submits the job ``<schedule>@<tick>`` through the store's
-idempotent create (a second sweeper firing the same tick meets the existing row and
-writes nothing), rings the doorbell only if it created the job, then moves the schedule's
-``last_tick`` forward with a compare-and-set. A crash between the two leaves the tick
-to be fired again at the next pass, where the existing job ID makes it a no-op.
+For each due tick the sweeper moves the schedule's ``last_tick`` forward with a
+compare-and-set and, in the same transaction, submits the job ``<schedule>@<tick>``
+(:meth:`jobs.core.store.JobStore.fire_tick`), then rings the doorbell after the commit.
+Of several sweepers firing one tick, one moves ``last_tick`` and submits; the others find
+it moved and do nothing. The deterministic job ID is the second guard: even a tick fired
+twice (a schedule deleted and re-created) meets the existing row and adds no job.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jobs.core.errors import AdmissionRefused, JobError, UnknownKind
 from jobs.core.registry import REGISTRY, Registry
@@ -34,7 +35,7 @@ class Fired:
 
 def fire_due_ticks(
     store: JobStore,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     *,
     default_max_attempts: int,
     registry: Registry = REGISTRY,
@@ -47,7 +48,7 @@ def fire_due_ticks(
         try:
             fired.extend(_fire(store, publish, schedule, instant, default_max_attempts, registry))
         except AdmissionRefused as err:
-            # Not advanced: the tick is tried again next pass (or replaced by a later one).
+            # Rolled back with last_tick: tried again next pass (or replaced by a later tick).
             log.warning("schedule %s: tick refused (%s)", schedule.name, err)
             store.count_event("admission_refused", schedule.kind)
         except JobError as err:  # a bad row must not stop the other schedules
@@ -57,7 +58,7 @@ def fire_due_ticks(
 
 def _fire(
     store: JobStore,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     schedule: Schedule,
     now: dt.datetime,
     default_max_attempts: int,
@@ -72,16 +73,14 @@ def _fire(
     fired = []
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
-        job, created = store.create(
-            schedule.kind,
-            schedule.inputs,
-            job_id=job_id,
-            max_attempts=max_attempts,
-            code_version=version,
+        outcome = store.fire_tick(
+            schedule, tick, job_id=job_id, max_attempts=max_attempts, code_version=version
         )
+        if outcome is None:
+            continue  # another sweeper fired this tick (or a later one) first
+        job, created = outcome
         if created:
-            publish(job.id)
+            publish([job.id])
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
-        store.advance_schedule(schedule.name, tick)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

@@ -18,7 +18,7 @@ import logging
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
 from jobs.core.settings import Settings
@@ -56,17 +56,18 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
         store.count_event(event, kind, amount)
 
 
-def sweep_once(store: JobStore, settings: Settings, publish: Callable[[str], bool]) -> SweepReport:
-    """One pass of recovery, dispatch, periodic ticks and retention."""
+def sweep_once(
+    store: JobStore, settings: Settings, publish: Callable[[Sequence[str]], bool]
+) -> SweepReport:
+    """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids)``
+    rings a batch of doorbells and says whether it could."""
     dead = rescue_dead_owners(store)
     expired = store.sweep_expired()
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
     stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
-    dispatched = []
-    for job_id in store.due_for_dispatch(settings.redispatch_after_seconds):
-        if publish(job_id):
-            dispatched.append(job_id)
+    due = store.due_for_dispatch(settings.redispatch_after_seconds)
+    dispatched = due if due and publish(due) else []
     lost = [job_id for job_id in dispatched if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
     ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
@@ -98,7 +99,7 @@ def prune(
 def run_forever(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[str], bool],
+    publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
 ) -> None:
     stop = stop or threading.Event()

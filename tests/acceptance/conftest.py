@@ -36,6 +36,7 @@ from jobs import api
 from jobs.core.settings import reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
+from jobs.runtime import process
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
 T = TypeVar("T")
@@ -274,7 +275,7 @@ class Stack:
 
     @property
     def store(self) -> JobStore:
-        return api.get_store()
+        return process.current().store
 
     # -- processes ----------------------------------------------------------------------
 
@@ -533,15 +534,9 @@ def stack(
             if _failed(request.node):
                 world.dump_logs()
         finally:
-            from jobs.core.db import dispose_all  # noqa: PLC0415
-            from jobs.runtime import liveness  # noqa: PLC0415
-
+            # Closes the engine and the liveness lock an in-process worker (scenario 11)
+            # took in this process.
             api.reset()
-            dispose_all()
-            # An in-process worker (scenario 11) took a liveness lock in this process.
-            lock = liveness._process_locks.pop(database_url, None)
-            if lock is not None:
-                lock.release()
             if admin is not None:
                 _drop_database(admin, database_url)
                 delete_rabbit_queue(broker, world.queue)

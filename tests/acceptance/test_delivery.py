@@ -18,7 +18,7 @@ import pytest
 from jobs import api
 from jobs.core.settings import reset_settings
 from jobs.core.states import State
-from jobs.runtime.dispatch import publish
+from jobs.runtime import process
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,
@@ -49,8 +49,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
     stack.wait_effect(job_id, "check_payment:start", timeout=30)
     owner = next(w for w in workers if w.owns(stack.job(job_id).owner))
-    publish(job_id)
-    publish(job_id)
+    process.current().dispatch([job_id])
+    process.current().dispatch([job_id])
     lines = wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(stack, job_id),
         20,
@@ -61,8 +61,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
     job = stack.wait_state(job_id, timeout=30)
     assert job.state is State.COMPLETED, job
-    publish(job_id)
-    publish(job_id)
+    process.current().dispatch([job_id])
+    process.current().dispatch([job_id])
     wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 4,
         20,

@@ -1,0 +1,251 @@
+"""The one object that holds what a process keeps open: settings, engine, store, doorbell,
+heartbeat and liveness lock.
+
+Module-level singletons scattered over many files are hard to rebuild after a fork, and
+a pooled connection or a lock's connection inherited by a prefork child belongs to the
+parent. Everything of that kind lives here instead, in one :class:`ProcessRuntime`; one
+``os.register_at_fork`` hook drops the parent's object in a child, which then builds its
+own on first use. :func:`current` returns the process's object, rebuilt too when the
+settings changed (tests, the demo, a process that re-reads its environment).
+
+The doorbell is injected: :meth:`ProcessRuntime.set_dispatcher` replaces it (``None``
+sends none; tests and embedded users), and by default the Celery publisher of
+:mod:`jobs.runtime.dispatch` is made on first need, so a process that never publishes
+never imports Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+from sqlalchemy import Connection, Engine
+
+from jobs.core.db import make_engine
+from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.registry import REGISTRY, JobKind
+from jobs.core.settings import Settings, get_settings
+from jobs.core.store import JobStore
+from jobs.runtime.liveness import LivenessLock
+from jobs.schema import ensure_schema
+
+log = logging.getLogger("jobs")
+
+Dispatcher = Callable[[Sequence[str]], None]
+"""Publishes doorbells for job IDs whose QUEUED state has committed; raises on failure."""
+
+
+class ProcessRuntime:
+    """Everything one process holds open for one set of settings; built lazily, piece by
+    piece, so a process pays only for what it uses."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self._lock = threading.RLock()
+        self._engine: Engine | None = None
+        self._store: JobStore | None = None
+        self._heartbeat: LeaseHeartbeat | None = None
+        self._liveness: LivenessLock | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._dispatcher_chosen = False
+        self.dispatcher_injected = False
+        self._seeded_kinds: set[str] = set()
+
+    # -- database ----------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """This process's engine for ``JOBS_DATABASE_URL``."""
+        with self._lock:
+            if self._engine is None:
+                self._engine = make_engine(self.settings.database_url)
+            return self._engine
+
+    @property
+    def store(self) -> JobStore:
+        """The job store on :attr:`engine`; the schema is checked on first use."""
+        with self._lock:
+            if self._store is None:
+                ensure_schema(self.engine)
+                self._store = JobStore(self.engine, max_payload_bytes=self.settings.max_input_bytes)
+            return self._store
+
+    @property
+    def heartbeat(self) -> LeaseHeartbeat:
+        """The process's lease renewer, shared by every job the process runs."""
+        with self._lock:
+            if self._heartbeat is None:
+                self._heartbeat = LeaseHeartbeat(self.store, self.settings.lease_seconds)
+            return self._heartbeat
+
+    def liveness_key(self) -> int | None:
+        """The key this process stamps on the jobs it claims, so a sweeper can tell that
+        the owner died: an advisory lock held for the life of the process (PostgreSQL), the
+        process ID (SQLite, whose workers all share a host), none elsewhere."""
+        dialect = self.engine.dialect.name
+        if dialect == "sqlite":
+            return self.pid
+        if dialect != "postgresql":
+            return None
+        with self._lock:
+            if self._liveness is None:
+                self._liveness = LivenessLock(self.settings.database_url)
+            lock = self._liveness
+        return lock.ensure()
+
+    def seed_limits(
+        self, kinds: Sequence[JobKind] | None = None, conn: Connection | None = None
+    ) -> None:
+        """Write the ``max_running``/``max_queued`` a kind declares in ``@jobs.job`` for kinds
+        that have no limits row yet (once per process and kind; the database's numbers then
+        rule, and ``jobs.set_limits`` changes them for every process)."""
+        for kind in REGISTRY.kinds() if kinds is None else kinds:
+            if kind.name in self._seeded_kinds:
+                continue
+            if kind.max_running is not None or kind.max_queued is not None:
+                self.store.set_limits(
+                    kind.name,
+                    max_running=kind.max_running,
+                    max_queued=kind.max_queued,
+                    only_if_absent=True,
+                )
+            self._seeded_kinds.add(kind.name)
+
+    def owner_name(self, hostname: str | None = None) -> str:
+        """How this process signs its claims: ``<celery node or host>:<pid>``."""
+        return f"{hostname or socket.gethostname()}:{self.pid}"
+
+    # -- doorbells ---------------------------------------------------------------------
+
+    def set_dispatcher(self, dispatcher: Dispatcher | None) -> None:
+        """Replace the doorbell; ``None`` sends none (jobs then reach workers through the
+        sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`)."""
+        with self._lock:
+            self._dispatcher = dispatcher
+            self._dispatcher_chosen = True
+            self.dispatcher_injected = True
+
+    @contextlib.contextmanager
+    def doorbell_off(self) -> Iterator[None]:
+        """Send no doorbell inside the block (``jobs.testing.perform_job``)."""
+        with self._lock:
+            saved = (self._dispatcher, self._dispatcher_chosen, self.dispatcher_injected)
+            self._dispatcher, self._dispatcher_chosen = None, True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._dispatcher, self._dispatcher_chosen, self.dispatcher_injected = saved
+
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The doorbell in use: the Celery publisher unless replaced."""
+        with self._lock:
+            if not self._dispatcher_chosen:
+                from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415 - lazily
+
+                self._dispatcher = CeleryPublisher(self.settings)
+                self._dispatcher_chosen = True
+            return self._dispatcher
+
+    def dispatch(self, job_ids: Sequence[str]) -> bool:
+        """Ring the doorbells of jobs whose QUEUED state committed. A failure loses
+        nothing: the jobs stay QUEUED, are marked unsent, and the sweeper sends them."""
+        if not job_ids:
+            return True
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            return False
+        try:
+            dispatcher(job_ids)
+        except Exception as err:
+            first, more = job_ids[0], len(job_ids) - 1
+            log.warning(
+                "job %s%s: publish failed (%s); the sweeper will re-dispatch it",
+                first,
+                f" and {more} more" if more else "",
+                err,
+            )
+            try:
+                self.store.forget_dispatch(job_ids)
+            except Exception:
+                log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
+            return False
+        return True
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the heartbeat, release the liveness lock, close pooled connections."""
+        with self._lock:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            if self._liveness is not None:
+                self._liveness.release()
+            if self._engine is not None:
+                self._engine.dispose()
+            closer = getattr(self._dispatcher, "close", None)
+            if callable(closer):
+                closer()
+            self._heartbeat = self._liveness = self._engine = self._store = None
+
+    def abandon(self) -> None:
+        """In a forked child: drop the parent's pooled connections without closing their
+        sockets (closing would end the parent's sessions, and with them its locks)."""
+        if self._engine is not None:
+            self._engine.dispose(close=False)
+
+
+_current: ProcessRuntime | None = None
+_guard = threading.Lock()
+# A forked child keeps its parent's objects referenced, never collected: collecting a
+# connection would send the server a goodbye on the parent's socket.
+_inherited: list[ProcessRuntime] = []
+
+
+def current() -> ProcessRuntime:
+    """This process's runtime object, built on first use and rebuilt after a fork or when
+    the settings changed."""
+    global _current  # noqa: PLW0603 - the one process-wide object, by design
+    runtime = _current
+    settings = get_settings()
+    if runtime is not None and runtime.pid == os.getpid() and runtime.settings == settings:
+        return runtime
+    with _guard:
+        runtime = _current
+        if runtime is None or runtime.pid != os.getpid() or runtime.settings != settings:
+            previous = runtime
+            runtime = ProcessRuntime(settings)
+            if previous is not None and previous.pid == os.getpid():
+                # The settings changed: keep an injected doorbell, close the rest.
+                if previous.dispatcher_injected:
+                    runtime.set_dispatcher(previous.dispatcher)
+                previous.close()
+            _current = runtime
+        return runtime
+
+
+def reset() -> None:
+    """Close and forget the process's runtime object (after the settings changed, between
+    tests); the next :func:`current` builds a new one with the default doorbell."""
+    global _current
+    with _guard:
+        runtime, _current = _current, None
+    if runtime is not None and runtime.pid == os.getpid():
+        runtime.close()
+
+
+def _after_fork_in_child() -> None:
+    global _current
+    runtime, _current = _current, None
+    if runtime is not None:
+        runtime.abandon()
+        _inherited.append(runtime)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,130 @@
+"""Submitting inside the caller's transaction: the job commits or rolls back with the
+caller's own data, and its doorbell rings only after the commit.
+
+A :class:`UnitOfWork` is what :func:`jobs.submit` needs from a caller's transaction: a
+SQLAlchemy ``Connection`` inside it, and a way to run something once it has committed.
+Three adapters come with the project: a SQLAlchemy ``Connection`` (:class:`ConnectionUnit`),
+a SQLAlchemy ``Session`` (:class:`SessionUnit`, also what Flask-SQLAlchemy hands out), and
+Django's connection (``jobs.contrib.django``). A rollback drops the pending doorbells with
+the rows; a process that dies between the commit and the publish leaves QUEUED jobs whose
+doorbell the sweeper sends once ``JOBS_REDISPATCH_AFTER_SECONDS`` has passed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, event
+from sqlalchemy.orm import Session
+
+Ring = Callable[[Sequence[str]], Any]
+
+
+class UnitOfWork(Protocol):
+    """A caller's transaction that a submit joins."""
+
+    @property
+    def connection(self) -> Connection:
+        """A connection inside the caller's transaction; the store writes through it."""
+        ...
+
+    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Call ``ring(job_ids)`` once the caller's transaction has committed; never if it
+        rolls back."""
+        ...
+
+
+class _Pending:
+    """Doorbells waiting for one transaction's end."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[str], Ring]] = []
+
+    def ring_all(self) -> None:
+        batches, self.batches = self.batches, []
+        for job_ids, ring in batches:
+            ring(job_ids)
+
+    def drop(self) -> None:
+        self.batches = []
+
+
+_by_connection: weakref.WeakKeyDictionary[Connection, _Pending] = weakref.WeakKeyDictionary()
+_by_session: weakref.WeakKeyDictionary[Session, _Pending] = weakref.WeakKeyDictionary()
+
+
+class ConnectionUnit:
+    """A SQLAlchemy ``Connection`` in a transaction (``with engine.begin() as conn``, or
+    ``conn.commit()`` later).
+
+    SQLAlchemy Core has no event after a commit, only one just before it. To ring after
+    the data is durable, the hook commits the database connection itself at that point
+    (SQLAlchemy's own commit that follows then finds nothing to commit) and rings once that
+    succeeded; if the commit fails, the error propagates as it would have, and nothing rings.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    @property
+    def connection(self) -> Connection:
+        return self._connection
+
+    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        pending = _by_connection.get(self._connection)
+        if pending is None:
+            pending = _by_connection[self._connection] = _Pending()
+            _listen(self._connection, pending)
+        pending.batches.append((list(job_ids), ring))
+
+
+def _listen(connection: Connection, pending: _Pending) -> None:
+    def on_commit(conn: Connection) -> None:
+        if not pending.batches:
+            return
+        conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
+        pending.ring_all()
+
+    def on_rollback(conn: Connection) -> None:
+        pending.drop()
+
+    event.listen(connection, "commit", on_commit)
+    event.listen(connection, "rollback", on_rollback)
+
+
+class SessionUnit:
+    """A SQLAlchemy ``Session`` (Flask-SQLAlchemy's ``db.session`` too): the job is written
+    on the session's connection and rung from the session's ``after_commit`` event."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def connection(self) -> Connection:
+        return self._session.connection()
+
+    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        pending = _by_session.get(self._session)
+        if pending is None:
+            pending = _by_session[self._session] = _Pending()
+            event.listen(self._session, "after_commit", lambda _session: pending.ring_all())
+            event.listen(self._session, "after_rollback", lambda _session: pending.drop())
+        pending.batches.append((list(job_ids), ring))
+
+
+def unit_for(
+    connection: Connection | None = None,
+    session: Session | None = None,
+    unit: UnitOfWork | None = None,
+) -> UnitOfWork | None:
+    """The unit of work a submit was given, or ``None`` for a submit that commits alone."""
+    given = [value for value in (connection, session, unit) if value is not None]
+    if len(given) > 1:
+        raise TypeError("pass at most one of connection=, session= and unit=")
+    if connection is not None:
+        return ConnectionUnit(connection)
+    if session is not None:
+        return SessionUnit(session)
+    return unit
