@@ -231,3 +231,23 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     assert report.lost_messages == ("sent",)
     assert sweep_once(store, settings, lambda job_ids: True).lost_messages == ()
     assert store.counters() == {("recovery_lost_message", "k"): 1}
+
+
+def test_firing_a_tick_moves_last_tick_and_inserts_the_job_together(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    schedule = store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(10)
+    tick = clock.instant(10)
+    fired = store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2)
+    assert fired is not None
+    assert fired[1] is True
+    assert store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2) is None
+    # A refused insert rolls the compare-and-set back: the tick stays due.
+    store.set_limits("k", max_running=None, max_queued=1)
+    clock.advance(10)
+    from jobs.core.errors import AdmissionRefused  # noqa: PLC0415
+
+    with pytest.raises(AdmissionRefused):
+        store.fire_tick(schedule, clock.instant(20), job_id="beat@t20", max_attempts=2)
+    assert store.schedule("beat").last_tick == tick
