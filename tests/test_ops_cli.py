@@ -322,3 +322,21 @@ def test_submit_from_file_exits_75_too_and_writes_none_of_the_batch(tmp_path: Pa
     batch.write_text('{"order_id": 1}\n{"order_id": 2}\n')
     one_line_error(jobctl("submit", "ops_lookup", "--from-file", str(batch)), 75, "retry in")
     assert jobs.list_jobs(kind="ops_lookup") == []
+
+
+def test_sweeper_once_and_db_current_answer_in_json() -> None:
+    jobs.schedule("beat", "ops_lookup", "every 1s", inputs={"order_id": 1}, catch_up="all")
+    time.sleep(1.1)
+    report = json.loads(jobctl("sweeper", "--once", "--json").stdout)
+    assert set(report) == {
+        "dead_owner",
+        "expired",
+        "dispatched",
+        "lost_messages",
+        "ticks",
+        "pruned",
+    }
+    assert report["ticks"]
+    assert all(tick.startswith("beat@") for tick in report["ticks"])
+    current = json.loads(jobctl("db", "current", "--json").stdout)
+    assert current == {"revision": "0003", "head": "0003", "at_head": True}

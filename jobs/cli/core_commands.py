@@ -520,13 +520,16 @@ def upgrade() -> None:
 
 
 @db.command()
-def current() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def current(as_json: bool) -> None:
     """Show the schema's revision and whether it is the one this code needs."""
     from jobs import schema  # noqa: PLC0415
 
     engine = _runtime().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
-    if revision == head:
+    if as_json:
+        _echo_json({"revision": revision, "head": head, "at_head": revision == head})
+    elif revision == head:
         click.echo(f"{revision} (head)")
     else:
         click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")

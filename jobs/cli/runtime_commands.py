@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -61,7 +63,8 @@ def worker(
 
 @main.command()
 @click.option("--once", is_flag=True, help="Run one pass, print what it did, and exit.")
-def sweeper(once: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="With --once: the pass's job IDs as JSON.")
+def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
     from jobs.runtime import process  # noqa: PLC0415
@@ -74,6 +77,9 @@ def sweeper(once: bool) -> None:
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     if once:
         report = sweep_once(store, settings, runtime.dispatch)
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(report), indent=2))
+            return
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
             f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}, "

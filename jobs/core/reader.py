@@ -5,6 +5,7 @@ SQLite) and never change a row."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -212,6 +213,145 @@ class JobReader:
                 select(J.liveness_key).where(J.id == job_id)
             ).scalar_one_or_none()
         return key
+
+    def leases_ending(self, within_seconds: float) -> builtins.list[tuple[str, bool, int]]:
+        """(kind, already expired, count) of RUNNING jobs whose lease ends within
+        ``within_seconds`` (or has ended) on the database clock."""
+        now = self.clock.now()
+        expired = J.lease_until <= now
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.kind, expired, func.count())
+                .where(
+                    J.state == State.RUNNING.value,
+                    J.lease_until <= self.clock.after(within_seconds),
+                )
+                .group_by(J.kind, expired)
+            ).all()
+        return [(row[0], bool(row[1]), int(row[2])) for row in rows]
+
+    def moves_after(
+        self, after_id: int | None, limit: int = 20_000
+    ) -> tuple[builtins.list[Move], int]:
+        """The history rows after ``after_id`` that end a run or start one, oldest first,
+        each with its job's kind and the instant of the claim that began the run; and the
+        watermark to pass next time. ``after_id=None`` returns no rows, only the current
+        watermark (an exporter starts counting from its start)."""
+        T = TransitionRecord.__table__.c
+        claim = TransitionRecord.__table__.alias("claimed")
+        started = (
+            select(func.max(claim.c.at))
+            .where(
+                claim.c.job_id == T.job_id,
+                claim.c.to_state == State.RUNNING.value,
+                claim.c.id < T.id,
+            )
+            .scalar_subquery()
+        )
+        with self._read() as conn:
+            newest = int(conn.execute(select(func.max(T.id))).scalar() or 0)
+            if after_id is None:
+                return [], newest
+            rows = conn.execute(
+                select(T.id, T.from_state, T.to_state, T.at, J.kind, started.label("started"))
+                .join(J, J.id == T.job_id)
+                .where(
+                    T.id > after_id,
+                    T.id <= newest,
+                    T.to_state.in_(
+                        [State.COMPLETED.value, State.FAILED.value, State.RUNNING.value]
+                    ),
+                )
+                .order_by(T.id)
+                .limit(limit)
+            ).all()
+        moves = [
+            Move(
+                kind=row.kind,
+                from_state=State(row.from_state) if row.from_state else None,
+                to_state=State(row.to_state),
+                at=row.at,
+                run_started_at=row.started,
+            )
+            for row in rows
+        ]
+        return moves, (rows[-1].id if len(rows) == limit else newest)
+
+    def steps_after(
+        self, after: dt.datetime | None, limit: int = 20_000
+    ) -> tuple[builtins.list[StepTiming], dt.datetime]:
+        """Steps recorded after ``after`` by a run (not approvals), oldest first, each with
+        the instant its run's claim or previous step ended; and the watermark to pass next
+        time (``after=None``: only the watermark). A step recorded at the very instant of the
+        watermark by a transaction that committed later is missed: metrics, not ledger."""
+        S = StepRecord.__table__.c
+        previous = StepRecord.__table__.alias("previous")
+        claim = TransitionRecord.__table__.alias("claimed")
+        prior_step = (
+            select(func.max(previous.c.recorded_at))
+            .where(
+                previous.c.job_id == S.job_id,
+                previous.c.fence == S.fence,
+                previous.c.recorded_at < S.recorded_at,
+            )
+            .scalar_subquery()
+        )
+        claimed_at = (
+            select(func.max(claim.c.at))
+            .where(
+                claim.c.job_id == S.job_id,
+                claim.c.fence == S.fence,
+                claim.c.owner == S.owner,  # an approval's record has no run behind it
+                claim.c.to_state == State.RUNNING.value,
+            )
+            .scalar_subquery()
+        )
+        with self._read() as conn:
+            if after is None:
+                latest = conn.execute(select(func.max(S.recorded_at))).scalar()
+                return [], latest or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+            rows = conn.execute(
+                select(
+                    S.recorded_at,
+                    J.kind,
+                    prior_step.label("prior_step"),
+                    claimed_at.label("claimed_at"),
+                )
+                .join(J, J.id == S.job_id)
+                .where(S.recorded_at > after)
+                .order_by(S.recorded_at)
+                .limit(limit)
+            ).all()
+        timings = [
+            StepTiming(
+                kind=row.kind,
+                recorded_at=row.recorded_at,
+                began_at=max(row.claimed_at, row.prior_step) if row.prior_step else row.claimed_at,
+            )
+            for row in rows
+            if row.claimed_at is not None
+        ]
+        return timings, (rows[-1].recorded_at if rows else after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """A history row that starts or ends a run, as the metrics see it."""
+
+    kind: str
+    from_state: State | None
+    to_state: State
+    at: dt.datetime
+    run_started_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """A recorded step and when its run's claim or previous step ended."""
+
+    kind: str
+    recorded_at: dt.datetime
+    began_at: dt.datetime
 
 
 def _schedule_of(row: Row[Any]) -> Schedule:

@@ -23,10 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import func, select
-
 from jobs.core.errors import SettingsError
-from jobs.core.models import JobRecord, StepRecord, TransitionRecord
 from jobs.core.states import State
 from jobs.core.store import JobStore
 
@@ -38,10 +35,6 @@ except ImportError as err:  # pragma: no cover - exercised without the extra ins
     raise SettingsError(
         "metrics need prometheus-client: pip install 'durable-jobs[metrics]'"
     ) from err
-
-J = JobRecord
-T = TransitionRecord.__table__.c
-S = StepRecord.__table__.c
 
 RECOVERY_CAUSES = {
     "recovery_dead_owner": "dead_owner",
@@ -118,19 +111,12 @@ class TableCollector(Collector):
             "How long the oldest due QUEUED job has waited (0 when none is due).",
             value=0.0 if oldest is None else oldest[1],
         )
-        now = store.clock.now()
-        soon = store.clock.after(self.lease_seconds / 2)
         near = GaugeMetricFamily(
             "jobs_leases_near_expiry",
             "RUNNING jobs whose lease ends within half a lease (expired: already ended).",
             labels=["kind", "expired"],
         )
-        with store.engine.connect() as conn:
-            rows = conn.execute(
-                select(J.kind, J.lease_until <= now, func.count())
-                .where(J.state == State.RUNNING.value, J.lease_until <= soon)
-                .group_by(J.kind, J.lease_until <= now)
-            ).all()
+        rows = store.leases_ending(self.lease_seconds / 2)
         for kind, expired, count in rows:
             near.add_metric([kind, "true" if expired else "false"], count)
         yield near
@@ -167,89 +153,23 @@ class TableCollector(Collector):
     # -- tails -----------------------------------------------------------------------------
 
     def _tail_transitions(self) -> None:
-        store = self.store
-        with store.engine.connect() as conn:
-            if self._last_transition is None:
-                self._last_transition = conn.execute(select(func.max(T.id))).scalar() or 0
-                return
-            claim = TransitionRecord.__table__.alias("claimed")
-            started = (
-                select(func.max(claim.c.at))
-                .where(
-                    claim.c.job_id == T.job_id,
-                    claim.c.to_state == State.RUNNING.value,
-                    claim.c.id < T.id,
-                )
-                .scalar_subquery()
-            )
-            rows = conn.execute(
-                select(T.id, T.from_state, T.to_state, T.at, J.kind, started)
-                .join(J, J.id == T.job_id)
-                .where(
-                    T.id > self._last_transition,
-                    T.to_state.in_(
-                        [State.COMPLETED.value, State.FAILED.value, State.RUNNING.value]
-                    ),
-                )
-                .order_by(T.id)
-                .limit(TAIL_LIMIT)
-            ).all()
-            newest = conn.execute(select(func.max(T.id))).scalar() or 0
-        for _, from_state, to_state, at, kind, began in rows:
-            if to_state == State.RUNNING.value:
-                if from_state == State.RUNNING.value:  # a claim took a live-looking job over
-                    self.takeovers.labels(kind).inc()
+        moves, self._last_transition = self.store.moves_after(self._last_transition, TAIL_LIMIT)
+        for move in moves:
+            if move.to_state is State.RUNNING:
+                if move.from_state is State.RUNNING:  # a claim took over a RUNNING job
+                    self.takeovers.labels(move.kind).inc()
                 continue
-            outcome = "completed" if to_state == State.COMPLETED.value else "failed"
-            self.finished.labels(kind, outcome).inc()
-            if began is not None:
-                self.job_seconds.labels(kind, outcome).observe(_seconds(at, began))
-        # Without a full batch every transition up to ``newest`` has been seen.
-        self._last_transition = rows[-1][0] if len(rows) == TAIL_LIMIT else newest
+            outcome = "completed" if move.to_state is State.COMPLETED else "failed"
+            self.finished.labels(move.kind, outcome).inc()
+            if move.run_started_at is not None:
+                self.job_seconds.labels(move.kind, outcome).observe(
+                    _seconds(move.at, move.run_started_at)
+                )
 
     def _tail_steps(self) -> None:
-        store = self.store
-        with store.engine.connect() as conn:
-            if self._last_step_at is None:
-                self._last_step_at = conn.execute(select(func.max(S.recorded_at))).scalar() or (
-                    dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-                )
-                return
-            previous = StepRecord.__table__.alias("previous")
-            claim = TransitionRecord.__table__.alias("claimed")
-            prior_step = (
-                select(func.max(previous.c.recorded_at))
-                .where(
-                    previous.c.job_id == S.job_id,
-                    previous.c.fence == S.fence,
-                    previous.c.recorded_at < S.recorded_at,
-                )
-                .scalar_subquery()
-            )
-            claimed_at = (
-                select(func.max(claim.c.at))
-                .where(
-                    claim.c.job_id == S.job_id,
-                    claim.c.fence == S.fence,
-                    claim.c.owner == S.owner,  # an approval's "step" has no run behind it
-                    claim.c.to_state == State.RUNNING.value,
-                )
-                .scalar_subquery()
-            )
-            rows = conn.execute(
-                select(S.recorded_at, J.kind, prior_step, claimed_at)
-                .join(J, J.id == S.job_id)
-                .where(S.recorded_at > self._last_step_at)
-                .order_by(S.recorded_at)
-                .limit(TAIL_LIMIT)
-            ).all()
-        for recorded_at, kind, prior, claimed in rows:
-            if claimed is None:
-                continue
-            began = max(claimed, prior) if prior is not None else claimed
-            self.step_seconds.labels(kind).observe(_seconds(recorded_at, began))
-        if rows:
-            self._last_step_at = rows[-1][0]
+        timings, self._last_step_at = self.store.steps_after(self._last_step_at, TAIL_LIMIT)
+        for step in timings:
+            self.step_seconds.labels(step.kind).observe(_seconds(step.recorded_at, step.began_at))
 
 
 def _seconds(end: Any, start: Any) -> float:
