@@ -242,7 +242,7 @@ def _count(event: str, kind: str) -> None:
 def schedule(
     name: str,
     kind: str,
-    every: str | int | float | dt.timedelta,
+    spec: str | int | float | dt.timedelta,
     *,
     inputs: dict[str, Any] | None = None,
     timezone: str = "UTC",
@@ -250,7 +250,7 @@ def schedule(
 ) -> Schedule:
     """Create or change a periodic job at run time, held in the database for every sweeper.
 
-    ``every`` is a cron expression (``"*/15 * * * *"``, read in ``timezone``) or an interval
+    ``spec`` is a cron expression (``"*/15 * * * *"``, read in ``timezone``) or an interval
     (``"every 10m"``, seconds, a timedelta). Each tick submits one job of ``kind`` with
     ``inputs`` and the ID ``<name>@<tick>``; changing a schedule keeps its last tick.
     """
@@ -258,7 +258,7 @@ def schedule(
     REGISTRY.get(kind).check_inputs(inputs)
     return _store().put_schedule(
         Schedule(
-            name, kind, normalize_spec(every), timezone=timezone, inputs=inputs, catch_up=catch_up
+            name, kind, normalize_spec(spec), timezone=timezone, inputs=inputs, catch_up=catch_up
         )
     )
 

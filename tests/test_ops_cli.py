@@ -340,3 +340,15 @@ def test_sweeper_once_and_db_current_answer_in_json() -> None:
     assert all(tick.startswith("beat@") for tick in report["ticks"])
     current = json.loads(jobctl("db", "current", "--json").stdout)
     assert current == {"revision": "0003", "head": "0003", "at_head": True}
+
+
+def test_a_periodic_kind_whose_handler_needs_inputs_is_refused_at_registration() -> None:
+    from jobs.core.errors import InvalidInput  # noqa: PLC0415
+    from jobs.core.registry import REGISTRY  # noqa: PLC0415
+
+    def needs_an_order(ctx: JobContext, order_id: int) -> None:
+        return None
+
+    with pytest.raises(InvalidInput, match="no inputs"):
+        jobs.job("ops_needs_inputs", schedule="@daily")(needs_an_order)
+    assert "ops_needs_inputs" not in REGISTRY.names()  # nothing was registered

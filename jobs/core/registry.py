@@ -86,6 +86,15 @@ class Registry:
             timezone,
             catch_up,
         )
+        if schedule is not None:
+            try:
+                kind.check_inputs({})
+            except InvalidInput:
+                raise InvalidInput(
+                    f"job kind {name!r}: a schedule submits each tick with no inputs, so the "
+                    "handler must take none beyond ctx (or give them defaults); use "
+                    "jobs.schedule(..., inputs=…) for a schedule with inputs"
+                ) from None
         with self._lock:
             existing = self._kinds.get(name)
             if existing is not None and existing.handler is not handler:
