@@ -32,6 +32,19 @@ from bench.services import check_amqp, check_pg
 HEADER = f"{'backend':<14} {'metric':<28} {'durable':>10} {'plain-celery':>14} {'ratio':>7}"
 
 NOTES = [
+    "drain: N jobs (N no-op tasks) queued while the side's worker is stopped (durable: "
+    "jobs.submit_many, doorbells published), then a fresh worker drains them; rate from the "
+    "20th completion to the last (the issue's method). worker memory: RSS and PSS of that "
+    "worker's main process + pool children right after the 1-step drain.",
+    "write txns/job: distinct transaction IDs on the batch's history and step rows (exact, this "
+    "database only; heartbeat renewals write no such row); xids/job (cluster): "
+    "pg_snapshot_xmax before the fill and after the drain, divided by N, counting every "
+    "database on the server (other activity inflates it).",
+    "submit single/bulk: N jobs.submit vs N send_task; one jobs.submit_many of N vs N publishes "
+    "on one producer; doorbells published and confirmed on both sides.",
+    "round trips/job and per job: parts: N 1-step jobs run in-process by the worker's Runner "
+    "(libpq trace: ReadyForQuery messages; wall time per store call); per job: worker time = "
+    "concurrency / drain rate (durable) vs concurrency / plain drain rate (Celery itself).",
     "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
     "sides back to back); durable and plain-celery columns are medians over repeats.",
     "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "
@@ -126,6 +139,24 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.sweep_interval,
         help="JOBS_SWEEP_INTERVAL_SECONDS of the durable side's sweeper "
         "(default %(default)s, the project default)",
+    )
+    p.add_argument(
+        "--drain-jobs",
+        type=_positive(int),
+        default=defaults.drain_jobs,
+        help="jobs per steady-state drain on pg-rabbitmq (default %(default)s)",
+    )
+    p.add_argument(
+        "--embedded-drain-jobs",
+        type=_positive(int),
+        default=defaults.embedded_drain_jobs,
+        help="jobs per steady-state drain on embedded (default %(default)s)",
+    )
+    p.add_argument(
+        "--submit-jobs",
+        type=_positive(int),
+        default=defaults.submit_jobs,
+        help="jobs per submit-rate run, single and bulk (default %(default)s)",
     )
     p.add_argument("--no-recovery", action="store_true", help="skip the SIGKILL recovery runs")
     p.add_argument(
@@ -229,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         samples=args.samples,
         embedded_samples=args.embedded_samples,
         sweep_interval=args.sweep_interval,
+        drain_jobs=args.drain_jobs,
+        embedded_drain_jobs=args.embedded_drain_jobs,
+        submit_jobs=args.submit_jobs,
         loglevel=args.loglevel,
         pg_url=args.pg_url,
         amqp_url=args.amqp_url,

@@ -10,6 +10,7 @@ import jobs
 STEP = "bench_step"
 ZERO = "bench_zero"
 HOLD = "bench_hold"
+THREE = "bench_three"
 
 
 def _noop() -> None:
@@ -27,6 +28,14 @@ def _wait_for(release: str, limit: float) -> bool:
 def one_step(ctx: jobs.JobContext) -> None:
     """No work, one recorded step."""
     ctx.step("noop", _noop)
+
+
+@jobs.job(THREE)
+def three_steps(ctx: jobs.JobContext) -> None:
+    """No work, three recorded steps."""
+    ctx.step("one", _noop)
+    ctx.step("two", _noop)
+    ctx.step("three", _noop)
 
 
 @jobs.job(ZERO)

@@ -55,6 +55,10 @@ class Options:
     embedded_samples: int = 6
     sweep_interval: float = 2.0
     loglevel: str = "INFO"
+    drain_jobs: int = 2000
+    embedded_drain_jobs: int = 300
+    submit_jobs: int = 1000
+    profile_jobs: int = 300
     pg_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     recovery: bool = True
@@ -400,6 +404,48 @@ class BackendRun:
             f"1-step {step_rate:.1f}/s, 0-step {zero_rate:.1f}/s"
         )
 
+    def drain(self, repeat: int) -> None:
+        """The steady-state drain (bench.drain) of 1-step and 3-step jobs vs a no-op task,
+        then (PostgreSQL) submit rates and the in-process profile of a job's time."""
+        from bench.drain import Drain, submit_rates  # noqa: PLC0415
+        from bench.profile import profile_jobs  # noqa: PLC0415
+
+        embedded = self.backend == EMBEDDED
+        n = self.opts.embedded_drain_jobs if embedded else self.opts.drain_jobs
+        drain = Drain(self)
+        plain = drain.plain(n)
+        for kind, label in ((kinds.STEP, "1-step"), (kinds.THREE, "3-step")):
+            durable = drain.durable(kind, n)
+            self._series(f"drain {label} (jobs/s)", "jobs/s").add(durable["rate"], plain["rate"])
+            self.say(
+                f"  {self.backend} repeat {repeat + 1}: drain of {n} {label} jobs "
+                f"{durable['rate']:.0f}/s vs plain {plain['rate']:.0f}/s"
+            )
+            if label == "1-step":
+                self._series("worker memory RSS (MiB)", "MiB").add(durable["rss"], plain["rss"])
+                self._series("worker memory PSS (MiB)", "MiB").add(durable["pss"], plain["pss"])
+            if "xids" in durable:
+                nan = float("nan")
+                self._series(f"write txns/job {label}", "n").add(durable["writers"], nan)
+                self._series(f"xids/job {label} (cluster)", "n").add(durable["xids"], nan)
+        if embedded:
+            return
+        rates = submit_rates(self, self.opts.submit_jobs)
+        self._series("submit single (jobs/s)", "jobs/s").add(*rates["single"])
+        self._series("submit bulk (jobs/s)", "jobs/s").add(*rates["bulk"])
+        # Where a job's time goes: a worker process's time per job in the drain (durable)
+        # or per task (plain: Celery itself), then the in-process run split by store call.
+        profile = profile_jobs(
+            self.durable_env["JOBS_DATABASE_URL"], kinds.STEP, self.opts.profile_jobs
+        )
+        nan = float("nan")
+        per_job = self.opts.concurrency / self.series["drain 1-step (jobs/s)"].durable[-1] * 1e3
+        per_task = self.opts.concurrency / plain["rate"] * 1e3
+        self._series("per job: worker time (ms)", "ms").add(per_job, per_task)
+        self._series("round trips/job 1-step", "n").add(profile["round trips"], nan)
+        for part in ("claim", "record_steps", "complete", "runner python"):
+            self._series(f"per job: {part} (ms)", "ms").add(profile[f"{part} ms"], nan)
+
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
         d_e2e: list[float] = []
@@ -550,6 +596,7 @@ def run_backend(
         run.start()
         run.warm_up()
         for r in range(opts.repeat):
+            run.drain(r)
             run.throughput(r)
             run.latency(r)
         if opts.recovery and backend == PG_RABBITMQ:

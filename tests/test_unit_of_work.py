@@ -5,8 +5,10 @@ the transaction IDs stamped on its rows)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +21,7 @@ from jobs import api, testing
 from jobs.core.context import JobContext
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.models import JobRecord
-from jobs.core.settings import reset_settings
+from jobs.core.settings import get_settings, reset_settings
 from jobs.core.store import JobStore
 from jobs.runtime import process
 from tests.conftest import snapshot
@@ -310,3 +312,37 @@ def test_a_one_step_job_makes_three_write_transactions_submit_included(
             {"id": job.id},
         ).scalars()
         assert len(set(writers)) == 3  # submit; claim; last step + completion
+
+
+# -- a batch of doorbells on RabbitMQ ---------------------------------------------------
+
+
+@pytest.mark.rabbitmq
+def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kombu import Connection  # noqa: PLC0415
+
+    from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
+    from tests.conftest import AMQP_URL, service_unavailable  # noqa: PLC0415
+
+    queue = f"uow-batch-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
+    monkeypatch.setenv("JOBS_QUEUE", queue)
+    reset_settings()
+    ids = [f"job-{i}" for i in range(300)]
+    try:
+        CeleryPublisher(get_settings())(ids)
+    except OSError as err:
+        service_unavailable("RabbitMQ", err)
+    got = []
+    with Connection(AMQP_URL) as connection:
+        channel = connection.channel()
+        try:
+            while (message := channel.basic_get(queue, no_ack=True)) is not None:
+                args, _kwargs, _embed = json.loads(message.body)
+                assert message.headers["task"] == "jobs.run"
+                got.append(args[0])
+        finally:
+            channel.queue_delete(queue)
+    assert got == ids

@@ -392,6 +392,11 @@ class JobStore(JobReader):
         ids = [row["id"] for row in rows]
         if len(set(ids)) != len(ids):
             raise InvalidInput("the same job id appears twice in one submission")
+        if len(rows) == 1 and self.engine.dialect.name == "postgresql":
+            with self._unit(conn, one_statement=True) as unit:
+                created = self._create_unlimited(unit, kind, rows[0])
+            if created is not None:
+                return [(Job.from_row(created), True)]
         with self._unit(conn) as unit:
             self._admit(unit, kind, ids)
             inserted = {
@@ -440,6 +445,42 @@ class JobStore(JobReader):
         return results
 
     new_job_values = _new_job_values
+
+    def _create_unlimited(
+        self, conn: Connection, kind: str, values: dict[str, Any]
+    ) -> Row[Any] | None:
+        """PostgreSQL, one job of a kind without ``max_queued``: the INSERT and its history
+        row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
+        or the ID exists): the caller then takes the transactional path, which says which."""
+        table = J.__table__.c
+        limited = select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
+        source = select(
+            *[
+                value if isinstance(value, ColumnElement) else literal(value, table[name].type)
+                for name, value in values.items()
+            ]
+        ).where(~exists(limited))
+        created = (
+            postgresql.insert(J)
+            .from_select(list(values), source)
+            .on_conflict_do_nothing()
+            .returning(*JOB_COLUMNS)
+            .cte("created")
+        )
+        history = (
+            insert(TransitionRecord)
+            .from_select(
+                ["job_id", "to_state", "at", "reason"],
+                select(
+                    created.c.id,
+                    literal(State.QUEUED.value, T.to_state.type),
+                    created.c.created_at,
+                    literal("submitted", T.reason.type),
+                ),
+            )
+            .cte("history")
+        )
+        return conn.execute(select(*created.c).add_cte(history)).one_or_none()
 
     # -- backpressure --------------------------------------------------------------------
 

@@ -31,10 +31,9 @@ from jobs.core.settings import Settings, get_settings
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime import process
+from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
-
-TASK_NAME = "jobs.run"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

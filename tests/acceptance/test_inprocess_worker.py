@@ -27,6 +27,7 @@ import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this
 from jobs.core.settings import from_env
 from jobs.core.states import State
 from jobs.runtime import celery_app as jobs_celery
+from jobs.runtime import process
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,
@@ -95,12 +96,10 @@ def test_in_process_worker_runs_check_order(stack: Stack, celery_session_worker:
 def test_in_process_worker_drops_a_duplicate(stack: Stack, celery_session_worker: Any) -> None:
     """A second test on a second fresh database through the same in-process worker: the
     worker process must not keep using the first database's liveness connection."""
-    from jobs.runtime.dispatch import publish  # noqa: PLC0415
-
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     assert stack.wait_state(job_id, timeout=30).state is State.COMPLETED
-    publish(job_id)
+    process.current().dispatch([job_id])
     stack.wait_queue_empty()
     assert [t.to_state for t in stack.history(job_id)] == [
         State.QUEUED,

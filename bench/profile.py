@@ -1,0 +1,126 @@
+"""Where a durable job's time and round trips go, measured in-process on PostgreSQL.
+
+The same :class:`jobs.core.runner.Runner` a worker uses runs ``n`` jobs of a kind in this
+process, with the store's calls timed and libpq's protocol trace on every connection of
+its engine: the round trips are the ``ReadyForQuery`` messages the server sent (one per
+query cycle, ``BEGIN`` and ``COMMIT`` included). Celery's own share comes from the plain
+side's drain in the same run (a no-op task's cost per worker process).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+import jobs
+from jobs.core.db import make_engine
+from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.runner import Outcome, Runner
+from jobs.core.settings import get_settings
+from jobs.core.store import JobStore
+from jobs.runtime import process
+from jobs.runtime.liveness import LivenessLock
+
+TIMED = ("claim", "steps", "record_steps", "complete")
+
+
+class TimedStore(JobStore):
+    """A store that adds up the wall time of the calls a run makes."""
+
+    spent: defaultdict[str, float]
+
+    def _timed(self, name: str, call: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.spent[name] += time.perf_counter() - started
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("claim", lambda: super(TimedStore, self).claim(*args, **kwargs))
+
+    def steps(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("steps", lambda: super(TimedStore, self).steps(*args, **kwargs))
+
+    def record_steps(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(
+            "record_steps", lambda: super(TimedStore, self).record_steps(*args, **kwargs)
+        )
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("complete", lambda: super(TimedStore, self).complete(*args, **kwargs))
+
+
+def _traced_engine(url: str, folder: Path) -> Any:
+    engine = make_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _trace(dbapi_connection: Any, _record: Any) -> None:
+        from psycopg import pq  # noqa: PLC0415
+
+        handle = open(folder / f"{uuid.uuid4().hex}.trace", "w")  # noqa: SIM115 - lives with the connection
+        dbapi_connection.pgconn.trace(handle.fileno())
+        dbapi_connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        _trace.handles.append(handle)  # type: ignore[attr-defined]
+
+    _trace.handles = []  # type: ignore[attr-defined]
+    return engine
+
+
+def _ready_for_query(folder: Path) -> int:
+    count = 0
+    for trace in folder.glob("*.trace"):
+        with trace.open(errors="replace") as lines:
+            count += sum(1 for line in lines if "\tReadyForQuery" in line)
+    return count
+
+
+def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
+    """Run ``n`` jobs of ``kind`` in-process on PostgreSQL; per job: round trips, and the
+    milliseconds spent in each store call and in the rest of the runner (Python)."""
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as folder_name:
+        folder = Path(folder_name)
+        engine = _traced_engine(database_url, folder)
+        store = TimedStore(engine, max_payload_bytes=get_settings().max_input_bytes)
+        store.spent = defaultdict(float)
+        settings = get_settings()
+        heartbeat = LeaseHeartbeat(store, settings.lease_seconds)
+        liveness = LivenessLock(database_url)
+        runner = Runner.from_settings(
+            store,
+            f"bench-profile:{os.getpid()}",
+            settings,
+            heartbeat=heartbeat,
+            liveness_key=liveness.ensure(),
+        )
+        tag = f"prof{uuid.uuid4().hex[:10]}"
+        with process.current().doorbell_off():
+            ids = jobs.submit_many(
+                kind, [{}] * (n + 5), job_ids=[f"{tag}-{i}" for i in range(n + 5)]
+            )
+        for job_id in ids[:5]:  # warm: the pool's connections, statement caches
+            runner.run(job_id)
+        store.spent.clear()
+        before = _ready_for_query(folder)
+        started = time.perf_counter()
+        for job_id in ids[5:]:
+            if runner.run(job_id).outcome is not Outcome.COMPLETED:
+                raise RuntimeError(f"profiled job {job_id} did not complete")
+        total = time.perf_counter() - started
+        round_trips = _ready_for_query(folder) - before
+        heartbeat.stop()
+        liveness.release()
+        engine.dispose()
+    result = {"round trips": round_trips / n, "total ms": total / n * 1e3}
+    for name in TIMED:
+        result[f"{name} ms"] = store.spent[name] / n * 1e3
+    result["runner python ms"] = result["total ms"] - sum(result[f"{name} ms"] for name in TIMED)
+    return result
