@@ -13,13 +13,17 @@ Public API::
     job_id = jobs.submit("check_order", {"order_id": 42})
     jobs.approve(job_id, by="alice")
 
-Importing :mod:`jobs` imports no Celery, no SQLAlchemy and none of ``JOBS_IMPORTS``: the
-operations and records load on first use (so ``jobctl --help`` and ``@jobs.job`` stay fast).
+Importing :mod:`jobs` imports no Celery, no SQLAlchemy and none of ``JOBS_IMPORTS``: a
+module that only defines jobs stays light (a worker's main process never connects to the
+database), and the operations load what they need on first use.
 """
+
+from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from jobs.core.context import JobContext
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -53,11 +57,9 @@ if TYPE_CHECKING:
         submit_many,
         unschedule,
     )
-    from jobs.core.context import JobContext
     from jobs.core.records import Job, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
 
-#: Names loaded on first use, by the module that defines them.
 _LAZY = {
     **dict.fromkeys(
         (
@@ -79,17 +81,13 @@ _LAZY = {
         ),
         "jobs.api",
     ),
-    "JobContext": "jobs.core.context",
-    "Job": "jobs.core.records",
-    "KindLimits": "jobs.core.records",
-    "Step": "jobs.core.records",
-    "Transition": "jobs.core.records",
+    **dict.fromkeys(("Job", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     "Schedule": "jobs.core.schedule",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Load a public name's module on first use (PEP 562)."""
+    """The operations and record types, imported on first use (PEP 562)."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'jobs' has no attribute {name!r}")

@@ -13,11 +13,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import LeaseLost, StepError
-from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.store import Claim, JobStore, PendingStep
+
+if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
+    from jobs.core.heartbeat import LeaseHeartbeat
+    from jobs.core.store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
 

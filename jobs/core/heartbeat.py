@@ -22,10 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jobs.core.errors import LeaseLost
-from jobs.core.records import Claim
-from jobs.core.store import JobStore
+
+if TYPE_CHECKING:
+    from jobs.core.records import Claim
+    from jobs.core.store import JobStore
 
 log = logging.getLogger("jobs.heartbeat")
 

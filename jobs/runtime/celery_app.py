@@ -23,14 +23,9 @@ from typing import Any
 
 from celery import Celery, current_app, signals
 
-from jobs import api
-from jobs.core.errors import UnknownJob
 from jobs.core.registry import REGISTRY
-from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.settings import Settings, get_settings
-from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
-from jobs.runtime import process
 from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
@@ -104,51 +99,6 @@ def app_for(settings: Settings) -> Celery:
 _shutting_down = multiprocessing.Event()
 
 
-def make_runner(hostname: str | None) -> Runner:
-    """A runner for this process: its store, owner name, liveness key and heartbeat."""
-    runtime = process.current()
-    settings = runtime.settings
-    return Runner.from_settings(
-        runtime.store,
-        runtime.owner_name(hostname),
-        settings,
-        registry=REGISTRY,
-        liveness_key=runtime.liveness_key(),
-        heartbeat=runtime.heartbeat,
-        budget_seconds=settings.delivery_budget_seconds,
-        stopping=_shutting_down.is_set,
-    )
-
-
-def _pass_on_slot(runner: Runner, result: RunResult) -> None:
-    """A run of a kind with a running limit ended: ring for the next waiting job of that kind
-    now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
-    unlimited kinds cost no extra query here.)"""
-    if result.job is None or result.max_running is None:
-        return
-    process.current().dispatch(runner.store.next_due(result.job.kind, 1))
-
-
-def _why_not_claimed(runner: Runner, job_id: str) -> str:
-    try:
-        job = runner.store.get(job_id)
-    except UnknownJob:
-        return "unknown job"
-    if job.state is State.RUNNING:
-        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
-    if job.state is State.QUEUED:
-        if job.run_after > runner.store.now():
-            return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
-        limits = runner.store.limits().get(job.kind)
-        if limits is not None and limits.max_running is not None:
-            return (
-                f"QUEUED, waiting for a slot ({job.kind!r} allows "
-                f"{limits.max_running} RUNNING at once)"
-            )
-        return "QUEUED, claimed by no one yet (try again)"
-    return f"already {job.state.value}"
-
-
 @app.task(name=TASK_NAME, bind=True, ignore_result=True)
 def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
     """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -160,23 +110,9 @@ def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
             kwargs,
         )
         return "garbage"
-    runner = make_runner(getattr(self.request, "hostname", None))
-    result = runner.run(job_id)
-    if result.outcome is Outcome.NOT_CLAIMED:
-        why = _why_not_claimed(runner, job_id)
-        log.info("job %s: delivery dropped, %s", job_id, why)
-        return f"{job_id}: dropped ({why})"
-    if result.outcome is Outcome.HANDED_BACK:
-        process.current().dispatch([job_id])
-    _pass_on_slot(runner, result)
-    log.info(
-        "job %s: %s (ran %s, replayed %s)",
-        job_id,
-        result.outcome.value,
-        list(result.ran_steps),
-        list(result.replayed_steps),
-    )
-    return f"{job_id}: {result.outcome.value}"
+    from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
+
+    return deliver(job_id, getattr(self.request, "hostname", None), _shutting_down.is_set)
 
 
 def _is_ours(sender: Any) -> bool:
@@ -192,8 +128,6 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         return
     names = REGISTRY.names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
-    process.current().seed_limits()
-    api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
 
 
 @signals.worker_shutting_down.connect
@@ -206,7 +140,16 @@ def _hand_back_on_shutdown(**_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _take_liveness_lock(**_: Any) -> None:
-    """A prefork child takes its own liveness lock before it can claim anything."""
+    """A prefork child takes its own liveness lock before it can claim anything, seeds the
+    limits its kinds declare and writes their schedules. (The main process never touches the database: it only
+    consumes messages and hands them to the pool, so it loads no SQLAlchemy.)"""
     if current_app.main != "jobs":
         return
-    process.current().liveness_key()
+    from jobs.runtime import process  # noqa: PLC0415
+
+    from jobs import api  # noqa: PLC0415
+
+    runtime = process.current()
+    runtime.liveness_key()
+    runtime.seed_limits()
+    api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers

@@ -4,7 +4,7 @@ job hands its slot to the next waiting one at once.
 Two prefork workers (four pool processes) on PostgreSQL and RabbitMQ, ``sleep_steps``
 limited to one RUNNING job, four jobs submitted together. Every doorbell is delivered at
 once; the deliveries that find the slot taken are dropped ("waiting for a slot"), and only
-the slot hand-off of the finishing run (``celery_app._pass_on_slot``) can ring the next
+the slot hand-off of the finishing run (``delivery._pass_on_slot``) can ring the next
 job before the sweeper's lost-message rule would, which is set to a minute here and has no
 sweeper to run it.
 """

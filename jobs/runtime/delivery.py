@@ -1,0 +1,82 @@
+"""What one delivery of a doorbell does in a worker: claim the job, run it, and say what
+happened in one log line. Imported by the task on its first delivery, so a worker's main
+process (which only consumes and hands messages to the pool) never loads SQLAlchemy."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from jobs.core.errors import UnknownJob
+from jobs.core.registry import REGISTRY
+from jobs.core.runner import Outcome, Runner, RunResult
+from jobs.core.states import State
+from jobs.runtime import process
+
+log = logging.getLogger("jobs.worker")
+
+
+def deliver(job_id: str, hostname: str | None, stopping: Callable[[], bool]) -> str:
+    """Run the job a doorbell names, if it is this worker's to run; returns a summary."""
+    runner = make_runner(hostname, stopping)
+    result = runner.run(job_id)
+    if result.outcome is Outcome.NOT_CLAIMED:
+        why = _why_not_claimed(runner, job_id)
+        log.info("job %s: delivery dropped, %s", job_id, why)
+        return f"{job_id}: dropped ({why})"
+    if result.outcome is Outcome.HANDED_BACK:
+        process.current().dispatch([job_id])
+    _pass_on_slot(runner, result)
+    log.info(
+        "job %s: %s (ran %s, replayed %s)",
+        job_id,
+        result.outcome.value,
+        list(result.ran_steps),
+        list(result.replayed_steps),
+    )
+    return f"{job_id}: {result.outcome.value}"
+
+
+def make_runner(hostname: str | None, stopping: Callable[[], bool]) -> Runner:
+    """A runner for this process: its store, owner name, liveness key and heartbeat."""
+    runtime = process.current()
+    settings = runtime.settings
+    return Runner.from_settings(
+        runtime.store,
+        runtime.owner_name(hostname),
+        settings,
+        registry=REGISTRY,
+        liveness_key=runtime.liveness_key(),
+        heartbeat=runtime.heartbeat,
+        budget_seconds=settings.delivery_budget_seconds,
+        stopping=stopping,
+    )
+
+
+def _pass_on_slot(runner: Runner, result: RunResult) -> None:
+    """A run of a kind with a running limit ended: ring for the next waiting job of that kind
+    now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
+    unlimited kinds cost no extra query here.)"""
+    if result.job is None or result.max_running is None:
+        return
+    process.current().dispatch(runner.store.next_due(result.job.kind, 1))
+
+
+def _why_not_claimed(runner: Runner, job_id: str) -> str:
+    try:
+        job = runner.store.get(job_id)
+    except UnknownJob:
+        return "unknown job"
+    if job.state is State.RUNNING:
+        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
+    if job.state is State.QUEUED:
+        if job.run_after > runner.store.now():
+            return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
+        limits = runner.store.limits().get(job.kind)
+        if limits is not None and limits.max_running is not None:
+            return (
+                f"QUEUED, waiting for a slot ({job.kind!r} allows "
+                f"{limits.max_running} RUNNING at once)"
+            )
+        return "QUEUED, claimed by no one yet (try again)"
+    return f"already {job.state.value}"
