@@ -141,13 +141,13 @@ def _hand_back_on_shutdown(**_: Any) -> None:
 @signals.worker_process_init.connect
 def _take_liveness_lock(**_: Any) -> None:
     """A prefork child takes its own liveness lock before it can claim anything, seeds the
-    limits its kinds declare and writes their schedules. (The main process never touches the database: it only
-    consumes messages and hands them to the pool, so it loads no SQLAlchemy.)"""
+    limits its kinds declare and writes their schedules. (The main process never touches
+    the database: it only consumes messages and hands them to the pool, so it loads no
+    SQLAlchemy.)"""
     if current_app.main != "jobs":
         return
-    from jobs.runtime import process  # noqa: PLC0415
-
     from jobs import api  # noqa: PLC0415
+    from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
     runtime.liveness_key()
