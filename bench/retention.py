@@ -142,7 +142,8 @@ def main() -> int:
             results["postgres"] = measure(engine, args.jobs, args.pause)
             engine.dispose()
     print(
-        f"{args.jobs} finished jobs, batches of {PRUNE_BATCH_SIZE}, a claim loop running alongside"
+        f"{args.jobs} finished jobs; passes of {PRUNE_BATCHES_PER_PASS} batches of "
+        f"{PRUNE_BATCH_SIZE}, {args.pause:g} s apart; a claim loop running alongside"
     )
     for backend, figures in results.items():
         print(
