@@ -806,6 +806,36 @@ def test_due_for_dispatch_limit(store: JobStore) -> None:
     assert sorted(first + rest) == [f"j{i}" for i in range(5)]
 
 
+def test_a_backlog_in_the_queue_is_not_published_twice(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """The sweeper's rule: of the jobs whose doorbell is stale, only as many are re-sent as the
+    broker's queue is short of (the rest are waiting behind a backlog, not lost)."""
+    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+
+    settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
+    for i in range(5):
+        new(store, f"old{i}")  # published at t=0
+        clock.advance(0.001)
+    clock.advance(31)
+    store.forget_dispatch([new(store, "never")])  # its publish failed: always sent
+    assert store.stale_dispatches(30) == 5
+    sent: list[str] = []
+
+    def publish(job_ids: object) -> bool:
+        sent.extend(job_ids)  # type: ignore[call-overload]
+        return True
+
+    report = sweep_once(store, settings, publish, waiting=lambda: 5)  # all 5 still in the queue
+    assert sent == ["never"]
+    assert report.dispatched == ("never",)
+    sweep_once(store, settings, publish, waiting=lambda: 3)  # the queue is 2 short: 2 lost
+    assert sent == ["never", "old0", "old1"]
+    sweep_once(store, settings, publish, waiting=lambda: None)  # the broker cannot say
+    assert sent == ["never", "old0", "old1", "old2", "old3", "old4"]
+
+
 # -- reads ------------------------------------------------------------------------------------
 
 

@@ -331,10 +331,12 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     monkeypatch.setenv("JOBS_QUEUE", queue)
     reset_settings()
     ids = [f"job-{i}" for i in range(300)]
+    publisher = CeleryPublisher(get_settings())
     try:
-        CeleryPublisher(get_settings())(ids)
+        publisher(ids)
     except OSError as err:
         service_unavailable("RabbitMQ", err)
+    assert publisher.waiting() == 300  # what the sweeper reads before re-sending stale ones
     got = []
     with Connection(AMQP_URL) as connection:
         channel = connection.channel()

@@ -68,6 +68,7 @@ def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
     from jobs.runtime import process  # noqa: PLC0415
+    from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
     settings = get_settings()
@@ -75,8 +76,11 @@ def sweeper(once: bool, as_json: bool) -> None:
     runtime = process.current()
     store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
+    watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
-        report = sweep_once(store, settings, runtime.dispatch)
+        report = sweep_once(
+            store, settings, runtime.dispatch, runtime.waiting_doorbells, watch=watch
+        )
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(report), indent=2))
             return
@@ -90,7 +94,7 @@ def sweeper(once: bool, as_json: bool) -> None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
         serve(store, settings.metrics_port, settings.lease_seconds)
-    run_forever(store, settings, runtime.dispatch)
+    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
 
 
 @main.command()

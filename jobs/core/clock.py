@@ -108,7 +108,10 @@ class DatabaseClock:
     def now(self) -> ColumnElement[dt.datetime]:
         return db_now()
 
-    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+    def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
+        """``seconds`` from now; a bound parameter makes a statement reusable for any value."""
+        if isinstance(seconds, ColumnElement):
+            return db_now_plus(seconds)
         return db_now_plus(literal(float(seconds)))
 
 

@@ -12,7 +12,7 @@ A database error skips one beat: the lease still has two thirds left.
 The same thread writes a step's record that waited too long for the job's next write
 (:meth:`JobContext.step` defers it so that the last step is recorded with the outcome):
 handler code that runs long between two steps does not leave the earlier step unrecorded
-for more than ``flush_after`` seconds.
+for more than about twice ``flush_after`` seconds (the thread looks that often).
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ class LeaseHeartbeat:
         :meth:`cancel_flush` comes first (the job's own next write took the steps)."""
         with self._lock:
             if key not in self._flushes:
+                # No notify: the thread looks every ``flush_after`` seconds anyway, and waking
+                # it at each step would cost the handler's thread a GIL hand-over per step.
                 self._flushes[key] = (time.monotonic() + self.flush_after, flush)
                 self._start()
-                self._changed.notify()
 
     def cancel_flush(self, key: int) -> None:
         with self._lock:
@@ -141,8 +142,7 @@ class LeaseHeartbeat:
                     due = [key for key, (at, _) in self._flushes.items() if at <= now]
                     if due or now >= next_beat:
                         break
-                    wake_at = min([next_beat, *(at for at, _ in self._flushes.values())])
-                    self._changed.wait(wake_at - now)
+                    self._changed.wait(min(next_beat - now, self.flush_after))
                 if self._stopped:
                     return
                 flushes = [self._flushes.pop(key)[1] for key in due]

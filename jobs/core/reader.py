@@ -108,6 +108,22 @@ class JobReader:
             return None
         return row[0], max(0.0, (row[2] - row[1]).total_seconds())
 
+    def stale_dispatches(self, stale_seconds: float) -> int:
+        """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that
+        no worker claimed since: lost messages, or messages waiting behind a backlog."""
+        now = self.clock.now()
+        with self._read() as conn:
+            count: int = conn.execute(
+                select(func.count())
+                .select_from(J)
+                .where(
+                    J.state == State.QUEUED.value,
+                    J.run_after <= now,
+                    J.dispatched_at <= self.clock.after(-stale_seconds),
+                )
+            ).scalar_one()
+        return count
+
     def limits(self) -> dict[str, KindLimits]:
         with self._read() as conn:
             rows = conn.execute(select(L.kind, L.max_running, L.max_queued)).all()

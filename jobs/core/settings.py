@@ -16,6 +16,12 @@ from jobs.core.errors import SettingsError
 
 PREFIX = "JOBS_"
 
+QUEUE_TYPES = ("classic", "quorum")
+"""``JOBS_QUEUE_TYPE`` values. ``classic`` is the default because a queue's type is fixed
+when it is first declared: an existing deployment's ``jobs`` queue is classic, and a new
+default would make every upgraded worker's declare fail with ``PRECONDITION_FAILED``.
+Clusters should choose ``quorum`` (see deploy/README.md, "Quorum queues")."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -32,6 +38,7 @@ class Settings:
     retry_backoff_max_seconds: float = 300.0
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
+    queue_type: str = "classic"
     # Finished jobs older than this are deleted by the sweeper; None keeps them forever.
     retention_days: float | None = 14.0
     # The sweeper serves Prometheus metrics on this port when set (needs the metrics extra).
@@ -60,6 +67,7 @@ KNOWN = {
     "RETRY_BACKOFF_MAX_SECONDS",
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
+    "QUEUE_TYPE",
     "RETENTION_DAYS",
     "METRICS_PORT",
     # read by the test-suite and tools, not by the library:
@@ -151,6 +159,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         if not all(part.isidentifier() for part in name.split(".")):
             raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
     queue = env.get(PREFIX + "QUEUE") or "jobs"
+    queue_type = env.get(PREFIX + "QUEUE_TYPE") or "classic"
+    if queue_type not in QUEUE_TYPES:
+        raise SettingsError(
+            f"{PREFIX}QUEUE_TYPE={queue_type!r} must be one of: {', '.join(QUEUE_TYPES)}"
+        )
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -165,6 +178,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
+        queue_type=queue_type,
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),
     )

@@ -14,13 +14,17 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Engine,
+    Executable,
+    Float,
     Row,
+    bindparam,
     delete,
     exists,
     func,
@@ -36,6 +40,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from jobs.core import states
+from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import autocommit, retry_on_disconnect
 from jobs.core.errors import (
     AdmissionRefused,
@@ -84,6 +89,24 @@ def _uses_ctes(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
+Expression = Callable[[], ColumnElement[Any]]
+"""Makes a value's SQL expression afresh at each place a statement uses it."""
+
+# Named apart from the columns: SQLAlchemy reserves a column's own name for its SET value.
+_PARAM_TYPES: dict[str, Any] = {
+    "p_job_id": J.id.type,
+    "p_owner": J.owner.type,
+    "p_fence": J.fence.type,
+}
+
+
+def _param(name: str) -> ColumnElement[Any]:
+    """A new bound parameter object for ``name`` at each use: SQLAlchemy gives one object
+    used in several places of a CTE an anonymous name of its own, which a dict of values
+    no longer reaches."""
+    return bindparam(name, type_=_PARAM_TYPES[name])
+
+
 class JobStore(JobReader):
     """Every write to the job tables, plus the reads it inherits.
 
@@ -94,6 +117,19 @@ class JobStore(JobReader):
     write is one statement, sent in autocommit mode (no ``BEGIN``/``COMMIT`` round trips);
     writes of several statements (admission, limited claims) run in one transaction.
     """
+
+    def __init__(
+        self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576
+    ) -> None:
+        super().__init__(engine, clock, max_payload_bytes)
+        self._statements: dict[tuple[Any, ...], Executable] = {}
+
+    def _after_bound(self, name: str, seconds: float) -> ColumnElement[dt.datetime]:
+        """``seconds`` from now on the store's clock, as a bound parameter ``name`` when the
+        statement is reusable (the database's clock) and as the value itself otherwise."""
+        if isinstance(self.clock, DatabaseClock):
+            return self.clock.after(bindparam(name, type_=Float()))
+        return self.clock.after(seconds)
 
     # -- units of work -------------------------------------------------------------------
 
@@ -117,13 +153,31 @@ class JobStore(JobReader):
 
     def _fenced(self, claim: Claim) -> list[ColumnElement[bool]]:
         """The predicate every owner's write carries: still mine, still this claim, lease live."""
+        return self._fenced_on(claim.job_id, claim.owner, claim.fence)
+
+    def _fenced_on(self, job_id: Any, owner: Any, fence: Any) -> list[ColumnElement[bool]]:
+        """:meth:`_fenced` over values or bound parameters."""
         return [
-            J.id == claim.job_id,
-            J.owner == claim.owner,
-            J.fence == claim.fence,
+            J.id == job_id,
+            J.owner == owner,
+            J.fence == fence,
             J.state == State.RUNNING.value,
             J.lease_until > self.clock.now(),
         ]
+
+    # -- statements built once -------------------------------------------------------------
+
+    def _reusable(self, key: tuple[Any, ...], build: Callable[[], Executable]) -> Executable:
+        """The hot path's statements are built once per store with bound parameters and
+        executed with a dict of values: building a CTE and its cache key costs far more
+        Python than the statement costs PostgreSQL. Only on the database's clock: a logical
+        clock bakes its instants into the statement, so tests build afresh each time."""
+        if not isinstance(self.clock, DatabaseClock):
+            return build()
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = self._statements[key] = build()
+        return statement
 
     def _transition(
         self,
@@ -143,56 +197,27 @@ class JobStore(JobReader):
         """One compare-and-set of the job's state, its history row, and (for an owner's
         write) the steps it records with it: one statement on PostgreSQL, one transaction
         on SQLite. ``None`` when the WHERE clause matched no row (nothing was written)."""
-        allowed = states.sources_of(target)
-        if only_from is not None:
-            narrowed = tuple(only_from)
-            for source in narrowed:
-                states.check(source, target)
-            allowed = tuple(s for s in allowed if s in narrowed)
-        now = self.clock.now()
-        move = (
-            update(J)
-            .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
-            .values(previous_state=J.state, state=target.value, updated_at=now, **(values or {}))
-            .returning(*JOB_COLUMNS, J.previous_state, HAS_STEPS)
-        )
-        history = {
-            "to_state": target.value,
-            "reason": reason,
-            "approved_by": approved_by,
-        }
         if _uses_ctes(conn):
-            moved = move.cte("moved")
-            ctes = [
-                insert(TransitionRecord)
-                .from_select(
-                    [
-                        "job_id",
-                        "from_state",
-                        "to_state",
-                        "at",
-                        "owner",
-                        "fence",
-                        "reason",
-                        "approved_by",
-                    ],
-                    select(
-                        moved.c.id,
-                        moved.c.previous_state,
-                        literal(target.value, T.to_state.type),
-                        now,
-                        literal(owner, T.owner.type) if owner is not None else moved.c.owner,
-                        literal(fence, T.fence.type) if fence is not None else moved.c.fence,
-                        literal(reason, T.reason.type),
-                        literal(approved_by, T.approved_by.type),
-                    ),
-                )
-                .cte("history")
-            ]
-            if steps:
-                ctes.append(self._steps_from(moved, steps, owner, fence).cte("recorded"))
+            statement = self._transition_statement(
+                literal(job_id, J.id.type),
+                target,
+                only_from=only_from,
+                where=where,
+                values=values,
+                owner=None if owner is None else (lambda: literal(owner, T.owner.type)),
+                fence=None if fence is None else (lambda: literal(fence, T.fence.type)),
+                reason=literal(reason, T.reason.type),
+                approved_by=literal(approved_by, T.approved_by.type),
+                steps=[
+                    (literal(step.name, S.name.type), literal(step.output, S.output.type))
+                    for step in steps
+                ],
+            )
             with self._recording(job_id, steps):
-                return conn.execute(select(*moved.c).add_cte(*ctes)).one_or_none()
+                return conn.execute(statement).one_or_none()
+        now = self.clock.now()
+        move = self._move(job_id, target, only_from, where, values)
+        history = {"to_state": target.value, "reason": reason, "approved_by": approved_by}
         row = conn.execute(move).one_or_none()
         if row is None:
             return None
@@ -225,20 +250,113 @@ class JobStore(JobReader):
                 )
         return row
 
+    def _move(
+        self,
+        job_id: Any,
+        target: State,
+        only_from: Iterable[State] | None,
+        where: Sequence[ColumnElement[bool]],
+        values: dict[str, Any] | None,
+    ) -> Any:
+        """The compare-and-set UPDATE of a transition, allowed only from the table's sources
+        of ``target`` (narrowed by ``only_from``), returning the row as it is now."""
+        allowed = states.sources_of(target)
+        if only_from is not None:
+            narrowed = tuple(only_from)
+            for source in narrowed:
+                states.check(source, target)
+            allowed = tuple(s for s in allowed if s in narrowed)
+        return (
+            update(J)
+            .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
+            .values(
+                previous_state=J.state,
+                state=target.value,
+                updated_at=self.clock.now(),
+                **(values or {}),
+            )
+            .returning(*JOB_COLUMNS, J.previous_state, HAS_STEPS)
+        )
+
+    def _transition_statement(
+        self,
+        job_id: ColumnElement[str],
+        target: State,
+        *,
+        only_from: Iterable[State] | None = None,
+        where: Sequence[ColumnElement[bool]] = (),
+        values: dict[str, Any] | None = None,
+        owner: Expression | None = None,
+        fence: Expression | None = None,
+        reason: ColumnElement[str],
+        approved_by: ColumnElement[str],
+        steps: Sequence[tuple[ColumnElement[str], ColumnElement[Any]]] = (),
+    ) -> Executable:
+        """PostgreSQL: the move, its history row and the steps recorded with it as one
+        statement (``WITH moved AS (UPDATE …), history AS (INSERT … FROM moved) …``). Values
+        are SQL expressions: literals for a one-off, bound parameters for a reusable one."""
+        moved = self._move(job_id, target, only_from, where, values).cte("moved")
+        ctes = [
+            insert(TransitionRecord)
+            .from_select(
+                [
+                    "job_id",
+                    "from_state",
+                    "to_state",
+                    "at",
+                    "owner",
+                    "fence",
+                    "reason",
+                    "approved_by",
+                ],
+                select(
+                    moved.c.id,
+                    moved.c.previous_state,
+                    literal(target.value, T.to_state.type),
+                    self.clock.now(),
+                    moved.c.owner if owner is None else owner(),
+                    moved.c.fence if fence is None else fence(),
+                    reason,
+                    approved_by,
+                ),
+            )
+            .cte("history")
+        ]
+        if steps:
+            ctes.append(self._steps_insert(moved, steps, owner, fence).cte("recorded"))
+        return select(*moved.c).add_cte(*ctes)
+
     def _steps_from(
         self, source: Any, steps: Sequence[PendingStep], owner: str | None, fence: int | None
     ) -> Any:
         """INSERT the pending steps for the row ``source`` yields (none when it yields none)."""
+        return self._steps_insert(
+            source,
+            [
+                (literal(step.name, S.name.type), literal(step.output, S.output.type))
+                for step in steps
+            ],
+            None if owner is None else (lambda: literal(owner, S.owner.type)),
+            None if fence is None else (lambda: literal(fence, S.fence.type)),
+        )
+
+    def _steps_insert(
+        self,
+        source: Any,
+        steps: Sequence[tuple[ColumnElement[str], ColumnElement[Any]]],
+        owner: Expression | None,
+        fence: Expression | None,
+    ) -> Any:
         selects = [
             select(
                 source.c.id,
-                literal(step.name, S.name.type),
-                literal(step.output, S.output.type),
+                name,
+                output,
                 self.clock.now(),
-                literal(owner, S.owner.type),
-                literal(fence, S.fence.type),
+                source.c.owner if owner is None else owner(),
+                source.c.fence if fence is None else fence(),
             )
-            for step in steps
+            for name, output in steps
         ]
         rows = selects[0] if len(selects) == 1 else selects[0].union_all(*selects[1:])
         return insert(StepRecord).from_select(
@@ -297,23 +415,81 @@ class JobStore(JobReader):
     ) -> Job:
         def attempt() -> Job:
             with self._unit(None, one_statement=True) as conn:
-                row = self._transition(
-                    conn,
-                    claim.job_id,
-                    target,
-                    only_from=[State.RUNNING],
-                    where=self._fenced(claim),
-                    values=values,
-                    owner=claim.owner,
-                    fence=claim.fence,
-                    reason=reason,
-                    steps=steps,
-                )
+                if _uses_ctes(conn):
+                    statement, params = self._owner_move_statement(
+                        claim, target, values, reason, steps
+                    )
+                    with self._recording(claim.job_id, steps):
+                        row = conn.execute(statement, params).one_or_none()
+                else:
+                    row = self._transition(
+                        conn,
+                        claim.job_id,
+                        target,
+                        only_from=[State.RUNNING],
+                        where=self._fenced(claim),
+                        values=values,
+                        owner=claim.owner,
+                        fence=claim.fence,
+                        reason=reason,
+                        steps=steps,
+                    )
                 if row is None:
                     raise self._explain(conn, claim.job_id, target, claim)
                 return Job.from_row(row)
 
         return retry_on_disconnect(attempt)
+
+    def _owner_move_statement(
+        self,
+        claim: Claim,
+        target: State,
+        values: dict[str, Any],
+        reason: str | None,
+        steps: Sequence[PendingStep],
+    ) -> tuple[Executable, dict[str, Any]]:
+        """The reusable statement of an owner's move and the values to run it with: every
+        plain value a bound parameter, SQL expressions (the clock, ``attempts - 1``) inline."""
+        params: dict[str, Any] = {
+            "p_job_id": claim.job_id,
+            "p_owner": claim.owner,
+            "p_fence": claim.fence,
+            "reason": reason,
+        }
+        for name, value in values.items():
+            if not isinstance(value, ColumnElement):
+                params[f"v_{name}"] = value
+        for index, step in enumerate(steps):
+            params[f"step_name_{index}"] = step.name
+            params[f"step_output_{index}"] = step.output
+        shape = tuple((name, isinstance(values[name], ColumnElement)) for name in sorted(values))
+
+        def build() -> Executable:
+            return self._transition_statement(
+                _param("p_job_id"),
+                target,
+                only_from=[State.RUNNING],
+                where=self._fenced_on(_param("p_job_id"), _param("p_owner"), _param("p_fence")),
+                values={
+                    name: value
+                    if isinstance(value, ColumnElement)
+                    else bindparam(f"v_{name}", type_=J.__table__.c[name].type)
+                    for name, value in values.items()
+                },
+                owner=lambda: _param("p_owner"),
+                fence=lambda: _param("p_fence"),
+                reason=bindparam("reason", type_=T.reason.type),
+                approved_by=literal(None, T.approved_by.type),
+                steps=[
+                    (
+                        bindparam(f"step_name_{index}", type_=S.name.type),
+                        bindparam(f"step_output_{index}", type_=S.output.type),
+                    )
+                    for index in range(len(steps))
+                ],
+            )
+
+        return self._reusable(("move", target, shape, len(steps)), build), params
 
     # -- submit --------------------------------------------------------------------------
 
@@ -453,34 +629,51 @@ class JobStore(JobReader):
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
         or the ID exists): the caller then takes the transactional path, which says which."""
         table = J.__table__.c
-        limited = select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
-        source = select(
-            *[
-                value if isinstance(value, ColumnElement) else literal(value, table[name].type)
-                for name, value in values.items()
-            ]
-        ).where(~exists(limited))
-        created = (
-            postgresql.insert(J)
-            .from_select(list(values), source)
-            .on_conflict_do_nothing()
-            .returning(*JOB_COLUMNS)
-            .cte("created")
-        )
-        history = (
-            insert(TransitionRecord)
-            .from_select(
-                ["job_id", "to_state", "at", "reason"],
-                select(
-                    created.c.id,
-                    literal(State.QUEUED.value, T.to_state.type),
-                    created.c.created_at,
-                    literal("submitted", T.reason.type),
-                ),
+        # A delayed job's due time is an expression with its delay inside: built afresh.
+        reusable = values["dispatched_at"] is not None
+        params = {
+            f"c_{name}": value
+            for name, value in values.items()
+            if not isinstance(value, ColumnElement)
+        }
+
+        def build() -> Executable:
+            limited = select(L.kind).where(
+                L.kind == bindparam("c_kind", type_=table.kind.type), L.max_queued.is_not(None)
             )
-            .cte("history")
-        )
-        return conn.execute(select(*created.c).add_cte(history)).one_or_none()
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else bindparam(f"c_{name}", type_=table[name].type)
+                    for name, value in values.items()
+                ]
+            ).where(~exists(limited))
+            created = (
+                postgresql.insert(J)
+                .from_select(list(values), source)
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS)
+                .cte("created")
+            )
+            history = (
+                insert(TransitionRecord)
+                .from_select(
+                    ["job_id", "to_state", "at", "reason"],
+                    select(
+                        created.c.id,
+                        literal(State.QUEUED.value, T.to_state.type),
+                        created.c.created_at,
+                        literal("submitted", T.reason.type),
+                    ),
+                )
+                .cte("history")
+            )
+            return select(*created.c).add_cte(history)
+
+        key = ("create", tuple(values), tuple(name in params for name in values))
+        statement = self._reusable(key, build) if reusable else build()
+        return conn.execute(statement, params).one_or_none()
 
     # -- backpressure --------------------------------------------------------------------
 
@@ -616,19 +809,38 @@ class JobStore(JobReader):
         }
 
         def unlimited() -> Row[Any] | None:
-            no_running_limit = ~exists(
-                select(L.kind).where(L.kind == J.kind, L.max_running.is_not(None))
-            )
-            with self._unit(None, one_statement=True) as conn:
-                return self._transition(
-                    conn,
-                    job_id,
+            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+
+            def build() -> Executable:
+                no_running_limit = ~exists(
+                    select(L.kind).where(L.kind == J.kind, L.max_running.is_not(None))
+                )
+                return self._transition_statement(
+                    _param("p_job_id"),
                     State.RUNNING,
                     where=[*where, no_running_limit],
-                    values=values,
-                    owner=owner,
-                    reason="claimed",
+                    values={
+                        "owner": _param("p_owner"),
+                        "fence": J.fence + 1,
+                        "lease_until": self._after_bound("lease", lease_seconds),
+                        "attempts": J.attempts + 1,
+                        "liveness_key": bindparam("key", type_=J.liveness_key.type),
+                    },
+                    owner=lambda: _param("p_owner"),
+                    reason=literal("claimed", T.reason.type),
+                    approved_by=literal(None, T.approved_by.type),
                 )
+
+            key = ("claim", None if kinds is None else tuple(kinds))
+            statement = self._reusable(key, build)
+            params = {
+                "p_job_id": job_id,
+                "p_owner": owner,
+                "lease": float(lease_seconds),
+                "key": liveness_key,
+            }
+            with self._unit(None, one_statement=True) as conn:
+                return conn.execute(statement, params).one_or_none()
 
         if self.engine.dialect.name == "postgresql":
             row = retry_on_disconnect(unlimited)
@@ -637,6 +849,8 @@ class JobStore(JobReader):
         with self.engine.begin() as conn:
             limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
             max_running = None if limits is None else limits.max_running
+            if max_running is None and self.engine.dialect.name == "postgresql":
+                return None  # the statement above already tried this claim without a limit
             limited = [] if max_running is None else [self._running_of_kind() < max_running]
             row = self._transition(
                 conn,
@@ -717,12 +931,38 @@ class JobStore(JobReader):
         the claim still owns it."""
         if not steps:
             return
-        owned = select(J.id).where(*self._fenced(claim)).subquery("owned")
-        stmt = self._steps_from(owned, steps, claim.owner, claim.fence).returning(StepRecord.job_id)
+        params: dict[str, Any] = {
+            "p_job_id": claim.job_id,
+            "p_owner": claim.owner,
+            "p_fence": claim.fence,
+        }
+        for index, step in enumerate(steps):
+            params[f"step_name_{index}"] = step.name
+            params[f"step_output_{index}"] = step.output
+
+        def build() -> Executable:
+            owned = (
+                select(J.id)
+                .where(*self._fenced_on(_param("p_job_id"), _param("p_owner"), _param("p_fence")))
+                .subquery("owned")
+            )
+            named = [
+                (
+                    bindparam(f"step_name_{index}", type_=S.name.type),
+                    bindparam(f"step_output_{index}", type_=S.output.type),
+                )
+                for index in range(len(steps))
+            ]
+            insert_steps: Executable = self._steps_insert(
+                owned, named, lambda: _param("p_owner"), lambda: _param("p_fence")
+            ).returning(StepRecord.job_id)
+            return insert_steps
+
+        statement = self._reusable(("record", len(steps)), build)
 
         def attempt() -> None:
             with self._unit(None, one_statement=True) as conn, self._recording(claim.job_id, steps):
-                if not conn.execute(stmt).first():
+                if not conn.execute(statement, params).first():
                     raise self._explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
@@ -1009,29 +1249,40 @@ class JobStore(JobReader):
                 moved.append(job)
         return moved
 
-    def due_for_dispatch(self, stale_seconds: float, limit: int = 100) -> list[str]:
+    def due_for_dispatch(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[str]:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost). Marks them
-        dispatched now, in the same statement, so concurrent sweepers do not both send."""
+        dispatched now, in the same statement, so concurrent sweepers do not both send.
+        ``stale_limit`` caps the second kind: the caller may know that most of those
+        doorbells are still waiting in the broker's queue behind a backlog."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        unsent = [
-            J.state == State.QUEUED.value,
-            or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+        queued_and_due = [J.state == State.QUEUED.value, J.run_after <= now]
+        kinds_of_unsent: list[tuple[ColumnElement[bool], int]] = [
+            (J.dispatched_at.is_(None), limit)
         ]
+        stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
+        if stale_take:
+            kinds_of_unsent.append((J.dispatched_at <= stale, stale_take))
         with self.engine.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(J.id)
-                    .where(*unsent, J.run_after <= now)
-                    .order_by(J.run_after)
-                    .limit(limit)
+            ids: list[str] = []
+            for unsent, take in kinds_of_unsent:
+                ids += conn.execute(
+                    select(J.id).where(*queued_and_due, unsent).order_by(J.run_after).limit(take)
                 ).scalars()
-            )
             if not ids:
                 return []
             marked = conn.execute(
-                update(J).where(J.id.in_(ids), *unsent).values(dispatched_at=now).returning(J.id)
+                update(J)
+                .where(
+                    J.id.in_(ids),
+                    J.state == State.QUEUED.value,
+                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                )
+                .values(dispatched_at=now)
+                .returning(J.id)
             ).scalars()
             return sorted(marked)
 

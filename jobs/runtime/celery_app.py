@@ -13,6 +13,12 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 - ``confirm_publish`` (AMQP): a publish returns only once RabbitMQ has the message.
 - JSON only: pickle is refused on both sides.
 - task events on: Flower sees every delivery and its outcome.
+- the queue is declared by :func:`task_queue` with ``JOBS_QUEUE_TYPE`` and the same
+  arguments in every process that builds its app here (workers, sweepers, submitters,
+  Flower): RabbitMQ refuses a declare whose arguments differ from the queue's.
+- ``broker_channel_error_retry`` and ``worker_consumer``: a broker-side error (queue's
+  node down, inequivalent declare, refused permission) pauses and retries instead of
+  stopping the worker (see jobs/runtime/broker_errors.py).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import multiprocessing
 from typing import Any
 
 from celery import Celery, current_app, signals
+from kombu.entity import Queue
 
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
@@ -29,6 +36,34 @@ from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
+
+QUORUM_DELIVERY_LIMIT = 20
+"""``x-delivery-limit`` of a quorum queue: a doorbell delivered this many times without an
+acknowledgement (each time its consumer died or lost its channel) is dropped by RabbitMQ,
+so a message that kills whatever consumes it cannot crash-loop the workers. Ordinary
+redeliveries (a killed worker, a reconnect) are far fewer; a hand-back publishes a new
+message. A dropped doorbell loses no job: the sweeper rings again after
+``JOBS_REDISPATCH_AFTER_SECONDS``, and the job's attempts in the database decide when it is
+poison. 20 is RabbitMQ 4.0's default."""
+
+
+def queue_arguments(settings: Settings) -> dict[str, Any] | None:
+    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE`` (None: classic)."""
+    if settings.queue_type == "quorum":
+        return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
+    return None
+
+
+def task_queue(settings: Settings) -> Queue:
+    """The jobs queue exactly as every process declares it (durable, direct exchange of the
+    same name, as Celery declares its default queue)."""
+    return Queue(  # type: ignore[no-untyped-call]
+        settings.queue,
+        exchange=settings.queue,
+        routing_key=settings.queue,
+        queue_arguments=queue_arguments(settings),
+        durable=True,
+    )
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -48,6 +83,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_default_queue": settings.queue,
+        "task_queues": [task_queue(settings)],
+        "worker_consumer": "jobs.runtime.broker_errors:RetryingConsumer",
+        "broker_channel_error_retry": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": True,
         "enable_utc": True,

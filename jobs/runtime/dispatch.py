@@ -47,6 +47,19 @@ class CeleryPublisher:
         else:
             self._publish_confirmed(job_ids)
 
+    def waiting(self) -> int | None:
+        """Doorbells ready in the queue (not yet delivered to a worker); ``None`` when the
+        broker cannot say (the queue does not exist, the broker is unreachable)."""
+        try:
+            with self.app.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=1)
+                declared = connection.default_channel.queue_declare(
+                    queue=self.settings.queue, passive=True
+                )
+                return int(declared.message_count)
+        except Exception:  # only a hint: the sweeper then re-sends as if none were waiting
+            return None
+
     def _publish_confirmed(self, job_ids: Sequence[str]) -> None:
         """A batch on RabbitMQ: every message published on a fresh confirm-mode channel, then
         all confirmations awaited together (one wait for the batch instead of one round

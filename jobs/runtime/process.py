@@ -178,6 +178,11 @@ class ProcessRuntime:
             return False
         return True
 
+    def waiting_doorbells(self) -> int | None:
+        """How many doorbells wait in the broker's queue, if the doorbell can tell."""
+        counter = getattr(self.dispatcher, "waiting", None)
+        return counter() if callable(counter) else None
+
     # -- life cycle --------------------------------------------------------------------
 
     def close(self) -> None:

@@ -9,6 +9,11 @@ seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It the
 and (5) deletes a few batches of finished jobs past ``JOBS_RETENTION_DAYS``. Every move is
 a fenced compare-and-set and every tick a deterministic job ID, so any number of sweepers
 may run at once. Recoveries are counted by cause in the database for the metrics.
+
+On RabbitMQ a :class:`~jobs.runtime.queue_watch.QueueWatch` also looks at the queue each
+pass: when it was gone (declared again now) or served again after its node was down, the
+doorbells it held may be lost, so every due QUEUED job is rung again at once instead of
+after the re-dispatch delay.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
@@ -25,6 +31,7 @@ from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
 from jobs.runtime.periodic import fire_due_ticks
+from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 
 log = logging.getLogger("jobs.sweeper")
 
@@ -56,18 +63,55 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
         store.count_event(event, kind, amount)
 
 
+def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> list[str]:
+    """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
+    that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
+    dispatched before this call started are taken, so the loop ends."""
+    started = time.monotonic()
+    taken: set[str] = set()
+    dispatched: list[str] = []
+    while True:
+        since_start = max(time.monotonic() - started, 1e-6)
+        batch = [job_id for job_id in store.due_for_dispatch(since_start) if job_id not in taken]
+        if not batch:
+            return dispatched
+        taken.update(batch)
+        if publish(batch):
+            dispatched += batch
+
+
 def sweep_once(
-    store: JobStore, settings: Settings, publish: Callable[[Sequence[str]], bool]
+    store: JobStore,
+    settings: Settings,
+    publish: Callable[[Sequence[str]], bool],
+    waiting: Callable[[], int | None] = lambda: None,
+    watch: QueueWatch | None = None,
 ) -> SweepReport:
     """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids)``
-    rings a batch of doorbells and says whether it could."""
+    rings a batch of doorbells and says whether it could;
+    ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
+
+    A doorbell published long ago and still unclaimed is either lost or waiting behind a
+    backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
+    as the queue is short of: with 5,000 doorbells ready in the queue, a backlog of 5,000
+    slow jobs is not published a second time, while lost ones are re-sent once it drains.
+
+    With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
+    doorbell it held: then every due one is rung at once, however recently it was sent."""
     dead = rescue_dead_owners(store)
     expired = store.sweep_expired()
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
     stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
-    due = store.due_for_dispatch(settings.redispatch_after_seconds)
-    dispatched = due if due and publish(due) else []
+    health = watch.check() if watch is not None else QueueHealth.OK
+    dispatched = ring_all_due(store, publish) if health.ring_all else []
+    stale_limit = None
+    ready = waiting()
+    if ready is not None:
+        stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
+    due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
+    if due and publish(due):
+        dispatched += due
     lost = [job_id for job_id in dispatched if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
     ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
@@ -101,6 +145,8 @@ def run_forever(
     settings: Settings,
     publish: Callable[[Sequence[str]], bool],
     stop: threading.Event | None = None,
+    waiting: Callable[[], int | None] = lambda: None,
+    watch: QueueWatch | None = None,
 ) -> None:
     stop = stop or threading.Event()
 
@@ -118,7 +164,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish)
+            report = sweep_once(store, settings, publish, waiting, watch)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass

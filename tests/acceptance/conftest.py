@@ -9,7 +9,10 @@ the fixture's teardown however the test ends; when a test fails, the logs of eve
 process it started are printed.
 
 Tests pick backends with ``@pytest.mark.parametrize("stack", BOTH, indirect=True)``
-(or ``PG_RABBITMQ`` / ``EMBEDDED``).
+(or ``PG_RABBITMQ`` / ``EMBEDDED``). ``PG_RABBIT_CLUSTER`` runs the stack against a
+private 3-node RabbitMQ cluster started once per session (``rabbit_cluster``, see
+tests/acceptance/rabbit_cluster.py) through a failover URL list; the ``cluster`` fixture
+gives a test that cluster with every node running (restarted, or a fresh one joined).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from jobs.core.settings import reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
 from jobs.runtime import process
+from tests.acceptance.rabbit_cluster import RABBITMQ_BIN, RabbitCluster
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
 T = TypeVar("T")
@@ -51,6 +55,11 @@ PG_RABBITMQ = pytest.param(
 )
 EMBEDDED = pytest.param("embedded", marks=[pytest.mark.acceptance], id="embedded")
 BOTH = [PG_RABBITMQ, EMBEDDED]
+PG_RABBIT_CLUSTER = pytest.param(
+    "pg-rabbit-cluster",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbit_cluster],
+    id="pg-rabbit-cluster",
+)
 
 FINISHED = (State.COMPLETED, State.FAILED, State.CANCELLED)
 
@@ -148,6 +157,28 @@ def wait_for_amqp(url: str, timeout: float) -> None:
     raise AssertionError(f"RabbitMQ did not accept connections within {timeout:.0f}s: {last}")
 
 
+@pytest.fixture(scope="session")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """A private 3-node RabbitMQ cluster for the whole session (about 35 s to start)."""
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        service_unavailable("RabbitMQ cluster", FileNotFoundError(RABBITMQ_BIN))
+    cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbit-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
+    """The session's cluster with all three nodes running: a node an earlier test stopped
+    is restarted (or a fresh one joined) before the test, not after, so the session's last
+    test does not pay for a repair nobody needs."""
+    rabbit_cluster.heal()
+    return rabbit_cluster
+
+
 # -- polling ------------------------------------------------------------------------------
 
 
@@ -238,6 +269,7 @@ class Stack:
     monkeypatch: pytest.MonkeyPatch
     database_url: str
     procs: list[Proc] = field(default_factory=list)
+    cluster: RabbitCluster | None = None
 
     def __post_init__(self) -> None:
         self._apply()
@@ -247,6 +279,10 @@ class Stack:
     @property
     def rabbitmq(self) -> bool:
         return self.backend == "pg-rabbitmq"
+
+    @property
+    def amqp(self) -> bool:
+        return self.backend in ("pg-rabbitmq", "pg-rabbit-cluster")
 
     @property
     def queue(self) -> str:
@@ -405,6 +441,9 @@ class Stack:
 
     def queue_depth(self) -> tuple[int, int]:
         """(ready, unacknowledged) messages in this stack's queue."""
+        if self.cluster is not None:
+            info = self.cluster.queue_info(self.queue)
+            return (int(info["ready"]), int(info["unacked"])) if info else (0, 0)
         if self.rabbitmq:
             depth = rabbit_queue_depth(self.queue)
             return depth if depth is not None else (0, 0)
@@ -501,8 +540,10 @@ def stack(
     request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     backend = getattr(request, "param", None)
-    if backend not in ("pg-rabbitmq", "embedded"):
-        raise RuntimeError("parametrize 'stack' indirectly with BOTH, PG_RABBITMQ or EMBEDDED")
+    if backend not in ("pg-rabbitmq", "pg-rabbit-cluster", "embedded"):
+        raise RuntimeError(
+            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER or EMBEDDED"
+        )
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
     env.update(
@@ -517,15 +558,20 @@ def stack(
     )
     admin: Engine | None = None
     broker = ""
-    if backend == "pg-rabbitmq":
+    if backend in ("pg-rabbitmq", "pg-rabbit-cluster"):
         admin = request.getfixturevalue("pg_admin")
-        broker = request.getfixturevalue("amqp_url")
+        if backend == "pg-rabbitmq":
+            broker = request.getfixturevalue("amqp_url")
+        else:
+            broker = request.getfixturevalue("cluster").urls
         database_url = _create_database(admin)
         env["JOBS_DATABASE_URL"] = database_url
         env["JOBS_BROKER_URL"] = broker
     else:
         database_url = f"sqlite:///{root / 'data' / 'jobs.sqlite3'}"
     world = Stack(backend, root, env, monkeypatch, database_url)
+    if backend == "pg-rabbit-cluster":
+        world.cluster = request.getfixturevalue("cluster")
     try:
         yield world
     finally:

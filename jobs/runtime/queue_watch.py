@@ -1,0 +1,136 @@
+"""The sweeper's look at the jobs queue: is it there, and did it lose its doorbells?
+
+A RabbitMQ node lost for good takes its classic queues' messages with it: the queue stays
+listed but refuses every declare (``NOT_FOUND - home node … is down``) until an operator
+runs ``rabbitmqctl forget_cluster_node``, which removes it. Until then, and after it,
+the jobs are safe in the database, but their doorbells are gone, and the sweeper would
+only ring again after ``JOBS_REDISPATCH_AFTER_SECONDS``.
+
+:class:`QueueWatch` asks the broker about the queue once per sweeper pass (a passive
+declare on a fresh channel: one round trip). It reports
+
+- ``GONE_NOW_DECLARED``: the queue did not exist, so the watch declared it (on whichever
+  node its connection reached, with the same arguments as every other process) and every
+  due doorbell must be rung again at once;
+- ``BACK``: the queue refused declares at an earlier pass (its node was down) and serves
+  again; messages published meanwhile may be lost, so every due doorbell is rung again at
+  once (a duplicate doorbell is harmless: its claim fails and it is dropped);
+- ``UNAVAILABLE``: the queue exists but cannot be used now (its node is down);
+- ``UNREACHABLE``: no broker node answered; nothing is concluded;
+- ``OK``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+from jobs.core.settings import Settings
+
+log = logging.getLogger("jobs.sweeper")
+
+
+class QueueHealth(enum.Enum):
+    """What one :meth:`QueueWatch.check` found (see the module's docstring)."""
+
+    OK = "ok"
+    GONE_NOW_DECLARED = "gone, declared again"
+    BACK = "serving again after it was unavailable"
+    UNAVAILABLE = "unavailable"
+    UNREACHABLE = "broker unreachable"
+
+    @property
+    def ring_all(self) -> bool:
+        """Doorbells may have been lost: re-publish every due QUEUED job now."""
+        return self in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK)
+
+
+class QueueWatch:
+    """One per sweeper process; :meth:`check` once per pass. Needs an AMQP broker."""
+
+    def __init__(self, settings: Settings, connect_timeout: float = 3.0) -> None:
+        self.settings = settings
+        self.connect_timeout = connect_timeout
+        self._connection: Any = None
+        self._was_unavailable = False
+
+    def _connect(self) -> Any:
+        from kombu.connection import Connection  # noqa: PLC0415 - only where a broker is used
+
+        if self._connection is None:
+            self._connection = Connection(  # type: ignore[no-untyped-call]
+                self.settings.broker_url,
+                connect_timeout=self.connect_timeout,
+                transport_options={"confirm_publish": True},
+            )
+        self._connection.ensure_connection(max_retries=len(self._urls()))
+        return self._connection
+
+    def _urls(self) -> list[str]:
+        return [url for url in self.settings.broker_url.split(";") if url.strip()]
+
+    def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception as err:  # a dead socket may fail to close: it is gone anyway
+                log.debug("sweeper: closing the broker connection failed: %s", err)
+
+    def check(self) -> QueueHealth:
+        """Ask the broker about the queue once (declaring it if it is gone); never raises."""
+        from jobs.runtime.celery_app import task_queue  # noqa: PLC0415 - the one declaration
+
+        try:
+            connection = self._connect()
+        except Exception as err:
+            log.warning("sweeper: no broker node reachable for the queue check: %s", err)
+            self._drop_connection()
+            return QueueHealth.UNREACHABLE
+        queue = task_queue(self.settings)
+        try:
+            with connection.channel() as channel:
+                queue.bind(channel).queue_declare(passive=True)  # type: ignore[no-untyped-call]
+        except connection.channel_errors as err:
+            text = str(getattr(err, "reply_text", "") or err)
+            if getattr(err, "reply_code", None) != 404 or "home node" in text:
+                if not self._was_unavailable:
+                    log.warning("sweeper: queue %r is unavailable: %s", queue.name, text)
+                self._was_unavailable = True
+                return QueueHealth.UNAVAILABLE
+            return self._declare(queue, text)
+        except connection.connection_errors as err:
+            log.warning("sweeper: broker connection lost during the queue check: %s", err)
+            self._drop_connection()
+            return QueueHealth.UNREACHABLE
+        if self._was_unavailable:
+            self._was_unavailable = False
+            log.warning(
+                "sweeper: queue %r serves again; ringing every due job's doorbell", queue.name
+            )
+            return QueueHealth.BACK
+        return QueueHealth.OK
+
+    def _declare(self, queue: Any, why: str) -> QueueHealth:
+        connection = self._connection
+        try:
+            with connection.channel() as channel:
+                queue.bind(channel).declare()
+        except Exception as err:
+            log.warning(
+                "sweeper: queue %r is gone (%s) and declaring it failed: %s", queue.name, why, err
+            )
+            self._was_unavailable = True
+            return QueueHealth.UNAVAILABLE
+        self._was_unavailable = False
+        log.warning(
+            "sweeper: queue %r was gone (%s); declared it again, ringing every due job's doorbell",
+            queue.name,
+            why,
+        )
+        return QueueHealth.GONE_NOW_DECLARED
+
+    def close(self) -> None:
+        """Close the watch's broker connection (the sweeper is stopping)."""
+        self._drop_connection()

@@ -1,0 +1,252 @@
+"""JOBS_QUEUE_TYPE, the one queue declaration, the retrying consumer and the sweeper's
+queue watch (issue 10). The cluster scenarios are in tests/acceptance/test_rabbit_cluster.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from amqp.exceptions import NotFound
+from kombu import Connection
+
+from jobs.core.clock import LogicalClock
+from jobs.core.errors import SettingsError
+from jobs.core.settings import QUEUE_TYPES, Settings, from_env
+from jobs.core.store import JobStore
+from jobs.runtime import broker_errors
+from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
+from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
+from jobs.runtime.queue_watch import QueueHealth, QueueWatch
+from jobs.runtime.sweeper import ring_all_due, sweep_once
+from tests.conftest import AMQP_URL, service_unavailable
+
+QUORUM = {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
+
+
+def settings_with(**env: str) -> Settings:
+    return from_env({"JOBS_DATA_DIR": "/tmp/jobs-queue-type", **env})
+
+
+def test_queue_type_defaults_to_classic_and_accepts_quorum() -> None:
+    assert settings_with().queue_type == "classic"
+    assert settings_with(JOBS_QUEUE_TYPE="quorum").queue_type == "quorum"
+    assert QUEUE_TYPES == ("classic", "quorum")
+
+
+@pytest.mark.parametrize("value", ["Quorum", "stream", "mirrored", " quorum"])
+def test_bad_queue_type_names_the_variable_and_the_choices(value: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        settings_with(JOBS_QUEUE_TYPE=value)
+    assert str(refused.value) == (f"JOBS_QUEUE_TYPE={value!r} must be one of: classic, quorum")
+
+
+@pytest.mark.parametrize(("queue_type", "arguments"), [("classic", None), ("quorum", QUORUM)])
+def test_every_process_declares_the_same_queue(
+    queue_type: str, arguments: dict[str, object] | None
+) -> None:
+    """Workers (``-Q``), submitters (``send_task(queue=…)``), the sweeper and Flower all
+    take the queue from the app that ``celery_config()`` configures."""
+    settings = settings_with(
+        JOBS_QUEUE_TYPE=queue_type, JOBS_BROKER_URL="amqp://guest@127.0.0.1:1//"
+    )
+    config = celery_config(settings)
+    (queue,) = config["task_queues"]
+    assert queue.name == settings.queue
+    assert queue.queue_arguments == arguments
+    assert queue.durable
+    assert queue.exchange.name == settings.queue
+    assert queue.exchange.type == "direct"
+    assert queue.routing_key == settings.queue
+    app = make_app(settings)
+    # what a worker started with ``-Q jobs`` and a publisher routing to "jobs" both use
+    assert app.amqp.queues[settings.queue].queue_arguments == arguments
+    app.amqp.queues.select([settings.queue])  # what ``celery worker -Q jobs`` does
+    assert app.amqp.queues.consume_from[settings.queue].queue_arguments == arguments
+    assert app.conf.worker_consumer == "jobs.runtime.broker_errors:RetryingConsumer"
+    assert app.conf.broker_channel_error_retry is True
+
+
+def test_consumer_leaves_out_native_delayed_delivery() -> None:
+    steps = RetryingConsumer.Blueprint.default_steps
+    assert "celery.worker.consumer.delayed_delivery:DelayedDelivery" not in steps
+    assert "celery.worker.consumer.tasks:Tasks" in steps
+    assert steps[-1] == "jobs.runtime.broker_errors:ConsumingResumed"
+
+
+def test_pause_doubles_to_the_longest_and_starts_over() -> None:
+    pause = BrokerPause()
+    assert [pause.next_seconds() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert pause.errors_in_a_row == 6
+    pause.reset()
+    assert pause.next_seconds() == broker_errors.FIRST_PAUSE_SECONDS
+
+
+def test_celerys_lines_are_hidden_only_while_a_channel_error_is_handled() -> None:
+    quiet = _QuietRetry()
+
+    def record(msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord(
+            "celery.worker.consumer.consumer", logging.WARNING, __file__, 1, msg, args, None
+        )
+
+    lost = record("%s (%r)", broker_errors.CONNECTION_RETRY, NotFound("NOT_FOUND - x"))
+    prefetch = record("Skipping prefetch count reduction after connection restart")
+    cancelled = record("Task %r cancelled", "jobs.run")
+    assert all(quiet.filter(r) for r in (lost, prefetch, cancelled))
+    quiet.active = True
+    assert not quiet.filter(lost)
+    assert not quiet.filter(prefetch)
+    assert quiet.filter(cancelled)
+    assert broker_errors.describe(NotFound("NOT_FOUND - no queue 'q'")) == (
+        "NOT_FOUND - no queue 'q'"
+    )
+
+
+def _queued(store: JobStore, count: int) -> list[str]:
+    ids = [f"q-{n}" for n in range(count)]
+    for job_id in ids:
+        store.create("kind", {}, job_id=job_id, max_attempts=1)
+    return ids
+
+
+def test_ring_all_due_publishes_every_due_job_once_however_recent(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """After a queue was lost, even doorbells sent a second ago are rung again; 250 jobs
+    take three batches of the store's 100, and the loop ends."""
+    ids = _queued(store, 250)
+    clock.advance(1)
+    assert store.due_for_dispatch(30) == []  # sent at submit: the normal pass waits 30 s
+    published: list[str] = []
+    rung = ring_all_due(store, lambda job_ids: published.extend(job_ids) or True)
+    assert sorted(rung) == sorted(ids)
+    assert sorted(published) == sorted(ids)
+    assert ring_all_due(store, lambda _job_ids: True) == []  # rung at this instant already
+
+
+class FakeWatch:
+    def __init__(self, health: QueueHealth) -> None:
+        self.health = health
+
+    def check(self) -> QueueHealth:
+        return self.health
+
+
+@pytest.mark.parametrize("health", list(QueueHealth))
+def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
+    store: JobStore, clock: LogicalClock, health: QueueHealth
+) -> None:
+    ids = sorted(_queued(store, 3))
+    clock.advance(1)  # sent at submit, a second ago
+    settings = settings_with()
+    report = sweep_once(store, settings, lambda _job_ids: True, watch=FakeWatch(health))  # type: ignore[arg-type]
+    expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
+    assert sorted(report.dispatched) == expected
+
+
+# -- the watch against the real broker (a private queue on the shared node) --------------
+
+
+@pytest.fixture
+def amqp_settings() -> Iterator[Settings]:
+    try:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as err:
+        service_unavailable("RabbitMQ", err)
+    settings = settings_with(
+        JOBS_BROKER_URL=AMQP_URL,
+        JOBS_QUEUE=f"watch-{uuid.uuid4().hex[:10]}",
+        JOBS_QUEUE_TYPE="quorum",
+    )
+    yield settings
+    with Connection(AMQP_URL) as conn:
+        conn.default_channel.queue_delete(settings.queue)
+        conn.default_channel.exchange_delete(settings.queue)
+
+
+@pytest.mark.rabbitmq
+def test_watch_declares_a_gone_queue_with_the_configured_type(amqp_settings: Settings) -> None:
+    watch = QueueWatch(amqp_settings)
+    try:
+        assert watch.check() is QueueHealth.GONE_NOW_DECLARED  # never declared yet
+        assert watch.check() is QueueHealth.OK
+        with Connection(AMQP_URL) as conn:
+            conn.default_channel.queue_delete(amqp_settings.queue)
+        assert watch.check() is QueueHealth.GONE_NOW_DECLARED
+        with Connection(AMQP_URL) as conn:
+            # declaring it classic now is refused: the watch made it a quorum queue
+            channel = conn.channel()
+            with pytest.raises(Exception, match="inequivalent arg 'x-queue-type'"):
+                channel.queue_declare(amqp_settings.queue, durable=True, auto_delete=False)
+    finally:
+        watch.close()
+
+
+def test_watch_concludes_nothing_when_no_broker_answers() -> None:
+    settings = settings_with(JOBS_BROKER_URL="amqp://guest:guest@127.0.0.1:1//")
+    watch = QueueWatch(settings, connect_timeout=0.5)
+    assert watch.check() is QueueHealth.UNREACHABLE
+    assert not QueueHealth.UNREACHABLE.ring_all
+    watch.close()
+
+
+# -- the docs tell the same story as the code ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_docs_match_the_queue_settings() -> None:
+    deploy = (ROOT / "deploy" / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "made by the Celery configuration in\n  `jobs.celery_app`" not in deploy
+    assert "`JOBS_QUEUE_TYPE=quorum`" in deploy
+    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in deploy
+    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in readme
+    default = Settings.__dataclass_fields__["queue_type"].default
+    assert f"| `JOBS_QUEUE_TYPE` | `{default}` |" in readme
+    assert f"**The default is `{default}`**" in deploy
+    first, longest = broker_errors.FIRST_PAUSE_SECONDS, broker_errors.LONGEST_PAUSE_SECONDS
+    assert f"retrying in {first}s (error 1 in a row)" in deploy
+    assert f"doubling to {longest:g} s" in deploy
+    assert f"doubling from {first:g} s to {longest:g} s" in readme
+    sizing = (ROOT / "deploy" / "SIZING.md").read_text()
+    assert "SWEEPER_TABLE" not in sizing
+    assert "python -m bench.sizing" in sizing
+
+
+@pytest.mark.rabbitmq
+def test_quorum_delivery_limit_drops_a_message_that_keeps_coming_back(
+    amqp_settings: Settings,
+) -> None:
+    """The second guard against a message that kills its consumers: RabbitMQ drops a
+    doorbell returned ``QUORUM_DELIVERY_LIMIT`` times (here by reject-and-requeue, as a
+    consumer that dies does) instead of delivering it for ever."""
+    with Connection(AMQP_URL) as conn:
+        channel = conn.channel()
+        queue = make_app(amqp_settings).amqp.queues[amqp_settings.queue].bind(channel)
+        queue.declare()
+        channel.basic_publish(
+            channel.prepare_message(b"poison"), exchange="", routing_key=amqp_settings.queue
+        )
+        deliveries = 0
+        while message := _get_soon(queue):
+            deliveries += 1
+            assert deliveries <= QUORUM_DELIVERY_LIMIT + 1, "never dropped"
+            message.reject(requeue=True)
+        assert deliveries == QUORUM_DELIVERY_LIMIT + 1
+
+
+def _get_soon(queue: Any, tries: int = 20) -> Any:
+    """The next message, allowing a requeued one a moment to come back."""
+    for _ in range(tries):
+        message = queue.get(no_ack=False)
+        if message is not None:
+            return message
+        time.sleep(0.05)
+    return None
