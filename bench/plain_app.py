@@ -22,8 +22,41 @@ CONFIG_ENV = "BENCH_PLAIN_CONFIG"
 NOOP = "bench.noop"
 HOLD = "bench.hold"
 
+QUEUES_KEY = "bench_task_queues"
+
+
+def as_json(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration as JSON: the declared queues (kombu objects) as their name and
+    arguments, rebuilt by :func:`from_json` on the worker's side."""
+    plain = dict(config)
+    queues = plain.pop("task_queues", None) or []
+    plain[QUEUES_KEY] = [
+        {"name": queue.name, "arguments": queue.queue_arguments} for queue in queues
+    ]
+    return plain
+
+
+def from_json(config: dict[str, Any]) -> dict[str, Any]:
+    from kombu import Queue  # noqa: PLC0415
+
+    rebuilt = dict(config)
+    queues = rebuilt.pop(QUEUES_KEY, [])
+    if queues:
+        rebuilt["task_queues"] = [
+            Queue(
+                q["name"],
+                exchange=q["name"],
+                routing_key=q["name"],
+                queue_arguments=q["arguments"],
+                durable=True,
+            )
+            for q in queues
+        ]
+    return rebuilt
+
+
 app = Celery("bench_plain", set_as_current=False)
-app.conf.update(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+app.conf.update(from_json(json.loads(os.environ.get(CONFIG_ENV) or "{}")))
 
 
 @app.task(name=NOOP, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]

@@ -55,6 +55,7 @@ class Options:
     embedded_samples: int = 6
     sweep_interval: float = 2.0
     loglevel: str = "INFO"
+    recovery_samples: int = 5
     drain_jobs: int = 2000
     embedded_drain_jobs: int = 300
     submit_jobs: int = 1000
@@ -158,6 +159,7 @@ class BackendRun:
         self.plain_env: dict[str, str] = {}
         self.series: dict[str, Series] = {}
         self._holds: list[Path] = []
+        self.recoveries: list[tuple[float, float]] = []
         embedded = backend == EMBEDDED
         self.samples = opts.embedded_samples if embedded else opts.samples
         self.jobs = opts.embedded_jobs if embedded else opts.jobs
@@ -181,7 +183,7 @@ class BackendRun:
         config = celery_config(settings)  # exactly the durable side's settings
         self.plain_env = {
             **_base_env(),
-            plain_app.CONFIG_ENV: json.dumps(config),
+            plain_app.CONFIG_ENV: json.dumps(plain_app.as_json(config)),
             marks.ENV: str(self.marks_path),
         }
         client = Celery("bench_plain_client", set_as_current=False)
@@ -490,6 +492,7 @@ class BackendRun:
             side, seconds = measure()
             values[side] = seconds
         self._series("recovery after SIGKILL (s)", "s").add(values["d"], values["p"])
+        self.recoveries.append((values["d"], values["p"]))
         self.say(
             f"  {self.backend} repeat {repeat + 1}: recovery durable {values['d']:.3f} s, "
             f"plain {values['p']:.3f} s"
@@ -600,8 +603,13 @@ def run_backend(
             run.throughput(r)
             run.latency(r)
         if opts.recovery and backend == PG_RABBITMQ:
-            for r in range(opts.repeat):
+            for r in range(max(opts.repeat, opts.recovery_samples)):
                 run.recovery(r)
+            for q in (50, 99):
+                run._series(f"recovery p{q} (s)", "s").add(
+                    percentile([d for d, _ in run.recoveries], q),
+                    percentile([p for _, p in run.recoveries], q),
+                )
         return list(run.series.values())
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 

@@ -34,6 +34,8 @@ def test_bench_runs_and_prints_ratios() -> None:
             "1",
             "--backend",
             "embedded",
+            "--embedded-drain-jobs",
+            "40",
         ],
         cwd=REPO,
         env=env,
@@ -47,6 +49,9 @@ def test_bench_runs_and_prints_ratios() -> None:
     assert re.match(r"^backend\s+metric\s+durable\s+plain-celery\s+ratio$", lines[0]), lines[:3]
     rows = {m["metric"]: m for m in map(ROW.match, lines[1:]) if m}
     for metric in (
+        "drain 1-step (jobs/s)",
+        "drain 3-step (jobs/s)",
+        "worker memory RSS (MiB)",
         "throughput 1-step (jobs/s)",
         "throughput 0-step (jobs/s)",
         "submit p50 (ms)",
@@ -54,3 +59,14 @@ def test_bench_runs_and_prints_ratios() -> None:
     ):
         assert metric in rows, done.stdout
         assert rows[metric]["ratio"] != "n/a", done.stdout
+
+
+def test_the_drain_rate_counts_from_the_twentieth_completion_to_the_last() -> None:
+    """The issue's method: a worker's start-up and its first completions do not count."""
+    from bench.drain import SKIP, steady_rate  # noqa: PLC0415
+
+    slow_start = [100.0 + i for i in range(SKIP)]  # 20 completions, one a second
+    steady = [slow_start[-1] + 0.01 * (i + 1) for i in range(100)]  # then 100 a second
+    assert steady_rate(slow_start + steady) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="more than 21"):
+        steady_rate(slow_start)

@@ -9,6 +9,7 @@ web app can ``import jobs`` at module level.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import threading
@@ -29,8 +30,9 @@ class JobKind:
     handler: Handler
     max_attempts: int | None
     version: str | None
-    # Seeded into the job_kind_limits table when a worker starts, if the kind has no row
-    # yet: after that the database's numbers rule (jobctl limits set changes them live).
+    # Seeded into the job_kind_limits table before a process's first submit of the kind or
+    # when a worker starts, if the kind has no row yet: after that the database's numbers
+    # rule (jobctl limits set changes them live).
     max_running: int | None = None
     max_queued: int | None = None
     # A periodic kind: synced into the job_schedules table (named after the kind) by
@@ -39,10 +41,15 @@ class JobKind:
     timezone: str = "UTC"
     catch_up: str = "latest"
 
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        """The handler's signature, read once (every submit and every run checks inputs)."""
+        return inspect.signature(self.handler)
+
     def check_inputs(self, inputs: dict[str, Any]) -> None:
         """Refuse inputs the handler cannot be called with, before anything is written."""
         try:
-            inspect.signature(self.handler).bind(None, **inputs)
+            self.signature.bind(None, **inputs)
         except TypeError as err:
             raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
 

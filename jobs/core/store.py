@@ -107,6 +107,12 @@ def _param(name: str) -> ColumnElement[Any]:
     return bindparam(name, type_=_PARAM_TYPES[name])
 
 
+def _state_in(allowed: Sequence[State]) -> ColumnElement[bool]:
+    """``state IN (...)`` written out as equalities: an expanding ``IN`` parameter makes
+    SQLAlchemy re-render the statement's text at every execution."""
+    return or_(*(J.state == state.value for state in allowed))
+
+
 class JobStore(JobReader):
     """Every write to the job tables, plus the reads it inherits.
 
@@ -268,7 +274,7 @@ class JobStore(JobReader):
             allowed = tuple(s for s in allowed if s in narrowed)
         return (
             update(J)
-            .where(J.id == job_id, J.state.in_([s.value for s in allowed]), *where)
+            .where(J.id == job_id, _state_in(allowed), *where)
             .values(
                 previous_state=J.state,
                 state=target.value,
@@ -797,16 +803,12 @@ class JobStore(JobReader):
         On PostgreSQL a kind without a running limit is claimed by one autocommit statement
         (the claim, its history row, and whether recorded steps exist); only when that finds
         nothing does a second try lock the kind's limits row and count its running jobs."""
-        where = [self._claimable()]
-        if kinds is not None:
-            where.append(J.kind.in_(list(kinds)))
-        values = {
-            "owner": owner,
-            "fence": J.fence + 1,
-            "lease_until": self.clock.after(lease_seconds),
-            "attempts": J.attempts + 1,
-            "liveness_key": liveness_key,
-        }
+
+        def claimable() -> list[ColumnElement[bool]]:
+            where = [self._claimable()]
+            if kinds is not None:
+                where.append(J.kind.in_(list(kinds)))
+            return where
 
         def unlimited() -> Row[Any] | None:
             """PostgreSQL: the claim of a kind without a running limit, one statement."""
@@ -818,7 +820,7 @@ class JobStore(JobReader):
                 return self._transition_statement(
                     _param("p_job_id"),
                     State.RUNNING,
-                    where=[*where, no_running_limit],
+                    where=[*claimable(), no_running_limit],
                     values={
                         "owner": _param("p_owner"),
                         "fence": J.fence + 1,
@@ -856,8 +858,14 @@ class JobStore(JobReader):
                 conn,
                 job_id,
                 State.RUNNING,
-                where=[*where, *limited],
-                values=values,
+                where=[*claimable(), *limited],
+                values={
+                    "owner": owner,
+                    "fence": J.fence + 1,
+                    "lease_until": self.clock.after(lease_seconds),
+                    "attempts": J.attempts + 1,
+                    "liveness_key": liveness_key,
+                },
                 owner=owner,
                 reason="claimed",
             )
