@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.registry import REGISTRY, JobKind
@@ -119,7 +119,7 @@ def submit(
     max_attempts: int | None = None,
     delay_seconds: float = 0,
     connection: Connection | None = None,
-    session: Session | None = None,
+    session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
 ) -> str:
     """Queue a job of a registered kind and return its ID.
@@ -145,7 +145,7 @@ def submit_many(
     max_attempts: int | None = None,
     delay_seconds: float = 0,
     connection: Connection | None = None,
-    session: Session | None = None,
+    session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
 ) -> list[str]:
     """Queue many jobs of one kind at once: one transaction, one multi-row INSERT, one
@@ -175,6 +175,18 @@ def submit_many(
     return _insert(job_kind, rows, delay_seconds, unit_for(connection, session, unit))
 
 
+def check_submit(kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1) -> None:
+    """Raise now what submitting ``count`` such jobs would raise (:class:`jobs.InvalidInput`,
+    :class:`jobs.UnknownKind`, :class:`jobs.AdmissionRefused` for a full queue) and write
+    nothing. For a submit made after the caller's commit (``submit_on_commit`` in
+    ``jobs.contrib``): a refusal found here can still roll the caller's work back. The
+    queue may fill up between the check and the submit."""
+    job_kind, _row = _prepare(kind, inputs, None, None, 0)
+    runtime = process.current()
+    runtime.seed_limits([job_kind])
+    runtime.store.check_admission(kind, count)
+
+
 def get(job_id: str) -> Job:
     """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
     return _store().get(job_id)
@@ -194,16 +206,39 @@ def history(job_id: str) -> list[Transition]:
     return store.history(job_id)
 
 
-def approve(job_id: str, *, by: str, note: str | None = None) -> Job:
-    """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its steps."""
-    job = _store().approve(job_id, by, note)
-    dispatch(job.id)
+def approve(
+    job_id: str,
+    *,
+    by: str,
+    note: str | None = None,
+    connection: Connection | None = None,
+    session: Session | scoped_session[Any] | None = None,
+    unit: UnitOfWork | None = None,
+) -> Job:
+    """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its steps.
+    With ``connection=``/``session=``/``unit=`` the approval joins the caller's transaction
+    (as :func:`submit` does) and the doorbell rings after its commit."""
+    joined = unit_for(connection, session, unit)
+    job = _store().approve(job_id, by, note, conn=None if joined is None else joined.connection)
+    if joined is None:
+        dispatch(job.id)
+    else:
+        joined.after_commit([job.id], process.current().dispatch)
     return job
 
 
-def cancel(job_id: str, reason: str = "cancelled by an operator") -> Job:
-    """Stop a job that has not ended; a running owner is refused at its next fenced write."""
-    return _store().cancel(job_id, reason)
+def cancel(
+    job_id: str,
+    reason: str = "cancelled by an operator",
+    *,
+    connection: Connection | None = None,
+    session: Session | scoped_session[Any] | None = None,
+    unit: UnitOfWork | None = None,
+) -> Job:
+    """Stop a job that has not ended; a running owner is refused at its next fenced write.
+    ``connection=``/``session=``/``unit=`` join the caller's transaction."""
+    joined = unit_for(connection, session, unit)
+    return _store().cancel(job_id, reason, conn=None if joined is None else joined.connection)
 
 
 def set_limits(

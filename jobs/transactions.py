@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 Ring = Callable[[Sequence[str]], Any]
 
@@ -116,7 +116,7 @@ class SessionUnit:
 
 def unit_for(
     connection: Connection | None = None,
-    session: Session | None = None,
+    session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
 ) -> UnitOfWork | None:
     """The unit of work a submit was given, or ``None`` for a submit that commits alone."""
@@ -126,5 +126,9 @@ def unit_for(
     if connection is not None:
         return ConnectionUnit(connection)
     if session is not None:
+        if isinstance(session, scoped_session):
+            # Flask-SQLAlchemy's db.session: join this thread's session, not the registry
+            # (whose events would fire for every session it ever makes).
+            return SessionUnit(session())
         return SessionUnit(session)
     return unit

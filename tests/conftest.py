@@ -7,6 +7,7 @@ CI=true they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -19,12 +20,10 @@ from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
-from jobs import api
 from jobs.core.clock import LogicalClock
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import normalize_database_url, reset_settings
+from jobs.core.settings import normalize_database_url
 from jobs.core.store import JobStore
 from jobs.schema import upgrade
 
@@ -55,27 +54,19 @@ def _unmute_jobs_loggers() -> None:
 
 
 @pytest.fixture(autouse=True)
-def isolated_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Each test gets its own data folder and SQLite database and no doorbell."""
-    for key in list(os.environ):
-        if key.startswith("JOBS_") and not key.startswith("JOBS_TEST_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "jobs-data"))
-    reset_settings()
-    api.reset()
-    api.set_dispatcher(None)
+def isolated_jobs(tmp_path: Path, jobs_isolated: Path) -> Path:
+    """Each test gets its own data folder and SQLite database and no doorbell: the
+    ``jobs_isolated`` fixture of our pytest plugin (jobs/pytest_plugin.py), which users'
+    tests get too."""
     _unmute_jobs_loggers()
-    yield tmp_path
-    reset_settings()
-    api.reset()
-    REGISTRY.reset_imports()
+    return tmp_path
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session, dropped at the end."""
+@contextlib.contextmanager
+def private_pg_database(prefix: str) -> Iterator[str]:
+    """A fresh PostgreSQL database (``<prefix>_<random>``), dropped when the block ends."""
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"jobs_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -92,6 +83,36 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    with private_pg_database("jobs_test") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_web_engine() -> Iterator[Engine]:
+    """A second session database, at head, for tests that add tables of their own (the
+    example web apps' Django and Flask tables): the session database keeps exactly the job
+    schema, which the migration checks compare with the models."""
+    from jobs.schema import upgrade  # noqa: PLC0415
+
+    with private_pg_database("jobs_web") as url:
+        engine = make_engine(url)
+        upgrade(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def clean_pg_web_url(pg_web_engine: Engine) -> str:
+    """The web apps' session database with empty job tables; its URL."""
+    truncate_job_tables(pg_web_engine)
+    return pg_web_engine.url.render_as_string(hide_password=False)
 
 
 __all__ = ["AMQP_URL", "IN_CI", "jobs", "service_unavailable"]

@@ -265,14 +265,42 @@ def test_command_checker_refuses_anything_else(command: str) -> None:
 # --- docker-compose.yml ---------------------------------------------------------------
 
 
+def example_services() -> dict[str, Any]:
+    """Services only started with ``--profile example`` (the example Django shop)."""
+    return {name: s for name, s in services().items() if "example" in s.get("profiles", [])}
+
+
 def test_compose_has_the_documented_services() -> None:
-    assert set(services()) == {"postgres", "rabbitmq", "migrate", "worker", "sweeper", "flower"}
+    assert set(services()) - set(example_services()) == {
+        "postgres",
+        "rabbitmq",
+        "migrate",
+        "worker",
+        "sweeper",
+        "flower",
+    }
+    assert set(example_services()) == {"shop", "shop-worker"}
+
+
+def test_the_example_shop_runs_the_django_example_and_its_worker() -> None:
+    shop, worker = example_services()["shop"], example_services()["shop-worker"]
+    assert shop["build"]["dockerfile"] == "examples/django/Dockerfile"
+    assert (ROOT / shop["build"]["dockerfile"]).is_file()
+    assert "manage.py migrate" in " ".join(argv_of(shop["command"]))
+    assert argv_of(worker["command"])[:3] == ["python", "manage.py", "jobs_worker"]
+    assert worker["image"] == shop["image"]
+    for service in (shop, worker):
+        env = {key: interpolate(str(value), {}) for key, value in service["environment"].items()}
+        assert env["SHOP_DATABASE_URL"].split("@")[1] == env["JOBS_DATABASE_URL"].split("@")[1]
+        assert settings.from_env({k: v for k, v in env.items() if k.startswith("JOBS_")})
 
 
 def test_every_compose_command_is_a_documented_jobctl_or_celery_command() -> None:
     roles: dict[str, str] = {}
     for name, service in services().items():
         argv = argv_of(service.get("command"))
+        if name in example_services():
+            continue  # the example's own commands, checked above
         if not argv and "build" not in service:
             continue  # a third-party image running its own entrypoint (postgres, rabbitmq)
         problem = command_problem(argv)

@@ -8,12 +8,13 @@ web app can ``import jobs`` at module level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
@@ -22,6 +23,7 @@ from jobs.core.validate import check_name
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
+JobScope = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Registry:
         self._imports = tuple(imports) if imports is not None else None
         self._imported = False
         self._lock = threading.RLock()
+        self._scopes: list[JobScope] = []
 
     def register(
         self,
@@ -180,6 +183,34 @@ class Registry:
     def names(self) -> list[str]:
         self._ensure_imported()
         return sorted(self._kinds)
+
+    def add_job_scope(self, scope: JobScope) -> None:
+        """Run every handler inside ``scope()``, a context manager made afresh for each run:
+        how a web framework wraps its jobs (Flask's application context, Django's
+        stale-connection cleanup). Scopes nest in the order they were added; adding one
+        twice is a no-op."""
+        with self._lock:
+            if scope not in self._scopes:
+                self._scopes.append(scope)
+
+    def remove_job_scope(self, scope: JobScope) -> None:
+        """Stop wrapping handlers in ``scope`` (tests, an app torn down)."""
+        with self._lock:
+            if scope in self._scopes:
+                self._scopes.remove(scope)
+
+    def job_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """The scopes a handler runs in (a no-op, and no cost to speak of, when none was
+        added)."""
+        return self._in_scopes(list(self._scopes)) if self._scopes else contextlib.nullcontext()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _in_scopes(scopes: list[JobScope]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for scope in scopes:
+                stack.enter_context(scope())
+            yield
 
     def reset_imports(self) -> None:
         with self._lock:

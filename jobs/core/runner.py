@@ -149,7 +149,8 @@ class Runner:
     def _run_handler(self, claim: Claim, handler: Callable[..., Any], ctx: JobContext) -> RunResult:
         job = claim.job
         try:
-            result = handler(ctx, **job.inputs)
+            with self.registry.job_scope():
+                result = handler(ctx, **job.inputs)
         except WaitingForApproval as wait:
             parked = self.store.wait_for_approval(
                 claim, wait.reason, wait.step_name, steps=ctx.take_pending()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from jobs.core.errors import SettingsError
 
@@ -128,8 +129,33 @@ def normalize_database_url(url: str) -> str:
     return url
 
 
+def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:
+    """A framework's settings mapping (``{"DATABASE_URL": ..., "IMPORTS": [...]}``, the
+    names of the ``JOBS_*`` variables without the prefix) as ``JOBS_*`` variables.
+    Lists become comma-separated; ``None`` means unset. ``where`` names the mapping in
+    errors (``settings.JOBS``)."""
+    if not isinstance(values, Mapping):
+        raise SettingsError(f"{where} must be a dict of JOBS_* names without the prefix")
+    env: dict[str, str] = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or name.upper() not in KNOWN or name.startswith("TEST_"):
+            raise SettingsError(
+                f"{where}: unknown setting {name!r} (known: "
+                + ", ".join(k for k in sorted(KNOWN) if not k.startswith("TEST_"))
+                + ")"
+            )
+        if value is None:
+            continue
+        joined = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+        env[PREFIX + name.upper()] = joined
+    return env
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
+    """Settings from ``env`` (default: the process environment over the defaults source
+    set by a framework integration, see :func:`set_defaults_source`)."""
+    if env is None:
+        env = {**_defaults_from_source(), **os.environ}
     unknown = sorted(
         key for key in env if key.startswith(PREFIX) and key[len(PREFIX) :] not in KNOWN
     )
@@ -185,6 +211,23 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
 
 
 _current: Settings | None = None
+# Where a web framework's own settings come from (Django's settings.JOBS, Flask's
+# app.config): a callable returning JOBS_* variables, under the process environment.
+_defaults_source: Callable[[], Mapping[str, str]] | None = None
+
+
+def set_defaults_source(source: Callable[[], Mapping[str, str]] | None) -> None:
+    """Read settings from ``source()`` (``JOBS_*`` names) wherever the process environment
+    leaves them unset: the hook through which ``jobs.contrib.django`` and
+    ``jobs.contrib.flask`` supply ``settings.JOBS`` and ``app.config``. Environment
+    variables still win. ``None`` removes the source. Forgets the cached settings."""
+    global _defaults_source  # noqa: PLW0603 - one source per process, set by its framework
+    _defaults_source = source
+    reset_settings()
+
+
+def _defaults_from_source() -> Mapping[str, str]:
+    return {} if _defaults_source is None else _defaults_source()
 
 
 def get_settings() -> Settings:

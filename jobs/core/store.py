@@ -743,6 +743,20 @@ class JobStore(JobReader):
             retry_after,
         )
 
+    def check_admission(self, kind: str, adding: int = 1) -> None:
+        """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit
+        in its ``max_queued`` now; writes nothing (the check's transaction rolls back). For
+        a submit that will happen later, after a caller's commit: the answer may change
+        in between."""
+        # A read (the counts) on SQLite: a deferred BEGIN takes no write lock, so a caller
+        # holding one on the same file (its own open transaction) is not waited for.
+        with self._read() as conn:
+            checking = conn.begin()
+            try:
+                self._admit(conn, kind, [f"admission check {n}" for n in range(adding)])
+            finally:
+                checking.rollback()
+
     def set_limits(
         self,
         kind: str,
@@ -1118,18 +1132,6 @@ class JobStore(JobReader):
         will be recorded as step ``step_name``."""
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
-            if (
-                step_name in {step.name for step in steps}
-                or conn.execute(
-                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
-                ).first()
-                is not None
-            ):
-                # The approval could never be recorded: refuse before writing anything.
-                raise StepError(
-                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
-                    "an approval needs a step name of its own"
-                )
             row = self._transition(
                 conn,
                 claim.job_id,
@@ -1150,6 +1152,18 @@ class JobStore(JobReader):
             )
             if row is None:
                 raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
+            if (
+                conn.execute(
+                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+                ).first()
+                is not None
+            ):
+                # The approval could never be recorded: refuse (the exception rolls back the
+                # move, so a stale owner still learns of its lost lease first).
+                raise StepError(
+                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
+                    "an approval needs a step name of its own"
+                )
             return Job.from_row(row)
 
     # -- operators -----------------------------------------------------------------------

@@ -103,7 +103,9 @@ class ProcessRuntime:
     ) -> None:
         """Write the ``max_running``/``max_queued`` a kind declares in ``@jobs.job`` for kinds
         that have no limits row yet (once per process and kind; the database's numbers then
-        rule, and ``jobs.set_limits`` changes them for every process)."""
+        rule, and ``jobs.set_limits`` changes them for every process). With ``conn`` the
+        seed joins the caller's transaction: on the caller's own connection, a SQLite
+        file shared with the caller is not locked against itself."""
         for kind in REGISTRY.kinds() if kinds is None else kinds:
             if kind.name in self._seeded_kinds:
                 continue
@@ -113,7 +115,12 @@ class ProcessRuntime:
                     max_running=kind.max_running,
                     max_queued=kind.max_queued,
                     only_if_absent=True,
+                    conn=conn,
                 )
+                if conn is not None:
+                    # Seeded in the caller's transaction, which may yet roll back: seed
+                    # again (a no-op once the row exists) until a seed commits on its own.
+                    continue
             self._seeded_kinds.add(kind.name)
 
     def owner_name(self, hostname: str | None = None) -> str:

@@ -316,13 +316,20 @@ class Stack:
     # -- processes ----------------------------------------------------------------------
 
     def start(
-        self, name: str, args: list[str], env: dict[str, str] | None = None, node: str | None = None
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        node: str | None = None,
+        launcher: list[str] | None = None,
     ) -> Proc:
+        """Start ``python -m jobs <args>`` (or ``<launcher> <args>``, e.g. a Django
+        project's ``manage.py jobs_worker``) in its own session, logging to ``logs/``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "jobs", *args],
+                [*(launcher or [sys.executable, "-m", "jobs"]), *args],
                 env={**self.env, **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -340,13 +347,15 @@ class Stack:
         concurrency: int = 1,
         env: dict[str, str] | None = None,
         wait: bool = True,
+        launcher: list[str] | None = None,
     ) -> Proc:
-        """A real ``celery worker`` (through ``python -m jobs worker``, which execs it)."""
+        """A real ``celery worker`` (through ``python -m jobs worker``, which execs it, or
+        through ``launcher``, a command that takes ``jobctl worker``'s options)."""
         tag = f"{name}-{uuid.uuid4().hex[:6]}"
         proc = self.start(
             f"worker-{name}",
             [
-                "worker",
+                *([] if launcher else ["worker"]),
                 "--pool",
                 pool,
                 "--concurrency",
@@ -358,6 +367,7 @@ class Stack:
             ],
             env,
             node=f"{tag}@",
+            launcher=launcher,
         )
         if wait:
             proc.wait_ready()

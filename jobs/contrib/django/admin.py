@@ -1,0 +1,101 @@
+"""The jobs admin: list (filters by state and kind, search by ID), a job's steps and
+history, approve (recording the admin user) and cancel. Rows are read through the
+unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import router
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+
+from jobs import api
+from jobs.contrib.django.models import JobRow
+from jobs.contrib.django.submit import approve, cancel
+from jobs.core.errors import JobError
+
+
+@admin.register(JobRow)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "state", "attempts", "created_at", "finished_at")
+    list_filter = ("state", "kind")
+    search_fields = ("=id",)
+    actions = ("approve_jobs", "cancel_jobs")
+    readonly_fields = (
+        "id",
+        "kind",
+        "state",
+        "inputs",
+        "result",
+        "last_error",
+        "owner",
+        "attempts",
+        "max_attempts",
+        "waiting_for",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "steps",
+        "history",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a read-only page; the actions below change jobs through jobs.api
+
+    @admin.display(description="steps")
+    def steps(self, row: JobRow) -> Any:  # Django's SafeString
+        return format_html_join(
+            "\n",
+            "<div><b>{}</b> = {} <small>({} by {})</small></div>",
+            ((s.name, s.output, s.recorded_at, s.owner) for s in api.steps(row.id)),
+        )
+
+    @admin.display(description="history")
+    def history(self, row: JobRow) -> Any:
+        return format_html_join(
+            "\n",
+            "<div>{} {} → {} <small>{} {}</small></div>",
+            (
+                (
+                    move.at,
+                    move.from_state.value if move.from_state else "-",
+                    move.to_state.value,
+                    move.approved_by or move.owner or "",
+                    move.reason or "",
+                )
+                for move in api.history(row.id)
+            ),
+        )
+
+    @admin.action(description="Approve selected jobs (as you)")
+    def approve_jobs(self, request: HttpRequest, queryset: Any) -> None:
+        by = f"admin:{request.user.get_username()}"
+        using = router.db_for_write(JobRow)
+        self._each(
+            request, queryset, "approved", lambda job_id: approve(job_id, by=by, using=using)
+        )
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel_jobs(self, request: HttpRequest, queryset: Any) -> None:
+        why = f"cancelled in the admin by {request.user.get_username()}"
+        using = router.db_for_write(JobRow)
+        self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why, using=using))
+
+    def _each(self, request: HttpRequest, queryset: Any, done: str, change: Any) -> None:
+        changed = 0
+        for job_id in queryset.values_list("id", flat=True):
+            try:
+                change(job_id)
+                changed += 1
+            except JobError as err:
+                self.message_user(request, f"{job_id}: {err}", messages.WARNING)
+        if changed:
+            self.message_user(request, f"{changed} job(s) {done}", messages.SUCCESS)

@@ -1,0 +1,46 @@
+"""Read-only views of the job tables for the admin (``managed = False``: Django never
+creates, migrates or flushes them; our Alembic migrations own them). Every change goes
+through :mod:`jobs.api`, never through these models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+
+class JSONColumn(models.JSONField):
+    """The job tables' JSON columns: text on SQLite, ``json`` on PostgreSQL (which psycopg
+    has already decoded, where Django's JSONField expects ``jsonb`` text)."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if value is None or not isinstance(value, str | bytes | bytearray):
+            return value
+        return super().from_db_value(value, expression, connection)
+
+
+class JobRow(models.Model):
+    """A job, as the admin lists it."""
+
+    id = models.CharField(max_length=200, primary_key=True)
+    kind = models.CharField(max_length=200)
+    state = models.CharField(max_length=20)
+    inputs = JSONColumn()
+    result = JSONColumn(null=True)
+    last_error = models.TextField(null=True)
+    owner = models.CharField(max_length=200, null=True)
+    attempts = models.IntegerField()
+    max_attempts = models.IntegerField()
+    waiting_for = models.CharField(max_length=200, null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "jobs"
+        ordering = ("-created_at",)
+        verbose_name = "job"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.state})"

@@ -1,0 +1,307 @@
+"""jobs.contrib.django through the example shop and Django's test client, in-process
+(jobs run with jobs.testing.drain), on a SQLite file shared by Django and the jobs and
+on PostgreSQL: an order and its job commit or roll back together, the doorbell rings only
+after the commit, a full queue answers 429 and saves nothing, the admin approves (as the
+admin user) and cancels, settings come from settings.JOBS under the environment."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django")
+
+import jobs
+from jobs import testing
+from jobs.core.errors import AdmissionRefused, SettingsError
+from jobs.core.settings import get_settings
+from jobs.core.states import State
+from tests import django_site
+from tests.django_site import use_database
+
+django_world = django_site.django_world
+
+KIND = "check_shop_order"
+
+
+class Doorbell:
+    """Records the job IDs the doorbell rang for, in order."""
+
+    def __init__(self) -> None:
+        self.rung: list[str] = []
+
+    def __call__(self, job_id: str) -> None:
+        self.rung.append(job_id)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shop(
+    request: pytest.FixtureRequest,
+    django_world: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Doorbell]:
+    """The shop on a database shared by Django and the jobs; yields the doorbell."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.getbasetemp() / 'shop-shared.sqlite3'}"
+        alias = "shop_sqlite"
+    else:
+        url = request.getfixturevalue("clean_pg_web_url")
+        alias = "shop_pg"
+    monkeypatch.setenv("JOBS_DATABASE_URL", url)
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+
+    reset_settings()
+    jobs.api.reset()
+    import orders.jobs  # noqa: F401, PLC0415 - the shop's job kind
+
+    # Outside any request: brings a fresh SQLite file's job tables to head (and to WAL),
+    # and seeds the declared limits.
+    jobs.seed_limits()
+    use_database(alias, url)
+
+    doorbell = Doorbell()
+    jobs.set_dispatcher(doorbell)
+    jobs.set_limits(KIND, max_queued=None)
+    return doorbell
+
+
+def rolled_back(alias: str, work: Any) -> Any:
+    """Run ``work()`` in ``atomic()`` on ``alias``, then fail so that it rolls back; return
+    what ``work`` returned."""
+    from django.db import transaction  # noqa: PLC0415
+
+    returned = []
+
+    def fail_after_work() -> None:
+        with transaction.atomic(using=alias):
+            returned.append(work())
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError, match="roll back"):
+        fail_after_work()
+    return returned[0]
+
+
+def post(client: Any, path: str, body: dict[str, Any]) -> Any:
+    return client.post(path, json.dumps(body), content_type="application/json")
+
+
+def orders_of(customer: str) -> int:
+    from orders.models import Order  # noqa: PLC0415
+
+    return Order.objects.filter(customer=customer).count()
+
+
+def test_an_order_and_its_job_commit_together_and_the_job_uses_the_orm(shop: Doorbell) -> None:
+    from django.test import Client  # noqa: PLC0415
+
+    client = Client()
+    response = post(client, "/orders", {"customer": "ada", "total_cents": 500})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert orders_of("ada") == 1
+    assert jobs.get(body["job_id"]).state is State.QUEUED
+    assert shop.rung == [body["job_id"]]  # rung once, after the commit
+
+    results = testing.drain()
+    assert [r.job_id for r in results] == [body["job_id"]]
+    shown = client.get(f"/orders/{body['order_id']}").json()
+    assert shown["checked"] is True  # the handler's ORM write
+    assert shown["job"]["state"] == "COMPLETED"
+
+
+def test_a_failed_request_leaves_no_order_no_job_and_no_doorbell(shop: Doorbell) -> None:
+    from django.test import Client  # noqa: PLC0415
+
+    before = len(jobs.list_jobs(kind=KIND, limit=1000))
+    client = Client(raise_request_exception=False)
+    response = post(
+        client, "/orders", {"customer": "bob", "total_cents": 500, "fail_after_submit": True}
+    )
+    assert response.status_code == 500
+    assert orders_of("bob") == 0
+    assert len(jobs.list_jobs(kind=KIND, limit=1000)) == before
+    assert shop.rung == []
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Doorbell) -> None:
+    from django.test import Client  # noqa: PLC0415
+
+    jobs.set_limits(KIND, max_queued=0)
+    response = post(Client(), "/orders", {"customer": "cy", "total_cents": 500})
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) >= 1
+    assert orders_of("cy") == 0
+    assert shop.rung == []
+
+
+def test_approval_through_the_app_resumes_a_waiting_job(shop: Doorbell) -> None:
+    from django.test import Client  # noqa: PLC0415
+
+    client = Client()
+    created = post(client, "/orders", {"customer": "dee", "total_cents": 250_000}).json()
+    testing.drain()
+    assert jobs.get(created["job_id"]).state is State.WAITING_APPROVAL
+    approved = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    assert approved.status_code == 200, approved.content
+    assert shop.rung[-1] == created["job_id"]
+    again = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    assert again.status_code == 409
+    testing.drain()
+    job = jobs.get(created["job_id"])
+    assert job.state is State.COMPLETED
+    assert job.result == {"order_id": created["order_id"], "approved_by": "erin"}
+
+
+def test_the_admin_lists_shows_approves_as_the_user_and_cancels(shop: Doorbell) -> None:
+    from django.contrib.auth.models import User  # noqa: PLC0415
+    from django.test import Client  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    User.objects.db_manager(ROUTER.alias).filter(username="boss").delete()
+    User.objects.db_manager(ROUTER.alias).create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(User.objects.db_manager(ROUTER.alias).get(username="boss"))
+    big = post(client, "/orders", {"customer": "eve", "total_cents": 300_000}).json()
+    other = post(client, "/orders", {"customer": "fay", "total_cents": 300_000}).json()
+    testing.drain()
+
+    listing = client.get("/admin/durable_jobs/jobrow/", {"state__exact": "WAITING_APPROVAL"})
+    assert listing.status_code == 200
+    assert big["job_id"] in listing.content.decode()
+    searched = client.get("/admin/durable_jobs/jobrow/", {"q": big["job_id"]}).content.decode()
+    assert big["job_id"] in searched
+    assert other["job_id"] not in searched
+    page = client.get(f"/admin/durable_jobs/jobrow/{big['job_id']}/change/").content.decode()
+    assert "load" in page  # its recorded step
+    assert "WAITING_APPROVAL" in page  # its history
+
+    changelist = "/admin/durable_jobs/jobrow/"
+    acted = client.post(
+        changelist, {"action": "approve_jobs", "_selected_action": [big["job_id"]]}, follow=True
+    )
+    assert acted.status_code == 200
+    assert shop.rung[-1] == big["job_id"]
+    approval = [t for t in jobs.history(big["job_id"]) if t.approved_by]
+    assert [t.approved_by for t in approval] == ["admin:boss"]
+    client.post(changelist, {"action": "cancel_jobs", "_selected_action": [other["job_id"]]})
+    assert jobs.get(other["job_id"]).state is State.CANCELLED
+    testing.drain()
+    assert jobs.get(big["job_id"]).state is State.COMPLETED
+
+
+def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rollback(
+    shop: Doorbell,
+) -> None:
+    """max_queued on @jobs.job is enforced before any worker ever started, including when
+    the seed was written in a caller's transaction that rolled back."""
+    import jobs.contrib.django  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    kind = f"limited_{ROUTER.alias}"
+    jobs.job(kind, max_queued=1)(lambda ctx: None)
+    rolled_back(ROUTER.alias, lambda: jobs.contrib.django.submit(kind, using=ROUTER.alias))
+    assert jobs.list_jobs(kind=kind) == []
+    jobs.contrib.django.submit(kind, using=ROUTER.alias)
+    with pytest.raises(AdmissionRefused):
+        jobs.contrib.django.submit(kind, using=ROUTER.alias)
+    with pytest.raises(AdmissionRefused):
+        jobs.submit(kind)
+
+
+def test_submit_on_commit_checks_admission_first_and_submits_after_the_commit(
+    shop: Doorbell,
+) -> None:
+    from django.db import transaction  # noqa: PLC0415
+
+    import jobs.contrib.django  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    with transaction.atomic(using=ROUTER.alias):
+        job_id = jobs.contrib.django.submit_on_commit(KIND, {"order_id": 1}, using=ROUTER.alias)
+        assert shop.rung == []
+    assert jobs.get(job_id).state is State.QUEUED
+    assert shop.rung == [job_id]
+
+    rolled = rolled_back(
+        ROUTER.alias,
+        lambda: jobs.contrib.django.submit_on_commit(KIND, {"order_id": 2}, using=ROUTER.alias),
+    )
+    with pytest.raises(jobs.UnknownJob):
+        jobs.get(rolled)
+
+    jobs.set_limits(KIND, max_queued=1)
+    with pytest.raises(AdmissionRefused), transaction.atomic(using=ROUTER.alias):
+        jobs.contrib.django.submit_on_commit(KIND, {"order_id": 3}, using=ROUTER.alias)
+
+
+def test_submit_refuses_a_job_table_in_another_database(
+    shop: Doorbell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobs.contrib.django  # noqa: PLC0415
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
+    reset_settings()
+    with pytest.raises(SettingsError, match="submit_on_commit"):
+        jobs.contrib.django.submit(KIND, {"order_id": 1}, using=ROUTER.alias)
+
+
+def test_settings_come_from_settings_jobs_and_the_environment_wins(
+    django_world: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.test import override_settings  # noqa: PLC0415
+
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+
+    with override_settings(JOBS={"LEASE_SECONDS": 7, "IMPORTS": ["a.b", "c"]}):
+        reset_settings()
+        settings = get_settings()
+        assert settings.lease_seconds == 7
+        assert settings.imports == ("a.b", "c")
+        assert settings.database_url.endswith("django-default.sqlite3")  # Django's default
+        monkeypatch.setenv("JOBS_LEASE_SECONDS", "9")
+        reset_settings()
+        assert get_settings().lease_seconds == 9
+    with override_settings(JOBS={"LEASE_SECOND": 7}):
+        reset_settings()
+        with pytest.raises(SettingsError, match=r"settings.JOBS: unknown setting 'LEASE_SECOND'"):
+            get_settings()
+    reset_settings()
+
+
+def test_management_commands_wrap_jobctl_with_the_projects_settings(tmp_path: Path) -> None:
+    """``manage.py jobs_stats`` reads settings.JOBS (the shop's own SQLite database) and a
+    user's mistake is one line and a non-zero exit, as with jobctl."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from tests.django_site import EXAMPLE  # noqa: PLC0415
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBS_", "DJANGO_"))}
+    env["JOBS_DATA_DIR"] = str(tmp_path / "shop-data")
+    manage = [sys.executable, str(EXAMPLE / "manage.py")]
+    migrated = subprocess.run(
+        [*manage, "migrate", "-v0"], env=env, capture_output=True, check=False
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    stats = subprocess.run(
+        [*manage, "jobs_stats", "--json"], env=env, capture_output=True, check=False
+    )
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["total"] == 0
+    assert (tmp_path / "shop-data" / "shop.sqlite3").exists()  # Django's database, the jobs'
+    wrong = subprocess.run(
+        [*manage, "jobs_stats", "--bogus"], env=env, capture_output=True, check=False
+    )
+    assert wrong.returncode != 0
+    assert b"Traceback" not in wrong.stderr
+    assert b"--bogus" in wrong.stderr

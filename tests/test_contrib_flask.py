@@ -1,0 +1,223 @@
+"""jobs.contrib.flask through the example shop and Flask's test client, in-process (jobs
+run with jobs.testing.drain), on a SQLite file shared by the app and the jobs and on
+PostgreSQL: an order and its job commit or roll back together through db.session, the
+doorbell rings only after the commit, a full queue answers 429 and saves nothing, the
+handler runs in the app's context, the blueprint answers 202/404/409/400."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flask_sqlalchemy")
+
+import jobs
+from jobs import testing
+from jobs.core.registry import REGISTRY
+from jobs.core.settings import get_settings, set_defaults_source
+from jobs.core.states import State
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
+KIND = "check_flask_order"
+
+
+class Shop:
+    def __init__(self, app: Any, client: Any) -> None:
+        self.app = app
+        self.client = client
+        self.rung: list[str] = []
+
+    def orders_of(self, customer: str) -> int:
+        import shop_flask  # noqa: PLC0415
+
+        with self.app.app_context():
+            return (
+                shop_flask.db.session.query(shop_flask.Order).filter_by(customer=customer).count()
+            )
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
+    if str(EXAMPLE) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE))
+    import shop_flask  # noqa: PLC0415
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{jobs_isolated / 'shop.sqlite3'}"
+    else:
+        url = request.getfixturevalue("clean_pg_web_url")
+    app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True})
+    try:
+        with app.app_context():
+            shop_flask.db.session.query(shop_flask.Order).delete()
+            shop_flask.db.session.commit()
+        world = Shop(app, app.test_client())
+        jobs.set_dispatcher(world.rung.append)
+        jobs.set_limits(KIND, max_queued=None)
+        yield world
+    finally:
+        with app.app_context():
+            shop_flask.db.engine.dispose()
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+def test_the_jobs_live_in_the_apps_database_unless_configured(shop: Shop) -> None:
+    assert get_settings().database_url == shop.app.config["SQLALCHEMY_DATABASE_URI"].replace(
+        "postgresql://", "postgresql+psycopg://"
+    )
+
+
+def test_an_order_and_its_job_commit_together_and_the_job_runs_in_the_app_context(
+    shop: Shop,
+) -> None:
+    response = shop.client.post("/orders", json={"customer": "ada", "total_cents": 500})
+    assert response.status_code == 201, response.data
+    body = response.get_json()
+    assert shop.orders_of("ada") == 1
+    assert shop.rung == [body["job_id"]]
+    assert [r.job_id for r in testing.drain()] == [body["job_id"]]
+    shown = shop.client.get(f"/orders/{body['order_id']}").get_json()
+    assert shown["checked"] is True  # db.session inside the handler
+    assert shown["job"]["state"] == "COMPLETED"
+
+
+def test_a_failed_request_leaves_no_order_no_job_and_no_doorbell(shop: Shop) -> None:
+    shop.app.config["PROPAGATE_EXCEPTIONS"] = False
+    response = shop.client.post(
+        "/orders", json={"customer": "bob", "total_cents": 5, "fail_after_submit": True}
+    )
+    assert response.status_code == 500
+    assert shop.orders_of("bob") == 0
+    assert jobs.list_jobs(kind=KIND) == []
+    assert shop.rung == []
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Shop) -> None:
+    jobs.set_limits(KIND, max_queued=0)
+    response = shop.client.post("/orders", json={"customer": "cy", "total_cents": 5})
+    assert response.status_code == 429
+    assert int(response.headers["Retry-After"]) >= 1
+    assert shop.orders_of("cy") == 0
+    assert jobs.list_jobs(kind=KIND) == []
+
+
+def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
+    created = shop.client.post("/orders", json={"customer": "dee", "total_cents": 250_000})
+    order = created.get_json()
+    testing.drain()
+    assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
+    approved = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    assert approved.status_code == 200
+    assert shop.rung[-1] == order["job_id"]
+    again = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    assert again.status_code == 409
+    testing.drain()
+    assert jobs.get(order["job_id"]).result == {
+        "order_id": order["order_id"],
+        "approved_by": "erin",
+    }
+
+
+def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
+    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345})
+    assert created.status_code == 202
+    job_id = created.get_json()["id"]
+    assert created.headers["Location"] == f"/jobs/{job_id}"
+    assert shop.rung == [job_id]
+    shown = shop.client.get(created.headers["Location"]).get_json()
+    assert shown["state"] == "QUEUED"
+    assert shop.client.get("/jobs/no-such-job").status_code == 404
+    assert shop.client.post(f"/jobs/{job_id}/approve", json={"by": "x"}).status_code == 409
+    assert shop.client.post(f"/jobs/{job_id}/approve", json={}).status_code == 400
+    assert shop.client.post(f"/jobs/{KIND}", json=[1]).status_code == 400
+    assert shop.client.post("/jobs/no_such_kind", json={}).status_code == 400
+    jobs.set_limits(KIND, max_queued=1)
+    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1})
+    assert refused.status_code == 429
+    assert "Retry-After" in refused.headers
+
+
+def test_a_scoped_session_rings_once_per_commit(shop: Shop) -> None:
+    """db.session is a scoped_session: the submit joins this request's session, and a
+    later commit of another session rings nothing more."""
+    import shop_flask  # noqa: PLC0415
+
+    with shop.app.app_context():
+        first = shop.app.extensions["jobs"].submit(KIND, {"order_id": 1})
+        assert shop.rung == []
+        shop_flask.db.session.commit()
+        assert shop.rung == [first]
+    with shop.app.app_context():
+        shop_flask.db.session.add(shop_flask.Order(customer="z", total_cents=1))
+        shop_flask.db.session.commit()
+    assert shop.rung == [first]
+    with shop.app.app_context():
+        rolled = shop.app.extensions["jobs"].submit(KIND, {"order_id": 2})
+        shop_flask.db.session.rollback()
+    with shop.app.app_context():
+        shop_flask.db.session.commit()
+    assert shop.rung == [first]
+    with pytest.raises(jobs.UnknownJob):
+        jobs.get(rolled)
+
+
+# PostgreSQL only: on SQLite the second request's write would wait for the first's lock.
+@pytest.mark.parametrize(
+    "shop", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_another_sessions_commit_or_rollback_does_not_ring_or_drop_a_pending_doorbell(
+    shop: Shop,
+) -> None:
+    """Two requests at once (two app contexts, two sessions of one db.session): the other
+    one's commit must not ring this one's uncommitted job, nor its rollback drop it.
+    (Passing the scoped_session itself used to listen on every session it makes.)"""
+    import shop_flask  # noqa: PLC0415
+
+    with shop.app.app_context():
+        mine = shop.app.extensions["jobs"].submit(KIND, {"order_id": 1})
+        with shop.app.app_context():
+            shop_flask.db.session.add(shop_flask.Order(customer="other", total_cents=1))
+            shop_flask.db.session.commit()
+        assert shop.rung == []  # not rung before its own commit
+        with shop.app.app_context():
+            shop_flask.db.session.add(shop_flask.Order(customer="other", total_cents=1))
+            shop_flask.db.session.rollback()
+        shop_flask.db.session.commit()
+    assert shop.rung == [mine]
+
+
+def test_settings_come_from_app_config_and_the_environment_wins(
+    jobs_isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flask import Flask  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+    from jobs.core.errors import SettingsError  # noqa: PLC0415
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+
+    app = Flask("configured")
+    app.config["JOBS"] = {"LEASE_SECONDS": 7, "IMPORTS": ["a", "b.c"]}
+    app.config["JOBS_QUEUE"] = "shop"
+    try:
+        Jobs(app)
+        settings = get_settings()
+        assert (settings.lease_seconds, settings.imports, settings.queue) == (
+            7,
+            ("a", "b.c"),
+            "shop",
+        )
+        monkeypatch.setenv("JOBS_LEASE_SECONDS", "9")
+        reset_settings()
+        assert get_settings().lease_seconds == 9
+        app.config["JOBS_LEASE_SECOND"] = 1
+        reset_settings()
+        with pytest.raises(SettingsError, match=r"app\.config: unknown setting 'LEASE_SECOND'"):
+            get_settings()
+    finally:
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
