@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test-fast: install
 
 bench: install
 	$(PY) -m bench
+
+# Minutes of seeded faults against real workers (tests/acceptance/test_chaos.py); the seed is
+# printed, and CHAOS_SEED=<seed> replays it. CHAOS_JOBS and CHAOS_SECONDS size the run.
+chaos: install
+	CHAOS_JOBS=$${CHAOS_JOBS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-120} \
+		$(PY) -m pytest -q -s -p no:randomly tests/acceptance/test_chaos.py
 
 clean:
 	rm -rf $(VENV) jobs-data .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -112,6 +112,14 @@ def use_settings(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
     api.set_dispatcher(None)
 
 
+def use_short_lease(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """A lease shorter than JOBS_LEASE_SECONDS allows (1 s at least), to keep tests fast:
+    set on the process's settings object directly, as no deployment can."""
+    reset_settings()
+    short = dataclasses.replace(get_settings(), lease_seconds=seconds)
+    monkeypatch.setattr(settings_module, "_current", short)
+
+
 # -- registration ------------------------------------------------------------------------
 
 
@@ -188,7 +196,7 @@ def test_drain_runs_everything_claimable() -> None:
 
 
 def test_a_rerun_after_a_crash_replays_recorded_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_settings(monkeypatch, LEASE_SECONDS="0.5")
+    use_short_lease(monkeypatch, 0.5)
     job_id = jobs.submit("api_crashy", {"n": 1})
     CRASH["now"] = True
     with pytest.raises(SystemExit):
@@ -216,7 +224,7 @@ def test_a_rerun_after_a_crash_replays_recorded_steps(monkeypatch: pytest.Monkey
 
 
 def test_a_crashed_run_is_swept_back_and_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_settings(monkeypatch, LEASE_SECONDS="0.2")
+    use_short_lease(monkeypatch, 0.2)
     job_id = jobs.submit("api_crashy", {"n": 5})
     CRASH["now"] = True
     with pytest.raises(SystemExit):
@@ -288,7 +296,7 @@ def test_a_running_handler_notices_its_cancel() -> None:
 def test_the_heartbeat_stops_a_cancelled_handler_before_its_next_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    use_settings(monkeypatch, LEASE_SECONDS="0.3")  # renewed every 0.1 s
+    use_short_lease(monkeypatch, 0.3)  # renewed every 0.1 s
     job_id = jobs.submit("api_cancel_then_wait")
     result = testing.run(job_id)
     assert result.outcome is Outcome.LEASE_LOST
@@ -344,7 +352,7 @@ def test_a_retry_that_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_heartbeat_keeps_a_long_run_alive(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_settings(monkeypatch, LEASE_SECONDS="0.6")  # renewed every 0.2 s
+    use_short_lease(monkeypatch, 0.6)  # renewed every 0.2 s
     job_id = jobs.submit("api_slow", {"steps": 4, "pause": 0.3})  # 1.2 s, twice the lease
     result = testing.run(job_id)
     assert result.outcome is Outcome.COMPLETED
@@ -599,6 +607,27 @@ def test_database_urls_are_normalized(url: str, expected: str) -> None:
         ({"JOBS_LEASE_SECONDS": "-5"}, "JOBS_LEASE_SECONDS='-5' must be greater than 0"),
         ({"JOBS_LEASE_SECONDS": "0"}, "JOBS_LEASE_SECONDS='0' must be greater than 0"),
         ({"JOBS_LEASE_SECONDS": "inf"}, "JOBS_LEASE_SECONDS='inf' is not a finite number"),
+        ({"JOBS_LEASE_SECONDS": "1e12"}, "JOBS_LEASE_SECONDS='1e12' must be between 1 and 86400"),
+        ({"JOBS_LEASE_SECONDS": "1e-9"}, "JOBS_LEASE_SECONDS='1e-9' must be between 1 and 86400"),
+        ({"JOBS_SWEEP_INTERVAL_SECONDS": "1e9"}, "must be between 0.05 and 3600"),
+        ({"JOBS_DEFAULT_MAX_ATTEMPTS": "9223372036854775808"}, "must be between 1 and 1000"),
+        ({"JOBS_MAX_INPUT_BYTES": "9" * 5000}, "JOBS_MAX_INPUT_BYTES='9999"),
+        (
+            {"JOBS_RETRY_BACKOFF_SECONDS": "60", "JOBS_RETRY_BACKOFF_MAX_SECONDS": "10"},
+            "JOBS_RETRY_BACKOFF_MAX_SECONDS=10 is below JOBS_RETRY_BACKOFF_SECONDS=60",
+        ),
+        ({"JOBS_DATABASE_URL": "sqlite://"}, "an in-memory database would lose every job"),
+        ({"JOBS_DATABASE_URL": "sqlite:///:memory:"}, "an in-memory database would lose"),
+        (
+            {"JOBS_DATABASE_URL": "sqlite:///file:x?mode=memory&uri=true"},
+            "an in-memory database",
+        ),
+        ({"JOBS_DATABASE_URL": "sqlite:///typo/x.db"}, "the folder"),
+        ({"JOBS_DATABASE_URL": "postgresql://u@h:notaport/db"}, "is not a valid URL"),
+        ({"JOBS_DATABASE_URL": "postgresql://u@h:99999/db"}, "not a valid URL: Port out of range"),
+        ({"JOBS_DATABASE_URL": "postgresql+asyncpg://u@h/db"}, "driver 'asyncpg'"),
+        ({"JOBS_BROKER_URL": "redis://h"}, "use amqp:// (RabbitMQ) or filesystem://"),
+        ({"JOBS_QUEUE": "my queue"}, "JOBS_QUEUE='my queue'"),
         ({"JOBS_SWEEP_INTERVAL_SECONDS": "nan"}, "JOBS_SWEEP_INTERVAL_SECONDS='nan' is not a"),
         ({"JOBS_MAX_INPUT_BYTES": "1.5"}, "JOBS_MAX_INPUT_BYTES='1.5' is not a whole number"),
         ({"JOBS_DEFAULT_MAX_ATTEMPTS": "0"}, "JOBS_DEFAULT_MAX_ATTEMPTS='0' must be at least 1"),
@@ -613,6 +642,28 @@ def test_settings_errors_name_the_variable(env: dict[str, str], message: str) ->
     with pytest.raises(jobs.SettingsError) as info:
         from_env(env)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"JOBS_DATABASE_URL": "postgresql+asyncpg://app:s3cret@db/jobs"},
+        {"JOBS_DATABASE_URL": "postgresql://app:s3cret@db:notaport/jobs"},
+        {"JOBS_DATABASE_URL": "mysql://app:s3cret@db/jobs"},
+        {"JOBS_BROKER_URL": "redis://app:s3cret@cache//"},
+    ],
+)
+def test_settings_errors_never_show_the_password(env: dict[str, str]) -> None:
+    with pytest.raises(jobs.SettingsError) as info:
+        from_env(env)
+    assert "s3cret" not in str(info.value)
+    assert "app:***@" in str(info.value)
+
+
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(jobs.SettingsError, match="is a file, not a folder"):
+        from_env({"JOBS_DATA_DIR": str(tmp_path / "file")})
 
 
 def test_unknown_setting_lists_the_known_ones_but_not_test_variables() -> None:

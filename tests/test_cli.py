@@ -569,3 +569,186 @@ def test_python_dash_m_jobs_reports_mistakes_in_one_line(cli_env: dict[str, str]
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "unknown job id 'nope'" in unknown.stderr
     assert "not valid JSON" in bad_json.stderr
+
+
+# -- issue 8: every user mistake is one line ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--input", '{"order_id": ' + "9" * 5000 + "}"], "not valid JSON"),
+        (["--input", "[" * 10_000 + "]" * 10_000], "--input nests deeper than"),
+        (["--input", '{"order_id": 1}', "--id", ""], "job id must be a non-empty string"),
+        (["--input", '{"order_id": 1}', "--id", "a b"], "must not contain spaces"),
+        (["--input", '{"order_id": 1}', "--delay", "nan"], "delay_seconds must be between"),
+    ],
+)
+def test_submit_mistakes_are_one_line(args: list[str], fragment: str) -> None:
+    assert_one_line_error(jobctl("submit", "cli_lookup", *args), fragment)
+    assert jobs.list_jobs() == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-attempts", "9223372036854775808"],
+        ["--max-attempts", "1001"],
+        ["--delay", "inf"],
+        ["--delay", "1e20"],
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(args: list[str]) -> None:
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 1}', *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert jobs.list_jobs() == []
+
+
+def test_an_id_that_is_not_utf8_is_one_line(cli_env: dict[str, str]) -> None:
+    """Bytes that are not UTF-8 reach Python as surrogates; the database cannot encode them."""
+    result = subprocess.run(
+        [sys.executable, "-m", "jobs", "show", b"\xff\xfe".decode("utf-8", "surrogateescape")],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == "Error: an argument is not valid UTF-8 text"
+
+
+def test_show_escapes_notes_and_reasons() -> None:
+    """A newline in a reason must not forge a history line; terminal escapes must not pass."""
+    job_id = submit("cli_approval", {"amount": 5})
+    run(job_id)
+    note = "ok\n  2099-01-01T00:00:00+00:00  WAITING_APPROVAL -> COMPLETED \x1b[2J"
+    assert jobctl("approve", job_id, "--by", "Alice Smith", "--note", note).exit_code == 0
+    result = jobctl("cancel", job_id, "--reason", "bye\r\x07")
+    assert result.exit_code == 0, result.output
+    text = jobctl("show", job_id).stdout
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "\r" not in text
+    history = text.split("history:")[1].strip().splitlines()
+    assert len(history) == 5, history  # submitted, claimed, waiting, approved, cancelled
+    assert "approved_by=Alice Smith" in history[3]
+    assert "\\n  2099-01-01" in history[3]
+    assert "\\x1b[2J" in history[3]
+    assert "(bye\\r\\x07)" in history[4]
+    as_json = json.loads(jobctl("show", job_id, "--json").stdout)
+    assert as_json["history"][3]["reason"] == note  # --json keeps the exact text
+
+
+def test_notes_and_reasons_are_bounded() -> None:
+    job_id = submit("cli_approval", {"amount": 5})
+    run(job_id)
+    assert_one_line_error(
+        jobctl("approve", job_id, "--by", "alice", "--note", "n" * 5000),
+        "approval note is 5000 characters",
+    )
+    assert_one_line_error(
+        jobctl("cancel", job_id, "--reason", "r" * 5000), "cancel reason is 5000 characters"
+    )
+    assert jobs.get(job_id).state is jobs.State.WAITING_APPROVAL
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"JOBS_DATABASE_URL": "sqlite://"}, "in-memory database"),
+        ({"JOBS_DATABASE_URL": "sqlite:///no/such/folder/x.db"}, "does not exist"),
+        ({"JOBS_DATABASE_URL": "postgresql://u:s3cret@h:notaport/db"}, "u:***@h:notaport"),
+        ({"JOBS_DATABASE_URL": "postgresql+asyncpg://u:s3cret@h/db"}, "driver 'asyncpg'"),
+        ({"JOBS_LEASE_SECONDS": "1e12"}, "must be between 1 and 86400"),
+    ],
+)
+def test_setting_mistakes_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], fragment: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    reset_settings()
+    result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 1}')
+    assert_one_line_error(result, fragment)
+    assert "s3cret" not in result.output
+
+
+def test_a_data_dir_that_is_a_file_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "a-file"))
+    reset_settings()
+    assert_one_line_error(jobctl("list"), "is a file, not a folder")
+
+
+BROKEN_MODULE = "import jobs\n\n@jobs.job('half')\ndef half(ctx):\n    return 1\n\n{}\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("raise RuntimeError('config missing: SHOP_TOKEN')", "RuntimeError: config missing"),
+        ("1 / 0", "ZeroDivisionError: division by zero"),
+        ("def broken(:\n    pass", "SyntaxError"),
+        ("import no_such_module_here", "ModuleNotFoundError"),
+    ],
+)
+def test_a_broken_imports_module_is_one_line_and_stops_a_worker(
+    cli_env: dict[str, str], tmp_path: Path, body: str, error: str
+) -> None:
+    """Any exception, named with its module: jobctl says so in one line, and
+    ``celery -A jobs.celery_app worker`` logs one line and refuses to start (on the landed
+    main it started with no kinds and FAILED every job it received as an unknown kind)."""
+    (tmp_path / "cli_broken_kinds.py").write_text(BROKEN_MODULE.format(body))
+    env = dict(cli_env, JOBS_IMPORTS="cli_broken_kinds")
+
+    submitted = child([sys.executable, "-m", "jobs", "submit", "half"], env)
+    assert submitted.returncode == 1
+    assert "Traceback" not in submitted.stderr
+    [line] = submitted.stderr.strip().splitlines()
+    assert "JOBS_IMPORTS: cannot import 'cli_broken_kinds'" in line
+    assert error in line
+
+    worker = child(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "jobs.celery_app",
+            "worker",
+            "--pool",
+            "solo",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env,
+    )
+    assert worker.returncode != 0
+    assert "Traceback" not in worker.stdout + worker.stderr
+    assert " ready." not in worker.stdout + worker.stderr
+    refused = [
+        line for line in (worker.stdout + worker.stderr).splitlines() if "cannot import" in line
+    ]
+    assert len(refused) == 1, worker.stdout + worker.stderr
+    assert "the worker will not start" in refused[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([], "Flower needs --basic-auth user:password"),
+        (["--basic-auth", "admin"], "--basic-auth must be user:password"),
+        (["--basic-auth", "admin:"], "--basic-auth must be user:password"),
+    ],
+)
+def test_flower_refuses_to_start_without_credentials(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], fragment: str
+) -> None:
+    """Issue 8: Flower lists every job ID and can shut workers down; it must not start open."""
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    assert_one_line_error(jobctl("flower", *args), fragment)

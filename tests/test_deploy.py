@@ -96,8 +96,13 @@ def _jobctl_problem(args: list[str]) -> str | None:
         return None
     if args == ["db", "upgrade"]:
         return None
+    if args and args[0] == "flower":
+        # jobctl flower refuses to start without credentials: the file must give them.
+        if not any(arg.startswith("--basic-auth=") for arg in args[1:]):
+            return "jobctl flower without --basic-auth= would refuse to start"
+        return None
     if not args or args[0] != "worker":
-        return f"jobctl {' '.join(args)!r} is not worker, sweeper or db upgrade"
+        return f"jobctl {' '.join(args)!r} is not worker, sweeper, flower or db upgrade"
     rest = args[1:]
     while rest:
         option, _, inline = rest[0].partition("=")
@@ -310,7 +315,7 @@ def test_every_compose_command_is_a_documented_jobctl_or_celery_command() -> Non
         "migrate": "jobctl db",
         "worker": "jobctl worker",
         "sweeper": "jobctl sweeper",
-        "flower": "flower",
+        "flower": "jobctl flower",
     }
 
 

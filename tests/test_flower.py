@@ -106,9 +106,7 @@ def test_flower_shows_worker_and_job_task(
     flower_cmd = [
         sys.executable,
         "-m",
-        "celery",
-        "-A",
-        "jobs.celery_app",
+        "jobs",
         "flower",
         f"--port={port}",
         "--address=127.0.0.1",

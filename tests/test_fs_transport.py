@@ -24,7 +24,8 @@ def test_a_half_written_or_garbled_file_never_stops_the_consumer(
 ) -> None:
     with connection(tmp_path) as conn:
         channel = conn.default_channel
-        channel._put("jobs", {"body": "first"})
+        first = {"body": "first", "properties": {"delivery_tag": "t1"}}  # a minimal envelope
+        channel._put("jobs", first)
         # What kombu's in-place write leaves for a moment: the file, still empty.
         (tmp_path / "0_torn.jobs.msg").write_bytes(b"")
         # A message of ours still being written: not a name any consumer takes.
@@ -32,7 +33,7 @@ def test_a_half_written_or_garbled_file_never_stops_the_consumer(
         got = [channel._get("jobs")]
         with pytest.raises(Empty):
             channel._get("jobs")
-    assert got == [{"body": "first"}]
+    assert got == [first]
     assert "dropped an unreadable message file" in caplog.text
     assert (tmp_path / ".9_partial.jobs.msg.part").exists()
 
@@ -52,3 +53,16 @@ def test_messages_are_renamed_into_place(tmp_path: Path) -> None:
     names = [path.name for path in tmp_path.iterdir()]
     assert len(names) == 20
     assert all(name.endswith(".jobs.msg") and not name.startswith(".") for name in names)
+
+
+def test_json_that_is_no_envelope_is_dropped_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 8: anyone who can write to the folder can leave valid JSON that kombu cannot
+    turn into a message (kombu raised in the worker's loop on it)."""
+    with connection(tmp_path) as conn:
+        for number, content in enumerate([b"{}", b"[1, 2]", b'{"properties": {}}']):
+            (tmp_path / f"{number}_x.jobs.msg").write_bytes(content)
+        with pytest.raises(Empty):
+            conn.default_channel._get("jobs")
+    assert caplog.text.count("that is not a message envelope") == 3

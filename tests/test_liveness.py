@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
 from jobs.core.db import make_engine
@@ -135,3 +135,49 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     assert f"process {dead_pid} is gone" in (rescued[0].last_error or "")
     assert sqlite_store.get("alive").state is State.RUNNING
     engine.dispose()
+
+
+def _terminate_lock_session(engine: Engine, key: int) -> None:
+    """Drop the one session holding ``key`` (our own test's lock), as a network cut would."""
+    with engine.connect() as conn:
+        pid = conn.execute(
+            text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+                "AND ((classid::bigint << 32) | objid::bigint) = :key"
+            ),
+            {"key": key},
+        ).scalar_one()
+        conn.execute(select(func.pg_terminate_backend(pid)))
+        conn.commit()
+
+
+@pytest.mark.postgres
+def test_a_dropped_lock_connection_is_taken_again_and_not_judged_dead(
+    store: JobStore, lock_holder: liveness.LivenessLock
+) -> None:
+    """Issue 8: a live owner whose lock connection dropped must not look dead. The keeper
+    takes the lock again within a round, and the sweeper looks twice before it rescues."""
+    store.create("k", {}, job_id="J", max_attempts=3)
+    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    _terminate_lock_session(store.engine, lock_holder.key)
+    assert eventually(lambda: lock_holder.key not in liveness.held_keys(store.engine), 2)
+
+    assert liveness.rescue_dead_owners(store) == []  # looked twice: the lock came back
+    assert store.get("J").state is State.RUNNING
+    assert lock_holder.key in liveness.held_keys(store.engine)
+
+
+@pytest.mark.postgres
+def test_a_lock_missing_on_both_looks_is_a_dead_owner(
+    store: JobStore, lock_holder: liveness.LivenessLock
+) -> None:
+    store.create("k", {}, job_id="J", max_attempts=3)
+    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    lock_holder.release()  # the process is gone: nothing takes the lock again
+    rescued = eventually(lambda: liveness.rescue_dead_owners(store, recheck_seconds=0.5))
+    assert [job.id for job in rescued] == ["J"]
+
+
+@pytest.mark.postgres
+def test_the_server_uptime_is_known(store: JobStore) -> None:
+    assert liveness.server_uptime(store.engine) > 0

@@ -205,11 +205,11 @@ def test_explain_a_job_waiting_for_a_slot_of_its_kind() -> None:
 
 
 def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JOBS_REDISPATCH_AFTER_SECONDS", "0.05")
+    monkeypatch.setenv("JOBS_REDISPATCH_AFTER_SECONDS", "1")
     reset_settings()
     sent = jobs.submit("ops_lookup", {"order_id": 1})
     assert explained(sent)["reason"] == "waiting_for_worker"
-    time.sleep(0.1)
+    time.sleep(1.1)
     found = explained(sent)
     assert found["reason"] == "message_lost"
     assert "the next sweep sends it again" in found["explanation"]

@@ -21,6 +21,7 @@ from jobs.core.store import JobStore
 from jobs.runtime import broker_errors
 from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
 from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
+from jobs.runtime.doorbell import GuardedConsumer
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 from jobs.runtime.sweeper import ring_all_due, sweep_once
 from tests.conftest import AMQP_URL, service_unavailable
@@ -67,7 +68,9 @@ def test_every_process_declares_the_same_queue(
     assert app.amqp.queues[settings.queue].queue_arguments == arguments
     app.amqp.queues.select([settings.queue])  # what ``celery worker -Q jobs`` does
     assert app.amqp.queues.consume_from[settings.queue].queue_arguments == arguments
-    assert app.conf.worker_consumer == "jobs.runtime.broker_errors:RetryingConsumer"
+    # The doorbell gate (issue 8) on top of the consumer that retries broker errors.
+    assert app.conf.worker_consumer == "jobs.runtime.doorbell:GuardedConsumer"
+    assert issubclass(GuardedConsumer, RetryingConsumer)
     assert app.conf.broker_channel_error_retry is True
 
 

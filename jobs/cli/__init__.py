@@ -38,6 +38,8 @@ class JobctlGroup(click.Group):
             return super().invoke(ctx)
         except JobError as err:
             raise click.ClickException(str(err)) from None
+        except UnicodeEncodeError:  # bytes that are not UTF-8 in an argument (an ID, a name)
+            raise click.ClickException("an argument is not valid UTF-8 text") from None
         except Exception as err:
             if _is_database_error(err):
                 raise _database_failure(err) from None

@@ -20,6 +20,7 @@ import jobs
 from jobs.cli import main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
+from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, clip
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs.core.records import Job, Step, Transition
@@ -91,7 +92,18 @@ def transition_dict(move: Transition) -> dict[str, Any]:
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(", ", ": "), sort_keys=True)
+    return json.dumps(value, separators=(", ", ": "), sort_keys=True, default=repr)
+
+
+def shown(text: str | None) -> str:
+    """Text from the ledger as one safe line: newlines, tabs, terminal escapes and other
+    control characters are shown escaped (``\\n``, ``\\x1b``), so a note or reason can
+    neither forge another line of output nor drive the terminal."""
+    if text is None:
+        return "-"
+    if all(ch.isprintable() for ch in text):
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _echo_json(value: Any) -> None:
@@ -110,8 +122,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def parse_inputs(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"--input is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InvalidInput(f"--input nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:  # not JSON, or an integer of more than 4,300 digits
+        raise InvalidInput(f"--input is not valid JSON: {clip(str(err), 200)}") from None
     if not isinstance(value, dict):
         raise InvalidInput(f"--input must be a JSON object, got {type(value).__name__}")
     return value
@@ -143,9 +157,16 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
     help="The job's inputs as a JSON object.",
 )
 @click.option("--id", "job_id", help="Choose the ID; the same ID and inputs again is a no-op.")
-@click.option("--max-attempts", type=click.IntRange(min=1), help="Override the kind's limit.")
 @click.option(
-    "--delay", type=click.FloatRange(min=0), default=0.0, help="Seconds before the job is due."
+    "--max-attempts",
+    type=click.IntRange(min=1, max=MAX_ATTEMPTS),
+    help="Override the kind's limit.",
+)
+@click.option(
+    "--delay",
+    type=click.FloatRange(min=0, max=MAX_DELAY_SECONDS),
+    default=0.0,
+    help="Seconds before the job is due.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
@@ -202,7 +223,7 @@ def _exit(code: int) -> NoReturn:
 def progress_line(job: Job, steps: Sequence[Step]) -> str:
     names = ", ".join(step.name for step in steps) or "-"
     return (
-        f"{job.id} {job.state.value} owner={job.owner or '-'} attempt {job.attempts} steps: {names}"
+        f"{job.id} {job.state.value} owner={shown(job.owner)} attempt {job.attempts} steps: {names}"
     )
 
 
@@ -232,9 +253,9 @@ def _ended(job: Job) -> int:
         click.echo(f"waiting for approval: jobctl approve {job.id} --by NAME")
         return 0
     if job.state is State.FAILED:
-        click.echo(f"{job.id} failed: {job.last_error}", err=True)
+        click.echo(f"{job.id} failed: {shown(job.last_error)}", err=True)
         return 1
-    click.echo(f"{job.id} cancelled: {job.last_error or _last_reason(job.id)}", err=True)
+    click.echo(f"{job.id} cancelled: {shown(job.last_error or _last_reason(job.id))}", err=True)
     return 1
 
 
@@ -269,13 +290,13 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
         ("id", job.id),
         ("kind", job.kind),
         ("state", job.state.value),
-        ("owner", job.owner or "-"),
+        ("owner", shown(job.owner)),
         ("lease_until", iso(job.lease_until) or "-"),
         ("fence", str(job.fence)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("inputs", _compact(job.inputs)),
         ("result", _compact(job.result)),
-        ("last_error", job.last_error or "-"),
+        ("last_error", shown(job.last_error)),
     ]
     if job.waiting_for:
         fields.append(("waiting_for", job.waiting_for))
@@ -285,7 +306,7 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
     for step in steps:
         click.echo(
             f"  {step.name}  {_compact(step.output)}  "
-            f"(owner={step.owner} fence={step.fence} at {iso(step.recorded_at)})"
+            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
         )
     click.echo("history:")
     for move in history:
@@ -296,11 +317,11 @@ def _history_line(move: Transition) -> str:
     source = move.from_state.value if move.from_state is not None else "(new)"
     parts = [f"{iso(move.at)}  {source} -> {move.to_state.value}"]
     if move.owner is not None:
-        parts.append(f"owner={move.owner} fence={move.fence}")
+        parts.append(f"owner={shown(move.owner)} fence={move.fence}")
     if move.approved_by is not None:
-        parts.append(f"approved_by={move.approved_by}")
+        parts.append(f"approved_by={shown(move.approved_by)}")
     if move.reason:
-        parts.append(f"({move.reason})")
+        parts.append(f"({shown(move.reason)})")
     return "  ".join(parts)
 
 
@@ -329,7 +350,7 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
                 j.id,
                 j.kind,
                 j.state.value,
-                j.owner or "-",
+                shown(j.owner),
                 f"{j.attempts}/{j.max_attempts}",
                 j.updated_at.isoformat(timespec="seconds"),
             )

@@ -107,3 +107,39 @@ def demo(job_id: str, timeout: float) -> None:
     ok = run_demo(job_id=job_id, timeout=timeout, echo=click.echo)
     if not ok:
         raise SystemExit(1)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--basic-auth",
+    "basic_auth",
+    envvar="FLOWER_BASIC_AUTH",
+    help="user:password (several, comma-separated); also read from FLOWER_BASIC_AUTH.",
+)
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Start without credentials (a private network you trust, or auth in a proxy).",
+)
+@click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
+def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[str, ...]) -> None:
+    """Run Flower on this app; refuses to start without --basic-auth unless told otherwise.
+
+    Flower shows every job ID and can revoke tasks and shut workers down: never expose it
+    without credentials. Extra arguments go to `celery flower` unchanged.
+    """
+    if basic_auth is None and not insecure_no_auth:
+        raise click.ClickException(
+            "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
+            "--insecure-no-auth starts it without credentials"
+        )
+    argv = [sys.executable, "-m", "celery", "-A", "jobs.celery_app", "flower"]
+    if basic_auth is not None:
+        pairs = [pair.strip() for pair in basic_auth.split(",")]
+        if not all(user and password for user, _, password in (p.partition(":") for p in pairs)):
+            raise click.ClickException("--basic-auth must be user:password (comma-separated)")
+        argv.append(f"--basic-auth={basic_auth}")
+    argv += list(flower_args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - become the Flower process

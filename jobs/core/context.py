@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs.core.errors import LeaseLost, StepError
+from jobs.core.errors import InvalidInput, LeaseLost, StepError
+from jobs.core.validate import check_name, check_text
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
@@ -37,6 +38,18 @@ class WaitingForApproval(JobInterrupt):
 
 class HandBack(JobInterrupt):
     """The run used up its time budget for one delivery: give the job back to the queue."""
+
+
+class Unstorable(JobInterrupt):
+    """A step name, step output or approval reason that can never be recorded: the job
+    fails now with the reason; retrying would only run the step's side effect again."""
+
+
+def _storable(check: Callable[[], object]) -> None:
+    try:
+        check()
+    except InvalidInput as err:
+        raise Unstorable(str(err)) from None
 
 
 class JobContext:
@@ -135,6 +148,7 @@ class JobContext:
         same value. If the process dies after ``fn`` ran but before the record commits,
         ``fn`` runs again: make such steps idempotent.
         """
+        _storable(lambda: check_name(name, "step name"))  # before the function runs
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)
@@ -148,7 +162,10 @@ class JobContext:
         self.take_pending_and_record()
         output = fn(*args, **kwargs)
         self.check_lease()
-        pending = self.store.pending_step(name, output)
+        try:
+            pending = self.store.pending_step(name, output)
+        except InvalidInput as err:
+            raise Unstorable(str(err)) from None
         with self._pending_lock:
             self._pending.append(pending)
         if self._heartbeat is not None:
@@ -168,6 +185,8 @@ class JobContext:
         """
         self._approvals += 1
         name = key or f"approval-{self._approvals}"
+        _storable(lambda: check_name(name, "approval key"))
+        _storable(lambda: check_text(reason, "approval reason"))
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)

@@ -28,11 +28,19 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
+from jobs.core.validate import load_json
+
 T = TypeVar("T")
 
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDLE_IN_TRANSACTION_MS = 15_000
+# No statement of ours takes long; one that does is stuck (a lock, a dead server). Bounded
+# so a worker or sweeper gets an error it can retry instead of hanging. Generous for
+# `jobctl db upgrade`; behind a pooler set them on the role instead (deploy/README.md).
+STATEMENT_TIMEOUT_MS = 120_000
+LOCK_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_SECONDS = 10
 
 
 def _prepare_sqlite(engine: Engine) -> None:
@@ -55,9 +63,15 @@ def _prepare_sqlite(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """A new engine for ``url`` with the per-backend settings the store relies on."""
+def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
+    """A new engine for ``url`` with the per-backend settings the store relies on.
+
+    ``pooled``: the URL reaches PostgreSQL through a pooler in transaction mode (PgBouncer),
+    which refuses the ``options`` start-up parameter and cannot keep prepared statements
+    across transactions (before PgBouncer 1.21): neither is used then."""
     parsed = make_url(url)
+    # A stored value that cannot be read back loads as validate.Unloadable, not an error.
+    kwargs.setdefault("json_deserializer", load_json)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database in (None, "", ":memory:"):
@@ -69,13 +83,39 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, **kwargs)
         _prepare_sqlite(engine)
         return engine
-    # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
-    # process would hold its row locks and stall every sweeper and claim behind it.
-    kwargs.setdefault(
-        "connect_args",
-        {"options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"},
-    )
-    return create_engine(url, **kwargs)
+    connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    if pooled:
+        connect_args["prepare_threshold"] = None
+    else:
+        # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
+        # process would hold its row locks and stall every sweeper and claim behind it.
+        connect_args["options"] = (
+            f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
+            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+        )
+    kwargs.setdefault("connect_args", connect_args)
+    engine = create_engine(url, **kwargs)
+    if not pooled:
+        _unprepare_behind_a_proxy(engine, parsed.port or 5432)
+    return engine
+
+
+def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:
+    """A connection that reaches a server listening on another port than the URL's goes
+    through a proxy, maybe a pooler in transaction mode, which (before PgBouncer 1.21)
+    loses psycopg's prepared statements between transactions: prepare nothing there."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT inet_server_port()")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()
+        if row is not None and row[0] is not None and int(row[0]) != url_port:
+            dbapi_connection.prepare_threshold = None
 
 
 @contextlib.contextmanager

@@ -5,6 +5,11 @@ Workers take the locks (:mod:`jobs.runtime.liveness`); the claim and the sweeper
 question inside their own statements, so a job whose owner process died can be taken over
 the moment a redelivered message or a sweep reaches it, without waiting for the lease. Off
 PostgreSQL there are no such locks and the answer is always "not released".
+
+A server restart drops every session's locks at once, the live workers' too; they take
+theirs again within a second or so of reconnecting. So for :data:`RESTART_GRACE_SECONDS`
+after the server (re)started, a missing lock proves nothing and is not treated as a death:
+those jobs are recovered by their lease if their owner really is gone.
 """
 
 from __future__ import annotations
@@ -25,8 +30,28 @@ HELD_KEYS_SQL = (
 )
 
 
+# Longer than a worker needs to notice a restart and take its lock again (it checks every
+# second, and connects with a timeout well below this).
+RESTART_GRACE_SECONDS = 15
+
+# When the server's shared lock table was last (re)initialised: the postmaster's start, or
+# a crash restart (the checkpointer is restarted with it; its start is visible to roles
+# with pg_read_all_stats, and NULL, so ignored, for others).
+SERVER_SINCE_SQL = (
+    "GREATEST(pg_postmaster_start_time(), COALESCE((SELECT a.backend_start "
+    "FROM pg_stat_activity a WHERE a.backend_type = 'checkpointer' LIMIT 1), "
+    "pg_postmaster_start_time()))"
+)
+# True once locks missing on this server can mean dead owners again.
+SERVER_SETTLED_SQL = (
+    f"({SERVER_SINCE_SQL} < clock_timestamp() - interval '{RESTART_GRACE_SECONDS} seconds')"
+)
+SERVER_UPTIME_SQL = f"SELECT EXTRACT(EPOCH FROM clock_timestamp() - {SERVER_SINCE_SQL})"
+
+
 class owner_lock_released(FunctionElement[bool]):
-    """True when the row has a liveness key and no session holds that advisory lock."""
+    """True when the row has a liveness key, no session holds that advisory lock, and the
+    server did not restart in the last :data:`RESTART_GRACE_SECONDS`."""
 
     type = Boolean()
     inherit_cache = True
@@ -36,7 +61,7 @@ class owner_lock_released(FunctionElement[bool]):
 @compiles(owner_lock_released, "postgresql")
 def _pg_released(element: owner_lock_released, compiler: SQLCompiler, **kw: Any) -> str:
     key = compiler.process(element.clauses, **kw)
-    return f"({key} IS NOT NULL AND {key} NOT IN ({HELD_KEYS_SQL}))"
+    return f"({key} IS NOT NULL AND {key} NOT IN ({HELD_KEYS_SQL}) AND {SERVER_SETTLED_SQL})"
 
 
 @compiles(owner_lock_released)

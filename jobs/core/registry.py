@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
-from jobs.core.validate import check_name
+from jobs.core.validate import check_name, clip
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -163,9 +163,12 @@ class Registry:
             for module in names:
                 try:
                     importlib.import_module(module)
-                except ImportError as err:
-                    self._imported = False
-                    raise SettingsError(f"JOBS_IMPORTS: cannot import {module!r}: {err}") from err
+                except Exception as err:  # whatever a user's module raises, not only ImportError
+                    self._imported = False  # the next call tries (and reports) again
+                    detail = clip(str(err).strip().splitlines()[0] if str(err).strip() else "", 300)
+                    raise SettingsError(
+                        f"JOBS_IMPORTS: cannot import {module!r}: {type(err).__name__}: {detail}"
+                    ) from err
 
     def get(self, name: str) -> JobKind:
         kind = self._kinds.get(name)

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.context import HandBack, JobContext, WaitingForApproval
+from jobs.core.context import HandBack, JobContext, Unstorable, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
 from jobs.core.store import Claim, Job, JobStore
+from jobs.core.validate import check_loaded, clip
 
 log = logging.getLogger("jobs.runner")
 
@@ -121,14 +122,18 @@ class Runner:
         job = claim.job
         try:
             kind = self.registry.get(job.kind)
+            check_loaded(job.inputs, "inputs")
             kind.check_inputs(job.inputs)
+            recorded = (
+                {step.name: step.output for step in self.store.steps(job.id)}
+                if claim.has_steps
+                else {}
+            )
+            check_loaded(recorded, "a recorded step output")
         except (UnknownKind, InvalidInput) as err:
             # Not transient: no retry would help. Fail with the reason instead of looping.
             failed = self.store.fail(claim, str(err))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
-        recorded = (
-            {step.name: step.output for step in self.store.steps(job.id)} if claim.has_steps else {}
-        )
         deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
         ctx = JobContext(
             self.store,
@@ -159,10 +164,13 @@ class Runner:
         except HandBack as hand_back:
             released = self.store.release(claim, str(hand_back), steps=ctx.take_pending())
             return self._result(released, Outcome.HANDED_BACK, ctx)
+        except Unstorable as unstorable:
+            failed = self.store.fail(claim, str(unstorable), steps=ctx.take_pending())
+            return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
         except LeaseLost:
             raise
         except Exception as err:
-            error = f"{type(err).__name__}: {err}"
+            error = clip(f"{type(err).__name__}: {err}")
             log.info(
                 "job %s attempt %d failed: %s\n%s",
                 job.id,

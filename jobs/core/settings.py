@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from jobs.core.errors import SettingsError
 
 PREFIX = "JOBS_"
+BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
 
 QUEUE_TYPES = ("classic", "quorum")
 """``JOBS_QUEUE_TYPE`` values. ``classic`` is the default because a queue's type is fixed
@@ -40,6 +42,9 @@ class Settings:
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
     queue_type: str = "classic"
+    # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
+    # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
+    liveness_database_url: str | None = None
     # Finished jobs older than this are deleted by the sweeper; None keeps them forever.
     retention_days: float | None = 14.0
     # The sweeper serves Prometheus metrics on this port when set (needs the metrics extra).
@@ -69,11 +74,30 @@ KNOWN = {
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
     "QUEUE_TYPE",
+    "LIVENESS_DATABASE_URL",
     "RETENTION_DAYS",
     "METRICS_PORT",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
     "TEST_AMQP_URL",
+}
+
+
+DAY = 86_400.0
+
+# Sane ranges for each number, so a typo cannot make a lease that is never renewable (1e12
+# overflowed to a NULL lease) or that every run loses before its first step (1e-9).
+FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "LEASE_SECONDS": (1.0, DAY),
+    "SWEEP_INTERVAL_SECONDS": (0.05, 3600.0),
+    "REDISPATCH_AFTER_SECONDS": (1.0, DAY),
+    "RETRY_BACKOFF_SECONDS": (0.01, DAY),
+    "RETRY_BACKOFF_MAX_SECONDS": (0.01, 7 * DAY),
+    "DELIVERY_BUDGET_SECONDS": (1.0, DAY),
+}
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "MAX_INPUT_BYTES": (1, 256 * 1024 * 1024),
+    "DEFAULT_MAX_ATTEMPTS": (1, 1000),
 }
 
 
@@ -84,11 +108,14 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a number") from None
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a number") from None
     if not math.isfinite(value):  # an infinite lease would be stored as NULL: never renewable
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a finite number")
     if not value > 0:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be greater than 0")
+    low, high = FLOAT_BOUNDS.get(name, (0.0, math.inf))
+    if not low <= value <= high:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low:g} and {high:g}")
     return value
 
 
@@ -98,10 +125,13 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     try:
         value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a whole number") from None
+    except ValueError:  # also a number of more than 4,300 digits
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a whole number") from None
     if value < 1:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be at least 1")
+    low, high = INT_BOUNDS.get(name, (1, 2**31 - 1))
+    if not low <= value <= high:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low} and {high}")
     return value
 
 
@@ -119,6 +149,57 @@ def _port(env: Mapping[str, str], name: str) -> int | None:
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a TCP port (1-65535)")
     return int(raw)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``: what error messages and logs show."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
+    """Refuse URLs that would lose jobs silently or fail later with a traceback. (Parsed
+    with urllib: a worker's main process loads no SQLAlchemy.)"""
+    shown = mask_url(url)
+    if not url.startswith(("sqlite", "postgresql")):
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: only sqlite:/// and postgresql:// URLs are supported"
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number in 0..65535
+    except ValueError as err:
+        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r} is not a valid URL: {err}") from None
+    backend, _, driver = parts.scheme.partition("+")
+    if backend == "postgresql":
+        if driver != "psycopg":
+            raise SettingsError(
+                f"{PREFIX}DATABASE_URL={shown!r}: the driver {driver!r} is not supported "
+                "(use postgresql:// for psycopg 3)"
+            )
+        if port == 0:
+            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: port 0 is out of range")
+        return
+    if backend != "sqlite" or driver not in ("", "pysqlite"):
+        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: use sqlite:///PATH")
+    database = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    query = urllib.parse.parse_qs(parts.query)
+    if database in ("", ":memory:") or "memory" in query.get("mode", []):
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: an in-memory database would lose every job "
+            "when the process exits; use sqlite:///PATH"
+        )
+    folder = Path(database).absolute().parent
+    if given and folder != data_dir and not folder.is_dir():
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL={shown!r}: the folder {str(folder)!r} does not exist"
+        )
 
 
 def normalize_database_url(url: str) -> str:
@@ -166,16 +247,30 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             + ")"
         )
     data_dir = Path(env.get(PREFIX + "DATA_DIR") or "jobs-data").absolute()
-    database_url = env.get(PREFIX + "DATABASE_URL") or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
+    if data_dir.exists() and not data_dir.is_dir():
+        raise SettingsError(f"{PREFIX}DATA_DIR={str(data_dir)!r} is a file, not a folder")
+    given_url = env.get(PREFIX + "DATABASE_URL")
+    database_url = given_url or f"sqlite:///{data_dir / 'jobs.sqlite3'}"
     database_url = normalize_database_url(database_url)
-    if not database_url.startswith(("sqlite", "postgresql")):
-        raise SettingsError(
-            f"{PREFIX}DATABASE_URL={database_url!r}: "
-            "only sqlite:/// and postgresql:// URLs are supported"
-        )
+    _check_database_url(database_url, data_dir, given=bool(given_url))
+    liveness_url = env.get(PREFIX + "LIVENESS_DATABASE_URL") or None
+    if liveness_url is not None:
+        liveness_url = normalize_database_url(liveness_url)
+        if not database_url.startswith("postgresql") or not liveness_url.startswith("postgresql"):
+            raise SettingsError(
+                f"{PREFIX}LIVENESS_DATABASE_URL={mask_url(liveness_url)!r}: only for a "
+                "PostgreSQL JOBS_DATABASE_URL, and itself a postgresql:// URL"
+            )
+        _check_database_url(liveness_url, data_dir, given=True)
     broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
+    scheme = broker_url.partition("://")[0]
     if "://" not in broker_url:
-        raise SettingsError(f"{PREFIX}BROKER_URL={broker_url!r} is not a URL")
+        raise SettingsError(f"{PREFIX}BROKER_URL={mask_url(broker_url)!r} is not a URL")
+    if scheme not in BROKER_SCHEMES:
+        raise SettingsError(
+            f"{PREFIX}BROKER_URL={mask_url(broker_url)!r}: use amqp:// (RabbitMQ) "
+            "or filesystem:// (embedded)"
+        )
     lease = _positive_float(env, "LEASE_SECONDS", 30.0)
     sweep = _positive_float(env, "SWEEP_INTERVAL_SECONDS", 2.0)
     imports = tuple(
@@ -190,6 +285,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(
             f"{PREFIX}QUEUE_TYPE={queue_type!r} must be one of: {', '.join(QUEUE_TYPES)}"
         )
+    if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
+        raise SettingsError(f"{PREFIX}QUEUE={queue[:40]!r}: letters, digits and -_.: only")
+    backoff = _positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0)
+    backoff_max = _positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0)
+    if backoff_max < backoff:
+        raise SettingsError(
+            f"{PREFIX}RETRY_BACKOFF_MAX_SECONDS={backoff_max:g} is below "
+            f"{PREFIX}RETRY_BACKOFF_SECONDS={backoff:g}"
+        )
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -200,11 +304,12 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         imports=imports,
         max_input_bytes=_positive_int(env, "MAX_INPUT_BYTES", 1_048_576),
         default_max_attempts=_positive_int(env, "DEFAULT_MAX_ATTEMPTS", 5),
-        retry_backoff_seconds=_positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0),
-        retry_backoff_max_seconds=_positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0),
+        retry_backoff_seconds=backoff,
+        retry_backoff_max_seconds=backoff_max,
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
         queue_type=queue_type,
+        liveness_database_url=liveness_url,
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),
     )

@@ -64,7 +64,15 @@ from jobs.core.reader import JOB_COLUMNS, JobReader
 from jobs.core.records import Claim, Job, KindLimits, PendingStep, Step, Transition
 from jobs.core.schedule import Schedule, check_schedule
 from jobs.core.states import State
-from jobs.core.validate import check_name, encode_json
+from jobs.core.validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    check_name,
+    check_number,
+    check_person,
+    check_text,
+    encode_json,
+)
 
 J = JobRecord
 L = KindLimitRecord
@@ -517,6 +525,8 @@ class JobStore(JobReader):
         text = encode_json(inputs, "inputs", self.max_payload_bytes)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidInput("max_attempts must be at least 1")
+        check_number(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        check_number(delay_seconds, "delay_seconds", 0, MAX_DELAY_SECONDS)
         now = self.clock.now()
         delayed = delay_seconds > 0
         return {
@@ -1171,7 +1181,9 @@ class JobStore(JobReader):
     def approve(
         self, job_id: str, by: str, note: str | None = None, *, conn: Connection | None = None
     ) -> Job:
-        check_name(by, "approver")
+        check_person(by, "approver")
+        if note is not None:
+            check_text(note, "approval note")
         now = self.clock.now()
         with self._unit(conn) as unit:
             row = self._transition(
@@ -1209,6 +1221,7 @@ class JobStore(JobReader):
         *,
         conn: Connection | None = None,
     ) -> Job:
+        check_text(reason, "cancel reason")
         with self._unit(conn) as unit:
             row = self._transition(
                 unit,

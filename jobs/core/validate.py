@@ -8,21 +8,40 @@ from typing import Any
 from jobs.core.errors import InvalidInput
 
 NAME_LENGTH = 200
+# A job may be tried at most this often, and delayed at most this long (a year).
+MAX_ATTEMPTS = 1000
+MAX_DELAY_SECONDS = 366 * 86_400.0
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
     """Validate that ``value`` is plain JSON within ``limit`` bytes; return its text.
 
     NaN and infinities are refused: they are not JSON and PostgreSQL's json type rejects them.
+    Values nested deeper than :data:`MAX_DEPTH` are refused: they could not be read back.
     """
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels") from None
     except (TypeError, ValueError) as err:
-        raise InvalidInput(f"{what} is not JSON-serializable: {err}") from None
-    size = len(text.encode())
+        raise InvalidInput(f"{what} is not JSON-serializable: {clip(str(err), 200)}") from None
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} holds undecodable text (lone surrogates)") from None
     if size > limit:
         raise InvalidInput(f"{what} is {size} bytes, over the limit of {limit} bytes")
+    if len(text) > 2 * MAX_DEPTH:  # a shorter text cannot nest that deep
+        check_depth(value, what)
     return text
+
+
+def check_number(value: object, what: str, low: float, high: float) -> None:
+    """A finite number (not a bool) between ``low`` and ``high``: attempts, delays."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{what} must be a number")
+    if not low <= value <= high:  # NaN fails both comparisons
+        raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {value!r:.40}")
 
 
 def check_name(value: object, what: str) -> None:
@@ -31,3 +50,91 @@ def check_name(value: object, what: str) -> None:
         raise InvalidInput(f"{what} must be a non-empty string of at most {NAME_LENGTH} characters")
     if any(ch.isspace() or not ch.isprintable() for ch in value):
         raise InvalidInput(f"{what} {value!r} must not contain spaces or control characters")
+
+
+# Deeper JSON than this is refused at every write. Python's json module recurses once per
+# level, so a value nested about a thousand deep can be written but not read back (the
+# claim would fail on every delivery, forever); real inputs and outputs nest a few levels.
+MAX_DEPTH = 64
+# Approval notes, cancel reasons and approval reasons: a sentence, not a document.
+TEXT_LENGTH = 2000
+# Errors recorded from exceptions are clipped to this many characters, never refused.
+ERROR_LENGTH = 4000
+
+
+def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse a value whose lists and objects nest deeper than ``limit``, without recursing
+    (so a value a million levels deep is refused as cheaply as one just past the limit)."""
+    containers = (dict, list, tuple)
+    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, containers) else []
+    while pending:
+        item, depth = pending.pop()
+        if depth > limit:
+            raise InvalidInput(f"{what} nests deeper than {limit} levels")
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, containers))
+
+
+class Unloadable:
+    """Stands in for a stored JSON value that cannot be read back (too deep, not JSON): the
+    row still loads, and the runner fails the job with the reason instead of every claim
+    failing and the job being re-sent forever."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<unloadable: {self.reason}>"
+
+
+def load_json(text: str | bytes) -> Any:
+    """The engines' JSON reader: :class:`Unloadable` instead of an exception."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return Unloadable(f"nested too deeply to read back (over {MAX_DEPTH} levels)")
+    except ValueError as err:
+        return Unloadable(f"not JSON ({clip(str(err), 200)})")
+
+
+def check_loaded(value: Any, what: str) -> None:
+    """Raise :class:`InvalidInput` if ``value`` (or one value of a dict of them) could not
+    be read back from the database."""
+    values = value.values() if isinstance(value, dict) else (value,)
+    for item in values:
+        if isinstance(item, Unloadable):
+            raise InvalidInput(f"{what} cannot be loaded: {item.reason}")
+
+
+def check_text(value: object, what: str, limit: int = TEXT_LENGTH) -> None:
+    """Notes and reasons a person writes: a string of at most ``limit`` characters without
+    NUL (PostgreSQL text cannot hold it). Shown escaped, so newlines and terminal escapes
+    cannot forge output."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string")
+    if len(value) > limit:
+        raise InvalidInput(f"{what} is {len(value)} characters, over the limit of {limit}")
+    if "\x00" in value or not _encodable(value):
+        raise InvalidInput(f"{what} must not contain NUL or undecodable bytes")
+
+
+def check_person(value: object, what: str) -> None:
+    """Who approved: a name as people write it (``Alice Smith``), printable, at most
+    NAME_LENGTH characters, not blank."""
+    if not isinstance(value, str) or not value.strip() or len(value) > NAME_LENGTH:
+        raise InvalidInput(f"{what} must be a non-empty name of at most {NAME_LENGTH} characters")
+    if not all(ch == " " or ch.isprintable() for ch in value) or not _encodable(value):
+        raise InvalidInput(f"{what} {value!r} must not contain control characters")
+
+
+def clip(text: str, limit: int = ERROR_LENGTH) -> str:
+    """``text`` cut to ``limit`` characters (with a marker), for errors we record, not refuse."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}… [{len(text)} chars]"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: undecodable bytes from a command line
+        return False
+    return True

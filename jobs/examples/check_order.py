@@ -19,7 +19,7 @@ def _effect(name: str, job_id: str) -> None:
     path = get_settings().data_dir / "effects.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as log:
-        log.write(f"{job_id} {name} pid={os.getpid()}\n")
+        log.write(f"{job_id} {name} pid={os.getpid()} at={time.time():.6f}\n")
 
 
 def lookup_order(job_id: str, order_id: int) -> dict[str, Any]:

@@ -18,7 +18,9 @@ closes one of Celery's known ways to lose or double-run work (see the README):
   Flower): RabbitMQ refuses a declare whose arguments differ from the queue's.
 - ``broker_channel_error_retry`` and ``worker_consumer``: a broker-side error (queue's
   node down, inequivalent declare, refused permission) pauses and retries instead of
-  stopping the worker (see jobs/runtime/broker_errors.py).
+  stopping the worker (see jobs/runtime/broker_errors.py); and a message that is not
+  exactly a doorbell is dropped with one log line before Celery decodes it
+  (:mod:`jobs.runtime.doorbell`), so no message can stop a worker.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 from celery import Celery, current_app, signals
 from kombu.entity import Queue
 
+from jobs.core.errors import SettingsError
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
 from jobs.core.validate import NAME_LENGTH
@@ -85,7 +88,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_default_queue": settings.queue,
         "task_queues": [task_queue(settings)],
-        "worker_consumer": "jobs.runtime.broker_errors:RetryingConsumer",
+        # RetryingConsumer (broker errors) with the doorbell gate in front of its task handler.
+        "worker_consumer": "jobs.runtime.doorbell:GuardedConsumer",
         "broker_channel_error_retry": True,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": True,
@@ -95,6 +99,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         folder = settings.broker_folder
         for sub in ("processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        # kombu's transport with atomic publishes and unreadable files dropped, not raised.
         config["broker_transport"] = "jobs.runtime.fs_transport:Transport"
         config["broker_transport_options"] = {
             "data_folder_in": str(folder),
@@ -163,10 +168,18 @@ def _is_ours(sender: Any) -> bool:
 
 @signals.worker_init.connect
 def _load_kinds(sender: Any = None, **_: Any) -> None:
-    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error."""
+    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error.
+
+    Celery logs and swallows an exception from a signal handler, and the worker would then
+    start with no kinds and FAIL every job it receives as an unknown kind: log one line and
+    exit instead (SystemExit is not swallowed)."""
     if not _is_ours(sender):
         return
-    names = REGISTRY.names()
+    try:
+        names = REGISTRY.names()
+    except SettingsError as err:
+        log.critical("%s; the worker will not start", err)
+        raise SystemExit(1) from None
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
     _preload_for_the_pool()
 
@@ -207,6 +220,9 @@ def _take_liveness_lock(**_: Any) -> None:
     from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
-    runtime.liveness_key()
-    runtime.seed_limits()
-    api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
+    try:  # bounded by the connect timeout; taken again before the child's first claim
+        runtime.liveness_key()
+        runtime.seed_limits()
+        api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
+    except Exception as err:  # the database may be down: the child must still start
+        log.warning("liveness lock not taken yet: %s", type(err).__name__)

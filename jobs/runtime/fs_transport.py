@@ -41,9 +41,20 @@ class Channel(filesystem.Channel):
     def _get(self, queue: Any) -> Any:  # type: ignore[override] # kombu's own hierarchy disagrees
         while True:
             try:
-                return super()._get(queue)  # type: ignore[no-untyped-call]
-            except ValueError as err:  # JSON that is not JSON: drop it, keep consuming
+                payload = super()._get(queue)  # type: ignore[no-untyped-call]
+            except (ValueError, RecursionError) as err:  # not JSON: drop it, keep consuming
                 log.error("dropped an unreadable message file on queue %r: %.200s", queue, err)
+                continue
+            try:  # anyone who can write to the folder can leave JSON that is no envelope
+                self.Message(payload, channel=self)  # type: ignore[no-untyped-call]
+            except Exception as err:
+                log.error(
+                    "dropped a message file on queue %r that is not a message envelope (%s)",
+                    queue,
+                    type(err).__name__,
+                )
+                continue
+            return payload
 
 
 class Transport(filesystem.Transport):

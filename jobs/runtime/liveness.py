@@ -10,10 +10,25 @@ making it safe: if the owner was only cut off, its next write is refused.
 
 A hung process (SIGSTOP) keeps its connection and lock, so it is recovered by lease
 expiry instead, and a fenced write stops it when it wakes.
+
+A lock can also go missing while its owner lives: a PostgreSQL restart drops every lock
+at once, and a dropped connection drops one. So a keeper thread checks the lock's
+connection every second and takes the lock again on a new one; the claim and the sweeper
+ignore missing locks for a grace period after a server restart
+(:data:`jobs.core.liveness.RESTART_GRACE_SECONDS`), and the sweeper looks twice, a few
+seconds apart, before it calls an owner dead.
+
+Behind a pooler in transaction mode (PgBouncer) a session lock stays on whichever server
+connection took it, not with the worker, so it says nothing about the worker. Point
+``JOBS_LIVENESS_DATABASE_URL`` straight at PostgreSQL and the locks are taken there; without
+it, a connection that reaches PostgreSQL through a proxy is detected (the server's port is
+not the URL's) and liveness locks are switched off: dead workers' jobs are then recovered
+when their lease runs out. :func:`lock_for` logs which, once per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -21,9 +36,11 @@ import threading
 import time
 
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from jobs.core.liveness import HELD_KEYS_SQL
+from jobs.core.liveness import HELD_KEYS_SQL, RESTART_GRACE_SECONDS, SERVER_UPTIME_SQL
+from jobs.core.settings import Settings, mask_url, normalize_database_url
 from jobs.core.store import Job, JobStore
 
 log = logging.getLogger("jobs.liveness")
@@ -31,46 +48,156 @@ log = logging.getLogger("jobs.liveness")
 # Keys are positive 62-bit integers so that (classid << 32 | objid) in pg_locks
 # reads them back unchanged.
 _KEY_BITS = 62
-CHECK_EVERY_SECONDS = 5.0
+# The keeper checks the lock's connection this often and re-takes a lost lock.
+KEEP_EVERY_SECONDS = 1.0
+# The sweeper calls an owner dead only if its lock is still missing this much later:
+# more than a keeper round plus a reconnect.
+RECHECK_SECONDS = 3.0
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 class LivenessLock:
-    def __init__(self, database_url: str) -> None:
+    """This process's advisory lock on one database, kept by a background thread."""
+
+    def __init__(self, database_url: str, lock_url: str | None = None) -> None:
         self.key = secrets.randbits(_KEY_BITS) or 1
-        self._engine: Engine = create_engine(database_url, poolclass=NullPool)
+        self._engine: Engine = create_engine(
+            normalize_database_url(lock_url or database_url),
+            poolclass=NullPool,
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        )
         self._conn: Connection | None = None
         self._lock = threading.Lock()
-        self._checked_at = 0.0
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._outage_logged = False
 
     def ensure(self) -> int:
-        """Hold the lock, re-taking it on a new connection if the old one died (checked at
-        most every few seconds: this runs before every claim)."""
+        """Hold the lock (taking it now if it is not held) and keep holding it."""
         with self._lock:
-            now = time.monotonic()
-            if self._conn is not None and now - self._checked_at < CHECK_EVERY_SECONDS:
-                return self.key
-            self._checked_at = now
+            if self._conn is None:
+                self._connect()
+        if self._keeper is None or not self._keeper.is_alive():
+            self._keeper = threading.Thread(
+                target=self._keep, name=f"liveness-{self.key}", daemon=True
+            )
+            self._keeper.start()
+        return self.key
+
+    def _connect(self) -> None:
+        conn = self._engine.connect()
+        try:
+            conn.execute(select(func.pg_advisory_lock(self.key)))
+            conn.commit()
+        except Exception:
+            conn.invalidate()
+            conn.close()
+            raise
+        self._conn = conn
+
+    def check(self) -> bool:
+        """One keeper round: is the lock's connection alive? If not, take the lock again on
+        a new connection. Returns whether the lock is held afterwards."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
             if self._conn is not None:
                 try:
                     self._conn.execute(text("SELECT 1"))
                     self._conn.commit()
-                    return self.key
+                    return True
                 except Exception:
-                    log.warning("liveness connection lost; taking the lock again")
-                    self._conn.invalidate()
+                    log.warning("liveness lock %d: connection lost; taking it again", self.key)
+                    with contextlib.suppress(Exception):
+                        self._conn.invalidate()
                     self._conn = None
-            conn = self._engine.connect()
-            conn.execute(select(func.pg_advisory_lock(self.key)))
-            conn.commit()
-            self._conn = conn
-            return self.key
+            try:
+                self._connect()
+            except Exception as err:
+                if not self._outage_logged:
+                    log.warning("liveness lock %d: cannot reconnect yet: %s", self.key, err)
+                    self._outage_logged = True
+                return False
+            log.info("liveness lock %d: taken again", self.key)
+            self._outage_logged = False
+            return True
+
+    def _keep(self) -> None:
+        while not self._stop.wait(KEEP_EVERY_SECONDS):
+            self.check()
 
     def release(self) -> None:
+        self._stop.set()
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
+                with contextlib.suppress(Exception):
+                    self._conn.close()
                 self._conn = None
+        keeper = self._keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join(timeout=KEEP_EVERY_SECONDS + CONNECT_TIMEOUT_SECONDS)
         self._engine.dispose()
+
+
+def through_proxy(conn: Connection, url: str) -> str | None:
+    """Why ``conn`` seems to reach PostgreSQL through a proxy (the server listens on another
+    port than the URL names), or None. A Unix socket or an unknown port says nothing."""
+    server_port = conn.execute(text("SELECT inet_server_port()")).scalar()
+    url_port = make_url(normalize_database_url(url)).port or 5432
+    if server_port is None or int(server_port) == url_port:
+        return None
+    return f"the URL names port {url_port} but the server listens on {server_port}"
+
+
+def lock_url_for(settings: Settings) -> str | None:
+    """``JOBS_LIVENESS_DATABASE_URL`` (the locks are taken there), or None (on the database)."""
+    return settings.liveness_database_url
+
+
+def _proxy_reason(database_url: str) -> str:
+    """Why liveness locks are off for ``database_url`` ("" when they are on): one short
+    connection, made once per process runtime (see :func:`lock_for`)."""
+    engine = create_engine(
+        database_url,
+        poolclass=NullPool,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    try:
+        with engine.connect() as conn:
+            return through_proxy(conn, database_url) or ""
+    finally:
+        engine.dispose()
+
+
+def describe(settings: Settings, reason: str = "") -> str:
+    """One line for a worker's log: how dead workers are found on this database (``reason``:
+    why the database URL looks like a pooler, if it does)."""
+    database_url = settings.database_url
+    if not database_url.startswith("postgresql"):
+        return "liveness: the owner's process ID (embedded: every worker runs on this host)"
+    lock_url = lock_url_for(settings)
+    if lock_url is not None:
+        return f"liveness: advisory locks on {mask_url(lock_url)} (JOBS_LIVENESS_DATABASE_URL)"
+    if reason:
+        return (
+            f"liveness: OFF, {mask_url(database_url)} looks like a pooler ({reason}); jobs "
+            "of dead workers are recovered when their lease runs out. Set "
+            "JOBS_LIVENESS_DATABASE_URL to a direct PostgreSQL URL for instant recovery"
+        )
+    return f"liveness: advisory locks on {mask_url(database_url)}"
+
+
+def lock_for(settings: Settings) -> LivenessLock | None:
+    """A new liveness lock for this process on ``settings``' PostgreSQL database, or None
+    behind a pooler without ``JOBS_LIVENESS_DATABASE_URL`` (a lock taken through it would
+    say nothing about this process). Logs how dead workers are found. Called once per
+    process runtime, which keeps the answer."""
+    lock_url = lock_url_for(settings)
+    reason = "" if lock_url is not None else _proxy_reason(settings.database_url)
+    log.info("%s", describe(settings, reason))
+    if reason:
+        return None
+    return LivenessLock(settings.database_url, lock_url)
 
 
 def held_keys(engine: Engine) -> set[int]:
@@ -93,10 +220,20 @@ def process_alive(pid: int) -> bool:
         return True  # no /proc: trust kill(0)
 
 
-def rescue_dead_owners(store: JobStore) -> list[Job]:
+def server_uptime(engine: Engine) -> float:
+    """Seconds since the server's lock table was last (re)initialised (a restart)."""
+    with engine.connect() as conn:
+        return float(conn.execute(text(SERVER_UPTIME_SQL)).scalar_one())
+
+
+def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS) -> list[Job]:
     """Re-queue (or fail, when out of attempts) RUNNING jobs whose owner process is gone:
     its advisory lock released (PostgreSQL), or its process ID no longer running (SQLite,
-    where every worker runs on this host). A reused PID only delays recovery to the lease."""
+    where every worker runs on this host). A reused PID only delays recovery to the lease.
+
+    On PostgreSQL a missing lock counts only if it is still missing ``recheck_seconds``
+    later (a live owner whose connection dropped takes its lock again within a keeper
+    round), and not at all within the grace period after a server restart."""
     dialect = store.engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         return []
@@ -104,12 +241,22 @@ def rescue_dead_owners(store: JobStore) -> list[Job]:
     if not running:
         return []
     if dialect == "postgresql":
+        uptime = server_uptime(store.engine)
+        if uptime < RESTART_GRACE_SECONDS:
+            log.info(
+                "server restarted %.1fs ago: live workers are taking their locks again; "
+                "missing locks ignored for %ds",
+                uptime,
+                RESTART_GRACE_SECONDS,
+            )
+            return []
         alive = held_keys(store.engine)
-        dead = [
-            (j, o, f, f"owner {o} died (liveness lock released)")
-            for j, o, f, key in running
-            if key not in alive
-        ]
+        missing = [(j, o, f, key) for j, o, f, key in running if key not in alive]
+        if missing and recheck_seconds > 0:
+            time.sleep(recheck_seconds)
+            alive = held_keys(store.engine)
+            missing = [(j, o, f, key) for j, o, f, key in missing if key not in alive]
+        dead = [(j, o, f, f"owner {o} died (liveness lock released)") for j, o, f, _ in missing]
     else:
         dead = [
             (j, o, f, f"owner {o} died (process {key} is gone)")

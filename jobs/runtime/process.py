@@ -30,7 +30,7 @@ from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.settings import Settings, get_settings
 from jobs.core.store import JobStore
-from jobs.runtime.liveness import LivenessLock
+from jobs.runtime.liveness import LivenessLock, lock_for
 from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
@@ -51,6 +51,7 @@ class ProcessRuntime:
         self._store: JobStore | None = None
         self._heartbeat: LeaseHeartbeat | None = None
         self._liveness: LivenessLock | None = None
+        self._liveness_off = False  # behind a pooler without a direct liveness URL
         self._dispatcher: Dispatcher | None = None
         self._dispatcher_chosen = False
         self.dispatcher_injected = False
@@ -63,7 +64,9 @@ class ProcessRuntime:
         """This process's engine for ``JOBS_DATABASE_URL``."""
         with self._lock:
             if self._engine is None:
-                self._engine = make_engine(self.settings.database_url)
+                # JOBS_LIVENESS_DATABASE_URL says JOBS_DATABASE_URL goes through a pooler.
+                pooled = self.settings.liveness_database_url is not None
+                self._engine = make_engine(self.settings.database_url, pooled=pooled)
             return self._engine
 
     @property
@@ -93,10 +96,11 @@ class ProcessRuntime:
         if dialect != "postgresql":
             return None
         with self._lock:
-            if self._liveness is None:
-                self._liveness = LivenessLock(self.settings.database_url)
+            if self._liveness is None and not self._liveness_off:
+                self._liveness = lock_for(self.settings)
+                self._liveness_off = self._liveness is None
             lock = self._liveness
-        return lock.ensure()
+        return None if lock is None else lock.ensure()
 
     def seed_limits(
         self, kinds: Sequence[JobKind] | None = None, conn: Connection | None = None

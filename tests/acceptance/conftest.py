@@ -20,9 +20,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +57,12 @@ PG_RABBITMQ = pytest.param(
     id="pg-rabbitmq",
 )
 EMBEDDED = pytest.param("embedded", marks=[pytest.mark.acceptance], id="embedded")
+# PostgreSQL on a throwaway server of the test's own (it may be restarted), RabbitMQ shared.
+PRIVATE_PG_RABBITMQ = pytest.param(
+    "private-pg-rabbitmq",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq],
+    id="private-pg-rabbitmq",
+)
 BOTH = [PG_RABBITMQ, EMBEDDED]
 PG_RABBIT_CLUSTER = pytest.param(
     "pg-rabbit-cluster",
@@ -155,6 +164,157 @@ def wait_for_amqp(url: str, timeout: float) -> None:
             last = err
             time.sleep(0.5)
     raise AssertionError(f"RabbitMQ did not accept connections within {timeout:.0f}s: {last}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return str(found[-1]) if found else name
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL server: ``initdb`` into a temporary folder, its own port, run
+    as the ``postgres`` user, stopped however the test ends. For tests that restart or stop
+    the database; the shared server on 5432 is never touched."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "pgdata"
+        self.port = free_port()
+        self.log = root / "postgres.log"
+
+    def _as_postgres(self, *args: str, timeout: float = 120) -> None:
+        command = list(args)
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed: {done.stdout}{done.stderr}")
+
+    def init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._as_postgres(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def _ctl(self, *args: str) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres(
+            _pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", *args
+        )
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def restart(self) -> None:
+        """A fast restart: every session (and every advisory lock) is dropped."""
+        self._ctl("restart", "-m", "fast")
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ctl("stop", "-m", "immediate")
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    # Not under pytest's tmp_path: its root is private to this user, and the server runs as
+    # the postgres user.
+    server = PrivatePostgres(Path(tempfile.mkdtemp(prefix="jobs-private-pg-")))
+    try:
+        server.init()
+        server.start()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        server.stop()
+        service_unavailable("a throwaway PostgreSQL server (initdb/pg_ctl)", err)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+class PgBouncer:
+    """A PgBouncer of the test's own, in transaction mode (how most production PostgreSQL
+    is reached), in front of the shared server; run as the postgres user (PgBouncer refuses
+    root) and stopped however the test ends."""
+
+    def __init__(self, root: Path, server_port: int, *, ignore_options: bool) -> None:
+        self.root = root
+        self.port = free_port()
+        ignored = "extra_float_digits" + (",options" if ignore_options else "")
+        (root / "users.txt").write_text('"postgres" ""\n')
+        (root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={server_port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {root / 'users.txt'}\n"
+            "pool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 500\n"
+            f"ignore_startup_parameters = {ignored}\n"
+            f"logfile = {root / 'pgbouncer.log'}\npidfile = {root / 'pgbouncer.pid'}\n"
+        )
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = ["pgbouncer", str(self.root / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+            for path in self.root.iterdir():
+                shutil.chown(path, "postgres", "postgres")
+            command = ["runuser", "-u", "postgres", "--", *command]
+        self.popen = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.1)
+        log = self.root / "pgbouncer.log"
+        raise RuntimeError(f"pgbouncer did not start: {log.read_text() if log.exists() else ''}")
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+
+    def url_for(self, direct_url: str) -> str:
+        """``direct_url`` (same database, same user) through this PgBouncer."""
+        return make_url(direct_url).set(port=self.port).render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=[False, True], ids=["pgbouncer-default", "pgbouncer-ignoring-options"])
+def pgbouncer(request: pytest.FixtureRequest) -> Iterator[PgBouncer]:
+    """PgBouncer with its default start-up parameter rules (``options`` refused) and with
+    ``ignore_startup_parameters = options``."""
+    if shutil.which("pgbouncer") is None:
+        service_unavailable("PgBouncer", RuntimeError("pgbouncer is not installed"))
+    root = Path(tempfile.mkdtemp(prefix="jobs-pgbouncer-"))
+    bouncer = PgBouncer(root, make_url(PG_ADMIN_URL).port or 5432, ignore_options=request.param)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -278,11 +438,11 @@ class Stack:
 
     @property
     def rabbitmq(self) -> bool:
-        return self.backend == "pg-rabbitmq"
+        return self.backend in ("pg-rabbitmq", "private-pg-rabbitmq")
 
     @property
     def amqp(self) -> bool:
-        return self.backend in ("pg-rabbitmq", "pg-rabbit-cluster")
+        return self.backend in ("pg-rabbitmq", "pg-rabbit-cluster", "private-pg-rabbitmq")
 
     @property
     def queue(self) -> str:
@@ -413,14 +573,20 @@ class Stack:
 
     def effects(self, job_id: str) -> list[tuple[str, int]]:
         """(effect, pid) for each time a step function of ``job_id`` really ran."""
+        return [(effect, pid) for effect, pid, _at in self.timed_effects(job_id)]
+
+    def timed_effects(self, job_id: str) -> list[tuple[str, int, float]]:
+        """(effect, pid, wall-clock instant) for each time a step function of ``job_id``
+        really ran, in the order they ran."""
         path = self.data_dir / "effects.log"
         if not path.exists():
             return []
         found = []
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3 and parts[0] == job_id:
-                found.append((parts[1], int(parts[2].removeprefix("pid="))))
+            if len(parts) == 4 and parts[0] == job_id:
+                pid, at = int(parts[2].removeprefix("pid=")), float(parts[3].removeprefix("at="))
+                found.append((parts[1], pid, at))
         return found
 
     def effect_count(self, job_id: str, name: str) -> int:
@@ -514,14 +680,14 @@ def assert_recorded_steps_ran_once(stack: Stack, job_id: str) -> dict[str, int]:
 # -- the fixture --------------------------------------------------------------------------
 
 
-def _create_database(admin: Engine) -> str:
+def _create_database(admin: Engine, admin_url: str = PG_ADMIN_URL) -> str:
     from jobs.core.db import make_engine  # noqa: PLC0415
     from jobs.schema import upgrade  # noqa: PLC0415
 
     name = f"acc_{uuid.uuid4().hex[:12]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     engine = make_engine(url)
     try:
         upgrade(engine)
@@ -550,9 +716,10 @@ def stack(
     request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     backend = getattr(request, "param", None)
-    if backend not in ("pg-rabbitmq", "pg-rabbit-cluster", "embedded"):
+    if backend not in ("pg-rabbitmq", "pg-rabbit-cluster", "embedded", "private-pg-rabbitmq"):
         raise RuntimeError(
-            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER or EMBEDDED"
+            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER, EMBEDDED "
+            "or PRIVATE_PG_RABBITMQ"
         )
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
@@ -568,7 +735,17 @@ def stack(
     )
     admin: Engine | None = None
     broker = ""
-    if backend in ("pg-rabbitmq", "pg-rabbit-cluster"):
+    if backend == "private-pg-rabbitmq":
+        server: PrivatePostgres = request.getfixturevalue("private_pg")
+        broker = request.getfixturevalue("amqp_url")
+        private_admin = create_engine(server.admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            database_url = _create_database(private_admin, server.admin_url)
+        finally:
+            private_admin.dispose()
+        env["JOBS_DATABASE_URL"] = database_url
+        env["JOBS_BROKER_URL"] = broker
+    elif backend in ("pg-rabbitmq", "pg-rabbit-cluster"):
         admin = request.getfixturevalue("pg_admin")
         if backend == "pg-rabbitmq":
             broker = request.getfixturevalue("amqp_url")
@@ -595,4 +772,5 @@ def stack(
             api.reset()
             if admin is not None:
                 _drop_database(admin, database_url)
+            if broker:
                 delete_rabbit_queue(broker, world.queue)

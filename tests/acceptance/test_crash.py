@@ -182,7 +182,10 @@ def test_sigkill_worker_main_process_mid_step(stack: Stack, pool: str) -> None:
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_sigkill_pool_child_mid_step_requeues_message(stack: Stack) -> None:
     """Scenario 2: SIGKILL of a prefork pool child; the main process survives, and
-    ``task_reject_on_worker_lost`` puts the message back on RabbitMQ."""
+    ``task_reject_on_worker_lost`` puts the message back on RabbitMQ. The job is taken over
+    through the dead child's liveness (its lock went with its connection), long before its
+    10 s lease would have run out: the lease cannot be what recovered it."""
+    stack.configure(JOBS_LEASE_SECONDS=10)
     worker = stack.worker("A", pool="prefork", concurrency=1, wait=False)
     stack.sweeper()
     worker.wait_ready()
@@ -196,6 +199,8 @@ def test_sigkill_pool_child_mid_step_requeues_message(stack: Stack) -> None:
     assert first_owner is not None
     assert first_owner.endswith(f":{child}")
 
+    lease_at_kill = stack.job(job_id).lease_until
+    assert lease_at_kill is not None
     killed_at = time.time()
     psutil.Process(child).kill()
 
@@ -222,6 +227,16 @@ def test_sigkill_pool_child_mid_step_requeues_message(stack: Stack) -> None:
         f"process noticed the dead child after {noticed_at - killed_at:.2f}s; a new child "
         f"claimed the job after {claims[-1].at.timestamp() - killed_at:.2f}s"
     )
+
+    # The mechanism: the first move away from the dead child's claim is a takeover by the
+    # liveness rule (a claim RUNNING -> RUNNING, or the sweeper's "liveness lock released"),
+    # made before the dead child's lease ran out; never a lease expiry.
+    assert rescued.at < lease_at_kill, (rescued.at, lease_at_kill)
+    by_claim = rescued.to_state is State.RUNNING and rescued.reason == "claimed"
+    by_sweeper = "liveness lock released" in (rescued.reason or "")
+    assert by_claim or by_sweeper, rescued
+    assert "expired" not in (rescued.reason or ""), rescued
+    assert lease_at_kill.timestamp() - rescued.at.timestamp() > 3, (rescued.at, lease_at_kill)
 
     stack.wait_queue_empty()
     log = worker.output()
