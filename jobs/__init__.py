@@ -47,14 +47,18 @@ if TYPE_CHECKING:
         get,
         history,
         list_jobs,
+        schedule,
+        schedules,
         seed_limits,
         set_dispatcher,
         set_limits,
         steps,
         submit,
         submit_many,
+        unschedule,
     )
     from jobs.core.records import Job, KindLimits, Step, Transition
+    from jobs.core.schedule import Schedule
 
 _LAZY = {
     **dict.fromkeys(
@@ -65,16 +69,20 @@ _LAZY = {
             "get",
             "history",
             "list_jobs",
+            "schedule",
+            "schedules",
             "seed_limits",
             "set_dispatcher",
             "set_limits",
             "steps",
             "submit",
             "submit_many",
+            "unschedule",
         ),
         "jobs.api",
     ),
     **dict.fromkeys(("Job", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+    "Schedule": "jobs.core.schedule",
 }
 
 
@@ -100,6 +108,7 @@ __all__ = [
     "JobError",
     "KindLimits",
     "LeaseLost",
+    "Schedule",
     "SettingsError",
     "State",
     "Step",
@@ -114,10 +123,13 @@ __all__ = [
     "history",
     "job",
     "list_jobs",
+    "schedule",
+    "schedules",
     "seed_limits",
     "set_dispatcher",
     "set_limits",
     "steps",
     "submit",
     "submit_many",
+    "unschedule",
 ]

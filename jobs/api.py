@@ -9,6 +9,8 @@ rings only once that transaction has committed.
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,12 +18,15 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, scoped_session
 
-from jobs.core.errors import InvalidInput
+from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.registry import REGISTRY, JobKind
+from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
 from jobs.runtime import process
 from jobs.transactions import UnitOfWork, unit_for
+
+log = logging.getLogger("jobs")
 
 
 def _store() -> JobStore:
@@ -92,7 +97,11 @@ def _insert(
     runtime = process.current()
     conn = None if unit is None else unit.connection
     runtime.seed_limits([job_kind], conn=conn)
-    created = runtime.store.create_many(job_kind.name, rows, conn=conn)
+    try:
+        created = runtime.store.create_many(job_kind.name, rows, conn=conn)
+    except AdmissionRefused:
+        _count("admission_refused", job_kind.name)
+        raise
     to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
     if to_ring:
         if unit is None:
@@ -251,3 +260,71 @@ def seed_limits() -> None:
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:
     """The newest jobs first, optionally of one state and/or kind."""
     return _store().list(state, kind, limit)
+
+
+def _count(event: str, kind: str) -> None:
+    """Bump an operational counter for the metrics, in a transaction of its own; a failure
+    to count is logged, never raised (the caller's own error matters more)."""
+    try:
+        _store().count_event(event, kind)
+    except Exception:
+        log.exception("could not count %s for kind %s", event, kind)
+
+
+# -- periodic jobs -------------------------------------------------------------------------
+
+
+def schedule(
+    name: str,
+    kind: str,
+    spec: str | int | float | dt.timedelta,
+    *,
+    inputs: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    catch_up: str = "latest",
+) -> Schedule:
+    """Create or change a periodic job at run time, held in the database for every sweeper.
+
+    ``spec`` is a cron expression (``"*/15 * * * *"``, read in ``timezone``) or an interval
+    (``"every 10m"``, seconds, a timedelta). Each tick submits one job of ``kind`` with
+    ``inputs`` and the ID ``<name>@<tick>``; changing a schedule keeps its last tick.
+    """
+    inputs = {} if inputs is None else inputs
+    REGISTRY.get(kind).check_inputs(inputs)
+    return _store().put_schedule(
+        Schedule(
+            name, kind, normalize_spec(spec), timezone=timezone, inputs=inputs, catch_up=catch_up
+        )
+    )
+
+
+def unschedule(name: str) -> bool:
+    """Stop a periodic job (its submitted jobs are left alone); False if it did not exist."""
+    return _store().delete_schedule(name)
+
+
+def schedules() -> list[Schedule]:
+    """Every periodic schedule with its last tick (see :meth:`Schedule.next_tick`)."""
+    return _store().schedules()
+
+
+def sync_schedules() -> list[Schedule]:
+    """Write the schedules declared with ``@jobs.job(schedule=…)`` into the database (workers
+    and sweepers do this at start-up). A kind whose schedule was removed from the code keeps
+    its row until ``jobctl schedules remove NAME``: one process's partial imports must not
+    stop another's schedule."""
+    store = _store()
+    return [
+        store.put_schedule(
+            Schedule(
+                kind.name,
+                kind.name,
+                kind.schedule,
+                timezone=kind.timezone,
+                catch_up=kind.catch_up,
+                source="code",
+            )
+        )
+        for kind in REGISTRY.kinds()
+        if kind.schedule is not None
+    ]

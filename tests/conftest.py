@@ -126,8 +126,8 @@ def truncate_job_tables(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(
             text(
-                "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits "
-                "RESTART IDENTITY CASCADE"
+                "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits, "
+                "job_schedules, job_counters RESTART IDENTITY CASCADE"
             )
         )
 

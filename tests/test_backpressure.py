@@ -586,7 +586,7 @@ def test_jobctl_submit_past_max_queued_is_one_line_with_a_retry_hint() -> None:
     ok = jobctl("submit", "bp_cli", "--input", '{"n": 1}')
     assert ok.exit_code == 0, ok.output
     result = jobctl("submit", "bp_cli", "--input", '{"n": 2}')
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 75, result.output  # EX_TEMPFAIL: try again later
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -20,7 +20,14 @@ from jobs.core.models import Base
 from jobs.core.store import JobStore
 from jobs.schema import current_revision, ensure_schema, head_revision, upgrade
 
-TABLES = {"jobs", "job_steps", "job_transitions", "job_kind_limits"}
+TABLES = {
+    "jobs",
+    "job_steps",
+    "job_transitions",
+    "job_kind_limits",
+    "job_schedules",
+    "job_counters",
+}
 
 
 def differences(engine: Engine) -> list[Any]:

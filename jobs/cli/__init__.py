@@ -6,15 +6,21 @@ line on stderr and exit 1; a traceback means a bug in jobctl.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
-from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 
 from jobs.core.errors import JobError
 
-# An unreachable or misnamed database is a set-up mistake too.
-_DATABASE_ERRORS = (OperationalError, InterfaceError, ArgumentError)
+
+def _is_database_error(err: Exception) -> bool:
+    """An unreachable or misnamed database is a set-up mistake too. SQLAlchemy is only
+    consulted if a command loaded it (``--help`` must not pay for importing it)."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    return exc is not None and isinstance(
+        err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError)
+    )
 
 
 def _database_failure(err: Exception) -> click.ClickException:
@@ -32,10 +38,12 @@ class JobctlGroup(click.Group):
             return super().invoke(ctx)
         except JobError as err:
             raise click.ClickException(str(err)) from None
-        except _DATABASE_ERRORS as err:
-            raise _database_failure(err) from None
         except UnicodeEncodeError:  # bytes that are not UTF-8 in an argument (an ID, a name)
             raise click.ClickException("an argument is not valid UTF-8 text") from None
+        except Exception as err:
+            if _is_database_error(err):
+                raise _database_failure(err) from None
+            raise
 
 
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,7 +52,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from jobs.cli import core_commands, runtime_commands  # noqa: F401, PLC0415
+    from jobs.cli import core_commands, ops_commands, runtime_commands  # noqa: F401, PLC0415
 
 
 _register()

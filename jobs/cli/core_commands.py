@@ -12,18 +12,30 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
 
 import jobs
-from jobs import schema
 from jobs.cli import main
-from jobs.core.errors import IllegalTransition, InvalidInput
+from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
-from jobs.core.store import Job, Step, Transition
 from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, clip
-from jobs.runtime import process
+
+if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
+    from jobs.core.records import Job, Step, Transition
+    from jobs.runtime.process import ProcessRuntime
+
+#: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
+EX_TEMPFAIL = 75
+
+
+def _runtime() -> ProcessRuntime:
+    """The process's runtime, imported on first use so ``--help`` stays fast."""
+    from jobs.runtime import process  # noqa: PLC0415
+
+    return process.current()
+
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
@@ -179,21 +191,26 @@ def submit(
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
-    if from_file is not None:
-        if wait or job_id is not None or input_json != "{}":
-            raise click.UsageError("--from-file does not combine with --input, --id or --wait")
-        ids = jobs.submit_many(
-            kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+    try:
+        if from_file is not None:
+            if wait or job_id is not None or input_json != "{}":
+                raise click.UsageError("--from-file does not combine with --input, --id or --wait")
+            ids = jobs.submit_many(
+                kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+            )
+            click.echo("\n".join(ids))
+            return
+        new_id = jobs.submit(
+            kind,
+            parse_inputs(input_json),
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay,
         )
-        click.echo("\n".join(ids))
-        return
-    new_id = jobs.submit(
-        kind,
-        parse_inputs(input_json),
-        job_id=job_id,
-        max_attempts=max_attempts,
-        delay_seconds=delay,
-    )
+    except AdmissionRefused as err:
+        # Not a mistake: the system is full. Scripts tell "try later" by the exit code.
+        click.echo(f"Error: {err}", err=True)  # the message ends "retry in Ns"
+        _exit(EX_TEMPFAIL)
     click.echo(new_id)
     if wait:
         _exit(follow(new_id, timeout))
@@ -375,7 +392,7 @@ def cancel(job_id: str, reason: str) -> None:
 
 def stats_dict() -> dict[str, Any]:
     """Counts with every state present (zeros too), so dashboards need no defaults."""
-    store = process.current().store
+    store = _runtime().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
     for (kind, state), count in sorted(store.counts().items()):
@@ -467,12 +484,15 @@ def _limit_value(raw: str | None, name: str) -> int | None:
 
 
 @main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object by kind, for scripts.")
 @click.pass_context
-def limits(ctx: click.Context) -> None:
+def limits(ctx: click.Context, as_json: bool) -> None:
     """Backpressure per kind: how many may run and wait at once (held in the database)."""
     if ctx.invoked_subcommand is None:
         figures = stats_dict()["limits"]
-        if figures:
+        if as_json:
+            _echo_json(figures)
+        elif figures:
             _limits_table(figures)
         else:
             click.echo("no limits set (jobctl limits set KIND --max-running N --max-queued M)")
@@ -486,7 +506,7 @@ def limits(ctx: click.Context) -> None:
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
-    store = process.current().store
+    store = _runtime().store
     current = store.limits().get(kind)
     running = (
         (current.max_running if current else None)
@@ -513,17 +533,24 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
-    engine = process.current().engine
+    from jobs import schema  # noqa: PLC0415 - Alembic only for the db commands
+
+    engine = _runtime().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
 
 
 @db.command()
-def current() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def current(as_json: bool) -> None:
     """Show the schema's revision and whether it is the one this code needs."""
-    engine = process.current().engine
+    from jobs import schema  # noqa: PLC0415
+
+    engine = _runtime().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
-    if revision == head:
+    if as_json:
+        _echo_json({"revision": revision, "head": head, "at_head": revision == head})
+    elif revision == head:
         click.echo(f"{revision} (head)")
     else:
         click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -61,8 +63,10 @@ def worker(
 
 @main.command()
 @click.option("--once", is_flag=True, help="Run one pass, print what it did, and exit.")
-def sweeper(once: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="With --once: the pass's job IDs as JSON.")
+def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
+    from jobs import api  # noqa: PLC0415
     from jobs.runtime import process  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
@@ -71,16 +75,25 @@ def sweeper(once: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     runtime = process.current()
     store = runtime.store
+    api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
         report = sweep_once(
             store, settings, runtime.dispatch, runtime.waiting_doorbells, watch=watch
         )
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(report), indent=2))
+            return
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
-            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}"
+            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}, "
+            f"ticks submitted: {len(report.ticks)}, finished jobs pruned: {report.pruned}"
         )
         return
+    if settings.metrics_port is not None:
+        from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
+
+        serve(store, settings.metrics_port, settings.lease_seconds)
     run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
 
 

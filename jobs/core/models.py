@@ -41,7 +41,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 
 
 class Base(DeclarativeBase):
@@ -86,7 +86,8 @@ class JobRecord(Base):
     waiting_for: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    finished_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    # Indexed for retention, which deletes finished jobs oldest first in small batches.
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime(), index=True)
 
 
 class StepRecord(Base):
@@ -136,3 +137,40 @@ class KindLimitRecord(Base):
     # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
     max_queued: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ScheduleRecord(Base):
+    """A periodic job: every tick of ``spec`` (cron or ``every N``) submits one job whose ID
+    is derived from the schedule's name and the tick, so any number of sweepers may fire it
+    and the database's primary key keeps it to one job per tick."""
+
+    __tablename__ = "job_schedules"
+    __table_args__ = (CheckConstraint("catch_up IN ('latest', 'all')", name="catch_up"),)
+
+    name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(ID_LENGTH))
+    # A five-field cron expression (or @hourly …) or "every <N><s|m|h|d>".
+    spec: Mapped[str] = mapped_column(String(ID_LENGTH))
+    # IANA time zone the cron fields are read in (DST-aware); intervals ignore it.
+    timezone: Mapped[str] = mapped_column(String(64))
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # After downtime: submit every missed tick ("all") or only the most recent ("latest").
+    catch_up: Mapped[str] = mapped_column(String(10))
+    # Where the schedule came from: "code" (a @jobs.job(schedule=…)) or "runtime".
+    source: Mapped[str] = mapped_column(String(10))
+    # The latest tick a job was submitted for; only ever moves forward.
+    last_tick: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class CounterRecord(Base):
+    """Operational events that leave no transition behind (a lost message re-sent, a submit
+    refused for backpressure, a recovery by cause), counted in the database so that any
+    process can export them as monotonic Prometheus counters. Never pruned."""
+
+    __tablename__ = "job_counters"
+
+    name: Mapped[str] = mapped_column(String(60), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
+from jobs.core.schedule import check_schedule
 from jobs.core.validate import check_name, clip
 
 Handler = Callable[..., Any]
@@ -36,6 +37,11 @@ class JobKind:
     # rule (jobctl limits set changes them live).
     max_running: int | None = None
     max_queued: int | None = None
+    # A periodic kind: synced into the job_schedules table (named after the kind) by
+    # workers and sweepers at start-up; each tick submits one job with no inputs.
+    schedule: str | None = None
+    timezone: str = "UTC"
+    catch_up: str = "latest"
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -67,14 +73,38 @@ class Registry:
         version: str | None = None,
         max_running: int | None = None,
         max_queued: int | None = None,
+        schedule: str | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
     ) -> JobKind:
         check_name(name, "job kind")
+        if schedule is not None:
+            schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
             raise InvalidInput(f"job kind {name!r}: max_attempts must be at least 1")
         for what, value in (("max_running", max_running), ("max_queued", max_queued)):
             if value is not None and value < 0:
                 raise InvalidInput(f"job kind {name!r}: {what} must be at least 0")
-        kind = JobKind(name, handler, max_attempts, version, max_running, max_queued)
+        kind = JobKind(
+            name,
+            handler,
+            max_attempts,
+            version,
+            max_running,
+            max_queued,
+            schedule,
+            timezone,
+            catch_up,
+        )
+        if schedule is not None:
+            try:
+                kind.check_inputs({})
+            except InvalidInput:
+                raise InvalidInput(
+                    f"job kind {name!r}: a schedule submits each tick with no inputs, so the "
+                    "handler must take none beyond ctx (or give them defaults); use "
+                    "jobs.schedule(..., inputs=…) for a schedule with inputs"
+                ) from None
         with self._lock:
             existing = self._kinds.get(name)
             if existing is not None and existing.handler is not handler:
@@ -93,7 +123,15 @@ class Registry:
         version: str | None = None,
         max_running: int | None = None,
         max_queued: int | None = None,
+        schedule: str | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
     ) -> Callable[[F], F]:
+        """Register a handler as job kind ``name``. ``schedule`` (cron such as
+        ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
+        submits one job; ``catch_up`` says what happens to ticks missed while no sweeper
+        ran (``"latest"``: only the most recent, ``"all"``: every one)."""
+
         def decorate(handler: F) -> F:
             self.register(
                 name,
@@ -102,6 +140,9 @@ class Registry:
                 version=version,
                 max_running=max_running,
                 max_queued=max_queued,
+                schedule=schedule,
+                timezone=timezone,
+                catch_up=catch_up,
             )
             return handler
 

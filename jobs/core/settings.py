@@ -45,6 +45,10 @@ class Settings:
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
     liveness_database_url: str | None = None
+    # Finished jobs older than this are deleted by the sweeper; None keeps them forever.
+    retention_days: float | None = 14.0
+    # The sweeper serves Prometheus metrics on this port when set (needs the metrics extra).
+    metrics_port: int | None = None
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -71,6 +75,8 @@ KNOWN = {
     "QUEUE",
     "QUEUE_TYPE",
     "LIVENESS_DATABASE_URL",
+    "RETENTION_DAYS",
+    "METRICS_PORT",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
     "TEST_AMQP_URL",
@@ -127,6 +133,22 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if not low <= value <= high:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low} and {high}")
     return value
+
+
+def _retention_days(env: Mapping[str, str]) -> float | None:
+    raw = (env.get(PREFIX + "RETENTION_DAYS") or "").strip()
+    if raw.lower() == "none":
+        return None
+    return _positive_float(env, "RETENTION_DAYS", 14.0)
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a TCP port (1-65535)")
+    return int(raw)
 
 
 def mask_url(url: str) -> str:
@@ -288,6 +310,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         queue=queue,
         queue_type=queue_type,
         liveness_database_url=liveness_url,
+        retention_days=_retention_days(env),
+        metrics_port=_port(env, "METRICS_PORT"),
     )
 
 

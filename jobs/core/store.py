@@ -25,6 +25,7 @@ from sqlalchemy import (
     Float,
     Row,
     bindparam,
+    delete,
     exists,
     func,
     insert,
@@ -51,9 +52,17 @@ from jobs.core.errors import (
     UnknownJob,
 )
 from jobs.core.liveness import owner_lock_released
-from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.models import (
+    CounterRecord,
+    JobRecord,
+    KindLimitRecord,
+    ScheduleRecord,
+    StepRecord,
+    TransitionRecord,
+)
 from jobs.core.reader import JOB_COLUMNS, JobReader
 from jobs.core.records import Claim, Job, KindLimits, PendingStep, Step, Transition
+from jobs.core.schedule import Schedule, check_schedule
 from jobs.core.states import State
 from jobs.core.validate import (
     MAX_ATTEMPTS,
@@ -1329,6 +1338,128 @@ class JobStore(JobReader):
                 update(J)
                 .where(J.id.in_(list(job_ids)), J.state == State.QUEUED.value)
                 .values(dispatched_at=None)
+            )
+
+    # == time and operations (issue 9): schedules, retention, counters ======================
+    # Kept apart from the state machine above: none of these writes moves a job between
+    # states; retention deletes finished jobs (never a live one) with their steps and history.
+
+    @staticmethod
+    def _upsert_for(conn: Connection, table: type[Any]) -> Any:
+        """The dialect's INSERT with ON CONFLICT, for the schedule and counter tables."""
+        if conn.dialect.name == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    def put_schedule(self, schedule: Schedule) -> Schedule:
+        """Create or update a schedule by name. An update keeps the schedule's progress
+        (``last_tick``) and creation time, so re-deploying code never re-fires a tick."""
+        spec = check_schedule(schedule.name, schedule.spec, schedule.timezone, schedule.catch_up)
+        check_name(schedule.kind, "job kind")
+        if not isinstance(schedule.inputs, dict):
+            raise InvalidInput("schedule inputs must be a JSON object")
+        inputs = json.loads(encode_json(schedule.inputs, "schedule inputs", self.max_payload_bytes))
+        now = self.clock.now()
+        changed = {
+            "kind": schedule.kind,
+            "spec": spec,
+            "timezone": schedule.timezone,
+            "inputs": inputs,
+            "catch_up": schedule.catch_up,
+            "source": schedule.source,
+            "updated_at": now,
+        }
+        with self.engine.begin() as conn:
+            ins = self._upsert_for(conn, ScheduleRecord).values(
+                name=schedule.name, last_tick=None, created_at=now, **changed
+            )
+            conn.execute(ins.on_conflict_do_update(index_elements=["name"], set_=changed))
+        return self.schedule(schedule.name)
+
+    def delete_schedule(self, name: str) -> bool:
+        """Stop a schedule; jobs it already submitted are left alone. False if unknown."""
+        with self.engine.begin() as conn:
+            deleted = conn.execute(
+                delete(ScheduleRecord)
+                .where(ScheduleRecord.name == name)
+                .returning(ScheduleRecord.name)
+            ).first()
+        return deleted is not None
+
+    def advance_schedule(
+        self, name: str, tick: dt.datetime, *, conn: Connection | None = None
+    ) -> bool:
+        """Move ``last_tick`` to ``tick`` if it is behind: a compare-and-set that never moves
+        it back, so a slow sweeper cannot re-fire old ticks. False: someone got there first."""
+        S = ScheduleRecord
+        with self._unit(conn) as unit:
+            moved = unit.execute(
+                update(S)
+                .where(S.name == name, or_(S.last_tick.is_(None), S.last_tick < tick))
+                .values(last_tick=tick)
+                .returning(S.name)
+            ).first()
+        return moved is not None
+
+    def fire_tick(
+        self,
+        schedule: Schedule,
+        tick: dt.datetime,
+        *,
+        job_id: str,
+        max_attempts: int,
+        code_version: str | None = None,
+    ) -> tuple[Job, bool] | None:
+        """Submit ``tick``'s job and move the schedule past it, in one transaction: the
+        compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
+        tick one moves it and submits, and the others (blocked on the schedule's row until
+        that commits, or serialized by SQLite) find it moved and submit nothing (None).
+        ``(job, created)`` otherwise; ``created`` is False if the job ID already existed."""
+        with self.engine.begin() as conn:
+            if not self.advance_schedule(schedule.name, tick, conn=conn):
+                return None
+            return self.create(
+                schedule.kind,
+                schedule.inputs,
+                job_id=job_id,
+                max_attempts=max_attempts,
+                code_version=code_version,
+                conn=conn,
+            )
+
+    def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:
+        """Delete one batch of finished jobs (COMPLETED, FAILED, CANCELLED) that finished more
+        than ``older_than_seconds`` ago on the database clock, with their steps and history,
+        oldest first, in one short transaction; returns their IDs (fewer than ``batch_size``
+        means nothing more is due). Live jobs are never matched: the state is re-checked in
+        the DELETE itself."""
+        finished = [state.value for state in states.TERMINAL]
+        old = [J.state.in_(finished), J.finished_at < self.clock.after(-older_than_seconds)]
+        with self.engine.begin() as conn:
+            ids = list(
+                conn.execute(
+                    select(J.id).where(*old).order_by(J.finished_at).limit(batch_size)
+                ).scalars()
+            )
+            if not ids:
+                return []
+            conn.execute(delete(StepRecord).where(StepRecord.job_id.in_(ids)))
+            conn.execute(delete(TransitionRecord).where(TransitionRecord.job_id.in_(ids)))
+            gone = conn.execute(delete(J).where(J.id.in_(ids), *old).returning(J.id)).scalars()
+            return sorted(gone)
+
+    def count_event(self, name: str, kind: str, amount: int = 1) -> None:
+        """Add ``amount`` to an operational counter (``recovery_dead_owner``, ``lost_message``,
+        ``admission_refused`` …) for a kind; never touches a job."""
+        if amount <= 0:
+            return
+        C = CounterRecord
+        with self.engine.begin() as conn:
+            ins = self._upsert_for(conn, C).values(name=name, kind=kind, value=amount)
+            conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["name", "kind"], set_={"value": C.value + amount}
+                )
             )
 
 

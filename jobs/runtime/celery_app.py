@@ -210,16 +210,19 @@ def _hand_back_on_shutdown(**_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _take_liveness_lock(**_: Any) -> None:
-    """A prefork child takes its own liveness lock before it can claim anything, and seeds
-    the limits its kinds declare. (The main process never touches the database: it only
-    consumes messages and hands them to the pool, so it loads no SQLAlchemy.)"""
+    """A prefork child takes its own liveness lock before it can claim anything, seeds the
+    limits its kinds declare and writes their schedules. (The main process never touches
+    the database: it only consumes messages and hands them to the pool, so it loads no
+    SQLAlchemy.)"""
     if current_app.main != "jobs":
         return
+    from jobs import api  # noqa: PLC0415
     from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
+        api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
     except Exception as err:  # the database may be down: the child must still start
         log.warning("liveness lock not taken yet: %s", type(err).__name__)

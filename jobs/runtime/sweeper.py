@@ -4,8 +4,11 @@ Each pass (1) takes back jobs whose owner is known dead (PostgreSQL liveness loc
 (2) re-queues RUNNING jobs whose lease ran out on the database clock, or fails them
 when out of attempts, and (3) re-sends the doorbell for QUEUED jobs that are due and
 were never published (a failed publish, a retry whose backoff ended) or whose message
-seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). Every move is
-a fenced compare-and-set, so any number of sweepers may run at once.
+seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It then
+(4) submits one job per due tick of each periodic schedule (:mod:`jobs.runtime.periodic`)
+and (5) deletes a few batches of finished jobs past ``JOBS_RETENTION_DAYS``. Every move is
+a fenced compare-and-set and every tick a deterministic job ID, so any number of sweepers
+may run at once. Recoveries are counted by cause in the database for the metrics.
 
 On RabbitMQ a :class:`~jobs.runtime.queue_watch.QueueWatch` also looks at the queue each
 pass: when it was gone (declared again now) or served again after its node was down, the
@@ -20,25 +23,44 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
+from jobs.runtime.periodic import fire_due_ticks
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 
 log = logging.getLogger("jobs.sweeper")
 
 
+#: Retention deletes at most this many batches per pass, so a pass stays short and the
+#: rest waits for the next one.
+PRUNE_BATCH_SIZE = 200
+PRUNE_BATCHES_PER_PASS = 4
+DAY_SECONDS = 86400.0
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepReport:
+    """What one pass did, by job ID."""
+
     dead_owner: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
     dispatched: tuple[str, ...] = ()
+    lost_messages: tuple[str, ...] = ()
+    ticks: tuple[str, ...] = ()
+    pruned: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.dead_owner or self.expired or self.dispatched)
+        return bool(self.dead_owner or self.expired or self.dispatched or self.ticks or self.pruned)
+
+
+def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
+    for kind, amount in Counter(kinds).items():
+        store.count_event(event, kind, amount)
 
 
 def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> list[str]:
@@ -65,7 +87,8 @@ def sweep_once(
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> SweepReport:
-    """One pass; ``publish(job_ids)`` rings a batch of doorbells and says whether it could;
+    """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids)``
+    rings a batch of doorbells and says whether it could;
     ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
 
     A doorbell published long ago and still unclaimed is either lost or waiting behind a
@@ -75,8 +98,11 @@ def sweep_once(
 
     With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
     doorbell it held: then every due one is rung at once, however recently it was sent."""
-    dead = [job.id for job in rescue_dead_owners(store)]
-    expired = [job.id for job in store.sweep_expired()]
+    dead = rescue_dead_owners(store)
+    expired = store.sweep_expired()
+    _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
+    _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
+    stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
     health = watch.check() if watch is not None else QueueHealth.OK
     dispatched = ring_all_due(store, publish) if health.ring_all else []
     stale_limit = None
@@ -86,7 +112,32 @@ def sweep_once(
     due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
     if due and publish(due):
         dispatched += due
-    return SweepReport(tuple(dead), tuple(expired), tuple(dispatched))
+    lost = [job_id for job_id in dispatched if job_id in stale]
+    _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
+    ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
+    return SweepReport(
+        tuple(job.id for job in dead),
+        tuple(job.id for job in expired),
+        tuple(dispatched),
+        tuple(lost),
+        tuple(tick.job_id for tick in ticks if tick.created),
+        prune(store, settings.retention_days),
+    )
+
+
+def prune(
+    store: JobStore, retention_days: float | None, *, batches: int = PRUNE_BATCHES_PER_PASS
+) -> int:
+    """Delete up to ``batches`` batches of finished jobs past retention; returns how many."""
+    if retention_days is None:
+        return 0
+    deleted = 0
+    for _ in range(batches):
+        batch = store.prune_finished(retention_days * DAY_SECONDS, PRUNE_BATCH_SIZE)
+        deleted += len(batch)
+        if len(batch) < PRUNE_BATCH_SIZE:
+            break
+    return deleted
 
 
 def run_forever(

@@ -1,0 +1,197 @@
+"""jobctl commands for time and operations: schedules, prune, explain, metrics.
+
+Each imports what it needs when it runs, so ``jobctl --help`` loads none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from jobs.cli import main
+
+if TYPE_CHECKING:
+    from jobs.core.schedule import Schedule
+    from jobs.core.store import JobStore
+
+
+def _store() -> JobStore:
+    """The process's store (loads SQLAlchemy: only when a command runs)."""
+    from jobs.runtime import process  # noqa: PLC0415
+
+    return process.current().store
+
+
+def _iso(instant: Any) -> str | None:
+    return None if instant is None else instant.isoformat(timespec="seconds")
+
+
+def _schedule_dict(schedule: Schedule, now: Any) -> dict[str, Any]:
+    start = schedule.last_tick or schedule.created_at or now
+    upcoming = schedule.next_tick(start)
+    return {
+        "name": schedule.name,
+        "kind": schedule.kind,
+        "schedule": schedule.spec,
+        "timezone": schedule.timezone,
+        "catch_up": schedule.catch_up,
+        "source": schedule.source,
+        "inputs": schedule.inputs,
+        "last_tick": _iso(schedule.last_tick),
+        "next_tick": _iso(upcoming),
+        "overdue": upcoming <= now,
+    }
+
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
+@click.pass_context
+def schedules(ctx: click.Context, as_json: bool) -> None:
+    """Periodic jobs with their last and next tick (fired by the sweepers)."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    store = _store()
+    now = store.now()
+    found = [_schedule_dict(schedule, now) for schedule in store.schedules()]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("no schedules (@jobs.job(..., schedule='0 * * * *') or jobctl schedules add)")
+        return
+    rows = [
+        (
+            s["name"],
+            s["kind"],
+            s["schedule"],
+            s["timezone"],
+            s["catch_up"],
+            s["last_tick"] or "-",
+            s["next_tick"] + (" (overdue: is a sweeper running?)" if s["overdue"] else ""),
+        )
+        for s in found
+    ]
+    header = ("NAME", "KIND", "SCHEDULE", "TZ", "CATCH_UP", "LAST_TICK", "NEXT_TICK")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@schedules.command("add")
+@click.argument("name")
+@click.argument("kind")
+@click.argument("spec")
+@click.option("--input", "input_json", default="{}", help="Each tick's job inputs (JSON object).")
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone for cron fields.")
+@click.option(
+    "--catch-up",
+    type=click.Choice(["latest", "all"]),
+    default="latest",
+    show_default=True,
+    help="After downtime: only the most recent missed tick, or every one.",
+)
+def add_schedule(
+    name: str, kind: str, spec: str, input_json: str, timezone: str, catch_up: str
+) -> None:
+    """Create or change schedule NAME: a job of KIND at every tick of SPEC.
+
+    SPEC is cron ("0 * * * *", "@daily") or an interval ("every 5m").
+    """
+    import jobs  # noqa: PLC0415
+    from jobs.cli.core_commands import parse_inputs  # noqa: PLC0415
+
+    made = jobs.schedule(
+        name, kind, spec, inputs=parse_inputs(input_json), timezone=timezone, catch_up=catch_up
+    )
+    click.echo(
+        f"{made.name}: {made.kind} at {made.spec} ({made.timezone}, catch_up={made.catch_up})"
+    )
+
+
+@schedules.command("remove")
+@click.argument("name")
+def remove_schedule(name: str) -> None:
+    """Stop schedule NAME (jobs it already submitted are left alone)."""
+    import jobs  # noqa: PLC0415
+
+    if not jobs.unschedule(name):
+        raise click.ClickException(f"unknown schedule {name!r}")
+    click.echo(f"{name}: removed")
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.FloatRange(min=0),
+    help="Days since a job finished (default: JOBS_RETENTION_DAYS).",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
+    """Delete finished jobs (COMPLETED, FAILED, CANCELLED) with their steps and history."""
+    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.runtime import sweeper  # noqa: PLC0415
+
+    days = get_settings().retention_days if older_than is None else older_than
+    if days is None:
+        raise click.ClickException(
+            "JOBS_RETENTION_DAYS=none keeps finished jobs; give --older-than DAYS to prune"
+        )
+    store = _store()
+    if dry_run:
+        count = store.count_prunable(days * sweeper.DAY_SECONDS)
+    else:
+        count = 0
+        while True:  # small batches, each its own short transaction
+            deleted = sweeper.prune(store, days)
+            count += deleted
+            if deleted == 0:
+                break
+    if as_json:
+        click.echo(json.dumps({"older_than_days": days, "dry_run": dry_run, "jobs": count}))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {count} finished jobs older than {days:g} days")
+
+
+@main.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def explain(job_id: str, as_json: bool) -> None:
+    """Why a job is where it is, and what an operator can do."""
+    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
+
+    found = explain_job(_store(), get_settings(), job_id)
+    if as_json:
+        click.echo(json.dumps(found.as_dict(), indent=2))
+        return
+    click.echo(found.paragraph)
+    for action in found.actions:
+        click.echo(f"  - {action}")
+
+
+@main.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True)
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
+def metrics(port: int, addr: str) -> None:
+    """Serve Prometheus metrics read from the job tables on http://ADDR:PORT/metrics."""
+    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.runtime.metrics import serve  # noqa: PLC0415
+
+    try:
+        serve(_store(), port, get_settings().lease_seconds, addr)
+    except OSError as err:
+        raise click.ClickException(f"cannot listen on {addr}:{port}: {err.strerror}") from None
+    click.echo(f"serving metrics on http://{addr}:{port}/metrics (Ctrl-C stops)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()

@@ -1,0 +1,213 @@
+"""``jobctl explain ID``: why a job is where it is, and what an operator can do about it.
+
+Reads only: the job row, its history and steps, its kind's limits and running count, the
+settings (lease, re-dispatch delay) and, for a RUNNING job, whether its owner is alive
+(PostgreSQL: the owner's liveness lock is held; SQLite: the owner's process exists). All
+instants are the database's, like every decision the system takes about the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from jobs.core.records import Job, Transition
+from jobs.core.settings import Settings
+from jobs.core.states import State
+from jobs.core.store import JobStore
+from jobs.runtime import liveness
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """One job's situation: a short ``reason`` code, a paragraph, and what to do."""
+
+    job_id: str
+    state: State
+    reason: str
+    paragraph: str
+    actions: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (``jobctl explain --json``)."""
+        return {
+            "id": self.job_id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "explanation": self.paragraph,
+            "actions": list(self.actions),
+        }
+
+
+def _at(instant: dt.datetime | None) -> str:
+    return "-" if instant is None else instant.isoformat(timespec="seconds")
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _last_move_to(history: list[Transition], state: State) -> Transition | None:
+    for move in reversed(history):
+        if move.to_state is state:
+            return move
+    return None
+
+
+def owner_alive(store: JobStore, liveness_key: int | None) -> bool | None:
+    """True/False when the owner's liveness can be told, None when it cannot."""
+    if liveness_key is None:
+        return None
+    if store.engine.dialect.name == "postgresql":
+        return liveness_key in liveness.held_keys(store.engine)
+    if store.engine.dialect.name == "sqlite":
+        return liveness.process_alive(liveness_key)
+    return None
+
+
+def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
+    """Explain one job (raises :class:`jobs.UnknownJob` for an unknown ID)."""
+    job = store.get(job_id)
+    now = store.now()
+    history = store.history(job_id)
+    steps = [step.name for step in store.steps(job_id)]
+    origin = _origin(job)
+    done = f"Recorded steps: {', '.join(steps)}." if steps else "No step is recorded yet."
+    attempts = f"attempt {job.attempts} of {job.max_attempts}"
+    if job.state is State.QUEUED:
+        reason, text, actions = _queued(store, settings, job, now)
+    elif job.state is State.RUNNING:
+        reason, text, actions = _running(store, settings, job, now, attempts)
+    elif job.state is State.WAITING_APPROVAL:
+        since = _last_move_to(history, State.WAITING_APPROVAL)
+        why = since.reason if since is not None and since.reason else "no reason given"
+        when = since.at if since is not None else job.updated_at
+        reason = "waiting_approval"
+        text = (
+            f"It is waiting for approval since {_at(when)} ({_span((now - when).total_seconds())} "
+            f"ago): {why}. It holds no worker, lease or message; approval records step "
+            f"{job.waiting_for!r} and queues it again, to resume past its recorded steps."
+        )
+        actions = (f"jobctl approve {job.id} --by NAME", f"jobctl cancel {job.id}")
+    elif job.state is State.COMPLETED:
+        reason = "completed"
+        text = f"It completed at {_at(job.finished_at)} on {attempts}."
+        actions = (f"jobctl show {job.id}",)
+    elif job.state is State.FAILED:
+        reason = "failed"
+        text = (
+            f"It failed at {_at(job.finished_at)} after {job.attempts} of {job.max_attempts} "
+            f"attempts, with: {job.last_error or 'no error recorded'}. Nothing runs it again."
+        )
+        actions = (
+            f"jobctl show {job.id} (the history has every attempt's error)",
+            f"jobctl submit {job.kind} --input '<inputs>' with a new ID once the cause is fixed",
+        )
+    else:
+        moved = _last_move_to(history, State.CANCELLED)
+        reason = "cancelled"
+        text = (
+            f"It was cancelled at {_at(job.finished_at)}"
+            f"{': ' + moved.reason if moved is not None and moved.reason else ''}."
+        )
+        actions = (f"jobctl show {job.id}",)
+    paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
+    return Explanation(job.id, job.state, reason, paragraph, tuple(actions))
+
+
+def _origin(job: Job) -> str:
+    name, _, tick = job.id.rpartition("@")
+    return (
+        f", submitted by schedule {name!r} for tick {tick}" if name and tick.endswith("Z") else ""
+    )
+
+
+def _queued(
+    store: JobStore, settings: Settings, job: Job, now: dt.datetime
+) -> tuple[str, str, tuple[str, ...]]:
+    after_error = f" after an error ({job.last_error})" if job.last_error else ""
+    if job.run_after > now:
+        wait = _span((job.run_after - now).total_seconds())
+        return (
+            "not_due",
+            f"It is not due until {_at(job.run_after)} (in {wait}){after_error}; the "
+            "sweeper sends its message then. It holds no worker meanwhile.",
+            (f"jobctl cancel {job.id} to stop it",),
+        )
+    limits = store.limits().get(job.kind)
+    running = store.counts().get((job.kind, State.RUNNING.value), 0)
+    if limits is not None and limits.max_running is not None and running >= limits.max_running:
+        return (
+            "waiting_for_slot",
+            f"It is due but waiting for a slot of its kind: {running} of "
+            f"{limits.max_running} allowed are running; a finishing job passes its slot on.",
+            (f"jobctl limits set {job.kind} --max-running N to allow more",),
+        )
+    dispatched = job.dispatched_at
+    if dispatched is None:
+        return (
+            "not_sent",
+            f"It is due since {_at(job.run_after)}{after_error} and its message is not sent "
+            "yet (a failed publish or an ended backoff); the next sweep sends it.",
+            ("check that a sweeper runs: jobctl sweeper",),
+        )
+    sent_ago = (now - dispatched).total_seconds()
+    if sent_ago >= settings.redispatch_after_seconds:
+        return (
+            "message_lost",
+            f"Its message was sent at {_at(dispatched)} ({_span(sent_ago)} ago) and no worker "
+            "took it: it counts as lost, and the next sweep sends it again.",
+            (
+                "check that a sweeper runs: jobctl sweeper",
+                f"check that workers consume queue {settings.queue!r}",
+            ),
+        )
+    ahead = store.oldest_queued()
+    backlog = "" if ahead is None else f" The oldest due job has waited {_span(ahead[1])}."
+    return (
+        "waiting_for_worker",
+        f"It is due{after_error}; its message was sent at {_at(dispatched)} "
+        f"({_span(sent_ago)} ago) and waits for a free worker on queue "
+        f"{settings.queue!r}.{backlog}",
+        (f"add workers on queue {settings.queue!r} if the queue keeps growing (jobctl stats)",),
+    )
+
+
+def _running(
+    store: JobStore, settings: Settings, job: Job, now: dt.datetime, attempts: str
+) -> tuple[str, str, tuple[str, ...]]:
+    lease = job.lease_until
+    alive = owner_alive(store, store.liveness_key_of(job.id))
+    state_of_owner = {True: "alive", False: "gone", None: "of unknown liveness"}[alive]
+    if lease is not None and lease <= now:
+        return (
+            "lease_expired",
+            f"It was running under owner {job.owner} ({attempts}), whose lease ended at "
+            f"{_at(lease)} ({_span((now - lease).total_seconds())} ago); the owner is "
+            f"{state_of_owner}. The next sweep re-queues it (or fails it when no attempt "
+            "is left) and a new owner resumes past the recorded steps.",
+            ("check that a sweeper runs: jobctl sweeper",),
+        )
+    if alive is False:
+        return (
+            "owner_dead",
+            f"It is running under owner {job.owner} ({attempts}), which is gone; its lease "
+            f"ends at {_at(lease)}. The next sweep re-queues it now, without waiting for the "
+            "lease.",
+            ("check that a sweeper runs: jobctl sweeper",),
+        )
+    left = "-" if lease is None else _span((lease - now).total_seconds())
+    return (
+        "running",
+        f"It is running under owner {job.owner} ({attempts}), which is {state_of_owner}; "
+        f"its lease ends at {_at(lease)} (in {left}) and is renewed while the handler runs.",
+        (f"jobctl cancel {job.id} (the owner stops at its next step)",),
+    )

@@ -1,0 +1,86 @@
+"""Firing periodic schedules, once per tick, from any number of sweepers and no leader.
+
+For each due tick the sweeper moves the schedule's ``last_tick`` forward with a
+compare-and-set and, in the same transaction, submits the job ``<schedule>@<tick>``
+(:meth:`jobs.core.store.JobStore.fire_tick`), then rings the doorbell after the commit.
+Of several sweepers firing one tick, one moves ``last_tick`` and submits; the others find
+it moved and do nothing. The deterministic job ID is the second guard: even a tick fired
+twice (a schedule deleted and re-created) meets the existing row and adds no job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+
+from jobs.core.errors import AdmissionRefused, JobError, UnknownKind
+from jobs.core.registry import REGISTRY, Registry
+from jobs.core.schedule import Schedule, tick_job_id
+from jobs.core.store import JobStore
+
+log = logging.getLogger("jobs.periodic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fired:
+    """One tick a pass handled: the job it names, and whether this pass created it."""
+
+    schedule: str
+    tick: dt.datetime
+    job_id: str
+    created: bool
+
+
+def fire_due_ticks(
+    store: JobStore,
+    publish: Callable[[Sequence[str]], bool],
+    *,
+    default_max_attempts: int,
+    registry: Registry = REGISTRY,
+    now: dt.datetime | None = None,
+) -> list[Fired]:
+    """Submit a job for every due tick of every schedule (per its catch-up policy)."""
+    instant = now if now is not None else store.now()
+    fired: list[Fired] = []
+    for schedule in store.schedules():
+        try:
+            fired.extend(_fire(store, publish, schedule, instant, default_max_attempts, registry))
+        except AdmissionRefused as err:
+            # Rolled back with last_tick: tried again next pass (or replaced by a later tick).
+            log.warning("schedule %s: tick refused (%s)", schedule.name, err)
+            store.count_event("admission_refused", schedule.kind)
+        except JobError as err:  # a bad row must not stop the other schedules
+            log.error("schedule %s: %s", schedule.name, err)
+    return fired
+
+
+def _fire(
+    store: JobStore,
+    publish: Callable[[Sequence[str]], bool],
+    schedule: Schedule,
+    now: dt.datetime,
+    default_max_attempts: int,
+    registry: Registry,
+) -> list[Fired]:
+    try:
+        kind = registry.get(schedule.kind)
+        max_attempts = kind.max_attempts or default_max_attempts
+        version = kind.version
+    except UnknownKind:  # a sweeper need not import every kind; a worker will check it
+        max_attempts, version = default_max_attempts, None
+    fired = []
+    for tick in schedule.due_ticks(now):
+        job_id = tick_job_id(schedule.name, tick)
+        outcome = store.fire_tick(
+            schedule, tick, job_id=job_id, max_attempts=max_attempts, code_version=version
+        )
+        if outcome is None:
+            continue  # another sweeper fired this tick (or a later one) first
+        job, created = outcome
+        if created:
+            publish([job.id])
+            log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
+        fired.append(Fired(schedule.name, tick, job.id, created))
+    return fired

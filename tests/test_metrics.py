@@ -1,0 +1,145 @@
+"""The Prometheus series, read from the tables, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
+
+from jobs.core.schedule import Schedule
+from jobs.core.store import JobStore
+from jobs.runtime.metrics import registry_for
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(registry: object) -> Samples:
+    text = generate_latest(registry).decode()  # type: ignore[arg-type]
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def run_job(store: JobStore, job_id: str, kind: str, steps: int, *, fail: bool = False) -> None:
+    store.create(kind, {}, job_id=job_id, max_attempts=1)
+    claim = store.claim(job_id, "w", 30)
+    assert claim is not None
+    for n in range(steps):
+        time.sleep(0.02)
+        store.record_step(claim, f"s{n}", n)
+    if fail:
+        store.fail(claim, "boom")
+    else:
+        store.complete(claim, "ok")
+
+
+def test_series_follow_the_tables(engine: Engine) -> None:
+    store = JobStore(engine)  # the database's clock, as in production
+    registry = registry_for(store, lease_seconds=30)
+    run_job(store, "before", "report", 1)  # before the exporter's first scrape: not counted
+    first = scrape(registry)
+    assert value(first, "jobs", state="COMPLETED", kind="report") == 1
+    assert value(first, "jobs_finished_total", kind="report", outcome="completed") is None
+
+    run_job(store, "r1", "report", 2)
+    run_job(store, "r2", "report", 1, fail=True)
+    store.create("report", {}, job_id="waiting", max_attempts=1)
+    store.create("mail", {}, job_id="busy", max_attempts=1)
+    assert store.claim("busy", "w", 5) is not None  # ends within half a 30 s lease
+    store.create("mail", {}, job_id="taken", max_attempts=2)
+    assert store.claim("taken", "w1", 0.01) is not None
+    time.sleep(0.05)
+    assert store.claim("taken", "w2", 600) is not None  # the lease expired: a takeover
+    store.count_event("recovery_dead_owner", "report")
+    store.count_event("recovery_lost_message", "mail", 2)
+    store.count_event("admission_refused", "mail")
+    time.sleep(0.05)
+    samples = scrape(registry)
+
+    assert value(samples, "jobs", state="QUEUED", kind="report") == 1
+    assert value(samples, "jobs", state="RUNNING", kind="mail") == 2
+    assert value(samples, "jobs_takeovers_total", kind="mail") == 1
+    assert value(samples, "jobs", state="FAILED", kind="report") == 1
+    assert value(samples, "jobs", state="WAITING_APPROVAL", kind="mail") == 0
+    assert value(samples, "jobs_oldest_due_queued_age_seconds") > 0.0  # type: ignore[operator]
+    assert value(samples, "jobs_leases_near_expiry", kind="mail", expired="false") == 1
+    assert value(samples, "jobs_finished_total", kind="report", outcome="completed") == 1
+    assert value(samples, "jobs_finished_total", kind="report", outcome="failed") == 1
+    assert (
+        value(samples, "jobs_run_duration_seconds_count", kind="report", outcome="completed") == 1
+    )
+    run_sum = value(samples, "jobs_run_duration_seconds_sum", kind="report", outcome="completed")
+    assert run_sum is not None
+    assert 0.04 <= run_sum < 5
+    # three steps ran since the first scrape (two in r1, one in r2), each about 20 ms after
+    # the claim or the previous step
+    assert value(samples, "jobs_step_duration_seconds_count", kind="report") == 3
+    step_sum = value(samples, "jobs_step_duration_seconds_sum", kind="report")
+    assert step_sum is not None
+    assert 0.06 <= step_sum < 5
+    assert value(samples, "jobs_recoveries_total", cause="dead_owner", kind="report") == 1
+    assert value(samples, "jobs_recoveries_total", cause="lost_message", kind="mail") == 2
+    assert value(samples, "jobs_admission_refusals_total", kind="mail") == 1
+
+    again = scrape(registry)  # nothing new: the tails do not count anything twice
+    assert value(again, "jobs_finished_total", kind="report", outcome="completed") == 1
+    assert value(again, "jobs_step_duration_seconds_count", kind="report") == 3
+
+
+def test_workers_do_not_import_the_metrics_library() -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    script = (
+        "import sys, jobs, jobs.runtime.celery_app, jobs.runtime.sweeper, jobs.testing\n"
+        "print('prometheus_client' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("raw", ["0", "70000", "http"])
+def test_a_bad_metrics_port_is_refused_at_start(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.core.errors import SettingsError  # noqa: PLC0415
+    from jobs.core.settings import from_env  # noqa: PLC0415
+
+    with pytest.raises(SettingsError, match="JOBS_METRICS_PORT"):
+        from_env({"JOBS_METRICS_PORT": raw})
+
+
+def test_the_grafana_dashboard_uses_only_series_the_exporter_serves(engine: Engine) -> None:
+    import json  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    store = JobStore(engine)
+    run_job(store, "r0", "report", 1)
+    registry = registry_for(store, lease_seconds=30)
+    scrape(registry)
+    run_job(store, "r1", "report", 1)
+    store.create("mail", {}, job_id="busy", max_attempts=1)
+    assert store.claim("busy", "w", 5) is not None
+    store.count_event("recovery_dead_owner", "report")
+    store.count_event("admission_refused", "mail")
+    store.create("mail", {}, job_id="taken", max_attempts=2)
+    assert store.claim("taken", "w1", 0.01) is not None
+    time.sleep(0.05)
+    assert store.claim("taken", "w2", 600) is not None
+    store.put_schedule(Schedule("nightly", "report", "@daily"))
+    served = {name for name, _ in scrape(registry)}
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "deploy" / "grafana" / "durable-jobs.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\b(jobs[a-z_]*)\b", expr)}
+    assert used, exprs
+    assert used <= served, sorted(used - served)

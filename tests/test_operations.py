@@ -1,0 +1,253 @@
+"""Periodic schedules, retention and counters in the store, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import pytest
+
+from jobs.core.clock import LogicalClock
+from jobs.core.errors import InvalidInput
+from jobs.core.registry import Registry
+from jobs.core.schedule import Schedule
+from jobs.core.states import State
+from jobs.core.store import JobStore
+from jobs.runtime.periodic import fire_due_ticks
+from jobs.runtime.sweeper import prune
+
+DAY = 86400.0
+
+
+def fire(store: JobStore, sent: list[str]) -> list[str]:
+    def publish(job_ids: Sequence[str]) -> bool:
+        sent.extend(job_ids)
+        return True
+
+    fired = fire_due_ticks(store, publish, default_max_attempts=3, registry=Registry([]))
+    return [f.job_id for f in fired if f.created]
+
+
+def test_a_schedule_fires_each_tick_once_whoever_fires_it(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    # LogicalClock's epoch is 2000-01-01T00:00:00Z; ticks every 10 s from then on.
+    store.put_schedule(Schedule("beat", "k", "every 10s", inputs={"n": 1}, catch_up="all"))
+    other = JobStore(store.engine, clock=clock)  # a second sweeper
+    sent: list[str] = []
+    assert fire(store, sent) == []  # created at 00:00:00; the first tick is 00:00:10
+    clock.advance(10)
+    assert fire(store, sent) == ["beat@2000-01-01T00:00:10Z"]
+    assert fire(other, sent) == []  # already fired: nothing new, nothing sent
+    clock.advance(25)
+    assert fire(other, sent) == ["beat@2000-01-01T00:00:20Z", "beat@2000-01-01T00:00:30Z"]
+    assert sent == [
+        "beat@2000-01-01T00:00:10Z",
+        "beat@2000-01-01T00:00:20Z",
+        "beat@2000-01-01T00:00:30Z",
+    ]
+    job = store.get("beat@2000-01-01T00:00:20Z")
+    assert (job.kind, job.inputs, job.state, job.max_attempts) == ("k", {"n": 1}, State.QUEUED, 3)
+    assert store.schedule("beat").last_tick == clock.instant(30)
+
+
+def test_a_sweeper_that_looked_before_another_advanced_submits_nothing_twice(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    store.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
+    clock.advance(10)
+    stale_view = store.schedules()[0]  # sweeper A reads the schedule …
+    assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]  # … sweeper B fires the tick
+    # … then A fires from its stale view: the job ID exists, so nothing is created
+    created, _ = store.create("k", {}, job_id="beat@2000-01-01T00:00:10Z", max_attempts=3)
+    assert created.id == "beat@2000-01-01T00:00:10Z"
+    assert stale_view.due_ticks(clock.instant()) == [clock.instant(10)]
+    assert not store.advance_schedule("beat", clock.instant(10))  # last_tick never goes back
+    assert not store.advance_schedule("beat", clock.instant(0))
+    assert len(store.list(kind="k")) == 1
+
+
+def test_catch_up_latest_skips_the_missed_ticks(store: JobStore, clock: LogicalClock) -> None:
+    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(10)
+    assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]
+    clock.advance(45)  # sweepers down for 4 ticks
+    assert fire(store, []) == ["beat@2000-01-01T00:00:50Z"]
+
+
+def test_changing_a_schedule_keeps_its_progress(store: JobStore, clock: LogicalClock) -> None:
+    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(10)
+    fire(store, [])
+    changed = store.put_schedule(Schedule("beat", "k", "every 20s", timezone="Europe/Berlin"))
+    assert (changed.spec, changed.timezone, changed.last_tick) == (
+        "every 20s",
+        "Europe/Berlin",
+        clock.instant(10),
+    )
+    assert store.delete_schedule("beat")
+    assert not store.delete_schedule("beat")
+    with pytest.raises(InvalidInput, match="unknown schedule 'beat'"):
+        store.schedule("beat")
+
+
+def test_bad_schedules_write_nothing(store: JobStore) -> None:
+    for bad in (
+        Schedule("beat", "k", "every never"),
+        Schedule("beat", "k", "every 1s", timezone="Nowhere/Else"),
+        Schedule("beat", "k", "every 1s", catch_up="maybe"),
+        Schedule("beat", "bad kind", "every 1s"),
+        Schedule("beat", "k", "every 1s", inputs={"x": float("nan")}),
+    ):
+        with pytest.raises(InvalidInput):
+            store.put_schedule(bad)
+    assert store.schedules() == []
+
+
+def finished_job(store: JobStore, job_id: str, how: State) -> None:
+    store.create("k", {}, job_id=job_id, max_attempts=1)
+    if how is State.CANCELLED:
+        store.cancel(job_id)
+        return
+    claim = store.claim(job_id, "w", 30)
+    assert claim is not None
+    store.record_step(claim, "s1", 1)
+    if how is State.COMPLETED:
+        store.complete(claim, "ok")
+    else:
+        store.fail(claim, "boom")
+
+
+def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_history(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    for state in (State.COMPLETED, State.FAILED, State.CANCELLED):
+        finished_job(store, f"old-{state.value}", state)
+    store.create("k", {}, job_id="old-queued", max_attempts=1)
+    store.create("k", {}, job_id="old-running", max_attempts=1)
+    assert store.claim("old-running", "w", 100 * DAY) is not None
+    store.create("k", {}, job_id="old-waiting", max_attempts=1)
+    claim = store.claim("old-waiting", "w", 30)
+    assert claim is not None
+    store.wait_for_approval(claim, "why", "approval")
+    clock.advance(13 * DAY)
+    finished_job(store, "young", State.COMPLETED)
+    clock.advance(1 * DAY + 1)
+
+    assert store.count_prunable(14 * DAY) == 3
+    assert prune(store, None) == 0  # JOBS_RETENTION_DAYS=none keeps everything
+    assert prune(store, 14.0) == 3
+    remaining = {job.id for job in store.list(limit=50)}
+    assert remaining == {"old-queued", "old-running", "old-waiting", "young"}
+    with store.engine.connect() as conn:
+        from sqlalchemy import text  # noqa: PLC0415
+
+        orphans = conn.execute(
+            text(
+                "SELECT count(*) FROM job_steps WHERE job_id LIKE 'old-%' AND job_id NOT IN "
+                "('old-running', 'old-waiting', 'old-queued')"
+            )
+        ).scalar_one()
+        history = conn.execute(
+            text(
+                "SELECT count(*) FROM job_transitions "
+                "WHERE job_id LIKE 'old-c%' OR job_id LIKE 'old-f%'"
+            )
+        ).scalar_one()
+    assert (orphans, history) == (0, 0)
+    assert store.steps("young") != []
+    assert store.count_prunable(14 * DAY) == 0
+
+
+def test_retention_works_in_batches(store: JobStore, clock: LogicalClock) -> None:
+    for n in range(7):
+        finished_job(store, f"j{n}", State.CANCELLED)
+    clock.advance(2 * DAY)
+    first = store.prune_finished(DAY, batch_size=3)
+    assert len(first) == 3
+    assert len(store.prune_finished(DAY, batch_size=3)) == 3
+    assert len(store.prune_finished(DAY, batch_size=3)) == 1
+    assert store.prune_finished(DAY, batch_size=3) == []
+
+
+def test_counters_add_up_per_name_and_kind(store: JobStore) -> None:
+    store.count_event("recovery_expired_lease", "a")
+    store.count_event("recovery_expired_lease", "a", 2)
+    store.count_event("recovery_expired_lease", "b")
+    store.count_event("admission_refused", "a", 0)
+    assert store.counters() == {
+        ("recovery_expired_lease", "a"): 3,
+        ("recovery_expired_lease", "b"): 1,
+    }
+
+
+def test_the_time_between_ticks_is_the_databases(store: JobStore, clock: LogicalClock) -> None:
+    store.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
+    assert store.now() == clock.instant()
+    assert store.schedule("beat").created_at == clock.instant()
+    assert isinstance(store.now(), dt.datetime)
+
+
+def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    import dataclasses  # noqa: PLC0415
+
+    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+
+    settings = dataclasses.replace(from_env({}), retention_days=1.0)
+    finished_job(store, "old", State.COMPLETED)
+    store.create("k", {}, job_id="hung", max_attempts=2)
+    assert store.claim("hung", "w", 30) is not None
+    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(DAY + 10)
+    sent: list[str] = []
+    report = sweep_once(store, settings, lambda job_ids: sent.extend(job_ids) is None)
+    assert report.pruned == 1
+    assert report.expired == ("hung",)
+    assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
+    assert set(sent) == {"hung", "beat@2000-01-02T00:00:10Z"}
+    assert store.counters() == {("recovery_expired_lease", "k"): 1}
+    kept = dataclasses.replace(settings, retention_days=None)
+    finished_job(store, "old2", State.CANCELLED)
+    clock.advance(30 * DAY)
+    assert sweep_once(store, kept, lambda job_ids: True).pruned == 0
+
+
+def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+
+    settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
+    store.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
+    store.create("k", {}, job_id="unsent", max_attempts=2)
+    store.forget_dispatch(["unsent"])  # its publish failed: not a lost message
+    clock.advance(31)
+    report = sweep_once(store, settings, lambda job_ids: True)
+    assert set(report.dispatched) == {"sent", "unsent"}
+    assert report.lost_messages == ("sent",)
+    assert sweep_once(store, settings, lambda job_ids: True).lost_messages == ()
+    assert store.counters() == {("recovery_lost_message", "k"): 1}
+
+
+def test_firing_a_tick_moves_last_tick_and_inserts_the_job_together(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    schedule = store.put_schedule(Schedule("beat", "k", "every 10s"))
+    clock.advance(10)
+    tick = clock.instant(10)
+    fired = store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2)
+    assert fired is not None
+    assert fired[1] is True
+    assert store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2) is None
+    # A refused insert rolls the compare-and-set back: the tick stays due.
+    store.set_limits("k", max_running=None, max_queued=1)
+    clock.advance(10)
+    from jobs.core.errors import AdmissionRefused  # noqa: PLC0415
+
+    with pytest.raises(AdmissionRefused):
+        store.fire_tick(schedule, clock.instant(20), job_id="beat@t20", max_attempts=2)
+    assert store.schedule("beat").last_tick == tick
