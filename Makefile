@@ -32,6 +32,12 @@ test-fast: install
 bench: install
 	$(PY) -m bench
 
+shop-django: install
+	$(PY) examples/run.py django
+
+shop-flask: install
+	$(PY) examples/run.py flask
+
 # Minutes of seeded faults against real workers (tests/acceptance/test_chaos.py); the seed is
 # printed, and CHAOS_SEED=<seed> replays it. CHAOS_JOBS and CHAOS_SECONDS size the run.
 chaos: install

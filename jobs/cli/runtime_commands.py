@@ -35,6 +35,9 @@ def worker(
     Extra arguments are passed to `celery worker` unchanged.
     """
     settings = get_settings()  # a bad setting stops here with a clear message
+    from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
+
+    set_up_for_job_modules()  # a Django project's job modules import its models
     REGISTRY.names()  # so does a bad JOBS_IMPORTS module
     argv = [
         sys.executable,

@@ -38,6 +38,7 @@ from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
+from jobs.runtime.frameworks import set_up_for_job_modules
 
 log = logging.getLogger("jobs.worker")
 
@@ -176,6 +177,7 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
     if not _is_ours(sender):
         return
     try:
+        set_up_for_job_modules()  # a Django project's job modules import its models
         names = REGISTRY.names()
     except SettingsError as err:
         log.critical("%s; the worker will not start", err)

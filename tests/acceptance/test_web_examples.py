@@ -21,7 +21,7 @@ import jobs
 from jobs.core.settings import set_defaults_source
 from jobs.core.states import State
 from tests import django_site
-from tests.acceptance.conftest import BOTH, Stack
+from tests.acceptance.conftest import BOTH, EMBEDDED, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 DJANGO_EXAMPLE = ROOT / "examples" / "django"
@@ -44,6 +44,14 @@ def assert_no_message(stack: Stack) -> None:
 @pytest.fixture
 def django_shop(stack: Stack, django_world: None) -> Any:
     """The stack's database as the shop's, and a ``manage.py jobs_worker`` on it."""
+    return start_django_shop(
+        stack, [sys.executable, str(DJANGO_EXAMPLE / "manage.py"), "jobs_worker"]
+    )
+
+
+def start_django_shop(stack: Stack, launcher: list[str] | None) -> Any:
+    """The shop on the stack's database and a worker started by ``launcher`` (``None``: the
+    harness's ``jobctl worker``), with the Django settings module in its environment."""
     pytest.importorskip("django")
     # The jobs in the shop's database (on the embedded backend Django's settings.JOBS
     # would otherwise point this process at Django's default database).
@@ -55,10 +63,11 @@ def django_shop(stack: Stack, django_world: None) -> Any:
     stack.worker(
         "django",
         pool="prefork",
-        launcher=[sys.executable, str(DJANGO_EXAMPLE / "manage.py"), "jobs_worker"],
+        launcher=launcher,
         env={
             "DJANGO_SETTINGS_MODULE": "shop.settings",
             "SHOP_DATABASE_URL": stack.database_url,
+            "PYTHONPATH": str(DJANGO_EXAMPLE),
         },
     )
     from django.test import Client  # noqa: PLC0415
@@ -68,6 +77,22 @@ def django_shop(stack: Stack, django_world: None) -> Any:
 
 def post(client: Any, path: str, body: dict[str, Any]) -> Any:
     return client.post(path, json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.parametrize("stack", [EMBEDDED], indirect=True)
+def test_jobctl_worker_in_a_django_project_sets_django_up_first(
+    stack: Stack, django_world: None
+) -> None:
+    """``jobctl worker`` with DJANGO_SETTINGS_MODULE: the job modules import the project's
+    models, so Django is set up before they load (it died with AppRegistryNotReady)."""
+    from orders.models import Order  # noqa: PLC0415
+
+    client = start_django_shop(stack, None)
+    created = post(client, "/orders", {"customer": "ada", "total_cents": 500})
+    assert created.status_code == 201, created.content
+    order = created.json()
+    assert stack.wait_state(order["job_id"]).state is State.COMPLETED
+    assert Order.objects.get(pk=order["order_id"]).checked
 
 
 @pytest.mark.slow
