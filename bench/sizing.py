@@ -210,7 +210,7 @@ def sweeper_cost(sizes: list[tuple[int, int]]) -> None:
             times = []
             for _ in range(7):
                 started = time.perf_counter()
-                report = sweep_once(store, settings, lambda _job_ids: True)
+                report = sweep_once(store, settings, lambda _job_ids, _priority: True)
                 times.append((time.perf_counter() - started) * 1000)
                 assert not report, report
             engine.dispose()

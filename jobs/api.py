@@ -10,6 +10,7 @@ rings only once that transaction has committed.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
         return
     ring_one = dispatcher
 
-    def ring_each(job_ids: Sequence[str]) -> None:
+    def ring_each(job_ids: Sequence[str], priority: int = 0) -> None:
         for job_id in job_ids:
             ring_one(job_id)
 
@@ -56,9 +57,10 @@ def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
 
 
 def dispatch(job_id: str) -> bool:
-    """Publish a job's ID after its QUEUED state committed. A failure loses nothing: the
-    job stays QUEUED in the database and the sweeper sends it again."""
-    return process.current().dispatch([job_id])
+    """Publish a job's ID, with its priority, after its QUEUED state committed. A failure
+    loses nothing: the job stays QUEUED in the database and the sweeper sends it again."""
+    runtime = process.current()
+    return runtime.dispatch([job_id], runtime.store.get(job_id).priority)
 
 
 def new_job_id() -> str:
@@ -66,7 +68,12 @@ def new_job_id() -> str:
 
 
 def _prepare(
-    kind: str, inputs: Any, job_id: str | None, max_attempts: int | None, delay_seconds: float
+    kind: str,
+    inputs: Any,
+    job_id: str | None,
+    max_attempts: int | None,
+    delay_seconds: float,
+    priority: int | None = None,
 ) -> tuple[JobKind, dict[str, Any]]:
     """Check one submission against its kind and return the row the store will insert."""
     inputs = {} if inputs is None else inputs
@@ -87,6 +94,7 @@ def _prepare(
         max_attempts=attempts,
         delay_seconds=delay_seconds,
         code_version=job_kind.version,
+        priority=job_kind.priority if priority is None else priority,
     )
     return job_kind, row
 
@@ -104,10 +112,11 @@ def _insert(
         raise
     to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
     if to_ring:
+        ring = functools.partial(runtime.dispatch, priority=rows[0]["priority"])
         if unit is None:
-            runtime.dispatch(to_ring)
+            ring(to_ring)
         else:
-            unit.after_commit(to_ring, runtime.dispatch)
+            unit.after_commit(to_ring, ring)
     return [job.id for job, _new in created]
 
 
@@ -118,6 +127,7 @@ def submit(
     job_id: str | None = None,
     max_attempts: int | None = None,
     delay_seconds: float = 0,
+    priority: int | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
@@ -132,8 +142,12 @@ def submit(
     SQLAlchemy ``Session``) or ``unit=``, the job is written in the caller's transaction:
     a rollback leaves no job, and the doorbell rings only after the commit. On an error,
     roll the caller's transaction back.
+
+    ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among due
+    jobs, higher priorities are dispatched, delivered and claimed first. It orders waiting
+    work; it never stops a running job (see the README's "Priorities").
     """
-    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, delay_seconds)
+    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, delay_seconds, priority)
     return _insert(job_kind, [row], delay_seconds, unit_for(connection, session, unit))[0]
 
 
@@ -144,6 +158,7 @@ def submit_many(
     job_ids: Sequence[str] | None = None,
     max_attempts: int | None = None,
     delay_seconds: float = 0,
+    priority: int | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
@@ -166,6 +181,7 @@ def submit_many(
                 None if job_ids is None else job_ids[index],
                 max_attempts,
                 delay_seconds,
+                priority,
             )
         except InvalidInput as err:
             raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
@@ -220,10 +236,11 @@ def approve(
     (as :func:`submit` does) and the doorbell rings after its commit."""
     joined = unit_for(connection, session, unit)
     job = _store().approve(job_id, by, note, conn=None if joined is None else joined.connection)
+    ring = functools.partial(process.current().dispatch, priority=job.priority)
     if joined is None:
-        dispatch(job.id)
+        ring([job.id])
     else:
-        joined.after_commit([job.id], process.current().dispatch)
+        joined.after_commit([job.id], ring)
     return job
 
 

@@ -20,7 +20,7 @@ DAY = 86400.0
 
 
 def fire(store: JobStore, sent: list[str]) -> list[str]:
-    def publish(job_ids: Sequence[str]) -> bool:
+    def publish(job_ids: Sequence[str], priority: int) -> bool:
         sent.extend(job_ids)
         return True
 
@@ -203,7 +203,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     store.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(DAY + 10)
     sent: list[str] = []
-    report = sweep_once(store, settings, lambda job_ids: sent.extend(job_ids) is None)
+    report = sweep_once(store, settings, lambda job_ids, priority: sent.extend(job_ids) is None)
     assert report.pruned == 1
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
@@ -212,7 +212,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
-    assert sweep_once(store, kept, lambda job_ids: True).pruned == 0
+    assert sweep_once(store, kept, lambda job_ids, priority: True).pruned == 0
 
 
 def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
@@ -226,10 +226,10 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     store.create("k", {}, job_id="unsent", max_attempts=2)
     store.forget_dispatch(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
-    report = sweep_once(store, settings, lambda job_ids: True)
+    report = sweep_once(store, settings, lambda job_ids, priority: True)
     assert set(report.dispatched) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
-    assert sweep_once(store, settings, lambda job_ids: True).lost_messages == ()
+    assert sweep_once(store, settings, lambda job_ids, priority: True).lost_messages == ()
     assert store.counters() == {("recovery_lost_message", "k"): 1}
 
 

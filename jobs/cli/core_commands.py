@@ -20,7 +20,7 @@ import jobs
 from jobs.cli import main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
-from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, clip
+from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, MAX_PRIORITY, clip
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs.core.records import Job, Step, Transition
@@ -58,6 +58,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "fence": job.fence,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        "priority": job.priority,
         "inputs": job.inputs,
         "result": job.result,
         "last_error": job.last_error,
@@ -168,6 +169,11 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
     default=0.0,
     help="Seconds before the job is due.",
 )
+@click.option(
+    "--priority",
+    type=click.IntRange(min=0, max=MAX_PRIORITY),
+    help="0 to 9, higher first among due jobs (default: the kind's, else 0).",
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
 @click.option(
@@ -184,6 +190,7 @@ def submit(
     job_id: str | None,
     max_attempts: int | None,
     delay: float,
+    priority: int | None,
     wait: bool,
     timeout: float | None,
     from_file: TextIO | None,
@@ -196,7 +203,11 @@ def submit(
             if wait or job_id is not None or input_json != "{}":
                 raise click.UsageError("--from-file does not combine with --input, --id or --wait")
             ids = jobs.submit_many(
-                kind, read_inputs_file(from_file), max_attempts=max_attempts, delay_seconds=delay
+                kind,
+                read_inputs_file(from_file),
+                max_attempts=max_attempts,
+                delay_seconds=delay,
+                priority=priority,
             )
             click.echo("\n".join(ids))
             return
@@ -206,6 +217,7 @@ def submit(
             job_id=job_id,
             max_attempts=max_attempts,
             delay_seconds=delay,
+            priority=priority,
         )
     except AdmissionRefused as err:
         # Not a mistake: the system is full. Scripts tell "try later" by the exit code.
@@ -294,6 +306,7 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
         ("lease_until", iso(job.lease_until) or "-"),
         ("fence", str(job.fence)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("priority", str(job.priority)),
         ("inputs", _compact(job.inputs)),
         ("result", _compact(job.result)),
         ("last_error", shown(job.last_error)),

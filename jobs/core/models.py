@@ -17,6 +17,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
 )
@@ -24,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jobs.core.clock import UtcDateTime
 from jobs.core.states import State
+from jobs.core.validate import MAX_PRIORITY
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -41,7 +43,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 
 
 class Base(DeclarativeBase):
@@ -58,6 +60,10 @@ class JobRecord(Base):
         CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
         Index("ix_jobs_state_run_after", "state", "run_after"),
         Index("ix_jobs_state_lease_until", "state", "lease_until"),
+        CheckConstraint(f"priority >= 0 AND priority <= {MAX_PRIORITY}", name="priority"),
+        # Due dispatch and the next due job of a kind: the QUEUED rows of each priority
+        # by due time (a plain index: Alembic cannot compare a DESC expression index).
+        Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -79,6 +85,8 @@ class JobRecord(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
     run_after: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    # 0 (default) to 9: higher is dispatched, delivered and claimed first (see the README).
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
     code_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     # While WAITING_APPROVAL: the step name under which the approval will be recorded,

@@ -22,7 +22,7 @@ from jobs.core.models import (
     StepRecord,
     TransitionRecord,
 )
-from jobs.core.records import Job, KindLimits, Step, Transition
+from jobs.core.records import Doorbell, Job, KindLimits, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import TERMINAL, State
 
@@ -130,20 +130,24 @@ class JobReader:
         return {r[0]: KindLimits(r[0], r[1], r[2]) for r in rows}
 
     def next_due(self, kind: str, limit: int = 1) -> list[str]:
-        """The oldest due QUEUED jobs of a kind: who gets a slot a finished job frees."""
+        """The due QUEUED jobs of a kind that get the next slot a finished job frees: the
+        highest priority first, then the oldest."""
+        return [doorbell.job_id for doorbell in self.next_due_doorbells(kind, limit)]
+
+    def next_due_doorbells(self, kind: str, limit: int = 1) -> list[Doorbell]:
+        """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on."""
         with self._read() as conn:
-            return list(
-                conn.execute(
-                    select(J.id)
-                    .where(
-                        J.kind == kind,
-                        J.state == State.QUEUED.value,
-                        J.run_after <= self.clock.now(),
-                    )
-                    .order_by(J.run_after, J.created_at)
-                    .limit(limit)
-                ).scalars()
-            )
+            rows = conn.execute(
+                select(J.id, J.priority)
+                .where(
+                    J.kind == kind,
+                    J.state == State.QUEUED.value,
+                    J.run_after <= self.clock.now(),
+                )
+                .order_by(J.priority.desc(), J.run_after, J.created_at)
+                .limit(limit)
+            ).all()
+        return [Doorbell(row.id, row.priority) for row in rows]
 
     def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
         """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness

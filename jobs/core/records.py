@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import Row
 
@@ -27,6 +28,7 @@ class Job:
     attempts: int
     max_attempts: int
     run_after: dt.datetime
+    priority: int
     dispatched_at: dt.datetime | None
     code_version: str | None
     waiting_for: str | None
@@ -49,6 +51,7 @@ class Job:
             attempts=row.attempts,
             max_attempts=row.max_attempts,
             run_after=row.run_after,
+            priority=row.priority,
             dispatched_at=row.dispatched_at,
             code_version=row.code_version,
             waiting_for=row.waiting_for,
@@ -117,3 +120,24 @@ class Transition:
     fence: int | None
     reason: str | None
     approved_by: str | None
+
+
+class Doorbell(NamedTuple):
+    """A doorbell to ring: the job's ID and the priority its message carries."""
+
+    job_id: str
+    priority: int = 0
+
+
+def by_priority(doorbells: Sequence[Doorbell]) -> list[tuple[int, list[str]]]:
+    """``(priority, job ids)`` batches, the highest priority first, each keeping the order
+    it was given (a publisher sends one priority per batch)."""
+    batches: dict[int, list[str]] = {}
+    for doorbell in doorbells:
+        batches.setdefault(doorbell.priority, []).append(doorbell.job_id)
+    return sorted(batches.items(), key=lambda batch: -batch[0])
+
+
+Publish = Callable[[Sequence[str], int], bool]
+"""How the sweeper rings: ``publish(job_ids, priority)`` sends one batch of doorbells of one
+priority after their QUEUED state committed, and says whether it could."""

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
-from jobs.core.validate import check_name, clip
+from jobs.core.validate import check_name, check_priority, clip
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -42,6 +42,8 @@ class JobKind:
     schedule: str | None = None
     timezone: str = "UTC"
     catch_up: str = "latest"
+    # The priority a submit without ``priority=`` gives the kind's jobs (0 to 9).
+    priority: int = 0
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -76,8 +78,10 @@ class Registry:
         schedule: str | None = None,
         timezone: str = "UTC",
         catch_up: str = "latest",
+        priority: int = 0,
     ) -> JobKind:
         check_name(name, "job kind")
+        check_priority(priority, f"job kind {name!r}: priority")
         if schedule is not None:
             schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
@@ -95,6 +99,7 @@ class Registry:
             schedule,
             timezone,
             catch_up,
+            priority,
         )
         if schedule is not None:
             try:
@@ -126,11 +131,13 @@ class Registry:
         schedule: str | None = None,
         timezone: str = "UTC",
         catch_up: str = "latest",
+        priority: int = 0,
     ) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
         submits one job; ``catch_up`` says what happens to ticks missed while no sweeper
-        ran (``"latest"``: only the most recent, ``"all"``: every one)."""
+        ran (``"latest"``: only the most recent, ``"all"``: every one). ``priority`` (0 to 9,
+        higher first) is what a submit of the kind gets unless it names its own."""
 
         def decorate(handler: F) -> F:
             self.register(
@@ -143,6 +150,7 @@ class Registry:
                 schedule=schedule,
                 timezone=timezone,
                 catch_up=catch_up,
+                priority=priority,
             )
             return handler
 

@@ -61,7 +61,7 @@ from jobs.core.models import (
     TransitionRecord,
 )
 from jobs.core.reader import JOB_COLUMNS, JobReader
-from jobs.core.records import Claim, Job, KindLimits, PendingStep, Step, Transition
+from jobs.core.records import Claim, Doorbell, Job, KindLimits, PendingStep, Step, Transition
 from jobs.core.schedule import Schedule, check_schedule
 from jobs.core.states import State
 from jobs.core.validate import (
@@ -70,6 +70,7 @@ from jobs.core.validate import (
     check_name,
     check_number,
     check_person,
+    check_priority,
     check_text,
     encode_json,
 )
@@ -516,9 +517,11 @@ class JobStore(JobReader):
         max_attempts: int,
         delay_seconds: float,
         code_version: str | None,
+        priority: int = 0,
     ) -> dict[str, Any]:
         """Validate one submission and return its row; raises before anything is written."""
         check_name(job_id, "job id")
+        check_priority(priority)
         check_name(kind, "job kind")
         if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
             raise InvalidInput("inputs must be a JSON object with string keys")
@@ -537,6 +540,7 @@ class JobStore(JobReader):
             "fence": 0,
             "attempts": 0,
             "max_attempts": max_attempts,
+            "priority": priority,
             "run_after": self.clock.after(delay_seconds) if delayed else now,
             "code_version": code_version,
             "created_at": now,
@@ -555,6 +559,7 @@ class JobStore(JobReader):
         max_attempts: int,
         delay_seconds: float = 0,
         code_version: str | None = None,
+        priority: int = 0,
         conn: Connection | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
@@ -568,6 +573,7 @@ class JobStore(JobReader):
             max_attempts=max_attempts,
             delay_seconds=delay_seconds,
             code_version=code_version,
+            priority=priority,
         )
         [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created
@@ -912,9 +918,13 @@ class JobStore(JobReader):
         )
 
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
-        """IDs of jobs a claim would take now, oldest first (for in-process draining)."""
+        """IDs of jobs a claim would take now, the highest priority first, then the longest
+        due (for in-process draining)."""
         stmt = (
-            select(J.id).where(self._claimable()).order_by(J.run_after, J.created_at).limit(limit)
+            select(J.id)
+            .where(self._claimable())
+            .order_by(J.priority.desc(), J.run_after, J.created_at)
+            .limit(limit)
         )
         if kinds is not None:
             stmt = stmt.where(J.kind.in_(list(kinds)))
@@ -1294,11 +1304,22 @@ class JobStore(JobReader):
     def due_for_dispatch(
         self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
     ) -> list[str]:
+        """The IDs of :meth:`due_doorbells`, in the order they are to be rung."""
+        return [
+            doorbell.job_id for doorbell in self.due_doorbells(stale_seconds, limit, stale_limit)
+        ]
+
+    def due_doorbells(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[Doorbell]:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost). Marks them
         dispatched now, in the same statement, so concurrent sweepers do not both send.
         ``stale_limit`` caps the second kind: the caller may know that most of those
-        doorbells are still waiting in the broker's queue behind a backlog."""
+        doorbells are still waiting in the broker's queue behind a backlog.
+
+        Taken and returned the highest priority first, then the longest due: when more are
+        due than ``limit``, the higher priorities are rung in this pass."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
         queued_and_due = [J.state == State.QUEUED.value, J.run_after <= now]
@@ -1309,24 +1330,30 @@ class JobStore(JobReader):
         if stale_take:
             kinds_of_unsent.append((J.dispatched_at <= stale, stale_take))
         with self.engine.begin() as conn:
-            ids: list[str] = []
+            taken: list[Row[str, int, dt.datetime]] = []
             for unsent, take in kinds_of_unsent:
-                ids += conn.execute(
-                    select(J.id).where(*queued_and_due, unsent).order_by(J.run_after).limit(take)
-                ).scalars()
-            if not ids:
+                taken += conn.execute(
+                    select(J.id, J.priority, J.run_after)
+                    .where(*queued_and_due, unsent)
+                    .order_by(J.priority.desc(), J.run_after)
+                    .limit(take)
+                ).all()
+            if not taken:
                 return []
-            marked = conn.execute(
-                update(J)
-                .where(
-                    J.id.in_(ids),
-                    J.state == State.QUEUED.value,
-                    or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
-                )
-                .values(dispatched_at=now)
-                .returning(J.id)
-            ).scalars()
-            return sorted(marked)
+            marked = set(
+                conn.execute(
+                    update(J)
+                    .where(
+                        J.id.in_([row.id for row in taken]),
+                        J.state == State.QUEUED.value,
+                        or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                    )
+                    .values(dispatched_at=now)
+                    .returning(J.id)
+                ).scalars()
+            )
+        ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
+        return [Doorbell(row.id, row.priority) for row in ring_order if row.id in marked]
 
     def forget_dispatch(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells
@@ -1409,6 +1436,7 @@ class JobStore(JobReader):
         job_id: str,
         max_attempts: int,
         code_version: str | None = None,
+        priority: int = 0,
     ) -> tuple[Job, bool] | None:
         """Submit ``tick``'s job and move the schedule past it, in one transaction: the
         compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
@@ -1424,6 +1452,7 @@ class JobStore(JobReader):
                 job_id=job_id,
                 max_attempts=max_attempts,
                 code_version=code_version,
+                priority=priority,
                 conn=conn,
             )
 

@@ -11,6 +11,9 @@ NAME_LENGTH = 200
 # A job may be tried at most this often, and delayed at most this long (a year).
 MAX_ATTEMPTS = 1000
 MAX_DELAY_SECONDS = 366 * 86_400.0
+#: Priorities run from 0 (the default) to this: higher is dispatched, delivered and claimed
+#: first. Ten levels, as AMQP priority queues count them (RabbitMQ advises at most ten).
+MAX_PRIORITY = 9
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -42,6 +45,14 @@ def check_number(value: object, what: str, low: float, high: float) -> None:
         raise InvalidInput(f"{what} must be a number")
     if not low <= value <= high:  # NaN fails both comparisons
         raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {value!r:.40}")
+
+
+def check_priority(value: object, what: str = "priority") -> None:
+    """A job's priority: a whole number from 0 to :data:`MAX_PRIORITY`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"{what} must be a whole number from 0 to {MAX_PRIORITY}, got {value!r:.40}"
+        )
 
 
 def check_name(value: object, what: str) -> None:

@@ -70,10 +70,23 @@ class BrokerPause:
         self.errors_in_a_row = 0
 
 
+UPGRADE_HINT = (
+    " (the queue was declared before job priorities; stop every process that declares it, "
+    "delete it with rabbitmqctl delete_queue, start them again: the sweeper rings the "
+    "doorbells again; see the README's 'Priorities')"
+)
+"""Said after RabbitMQ's refusal of ``x-max-priority`` on a classic queue that an older
+version declared without it."""
+
+
 def describe(error: BaseException) -> str:
-    """RabbitMQ's own reply text (``NOT_FOUND - home node …``) when there is one."""
+    """RabbitMQ's own reply text (``NOT_FOUND - home node …``) when there is one, and what to
+    do when it is the priority queue's argument that differs."""
     reply = getattr(error, "reply_text", None) or getattr(error, "message", None)
-    return str(reply or error).strip() or type(error).__name__
+    text = str(reply or error).strip() or type(error).__name__
+    if "inequivalent arg 'x-max-priority'" in text:
+        return text + UPGRADE_HINT
+    return text
 
 
 def wait(seconds: float) -> None:

@@ -36,7 +36,7 @@ from kombu.entity import Queue
 from jobs.core.errors import SettingsError
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
-from jobs.core.validate import NAME_LENGTH
+from jobs.core.validate import MAX_PRIORITY, NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
 from jobs.runtime.frameworks import set_up_for_job_modules
 
@@ -52,11 +52,17 @@ message. A dropped doorbell loses no job: the sweeper rings again after
 poison. 20 is RabbitMQ 4.0's default."""
 
 
-def queue_arguments(settings: Settings) -> dict[str, Any] | None:
-    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE`` (None: classic)."""
+def queue_arguments(settings: Settings) -> dict[str, Any]:
+    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE``.
+
+    A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
+    message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
+    (it refuses ``x-max-priority``): it delivers in publish order, and priority then orders
+    only what the database decides (which due jobs the sweeper rings first, which job gets
+    a freed slot); see the README's "Priorities"."""
     if settings.queue_type == "quorum":
         return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
-    return None
+    return {"x-max-priority": MAX_PRIORITY}
 
 
 def task_queue(settings: Settings) -> Queue:

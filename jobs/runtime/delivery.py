@@ -25,7 +25,8 @@ def deliver(job_id: str, hostname: str | None, stopping: Callable[[], bool]) -> 
         log.info("job %s: delivery dropped, %s", job_id, why)
         return f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
-        process.current().dispatch([job_id])
+        priority = 0 if result.job is None else result.job.priority
+        process.current().dispatch([job_id], priority)
     _pass_on_slot(runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
@@ -59,7 +60,7 @@ def _pass_on_slot(runner: Runner, result: RunResult) -> None:
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return
-    process.current().dispatch(runner.store.next_due(result.job.kind, 1))
+    process.current().ring(runner.store.next_due_doorbells(result.job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:

@@ -34,18 +34,26 @@ class CeleryPublisher:
             self._app = app_for(self.settings)
         return self._app
 
-    def __call__(self, job_ids: Sequence[str]) -> None:
+    def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None:
+        """Publish one doorbell per ID, each carrying ``priority`` (AMQP's message priority:
+        the classic queue is a priority queue; the embedded transport orders its files by
+        it; a quorum queue on RabbitMQ 3.x ignores it)."""
         app = self.app
+        queue = self.settings.queue
         if len(job_ids) == 1:
-            app.send_task(TASK_NAME, args=(job_ids[0],), queue=self.settings.queue)
+            app.send_task(TASK_NAME, args=(job_ids[0],), queue=queue, priority=priority)
         elif self.settings.is_embedded_broker:
             with app.producer_or_acquire() as producer:
                 for job_id in job_ids:
                     app.send_task(
-                        TASK_NAME, args=(job_id,), queue=self.settings.queue, producer=producer
+                        TASK_NAME,
+                        args=(job_id,),
+                        queue=queue,
+                        producer=producer,
+                        priority=priority,
                     )
         else:
-            self._publish_confirmed(job_ids)
+            self._publish_confirmed(job_ids, priority)
 
     def waiting(self) -> int | None:
         """Doorbells ready in the queue (not yet delivered to a worker); ``None`` when the
@@ -60,7 +68,7 @@ class CeleryPublisher:
         except Exception:  # only a hint: the sweeper then re-sends as if none were waiting
             return None
 
-    def _publish_confirmed(self, job_ids: Sequence[str]) -> None:
+    def _publish_confirmed(self, job_ids: Sequence[str], priority: int) -> None:
         """A batch on RabbitMQ: every message published on a fresh confirm-mode channel, then
         all confirmations awaited together (one wait for the batch instead of one round
         trip per message). Raises if RabbitMQ refused any, or did not confirm in time."""
@@ -105,7 +113,9 @@ class CeleryPublisher:
                     # The message send_task would build, without its task-sent event (which
                     # would double the publishes of a batch).
                     message = amqp.create_task_message(uuid.uuid4().hex, TASK_NAME, (job_id,), {})
-                    amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue)
+                    amqp.send_task_message(
+                        producer, TASK_NAME, message, queue=self.settings.queue, priority=priority
+                    )
                 deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
                 while confirmed() < published[0] and not refused:
                     left = deadline - time.monotonic()

@@ -6,6 +6,11 @@ JSON error with the message gone (seen with a bulk submit on the embedded defaul
 message is written under a name no consumer matches and renamed into place when complete
 (a rename is atomic), and a file that still cannot be decoded is dropped with one log line
 instead of stopping the worker: its job stays QUEUED and the sweeper rings it again.
+
+kombu takes a queue's files in the order of their names. A name here starts with the
+message's priority, inverted (``0`` for priority 9), then the publish instant: a consumer
+takes the highest priority first and, within one priority, the oldest first. That is the
+embedded default's priority queue.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ class Channel(filesystem.Channel):
     """A filesystem channel whose messages appear whole or not at all."""
 
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        rank = self._get_message_priority(payload, reverse=True)  # type: ignore[no-untyped-call]
+        name = f"{rank}-{round(monotonic() * 1000):015d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         # A leading dot: kombu matches '<anything>.<queue>.msg' on what follows the first
         # dot, which for this name is '<name>.part', so no consumer takes it half-written.

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
 
 from jobs.core.errors import AdmissionRefused, JobError, UnknownKind
+from jobs.core.records import Publish
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.schedule import Schedule, tick_job_id
 from jobs.core.store import JobStore
@@ -35,7 +35,7 @@ class Fired:
 
 def fire_due_ticks(
     store: JobStore,
-    publish: Callable[[Sequence[str]], bool],
+    publish: Publish,
     *,
     default_max_attempts: int,
     registry: Registry = REGISTRY,
@@ -58,7 +58,7 @@ def fire_due_ticks(
 
 def _fire(
     store: JobStore,
-    publish: Callable[[Sequence[str]], bool],
+    publish: Publish,
     schedule: Schedule,
     now: dt.datetime,
     default_max_attempts: int,
@@ -67,20 +67,25 @@ def _fire(
     try:
         kind = registry.get(schedule.kind)
         max_attempts = kind.max_attempts or default_max_attempts
-        version = kind.version
+        version, priority = kind.version, kind.priority
     except UnknownKind:  # a sweeper need not import every kind; a worker will check it
-        max_attempts, version = default_max_attempts, None
+        max_attempts, version, priority = default_max_attempts, None, 0
     fired = []
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
         outcome = store.fire_tick(
-            schedule, tick, job_id=job_id, max_attempts=max_attempts, code_version=version
+            schedule,
+            tick,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            code_version=version,
+            priority=priority,
         )
         if outcome is None:
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome
         if created:
-            publish([job.id])
+            publish([job.id], job.priority)
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

@@ -21,12 +21,14 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.records import Doorbell, by_priority
 from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.settings import Settings, get_settings
 from jobs.core.store import JobStore
@@ -35,8 +37,12 @@ from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
 
-Dispatcher = Callable[[Sequence[str]], None]
-"""Publishes doorbells for job IDs whose QUEUED state has committed; raises on failure."""
+
+class Dispatcher(Protocol):
+    """Publishes doorbells for job IDs whose QUEUED state has committed, each message with
+    ``priority`` (0 to 9; a broker without priorities ignores it); raises on failure."""
+
+    def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None: ...
 
 
 class ProcessRuntime:
@@ -164,16 +170,17 @@ class ProcessRuntime:
                 self._dispatcher_chosen = True
             return self._dispatcher
 
-    def dispatch(self, job_ids: Sequence[str]) -> bool:
-        """Ring the doorbells of jobs whose QUEUED state committed. A failure loses
-        nothing: the jobs stay QUEUED, are marked unsent, and the sweeper sends them."""
+    def dispatch(self, job_ids: Sequence[str], priority: int = 0) -> bool:
+        """Ring the doorbells of jobs whose QUEUED state committed, with their ``priority``.
+        A failure loses nothing: the jobs stay QUEUED, are marked unsent, and the sweeper
+        sends them."""
         if not job_ids:
             return True
         dispatcher = self.dispatcher
         if dispatcher is None:
             return False
         try:
-            dispatcher(job_ids)
+            dispatcher(job_ids, priority)
         except Exception as err:
             first, more = job_ids[0], len(job_ids) - 1
             log.warning(
@@ -188,6 +195,12 @@ class ProcessRuntime:
                 log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
             return False
         return True
+
+    def ring(self, doorbells: Sequence[Doorbell]) -> bool:
+        """:meth:`dispatch` doorbells of mixed priorities: one batch per priority, the
+        highest first. True if every batch went out."""
+        sent = [self.dispatch(job_ids, priority) for priority, job_ids in by_priority(doorbells)]
+        return all(sent)
 
     def waiting_doorbells(self) -> int | None:
         """How many doorbells wait in the broker's queue, if the doorbell can tell."""

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
+from jobs.core.records import Doorbell, Publish, by_priority
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
@@ -63,7 +64,18 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
         store.count_event(event, kind, amount)
 
 
-def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> list[str]:
+def ring(publish: Publish, doorbells: Sequence[Doorbell]) -> list[str]:
+    """Publish doorbells of mixed priorities, one batch per priority, the highest first;
+    returns the IDs of the batches that went out."""
+    return [
+        job_id
+        for priority, job_ids in by_priority(doorbells)
+        if publish(job_ids, priority)
+        for job_id in job_ids
+    ]
+
+
+def ring_all_due(store: JobStore, publish: Publish) -> list[str]:
     """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
     that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
     dispatched before this call started are taken, so the loop ends."""
@@ -72,23 +84,27 @@ def ring_all_due(store: JobStore, publish: Callable[[Sequence[str]], bool]) -> l
     dispatched: list[str] = []
     while True:
         since_start = max(time.monotonic() - started, 1e-6)
-        batch = [job_id for job_id in store.due_for_dispatch(since_start) if job_id not in taken]
+        batch = [
+            doorbell
+            for doorbell in store.due_doorbells(since_start)
+            if doorbell.job_id not in taken
+        ]
         if not batch:
             return dispatched
-        taken.update(batch)
-        if publish(batch):
-            dispatched += batch
+        taken.update(doorbell.job_id for doorbell in batch)
+        dispatched += ring(publish, batch)
 
 
 def sweep_once(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[Sequence[str]], bool],
+    publish: Publish,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> SweepReport:
-    """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids)``
-    rings a batch of doorbells and says whether it could;
+    """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids,
+    priority)`` rings a batch of doorbells of one priority and says whether it could (due
+    jobs are rung the highest priority first);
     ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
 
     A doorbell published long ago and still unclaimed is either lost or waiting behind a
@@ -109,9 +125,8 @@ def sweep_once(
     ready = waiting()
     if ready is not None:
         stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
-    due = store.due_for_dispatch(settings.redispatch_after_seconds, stale_limit=stale_limit)
-    if due and publish(due):
-        dispatched += due
+    due = store.due_doorbells(settings.redispatch_after_seconds, stale_limit=stale_limit)
+    dispatched += ring(publish, due)
     lost = [job_id for job_id in dispatched if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
     ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
@@ -143,7 +158,7 @@ def prune(
 def run_forever(
     store: JobStore,
     settings: Settings,
-    publish: Callable[[Sequence[str]], bool],
+    publish: Publish,
     stop: threading.Event | None = None,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
