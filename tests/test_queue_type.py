@@ -21,6 +21,7 @@ from jobs.core.store import JobStore
 from jobs.runtime import broker_errors
 from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
 from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
+from jobs.runtime.dispatch import HIGH_BAND_PRIORITY, queue_for, queue_names
 from jobs.runtime.doorbell import GuardedConsumer
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 from jobs.runtime.sweeper import ring_all_due, sweep_once
@@ -47,29 +48,39 @@ def test_bad_queue_type_names_the_variable_and_the_choices(value: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("queue_type", "arguments"), [("classic", {"x-max-priority": 9}), ("quorum", QUORUM)]
+    ("queue_type", "arguments", "bands"),
+    [
+        ("classic", {"x-max-priority": 9}, ("",)),  # one priority queue
+        ("quorum", QUORUM, ("", ".high")),  # no priorities: a queue per band
+    ],
 )
-def test_every_process_declares_the_same_queue(
-    queue_type: str, arguments: dict[str, object] | None
+def test_every_process_declares_the_same_queues(
+    queue_type: str, arguments: dict[str, object], bands: tuple[str, ...]
 ) -> None:
     """Workers (``-Q``), submitters (``send_task(queue=…)``), the sweeper and Flower all
-    take the queue from the app that ``celery_config()`` configures."""
+    take the queues from the app that ``celery_config()`` configures."""
     settings = settings_with(
         JOBS_QUEUE_TYPE=queue_type, JOBS_BROKER_URL="amqp://guest@127.0.0.1:1//"
     )
+    names = [settings.queue + band for band in bands]
+    assert queue_names(settings) == names
     config = celery_config(settings)
-    (queue,) = config["task_queues"]
-    assert queue.name == settings.queue
-    assert queue.queue_arguments == arguments
-    assert queue.durable
-    assert queue.exchange.name == settings.queue
-    assert queue.exchange.type == "direct"
-    assert queue.routing_key == settings.queue
+    assert [queue.name for queue in config["task_queues"]] == names
+    for queue in config["task_queues"]:
+        assert queue.queue_arguments == arguments
+        assert queue.durable
+        assert queue.exchange.name == queue.name
+        assert queue.exchange.type == "direct"
+        assert queue.routing_key == queue.name
     app = make_app(settings)
-    # what a worker started with ``-Q jobs`` and a publisher routing to "jobs" both use
-    assert app.amqp.queues[settings.queue].queue_arguments == arguments
-    app.amqp.queues.select([settings.queue])  # what ``celery worker -Q jobs`` does
-    assert app.amqp.queues.consume_from[settings.queue].queue_arguments == arguments
+    # what a worker started with ``-Q jobs[,jobs.high]`` and a publisher routing there use
+    app.amqp.queues.select(names)
+    for name in names:
+        assert app.amqp.queues[name].queue_arguments == arguments
+        assert app.amqp.queues.consume_from[name].queue_arguments == arguments
+    # Where a doorbell goes: the band of its priority (quorum), else the one queue.
+    assert queue_for(settings, 0) == queue_for(settings, HIGH_BAND_PRIORITY - 1) == names[0]
+    assert queue_for(settings, HIGH_BAND_PRIORITY) == queue_for(settings, 9) == names[-1]
     # The doorbell gate (issue 8) on top of the consumer that retries broker errors.
     assert app.conf.worker_consumer == "jobs.runtime.doorbell:GuardedConsumer"
     assert issubclass(GuardedConsumer, RetryingConsumer)

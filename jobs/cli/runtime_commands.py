@@ -17,7 +17,11 @@ from jobs.core.settings import get_settings
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), help="Worker processes.")
-@click.option("--queues", "-Q", help="Comma-separated queues (default: JOBS_QUEUE).")
+@click.option(
+    "--queues",
+    "-Q",
+    help="Comma-separated queues (default: JOBS_QUEUE, and its high band with quorum queues).",
+)
 @click.option("--pool", "-P", help="Celery pool: prefork (default), threads, solo.")
 @click.option("--hostname", "-n", help="Node name, e.g. A@%h.")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
@@ -35,6 +39,7 @@ def worker(
     Extra arguments are passed to `celery worker` unchanged.
     """
     settings = get_settings()  # a bad setting stops here with a clear message
+    from jobs.runtime.dispatch import queue_names  # noqa: PLC0415
     from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
 
     set_up_for_job_modules()  # a Django project's job modules import its models
@@ -47,7 +52,7 @@ def worker(
         "jobs.celery_app",
         "worker",
         "-Q",
-        queues or settings.queue,
+        queues or ",".join(queue_names(settings)),
         "-l",
         loglevel,
         "-E",

@@ -37,7 +37,7 @@ from jobs.core.errors import SettingsError
 from jobs.core.registry import REGISTRY
 from jobs.core.settings import Settings, get_settings
 from jobs.core.validate import MAX_PRIORITY, NAME_LENGTH
-from jobs.runtime.dispatch import TASK_NAME
+from jobs.runtime.dispatch import TASK_NAME, queue_names
 from jobs.runtime.frameworks import set_up_for_job_modules
 
 log = logging.getLogger("jobs.worker")
@@ -57,21 +57,22 @@ def queue_arguments(settings: Settings) -> dict[str, Any]:
 
     A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
     message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
-    (it refuses ``x-max-priority``): it delivers in publish order, and priority then orders
-    only what the database decides (which due jobs the sweeper rings first, which job gets
-    a freed slot); see the README's "Priorities"."""
+    (it refuses ``x-max-priority``) and delivers in publish order: high priorities then get
+    a quorum queue of their own, a band (:func:`jobs.runtime.dispatch.queue_for`); see the
+    README's "Priorities"."""
     if settings.queue_type == "quorum":
         return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
     return {"x-max-priority": MAX_PRIORITY}
 
 
-def task_queue(settings: Settings) -> Queue:
-    """The jobs queue exactly as every process declares it (durable, direct exchange of the
-    same name, as Celery declares its default queue)."""
+def task_queue(settings: Settings, name: str | None = None) -> Queue:
+    """The jobs queue (or its high band, ``name``) exactly as every process declares it
+    (durable, direct exchange of the same name, as Celery declares its default queue)."""
+    name = settings.queue if name is None else name
     return Queue(  # type: ignore[no-untyped-call]
-        settings.queue,
-        exchange=settings.queue,
-        routing_key=settings.queue,
+        name,
+        exchange=name,
+        routing_key=name,
         queue_arguments=queue_arguments(settings),
         durable=True,
     )
@@ -94,7 +95,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_default_queue": settings.queue,
-        "task_queues": [task_queue(settings)],
+        "task_queues": [task_queue(settings, name) for name in queue_names(settings)],
         # RetryingConsumer (broker errors) with the doorbell gate in front of its task handler.
         "worker_consumer": "jobs.runtime.doorbell:GuardedConsumer",
         "broker_channel_error_retry": True,

@@ -17,6 +17,31 @@ from jobs.core.settings import Settings
 TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
 
+HIGH_BAND_PRIORITY = 5
+"""With quorum queues (no message priorities on RabbitMQ 3.x), doorbells of this priority
+and above go to a queue of their own, the high band (:func:`queue_for`)."""
+
+HIGH_BAND_SUFFIX = ".high"
+
+
+def queue_names(settings: Settings) -> list[str]:
+    """The queues a worker consumes: ``JOBS_QUEUE``, and with quorum queues its high band
+    ``<JOBS_QUEUE>.high`` too."""
+    if settings.queue_type == "quorum":
+        return [settings.queue, settings.queue + HIGH_BAND_SUFFIX]
+    return [settings.queue]
+
+
+def queue_for(settings: Settings, priority: int) -> str:
+    """Where a doorbell of ``priority`` goes. A classic queue (and the embedded transport)
+    orders messages by priority itself; a quorum queue cannot, so priorities from
+    :data:`HIGH_BAND_PRIORITY` up go to the high band, which a worker consumes beside the
+    normal one: a high-band doorbell then waits behind at most the one normal doorbell
+    each worker process holds, not behind the whole normal backlog."""
+    if settings.queue_type == "quorum" and priority >= HIGH_BAND_PRIORITY:
+        return settings.queue + HIGH_BAND_SUFFIX
+    return settings.queue
+
 
 class CeleryPublisher:
     """Sends ``jobs.run(job_id)`` for each ID, on the queue the settings name."""
@@ -39,7 +64,7 @@ class CeleryPublisher:
         the classic queue is a priority queue; the embedded transport orders its files by
         it; a quorum queue on RabbitMQ 3.x ignores it)."""
         app = self.app
-        queue = self.settings.queue
+        queue = queue_for(self.settings, priority)
         if len(job_ids) == 1:
             app.send_task(TASK_NAME, args=(job_ids[0],), queue=queue, priority=priority)
         elif self.settings.is_embedded_broker:
@@ -53,22 +78,26 @@ class CeleryPublisher:
                         priority=priority,
                     )
         else:
-            self._publish_confirmed(job_ids, priority)
+            self._publish_confirmed(job_ids, priority, queue)
 
     def waiting(self) -> int | None:
-        """Doorbells ready in the queue (not yet delivered to a worker); ``None`` when the
-        broker cannot say (the queue does not exist, the broker is unreachable)."""
+        """Doorbells ready in the queues (not yet delivered to a worker); ``None`` when the
+        broker cannot say (a queue does not exist, the broker is unreachable)."""
         try:
             with self.app.connection_for_write() as connection:
                 connection.ensure_connection(max_retries=1)
-                declared = connection.default_channel.queue_declare(
-                    queue=self.settings.queue, passive=True
+                return sum(
+                    int(
+                        connection.default_channel.queue_declare(
+                            queue=name, passive=True
+                        ).message_count
+                    )
+                    for name in queue_names(self.settings)
                 )
-                return int(declared.message_count)
         except Exception:  # only a hint: the sweeper then re-sends as if none were waiting
             return None
 
-    def _publish_confirmed(self, job_ids: Sequence[str], priority: int) -> None:
+    def _publish_confirmed(self, job_ids: Sequence[str], priority: int, queue: str) -> None:
         """A batch on RabbitMQ: every message published on a fresh confirm-mode channel, then
         all confirmations awaited together (one wait for the batch instead of one round
         trip per message). Raises if RabbitMQ refused any, or did not confirm in time."""
@@ -114,7 +143,7 @@ class CeleryPublisher:
                     # would double the publishes of a batch).
                     message = amqp.create_task_message(uuid.uuid4().hex, TASK_NAME, (job_id,), {})
                     amqp.send_task_message(
-                        producer, TASK_NAME, message, queue=self.settings.queue, priority=priority
+                        producer, TASK_NAME, message, queue=queue, priority=priority
                     )
                 deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
                 while confirmed() < published[0] and not refused:

@@ -43,6 +43,7 @@ from jobs.core.settings import reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
 from jobs.runtime import process
+from jobs.runtime.dispatch import HIGH_BAND_SUFFIX
 from tests.acceptance.rabbit_cluster import RABBITMQ_BIN, RabbitCluster
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
@@ -774,3 +775,5 @@ def stack(
                 _drop_database(admin, database_url)
             if broker:
                 delete_rabbit_queue(broker, world.queue)
+                # the high band a quorum configuration declares beside it (priorities)
+                delete_rabbit_queue(broker, world.queue + HIGH_BAND_SUFFIX)

@@ -9,10 +9,19 @@ first: without priorities, both brokers and the sweeper would send them first.""
 from __future__ import annotations
 
 import pytest
+from kombu import Connection, Queue
 
 from jobs import api
 from jobs.core.states import State
-from tests.acceptance.conftest import BOTH, Stack, wait_until
+from jobs.runtime.broker_errors import UPGRADE_HINT
+from jobs.runtime.dispatch import HIGH_BAND_SUFFIX
+from tests.acceptance.conftest import (
+    BOTH,
+    PG_RABBITMQ,
+    Stack,
+    rabbit_queue_depth,
+    wait_until,
+)
 
 LOW, HIGH = 0, 9
 PER_PRIORITY = 10
@@ -79,3 +88,66 @@ def test_the_sweepers_redispatch_rings_higher_priorities_first(stack: Stack) -> 
     wait_until(lambda: stack.queue_depth()[0] >= 2 * PER_PRIORITY, 60, "the sweeper's doorbells")
     stack.worker("w1", concurrency=1)
     assert_high_started_first(stack, low, high)
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_quorum_queues_keep_priority_with_a_high_band(stack: Stack) -> None:
+    """A quorum queue (RabbitMQ 3.x) has no message priorities, so priorities 5 to 9 ring
+    through a second quorum queue, the high band, consumed beside the normal one: 5 high
+    jobs submitted behind 20 low ones do not wait for the low backlog. A worker holds one
+    doorbell per band, so the bands take turns: each high job waits behind at most one low
+    job (a single FIFO queue would start them last)."""
+    stack.configure(JOBS_QUEUE_TYPE="quorum")
+    high_band = stack.queue + HIGH_BAND_SUFFIX
+    stack.worker("w1", concurrency=1)
+    blocker = stack.submit("check_order", {"order_id": 0, "check_seconds": 3.0}, job_id="blocker")
+    stack.wait_effect(blocker, "check_payment:start", timeout=60)
+    low = [
+        stack.submit("check_order", {"order_id": n, "check_seconds": 0.05}, job_id=f"a-{n:02}")
+        for n in range(20)
+    ]
+    high = [
+        stack.submit(
+            "check_order",
+            {"order_id": n, "check_seconds": 0.05},
+            job_id=f"b-{n}",
+            priority=HIGH,
+        )
+        for n in range(5)
+    ]
+    assert rabbit_queue_depth(high_band) is not None  # the band is a queue of its own
+    for job_id in low + high:
+        assert stack.wait_state(job_id, timeout=120).state is State.COMPLETED
+    order = start_order(stack, low + high)
+    # Taking turns: low, high, low, high … (one low may lead, prefetched before).
+    assert order.index(high[-1]) <= 2 * len(high) + 1, order
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_a_queue_declared_before_priorities_says_how_to_upgrade(stack: Stack) -> None:
+    """An older version declared the classic queue without ``x-max-priority``: RabbitMQ
+    refuses this version's declare. The worker stays up and says what to do in its line;
+    once the operator deleted the old queue, it consumes, and the sweeper rings the job
+    whose doorbell was refused."""
+    url = stack.env["JOBS_BROKER_URL"]
+    with Connection(url) as conn:  # the old deployment's queue, no priorities
+        Queue(stack.queue, exchange=stack.queue, routing_key=stack.queue, durable=True).bind(
+            conn.default_channel
+        ).declare()
+    stack.configure(JOBS_REDISPATCH_AFTER_SECONDS=2)
+    worker = stack.worker("A", wait=False)
+    stack.sweeper()
+    job_id = stack.submit("check_order", {"order_id": 1, "check_seconds": 0.1}, priority=HIGH)
+    refused = wait_until(
+        lambda: [line for line in worker.output().splitlines() if "broker refused queue" in line],
+        60,
+        "a refused declare",
+    )
+    assert "inequivalent arg 'x-max-priority'" in refused[0], refused[0]
+    assert UPGRADE_HINT.strip() in refused[0], refused[0]
+    assert worker.alive()
+    assert stack.job(job_id).state is State.QUEUED
+    with Connection(url) as conn:  # the documented upgrade step
+        conn.default_channel.queue_delete(stack.queue)
+    assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
+    assert worker.alive()
