@@ -78,6 +78,14 @@ UPGRADE_HINT = (
 """Said after RabbitMQ's refusal of ``x-max-priority`` on a classic queue that an older
 version declared without it."""
 
+QUEUE_TYPE_HINT = (
+    " (the queue is a classic priority queue and this process declares another type: "
+    "every process needs the same JOBS_QUEUE_TYPE; to change it, stop them all and delete "
+    "the queue)"
+)
+"""Said when a quorum declare meets the classic priority queue (RabbitMQ names the
+priority argument first)."""
+
 
 def describe(error: BaseException) -> str:
     """RabbitMQ's own reply text (``NOT_FOUND - home node …``) when there is one, and what to
@@ -85,7 +93,7 @@ def describe(error: BaseException) -> str:
     reply = getattr(error, "reply_text", None) or getattr(error, "message", None)
     text = str(reply or error).strip() or type(error).__name__
     if "inequivalent arg 'x-max-priority'" in text:
-        return text + UPGRADE_HINT
+        return text + (UPGRADE_HINT if text.endswith("current is none") else QUEUE_TYPE_HINT)
     return text
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kombu import Connection
+from kombu import Connection, Queue
 
 from jobs.core.settings import get_settings
 from jobs.core.states import State
@@ -31,8 +31,10 @@ def test_inequivalent_queue_declare_waits_instead_of_exiting(stack: Stack) -> No
     """A classic queue exists; workers configured for quorum wait (no exit, one line per
     try, a growing pause) and consume within seconds once the old queue is deleted."""
     url = stack.env["JOBS_BROKER_URL"]
-    with Connection(url) as conn:  # an old deployment's classic queue
-        task_queue(get_settings()).bind(conn.default_channel).declare()
+    with Connection(url) as conn:  # an old deployment's classic queue (before priorities)
+        Queue(stack.queue, exchange=stack.queue, routing_key=stack.queue, durable=True).bind(
+            conn.default_channel
+        ).declare()
     stack.configure(JOBS_QUEUE_TYPE="quorum")
     worker = stack.worker("A", wait=False)
     stack.sweeper()
