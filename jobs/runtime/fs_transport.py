@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from time import monotonic
+from time import monotonic_ns
 from typing import Any
 
 from kombu.transport import filesystem
@@ -35,7 +35,7 @@ class Channel(filesystem.Channel):
 
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         rank = self._get_message_priority(payload, reverse=True)  # type: ignore[no-untyped-call]
-        name = f"{rank}-{round(monotonic() * 1000):015d}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{rank}-{monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         # A leading dot: kombu matches '<anything>.<queue>.msg' on what follows the first
         # dot, which for this name is '<name>.part', so no consumer takes it half-written.
