@@ -71,9 +71,9 @@ class BrokerPause:
 
 
 UPGRADE_HINT = (
-    " (the queue was declared before job priorities; stop every process that declares it, "
-    "delete it with rabbitmqctl delete_queue, start them again: the sweeper rings the "
-    "doorbells again; see the README's 'Priorities')"
+    " (the queue was declared before job priorities: once every process runs this version, "
+    "delete it with rabbitmqctl delete_queue; workers declare it again within seconds and "
+    "the sweeper rings the due jobs again; see the README's 'Priorities')"
 )
 """Said after RabbitMQ's refusal of ``x-max-priority`` on a classic queue that an older
 version declared without it."""
