@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 import jobs
 from jobs.core.context import JobContext
+from jobs.core.models import SCHEMA_REVISION
 from jobs.core.settings import get_settings, reset_settings
 from jobs.core.store import JobStore
 from jobs.runtime import process
@@ -339,7 +340,7 @@ def test_sweeper_once_and_db_current_answer_in_json() -> None:
     assert report["ticks"]
     assert all(tick.startswith("beat@") for tick in report["ticks"])
     current = json.loads(jobctl("db", "current", "--json").stdout)
-    assert current == {"revision": "0003", "head": "0003", "at_head": True}
+    assert current == {"revision": SCHEMA_REVISION, "head": SCHEMA_REVISION, "at_head": True}
 
 
 def test_a_periodic_kind_whose_handler_needs_inputs_is_refused_at_registration() -> None:

@@ -17,6 +17,7 @@ from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.runtime import liveness
+from jobs.runtime.dispatch import queue_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,12 +173,13 @@ def _queued(
         )
     ahead = store.oldest_queued()
     backlog = "" if ahead is None else f" The oldest due job has waited {_span(ahead[1])}."
+    queue = queue_for(settings, job.priority)
     return (
         "waiting_for_worker",
-        f"It is due{after_error}; its message was sent at {_at(dispatched)} "
-        f"({_span(sent_ago)} ago) and waits for a free worker on queue "
-        f"{settings.queue!r}.{backlog}",
-        (f"add workers on queue {settings.queue!r} if the queue keeps growing (jobctl stats)",),
+        f"It is due{after_error}; its message (priority {job.priority}) was sent at "
+        f"{_at(dispatched)} ({_span(sent_ago)} ago) and waits for a free worker on queue "
+        f"{queue!r}, behind any of higher priority.{backlog}",
+        (f"add workers on queue {queue!r} if the queue keeps growing (jobctl stats)",),
     )
 
 

@@ -33,6 +33,7 @@ class JobAdmin(admin.ModelAdmin):
         "owner",
         "attempts",
         "max_attempts",
+        "priority",
         "waiting_for",
         "created_at",
         "updated_at",

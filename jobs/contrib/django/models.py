@@ -31,6 +31,7 @@ class JobRow(models.Model):
     owner = models.CharField(max_length=200, null=True)
     attempts = models.IntegerField()
     max_attempts = models.IntegerField()
+    priority = models.SmallIntegerField()
     waiting_for = models.CharField(max_length=200, null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
