@@ -89,3 +89,22 @@ def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryPub
         "after-1",
         "after-2",
     ]
+
+
+def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_first(
+    publisher: CeleryPublisher,
+) -> None:
+    """The classic queue is a priority queue (``x-max-priority``): ready doorbells come out
+    by priority, then in publish order."""
+    take_all(publisher)
+    publisher(["low-1", "low-2"], 0)
+    publisher(["top"], 9)
+    publisher(["mid"], 5)
+    messages = take_all(publisher)
+    assert [json.loads(message.body)[0][0] for message in messages] == [
+        "top",
+        "mid",
+        "low-1",
+        "low-2",
+    ]
+    assert [message.properties.get("priority") for message in messages] == [9, 5, 0, 0]
