@@ -15,6 +15,7 @@ from kombu import Connection
 from sqlalchemy import Engine
 
 import jobs
+from jobs import testing
 from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
@@ -232,3 +233,36 @@ def test_a_refused_priority_argument_says_what_to_do() -> None:
     assert broker_errors.describe(Refusal(other_type)) == (
         other_type + broker_errors.QUEUE_TYPE_HINT
     )
+
+
+def test_a_retry_keeps_the_priority(store: JobStore, clock: LogicalClock) -> None:
+    new(store, "low", 0)
+    new(store, "top", 9)
+    claim = store.claim("top", "A", 30)
+    assert claim is not None
+    store.retry(claim, "boom", delay_seconds=5)
+    clock.advance(5)
+    assert store.get("top").priority == 9
+    assert store.due_doorbells(30) == [Doorbell("top", 9)]  # "low" went out at submit
+
+
+@jobs.job("prio_approval", priority=8)
+def prio_approval(ctx: JobContext) -> str:
+    ctx.wait_for_approval("a human decides")
+    return "done"
+
+
+def test_an_approval_rings_with_the_jobs_priority(rung: Rung) -> None:
+    job_id = jobs.submit("prio_approval")
+    testing.drain()
+    assert jobs.get(job_id).state is jobs.State.WAITING_APPROVAL
+    rung.clear()
+    jobs.approve(job_id, by="Ada")
+    assert rung == [((job_id,), 8)]
+
+
+def test_an_in_process_drain_runs_the_highest_priority_first(rung: Rung) -> None:
+    low = jobs.submit("prio_plain", {"n": 1})
+    top = jobs.submit("prio_plain", {"n": 2}, priority=9)
+    mid = jobs.submit("prio_plain", {"n": 3}, priority=4)
+    assert [result.job_id for result in testing.drain()] == [top, mid, low]
