@@ -21,7 +21,7 @@ from jobs.core.store import JobStore
 from jobs.runtime import broker_errors
 from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
 from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
-from jobs.runtime.dispatch import HIGH_BAND_PRIORITY, queue_for, queue_names
+from jobs.runtime.dispatch import HIGH_BAND_PRIORITY, HIGH_BAND_SUFFIX, queue_for, queue_names
 from jobs.runtime.doorbell import GuardedConsumer
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 from jobs.runtime.sweeper import ring_all_due, sweep_once
@@ -184,8 +184,9 @@ def amqp_settings() -> Iterator[Settings]:
     )
     yield settings
     with Connection(AMQP_URL) as conn:
-        conn.default_channel.queue_delete(settings.queue)
-        conn.default_channel.exchange_delete(settings.queue)
+        for name in queue_names(settings):  # the queue and its high band
+            conn.default_channel.queue_delete(name)
+            conn.default_channel.exchange_delete(name)
 
 
 @pytest.mark.rabbitmq
@@ -202,6 +203,27 @@ def test_watch_declares_a_gone_queue_with_the_configured_type(amqp_settings: Set
             channel = conn.channel()
             with pytest.raises(Exception, match="inequivalent arg 'x-queue-type'"):
                 channel.queue_declare(amqp_settings.queue, durable=True, auto_delete=False)
+    finally:
+        watch.close()
+
+
+@pytest.mark.rabbitmq
+def test_watch_rings_all_when_the_high_band_was_gone(amqp_settings: Settings) -> None:
+    """With quorum queues the high band of priorities is a queue of its own: the watch
+    declares it again when it is gone, and the pass rings every due doorbell."""
+    watch = QueueWatch(amqp_settings)
+    high_band = amqp_settings.queue + HIGH_BAND_SUFFIX
+    try:
+        assert watch.check() is QueueHealth.GONE_NOW_DECLARED
+        assert watch.check() is QueueHealth.OK
+        with Connection(AMQP_URL) as conn:
+            conn.default_channel.queue_delete(high_band)
+        assert watch.check() is QueueHealth.GONE_NOW_DECLARED
+        with Connection(AMQP_URL) as conn:  # declared again, as a quorum queue
+            channel = conn.channel()
+            with pytest.raises(Exception, match="inequivalent arg 'x-queue-type'"):
+                channel.queue_declare(high_band, durable=True, auto_delete=False)
+        assert watch.check() is QueueHealth.OK
     finally:
         watch.close()
 

@@ -7,7 +7,8 @@ the jobs are safe in the database, but their doorbells are gone, and the sweeper
 only ring again after ``JOBS_REDISPATCH_AFTER_SECONDS``.
 
 :class:`QueueWatch` asks the broker about the queue once per sweeper pass (a passive
-declare on a fresh channel: one round trip). It reports
+declare on a fresh channel: one round trip; with quorum queues, about the high band of
+priorities too). It reports
 
 - ``GONE_NOW_DECLARED``: the queue did not exist, so the watch declared it (on whichever
   node its connection reached, with the same arguments as every other process) and every
@@ -53,7 +54,7 @@ class QueueWatch:
         self.settings = settings
         self.connect_timeout = connect_timeout
         self._connection: Any = None
-        self._was_unavailable = False
+        self._unavailable: set[str] = set()  # queues that refused declares at a pass
 
     def _connect(self) -> Any:
         from kombu.connection import Connection  # noqa: PLC0415 - only where a broker is used
@@ -79,8 +80,11 @@ class QueueWatch:
                 log.debug("sweeper: closing the broker connection failed: %s", err)
 
     def check(self) -> QueueHealth:
-        """Ask the broker about the queue once (declaring it if it is gone); never raises."""
+        """Ask the broker about each queue once (``JOBS_QUEUE``, and with quorum queues its
+        high band), declaring one that is gone; never raises. Any queue that may have lost
+        its doorbells makes the pass ring them all."""
         from jobs.runtime.celery_app import task_queue  # noqa: PLC0415 - the one declaration
+        from jobs.runtime.dispatch import queue_names  # noqa: PLC0415
 
         try:
             connection = self._connect()
@@ -88,24 +92,35 @@ class QueueWatch:
             log.warning("sweeper: no broker node reachable for the queue check: %s", err)
             self._drop_connection()
             return QueueHealth.UNREACHABLE
-        queue = task_queue(self.settings)
+        found = []
+        for name in queue_names(self.settings):
+            health = self._check_one(connection, task_queue(self.settings, name))
+            if health is QueueHealth.UNREACHABLE:
+                return health
+            found.append(health)
+        for worst in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK, QueueHealth.UNAVAILABLE):
+            if worst in found:
+                return worst
+        return QueueHealth.OK
+
+    def _check_one(self, connection: Any, queue: Any) -> QueueHealth:
         try:
             with connection.channel() as channel:
-                queue.bind(channel).queue_declare(passive=True)  # type: ignore[no-untyped-call]
+                queue.bind(channel).queue_declare(passive=True)
         except connection.channel_errors as err:
             text = str(getattr(err, "reply_text", "") or err)
             if getattr(err, "reply_code", None) != 404 or "home node" in text:
-                if not self._was_unavailable:
+                if queue.name not in self._unavailable:
                     log.warning("sweeper: queue %r is unavailable: %s", queue.name, text)
-                self._was_unavailable = True
+                self._unavailable.add(queue.name)
                 return QueueHealth.UNAVAILABLE
             return self._declare(queue, text)
         except connection.connection_errors as err:
             log.warning("sweeper: broker connection lost during the queue check: %s", err)
             self._drop_connection()
             return QueueHealth.UNREACHABLE
-        if self._was_unavailable:
-            self._was_unavailable = False
+        if queue.name in self._unavailable:
+            self._unavailable.discard(queue.name)
             log.warning(
                 "sweeper: queue %r serves again; ringing every due job's doorbell", queue.name
             )
@@ -121,9 +136,9 @@ class QueueWatch:
             log.warning(
                 "sweeper: queue %r is gone (%s) and declaring it failed: %s", queue.name, why, err
             )
-            self._was_unavailable = True
+            self._unavailable.add(queue.name)
             return QueueHealth.UNAVAILABLE
-        self._was_unavailable = False
+        self._unavailable.discard(queue.name)
         log.warning(
             "sweeper: queue %r was gone (%s); declared it again, ringing every due job's doorbell",
             queue.name,
