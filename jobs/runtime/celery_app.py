@@ -25,9 +25,11 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing
+import os
 from typing import Any
 
 from celery import Celery, current_app, signals
@@ -222,9 +224,29 @@ def _take_liveness_lock(**_: Any) -> None:
     from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
+    runtime.stop_on_timeout(_end_timed_out_child)
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
         api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
     except Exception as err:  # the database may be down: the child must still start
         log.warning("liveness lock not taken yet: %s", type(err).__name__)
+
+
+EXIT_TIMED_OUT = 70
+"""Exit status of a pool child ended because a run passed its time limit (EX_SOFTWARE)."""
+
+
+def _end_timed_out_child(why: str) -> None:
+    """Celery's hard time limit, decided inside the child: billiard's pool ends a child
+    past ``time_limit`` with SIGTERM then SIGKILL from the main process, but only the child
+    knows a job's kind and its steps, so the child's heartbeat decides. By the time this
+    runs the run's outcome (retry or FAILED, fenced) is written; the stuck handler may be
+    in a C call no exception can interrupt, so the process exits at once. Celery sees the
+    child lost (``task_reject_on_worker_lost``: the doorbell goes back to the queue, and a
+    later claim finds the job not due or finished), and the pool starts a new child."""
+    log.error("%s; ending pool process %d (the pool starts a new one)", why, os.getpid())
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # the process ends next whatever happens
+            handler.flush()
+    os._exit(EXIT_TIMED_OUT)
