@@ -53,9 +53,7 @@ def stopped() -> list[str]:
 
 
 @pytest.fixture
-def heartbeat(
-    store: JobStore, clock: LogicalClock, stopped: list[str]
-) -> Iterator[LeaseHeartbeat]:
+def heartbeat(store: JobStore, clock: LogicalClock, stopped: list[str]) -> Iterator[LeaseHeartbeat]:
     beat = LeaseHeartbeat(store, LEASE, stop_process=stopped.append, monotonic=lambda: clock.tick)
     yield beat
     beat.stop()
