@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import multiprocessing
 import os
 from typing import Any
 
@@ -41,6 +40,7 @@ from jobs.core.settings import Settings, get_settings
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.shared_flag import SharedFlag
 
 log = logging.getLogger("jobs.worker")
 
@@ -143,8 +143,9 @@ def app_for(settings: Settings) -> Celery:
 
 # Set by the worker's main process when a warm shutdown starts. Created at import, before
 # the prefork pool forks, so the pool children share it and hand their jobs back at the
-# next step boundary instead of running on until the delivery budget is spent.
-_shutting_down = multiprocessing.Event()
+# next step boundary instead of running on until the delivery budget is spent. Lock-free:
+# a child killed or frozen while reading it cannot block the main process's set().
+_shutting_down = SharedFlag()
 
 
 @app.task(name=TASK_NAME, bind=True, ignore_result=True)
