@@ -146,7 +146,11 @@ class JobContext:
         heartbeat thread when the handler runs on for long without a step."""
         with self._pending_lock:
             if self._pending:
-                self.store.record_steps(self.claim, self._pending)
+                try:
+                    self.store.record_steps(self.claim, self._pending)
+                except LeaseLost as lost:  # refused by the fence: the handler stops too
+                    self.lease_lost(lost)
+                    raise
                 self._pending = []
 
     def _check_time(self, step: tuple[float, str] | None = None) -> None:

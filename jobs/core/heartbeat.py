@@ -191,13 +191,16 @@ class LeaseHeartbeat:
                     still_watched = self._watched.pop((entry.claim.job_id, entry.claim.fence), None)
                 if still_watched is None:
                     continue  # the run ended (and wrote its outcome) while we renewed
-                lost = LeaseLost(
-                    entry.claim.job_id,
-                    owner,
-                    entry.claim.fence,
-                    "the lease could not be renewed (expired, taken over or cancelled)",
-                )
-                log.warning("%s", lost)
+                try:  # the database's answer: who holds the job now, under which fence
+                    lost = self.store.why_lost(entry.claim)
+                except Exception:
+                    lost = LeaseLost(
+                        entry.claim.job_id,
+                        owner,
+                        entry.claim.fence,
+                        "the lease could not be renewed (expired, taken over or cancelled)",
+                    )
+                log.warning("renewal refused by the database: %s", lost)
                 entry.on_lost(lost)
 
     def check_deadlines(self) -> list[str]:
@@ -257,6 +260,8 @@ class LeaseHeartbeat:
             for flush in flushes:
                 try:
                     flush()
+                except LeaseLost as lost:  # the handler was told (JobContext.flush)
+                    log.warning("step record refused by the database: %s", lost)
                 except Exception:  # the job's next write will try again, or learn the lease
                     log.exception("writing a waiting step record failed")
             self.check_deadlines()
