@@ -161,3 +161,35 @@ def test_long_job_hands_back_before_consumer_timeout(
     assert "Connection to broker lost" not in log, log[-5000:]
     assert log.count(f"job {job_id}: handed_back") == len(handed_back)
     stack.wait_queue_empty(timeout=30)
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_without_the_hand_back_rabbitmq_closes_the_channel(
+    stack: Stack, short_consumer_timeout: int
+) -> None:
+    """Negative control for the test above: the same long job, with a delivery budget
+    longer than the job (so it is never handed back), keeps its delivery unacknowledged
+    past consumer_timeout, and RabbitMQ closes the worker's channel. The test above passes
+    because of the hand-back, not because the short timeout never fires."""
+    steps, seconds = 36, 2.0
+    stack.configure(JOBS_DELIVERY_BUDGET_SECONDS=600)
+    worker = stack.worker("A", pool="prefork", concurrency=1)  # channel opened after set_env
+    job_id = stack.submit("sleep_steps", {"steps": steps, "seconds": seconds})
+    started = time.monotonic()
+    closed = wait_until(
+        lambda: re.search(r"^.*PRECONDITION_FAILED.*$", worker.output(), re.MULTILINE),
+        steps * seconds + 30,
+        "RabbitMQ to close the channel of the unacknowledged delivery",
+        interval=0.5,
+    )
+    print(
+        f"\n[consumer_timeout {short_consumer_timeout}s, no hand-back] channel closed "
+        f"{time.monotonic() - started:.0f}s after submit: {closed.group(0)[-200:]}"
+    )
+    assert "acknowledgement" in closed.group(0) or "timed out" in closed.group(0), closed
+    # It ran as one delivery up to then: nothing was handed back.
+    assert not [
+        t
+        for t in stack.history(job_id)
+        if t.from_state is State.RUNNING and t.to_state is State.QUEUED
+    ]
