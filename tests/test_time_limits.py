@@ -263,3 +263,37 @@ def test_a_bad_step_timeout_fails_the_job_before_the_step_runs(
     assert result.error == "timeout of step 's' must be between 0.1 and 604800, got -1"
     assert calls == []
     assert store.get(job_id).attempts == 1
+
+
+def test_the_backstop_is_armed_one_lease_past_a_deadline_and_disarmed_after(
+    store: JobStore, clock: LogicalClock, registry: Registry
+) -> None:
+    armed: list[float | None] = []
+    beat = LeaseHeartbeat(
+        store,
+        LEASE,
+        stop_process=lambda why: None,
+        backstop=armed.append,
+        monotonic=lambda: clock.tick,
+    )
+
+    @registry.job("timed")
+    def timed(ctx: Any) -> int:
+        clock.advance(1)
+        return int(ctx.step("a", lambda: 5, timeout=2))
+
+    @registry.job("untimed")
+    def untimed(ctx: Any) -> int:
+        return int(ctx.step("a", lambda: 5))
+
+    runner = Runner(store, "A", registry=registry, heartbeat=beat, lease_seconds=LEASE)
+    try:
+        first, _ = store.create("timed", {}, job_id="t1", max_attempts=1)
+        assert runner.run(first.id).outcome is Outcome.COMPLETED
+        assert armed == [2 + LEASE, None]  # at the step's start; disarmed when it returned
+        armed.clear()
+        second, _ = store.create("untimed", {}, job_id="t2", max_attempts=1)
+        assert runner.run(second.id).outcome is Outcome.COMPLETED
+        assert armed == []  # no limit, no timer calls
+    finally:
+        beat.stop()

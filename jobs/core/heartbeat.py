@@ -21,7 +21,11 @@ the fenced retry or failure, attempt counted), and, if the run is still inside i
 handler, calls ``stop_process``: in a prefork pool child that ends the process, as
 Celery's hard time limit does (a thread cannot interrupt a step stuck in a C call), and
 the pool starts a new child. Without ``stop_process`` (in-process runs, thread pools) the
-handler stops at its next step, writing nothing.
+handler stops at its next step, writing nothing. A step holding the GIL in C code (a
+runaway regular expression) keeps this thread from running at all; for that a process may
+also give a ``backstop``, armed with the seconds to the earliest deadline plus one lease
+(a prefork child arms the kernel's interval timer: SIGALRM ends the process with no Python
+code running).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ log = logging.getLogger("jobs.heartbeat")
 OnLost = Callable[[LeaseLost], None]
 OnTimeout = Callable[[str], None]
 StopProcess = Callable[[str], None]
+Backstop = Callable[[float | None], None]
 FLUSH_AFTER_SECONDS = 0.05
 
 
@@ -74,6 +79,7 @@ class LeaseHeartbeat:
         flush_after: float = FLUSH_AFTER_SECONDS,
         *,
         stop_process: StopProcess | None = None,
+        backstop: Backstop | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -82,6 +88,10 @@ class LeaseHeartbeat:
         # Called with the reason when a run passed its time limit and is still in its
         # handler after its outcome was written (a prefork child exits; see the module).
         self.stop_process = stop_process
+        # Armed with seconds to the earliest deadline plus a lease (None: disarm), for the
+        # process to end itself even when this thread cannot run (see the module).
+        self.backstop = backstop
+        self._backstop_armed = False
         # Deadlines are read on this clock (tests pass a logical one).
         self.monotonic = monotonic
         self._watched: dict[tuple[str, int], _Watched] = {}
@@ -116,6 +126,8 @@ class LeaseHeartbeat:
         with self._lock:
             self._watched[(claim.job_id, claim.fence)] = entry
             self._start()
+            if timeout is not None:
+                self._arm_backstop()
 
     def step_started(self, claim: Claim, name: str, timeout: float) -> None:
         """Step ``name`` of a watched run starts now and may take ``timeout`` seconds."""
@@ -126,6 +138,7 @@ class LeaseHeartbeat:
                     self.monotonic() + timeout,
                     f"step {name!r} passed its timeout of {timeout:g} s",
                 )
+                self._arm_backstop()
 
     def step_ended(self, claim: Claim) -> None:
         """The step started by :meth:`step_started` returned (or raised)."""
@@ -133,6 +146,7 @@ class LeaseHeartbeat:
             entry = self._watched.get((claim.job_id, claim.fence))
             if entry is not None:
                 entry.step_deadline = None
+                self._arm_backstop()
 
     def _start(self) -> None:
         if self._thread is None and not self._stopped:
@@ -157,6 +171,21 @@ class LeaseHeartbeat:
         with self._lock:
             self._watched.pop((claim.job_id, claim.fence), None)
             self._timed_out.discard((claim.job_id, claim.fence))
+            self._arm_backstop()
+
+    def _arm_backstop(self) -> None:
+        """(Under the lock.) Arm the backstop for the earliest deadline plus one lease, or
+        disarm it when no deadline is left; no call at all for runs without time limits."""
+        if self.backstop is None:
+            return
+        deadline = self._next_deadline()
+        if deadline is None:
+            if self._backstop_armed:
+                self.backstop(None)
+                self._backstop_armed = False
+            return
+        self.backstop(max(0.0, deadline - self.monotonic()) + self.lease_seconds)
+        self._backstop_armed = True
 
     def watching(self) -> list[Claim]:
         with self._lock:
@@ -221,6 +250,8 @@ class LeaseHeartbeat:
             if entry.on_timeout is not None:
                 try:
                     entry.on_timeout(why)
+                except LeaseLost as lost:  # someone else moved the job first: nothing to write
+                    log.warning("job %s: time-out not written: %s", key[0], lost)
                 except Exception:  # the lease, no longer renewed, runs out: the sweeper acts
                     log.exception("job %s: writing the time-out outcome failed", key[0])
             with self._lock:

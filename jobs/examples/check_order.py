@@ -8,6 +8,7 @@ which process: a recorded step must never run twice.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -63,7 +64,8 @@ def _sleep_effect(job_id: str, n: int, seconds: float) -> int:
 @jobs.job("hang", max_attempts=2)
 def hang(ctx: jobs.JobContext, how: str = "sleep", timeout: float = 2.0) -> None:
     """A step that does not return (for the time-limit tests): ``how`` is ``sleep`` (blocked
-    in a C call) or ``busy`` (a pure-Python loop that never reaches another step)."""
+    in a C call), ``busy`` (a pure-Python loop that never reaches another step) or ``regex``
+    (a runaway regular expression: C code that holds the GIL, so no other thread runs)."""
     ctx.step("hang", _hang, ctx.job_id, how, timeout=timeout)
 
 
@@ -79,6 +81,8 @@ def _hang(job_id: str, how: str) -> None:
     if how == "busy":
         while time.monotonic() < until:
             pass
+    elif how == "regex":
+        re.match(r"(a+)+$", "a" * 64 + "b")  # 2**64 backtracking steps
     else:
         time.sleep(600)
     _effect("hang:done", job_id)

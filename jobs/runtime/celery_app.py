@@ -29,6 +29,7 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 from typing import Any
 
 from celery import Celery, current_app, signals
@@ -225,7 +226,8 @@ def _take_liveness_lock(**_: Any) -> None:
     from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
-    runtime.stop_on_timeout(_end_timed_out_child)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
+    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
@@ -251,3 +253,12 @@ def _end_timed_out_child(why: str) -> None:
         with contextlib.suppress(Exception):  # the process ends next whatever happens
             handler.flush()
     os._exit(EXIT_TIMED_OUT)
+
+
+def _arm_alarm(seconds: float | None) -> None:
+    """The time-limit backstop of a pool child: the kernel's interval timer, whose SIGALRM
+    (default action) ends the process with no Python code running, so even a step holding
+    the GIL in C code, which keeps the heartbeat thread from ever running, is ended. Armed
+    one lease past the earliest deadline (the heartbeat's own stop comes first whenever it
+    can run), disarmed when the run ends."""
+    signal.setitimer(signal.ITIMER_REAL, 0.0 if seconds is None else max(seconds, 0.001))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
-from jobs.core.heartbeat import LeaseHeartbeat, StopProcess
+from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
 from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.settings import Settings, get_settings
 from jobs.core.store import JobStore
@@ -57,6 +57,7 @@ class ProcessRuntime:
         self.dispatcher_injected = False
         self._seeded_kinds: set[str] = set()
         self._stop_on_timeout: StopProcess | None = None
+        self._backstop: Backstop | None = None
 
     # -- database ----------------------------------------------------------------------
 
@@ -85,18 +86,24 @@ class ProcessRuntime:
         with self._lock:
             if self._heartbeat is None:
                 self._heartbeat = LeaseHeartbeat(
-                    self.store, self.settings.lease_seconds, stop_process=self._stop_on_timeout
+                    self.store,
+                    self.settings.lease_seconds,
+                    stop_process=self._stop_on_timeout,
+                    backstop=self._backstop,
                 )
             return self._heartbeat
 
-    def stop_on_timeout(self, stop: StopProcess | None) -> None:
+    def stop_on_timeout(self, stop: StopProcess | None, backstop: Backstop | None = None) -> None:
         """How this process is ended when a run passed its time limit and is still stuck in
-        its handler (a prefork pool child exits; see :mod:`jobs.runtime.celery_app`).
-        ``None``, the default, ends nothing: the handler stops at its next step."""
+        its handler (a prefork pool child exits; see :mod:`jobs.runtime.celery_app`), and
+        the timer that ends it even if the heartbeat cannot run. ``None``, the default, ends
+        nothing: the handler stops at its next step."""
         with self._lock:
             self._stop_on_timeout = stop
+            self._backstop = backstop
             if self._heartbeat is not None:
                 self._heartbeat.stop_process = stop
+                self._heartbeat.backstop = backstop
 
     def liveness_key(self) -> int | None:
         """The key this process stamps on the jobs it claims, so a sweeper can tell that

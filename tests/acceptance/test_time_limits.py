@@ -94,3 +94,37 @@ def test_a_job_past_its_run_timeout_fails_with_the_reason(stack: Stack) -> None:
     assert worker.alive()
     follow_up = stack.submit("check_order", {"order_id": 3, "check_seconds": 0.1})
     assert stack.wait_state(follow_up).state is State.COMPLETED
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_a_step_holding_the_gil_past_its_timeout_is_ended_by_the_backstop(
+    stack: Stack,
+) -> None:
+    """A runaway regular expression holds the GIL: the child's heartbeat thread never runs,
+    so it can neither renew the lease nor write the time-out. The lease runs out and the
+    sweeper retries the job; the kernel's timer, armed one lease past the step's deadline,
+    ends the stuck child with SIGALRM, and the pool replaces it."""
+    worker = stack.worker("A", pool="prefork", concurrency=2)
+    stack.sweeper()
+    job_id = stack.submit("hang", {"how": "regex", "timeout": 2})
+    job = stack.wait_state(job_id, timeout=90)
+    assert job.state is State.FAILED
+    assert job.last_error == "lease expired; attempts exhausted"
+    runs = stack.effects(job_id)
+    assert [effect for effect, _pid in runs] == ["hang:start", "hang:start"]
+    pids = {pid for _effect, pid in runs}
+    assert len(pids) == 2
+    wait_until(
+        lambda: not any(psutil.pid_exists(pid) for pid in pids),
+        30,
+        "the stuck children to be ended",
+    )
+    wait_until(
+        lambda: worker.output().count("exited with 'signal 14") == 2,
+        30,
+        "Celery to see both children ended by SIGALRM",
+    )
+    assert worker.alive()
+    wait_until(lambda: len(worker.pool_children()) == 2, 30, "the pool to replace its children")
+    after = stack.submit("check_order", {"order_id": 4, "check_seconds": 0.1})
+    assert stack.wait_state(after).state is State.COMPLETED
