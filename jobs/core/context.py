@@ -193,7 +193,8 @@ class JobContext:
             raise HandBack(f"delivery time budget used up before step {name!r}")
         if self._stopping is not None and self._stopping():
             raise HandBack(f"worker shutting down; handed back before step {name!r}")
-        self._check_time()
+        if self._run_deadline is not None:
+            self._check_time()
         self.take_pending_and_record()
         if timeout is None:
             output = fn(*args, **kwargs)
