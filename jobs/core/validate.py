@@ -11,6 +11,8 @@ NAME_LENGTH = 200
 # A job may be tried at most this often, and delayed at most this long (a year).
 MAX_ATTEMPTS = 1000
 MAX_DELAY_SECONDS = 366 * 86_400.0
+MIN_TIMEOUT_SECONDS = 0.1
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -42,6 +44,12 @@ def check_number(value: object, what: str, low: float, high: float) -> None:
         raise InvalidInput(f"{what} must be a number")
     if not low <= value <= high:  # NaN fails both comparisons
         raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {value!r:.40}")
+
+
+def check_timeout(value: object, what: str) -> None:
+    """A time limit (``@jobs.job(timeout=…)``, ``ctx.step(…, timeout=…)``): seconds between
+    :data:`MIN_TIMEOUT_SECONDS` (the heartbeat looks about every 50 ms) and a week."""
+    check_number(value, what, MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS)
 
 
 def check_name(value: object, what: str) -> None:
