@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
-from jobs.core.validate import check_name, check_priority, clip
+from jobs.core.validate import check_name, check_priority, check_timeout, clip
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -44,6 +44,9 @@ class JobKind:
     catch_up: str = "latest"
     # The priority a submit without ``priority=`` gives the kind's jobs (0 to 9).
     priority: int = 0
+    # The longest one run (attempt) of a job of this kind may take, in seconds (None: no
+    # limit). Past it the run stops and the job is retried or FAILED with the reason.
+    timeout: float | None = None
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -79,9 +82,12 @@ class Registry:
         timezone: str = "UTC",
         catch_up: str = "latest",
         priority: int = 0,
+        timeout: float | None = None,
     ) -> JobKind:
         check_name(name, "job kind")
         check_priority(priority, f"job kind {name!r}: priority")
+        if timeout is not None:
+            check_timeout(timeout, f"job kind {name!r}: timeout")
         if schedule is not None:
             schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
@@ -100,6 +106,7 @@ class Registry:
             timezone,
             catch_up,
             priority,
+            None if timeout is None else float(timeout),
         )
         if schedule is not None:
             try:
@@ -132,12 +139,16 @@ class Registry:
         timezone: str = "UTC",
         catch_up: str = "latest",
         priority: int = 0,
+        timeout: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
         submits one job; ``catch_up`` says what happens to ticks missed while no sweeper
         ran (``"latest"``: only the most recent, ``"all"``: every one). ``priority`` (0 to 9,
-        higher first) is what a submit of the kind gets unless it names its own."""
+        higher first) is what a submit of the kind gets unless it names its own. ``timeout`` is the
+        longest one run may take, in seconds: past it the run is stopped (a worker's pool
+        child stuck in it is ended) and the job retried with backoff, or FAILED with the
+        reason once its attempts are used up."""
 
         def decorate(handler: F) -> F:
             self.register(
@@ -151,6 +162,7 @@ class Registry:
                 timezone=timezone,
                 catch_up=catch_up,
                 priority=priority,
+                timeout=timeout,
             )
             return handler
 

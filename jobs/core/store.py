@@ -1044,6 +1044,16 @@ class JobStore(JobReader):
                 ).scalars()
             )
 
+    def why_lost(self, claim: Claim) -> LeaseLost:
+        """Why ``claim`` no longer holds its job, read from the row after one of its fenced
+        writes (a renewal) matched nothing: taken over under a newer fence, expired,
+        cancelled, finished. One read, only on a refusal."""
+        with self._read() as conn:
+            found = self._explain(conn, claim.job_id, State.RUNNING, claim)
+        if isinstance(found, LeaseLost):
+            return found
+        return LeaseLost(claim.job_id, claim.owner, claim.fence, str(found))
+
     def pending_step(self, name: str, output: Any) -> PendingStep:
         """Check a step's name and output and return them ready to record: a value that can
         never be stored is refused here, before any write."""

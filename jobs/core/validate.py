@@ -14,6 +14,8 @@ MAX_DELAY_SECONDS = 366 * 86_400.0
 #: Priorities run from 0 (the default) to this: higher is dispatched, delivered and claimed
 #: first. Ten levels, as AMQP priority queues count them (RabbitMQ advises at most ten).
 MAX_PRIORITY = 9
+MIN_TIMEOUT_SECONDS = 0.1
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -53,6 +55,12 @@ def check_priority(value: object, what: str = "priority") -> None:
         raise InvalidInput(
             f"{what} must be a whole number from 0 to {MAX_PRIORITY}, got {value!r:.40}"
         )
+
+
+def check_timeout(value: object, what: str) -> None:
+    """A time limit (``@jobs.job(timeout=…)``, ``ctx.step(…, timeout=…)``): seconds between
+    :data:`MIN_TIMEOUT_SECONDS` (the heartbeat looks about every 50 ms) and a week."""
+    check_number(value, what, MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS)
 
 
 def check_name(value: object, what: str) -> None:
