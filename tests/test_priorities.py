@@ -266,3 +266,22 @@ def test_an_in_process_drain_runs_the_highest_priority_first(rung: Rung) -> None
     top = jobs.submit("prio_plain", {"n": 2}, priority=9)
     mid = jobs.submit("prio_plain", {"n": 3}, priority=4)
     assert [result.job_id for result in testing.drain()] == [top, mid, low]
+
+
+def test_of_stale_doorbells_the_ones_sent_longest_ago_go_first(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """The queue is short of two doorbells: the two sent the longest ago are re-sent, not
+    the two of highest priority (whose doorbells were rung again a moment ago and wait in
+    the queue). Ordered by priority alone, the lost ones would never be rung again."""
+    for job_id in ("a", "b", "c"):
+        new(store, job_id, 9)  # sent at submit, t=0
+    new(store, "lost-low", 0)
+    clock.advance(31)
+    assert store.due_doorbells(30, stale_limit=3) == [
+        Doorbell("a", 9),
+        Doorbell("b", 9),
+        Doorbell("c", 9),
+    ]  # taken by age: the three high ones were submitted first
+    clock.advance(31)  # all four stale: "lost-low" since t=0, the others since t=31
+    assert store.due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0)]

@@ -1404,24 +1404,29 @@ class JobStore(JobReader):
         ``stale_limit`` caps the second kind: the caller may know that most of those
         doorbells are still waiting in the broker's queue behind a backlog.
 
-        Taken and returned the highest priority first, then the longest due: when more are
-        due than ``limit``, the higher priorities are rung in this pass."""
+        Returned in the order to ring them: the highest priority first, then the longest
+        due. Of more never-sent jobs than ``limit``, the higher priorities are taken in this
+        pass; of stale ones, those sent the longest ago (the likeliest lost)."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
         queued_and_due = [J.state == State.QUEUED.value, J.run_after <= now]
-        kinds_of_unsent: list[tuple[ColumnElement[bool], int]] = [
-            (J.dispatched_at.is_(None), limit)
+        # Never sent: the highest priority first. Sent long ago: the longest ago first, as
+        # the likeliest lost (when the queue is short of only a few, those are the few).
+        kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [
+            (J.dispatched_at.is_(None), limit, (J.priority.desc(), J.run_after))
         ]
         stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
         if stale_take:
-            kinds_of_unsent.append((J.dispatched_at <= stale, stale_take))
+            kinds_of_unsent.append(
+                (J.dispatched_at <= stale, stale_take, (J.dispatched_at, J.priority.desc()))
+            )
         with self.engine.begin() as conn:
             taken: list[Row[str, int, dt.datetime]] = []
-            for unsent, take in kinds_of_unsent:
+            for unsent, take, order in kinds_of_unsent:
                 taken += conn.execute(
                     select(J.id, J.priority, J.run_after)
                     .where(*queued_and_due, unsent)
-                    .order_by(J.priority.desc(), J.run_after)
+                    .order_by(*order)
                     .limit(take)
                 ).all()
             if not taken:

@@ -85,8 +85,15 @@ def test_the_sweepers_redispatch_rings_higher_priorities_first(stack: Stack) -> 
     api.set_dispatcher(None)  # as if every publish after commit was lost
     low, high = submit_low_then_high(stack)
     assert stack.queue_depth() == (0, 0)
+    submitted = {job_id: stack.job(job_id).dispatched_at for job_id in low + high}
     stack.sweeper()
-    wait_until(lambda: stack.queue_depth()[0] >= 2 * PER_PRIORITY, 60, "the sweeper's doorbells")
+    # Every job rung by the sweeper (over one pass or more: each counts as lost one second
+    # after its own submit) before a worker starts.
+    wait_until(
+        lambda: all(stack.job(job_id).dispatched_at != at for job_id, at in submitted.items()),
+        60,
+        "the sweeper's doorbells for all 20 jobs",
+    )
     stack.worker("w1", concurrency=1)
     assert_high_started_first(stack, low, high)
 
