@@ -23,6 +23,7 @@ from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
+from jobs.core.validate import check_instant
 from jobs.runtime import process
 from jobs.transactions import UnitOfWork, unit_for
 
@@ -65,8 +66,34 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+def _start_time(
+    delay: float | dt.timedelta | None,
+    delay_seconds: float | None,
+    run_at: dt.datetime | None,
+) -> tuple[float, dt.datetime | None]:
+    """When a submission starts: ``(delay in seconds, run_at)``, at most one of them given.
+    ``delay_seconds`` is the older name of ``delay``."""
+    named = [("delay", delay), ("delay_seconds", delay_seconds), ("run_at", run_at)]
+    given = [name for name, value in named if value is not None]
+    if len(given) > 1:
+        raise InvalidInput(f"give one of {' and '.join(given)}, not both")
+    if run_at is not None:
+        return 0.0, check_instant(run_at, "run_at")
+    span = delay if delay is not None else delay_seconds
+    if span is None:
+        return 0.0, None
+    if isinstance(span, dt.timedelta):
+        span = span.total_seconds()
+    return span, None
+
+
 def _prepare(
-    kind: str, inputs: Any, job_id: str | None, max_attempts: int | None, delay_seconds: float
+    kind: str,
+    inputs: Any,
+    job_id: str | None,
+    max_attempts: int | None,
+    delay_seconds: float,
+    run_at: dt.datetime | None = None,
 ) -> tuple[JobKind, dict[str, Any]]:
     """Check one submission against its kind and return the row the store will insert."""
     inputs = {} if inputs is None else inputs
@@ -87,13 +114,12 @@ def _prepare(
         max_attempts=attempts,
         delay_seconds=delay_seconds,
         code_version=job_kind.version,
+        run_at=run_at,
     )
     return job_kind, row
 
 
-def _insert(
-    job_kind: JobKind, rows: list[dict[str, Any]], delay_seconds: float, unit: UnitOfWork | None
-) -> list[str]:
+def _insert(job_kind: JobKind, rows: list[dict[str, Any]], unit: UnitOfWork | None) -> list[str]:
     runtime = process.current()
     conn = None if unit is None else unit.connection
     runtime.seed_limits([job_kind], conn=conn)
@@ -102,7 +128,8 @@ def _insert(
     except AdmissionRefused:
         _count("admission_refused", job_kind.name)
         raise
-    to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
+    # A job not due yet was written without a dispatch: the sweeper sends it once due.
+    to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
     if to_ring:
         if unit is None:
             runtime.dispatch(to_ring)
@@ -117,7 +144,9 @@ def submit(
     *,
     job_id: str | None = None,
     max_attempts: int | None = None,
-    delay_seconds: float = 0,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    delay_seconds: float | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
@@ -132,9 +161,15 @@ def submit(
     SQLAlchemy ``Session``) or ``unit=``, the job is written in the caller's transaction:
     a rollback leaves no job, and the doorbell rings only after the commit. On an error,
     roll the caller's transaction back.
+
+    A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=`` is
+    the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused), not
+    both. Both are judged on the database's clock; such a job holds no message meanwhile,
+    and the sweeper's dispatch sends it once due.
     """
-    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, delay_seconds)
-    return _insert(job_kind, [row], delay_seconds, unit_for(connection, session, unit))[0]
+    wait, start = _start_time(delay, delay_seconds, run_at)
+    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, wait, start)
+    return _insert(job_kind, [row], unit_for(connection, session, unit))[0]
 
 
 def submit_many(
@@ -143,7 +178,9 @@ def submit_many(
     *,
     job_ids: Sequence[str] | None = None,
     max_attempts: int | None = None,
-    delay_seconds: float = 0,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    delay_seconds: float | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
     unit: UnitOfWork | None = None,
@@ -156,6 +193,7 @@ def submit_many(
         raise InvalidInput("inputs must be a list of JSON objects, one per job")
     if job_ids is not None and len(job_ids) != len(inputs):
         raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+    wait, start = _start_time(delay, delay_seconds, run_at)
     rows = []
     job_kind = REGISTRY.get(kind)
     for index, one in enumerate(inputs):
@@ -165,14 +203,15 @@ def submit_many(
                 one,
                 None if job_ids is None else job_ids[index],
                 max_attempts,
-                delay_seconds,
+                wait,
+                start,
             )
         except InvalidInput as err:
             raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
         rows.append(row)
     if not rows:
         return []
-    return _insert(job_kind, rows, delay_seconds, unit_for(connection, session, unit))
+    return _insert(job_kind, rows, unit_for(connection, session, unit))
 
 
 def check_submit(kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.context import HandBack, JobContext, Unstorable, WaitingForApproval
+from jobs.core.context import HandBack, JobContext, Sleeping, Unstorable, WaitingForApproval
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
@@ -39,6 +39,7 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     RETRYING = "retrying"
     WAITING_APPROVAL = "waiting_approval"
+    SLEEPING = "sleeping"
     HANDED_BACK = "handed_back"
     NOT_CLAIMED = "not_claimed"
     LEASE_LOST = "lease_lost"
@@ -161,6 +162,9 @@ class Runner:
                 claim, wait.reason, wait.step_name, steps=ctx.take_pending()
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+        except Sleeping as sleep:
+            slept = self.store.sleep(claim, sleep.name, sleep.wake_at, steps=ctx.take_pending())
+            return self._result(slept, Outcome.SLEEPING, ctx)
         except HandBack as hand_back:
             released = self.store.release(claim, str(hand_back), steps=ctx.take_pending())
             return self._result(released, Outcome.HANDED_BACK, ctx)

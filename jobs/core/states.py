@@ -27,7 +27,9 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.RUNNING, State.RUNNING): "a new owner's claim after the old lease expired",
     (State.RUNNING, State.WAITING_APPROVAL): "the owner; the lease is released while waiting",
     (State.WAITING_APPROVAL, State.QUEUED): "an approval, recording who approved",
-    (State.RUNNING, State.QUEUED): "the sweeper after an expired lease, or the owner's retry",
+    (State.RUNNING, State.QUEUED): (
+        "the sweeper after an expired lease, or the owner's retry, hand-back or sleep"
+    ),
     (State.RUNNING, State.COMPLETED): "the owner",
     (State.RUNNING, State.FAILED): "the owner, or the sweeper once attempts are exhausted",
     (State.QUEUED, State.CANCELLED): "an operator",
