@@ -214,19 +214,27 @@ def test_a_timer_named_like_a_recorded_step_fails_the_job(store: JobStore) -> No
     assert "step 'same' is recorded but is not a timer" in (result.error or "")
 
 
-def test_a_sleep_by_a_cancelled_owner_writes_nothing(store: JobStore) -> None:
+def test_a_sleep_is_a_fenced_owner_write(store: JobStore) -> None:
+    """The live owner's sleep lands; an owner whose job was cancelled meanwhile writes
+    neither the timer nor the move back to QUEUED."""
+
     @KINDS.job("nap_cancelled")
-    def nap_cancelled(ctx: JobContext) -> None:
+    def nap_cancelled(ctx: JobContext, cancel: bool) -> None:
         ctx.step("before", effect, "before")
-        store.cancel(ctx.job_id, "stop")
+        if cancel:
+            store.cancel(ctx.job_id, "stop")
         ctx.sleep("nap", 10)
 
-    job_id = submit(store, "nap_cancelled", {})
-    result = runner(store).run(job_id)
+    live = submit(store, "nap_cancelled", {"cancel": False}, "live")
+    cancelled = submit(store, "nap_cancelled", {"cancel": True}, "cancelled")
+
+    assert runner(store).run(live).outcome is Outcome.SLEEPING
+    result = runner(store).run(cancelled)
 
     assert result.outcome is Outcome.LEASE_LOST
-    assert store.get(job_id).state is State.CANCELLED
-    assert [step.name for step in store.steps(job_id)] == ["before"], "no timer recorded"
+    assert "the job was cancelled" in (result.error or "")
+    assert store.get(cancelled).state is State.CANCELLED
+    assert [step.name for step in store.steps(cancelled)] == ["before"], "no timer recorded"
 
 
 def test_store_wake_makes_only_waiting_queued_jobs_due(
