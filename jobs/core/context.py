@@ -70,9 +70,10 @@ class Unstorable(JobInterrupt):
     fails now with the reason; retrying would only run the step's side effect again."""
 
 
-def _storable(check: Callable[[], object]) -> None:
+def _storable(check: Callable[[], T]) -> T:
+    """``check()``'s value; its :class:`InvalidInput` becomes :class:`Unstorable`."""
     try:
-        check()
+        return check()
     except InvalidInput as err:
         raise Unstorable(str(err)) from None
 
@@ -228,22 +229,19 @@ class JobContext:
         ``{"wake_at": …}``) returns at once. ``seconds <= 0`` returns at once, recording
         nothing."""
         _storable(lambda: check_name(name, "timer name"))
-        span: list[float] = []
-        _storable(lambda: span.append(seconds_of(seconds, f"timer {name!r}: seconds")))
-        if self._replayed_timer(name) or span[0] <= 0:
+        span = _storable(lambda: seconds_of(seconds, f"timer {name!r}: seconds"))
+        if self._replayed_timer(name) or span <= 0:
             return
-        raise Sleeping(name, self.store.now() + dt.timedelta(seconds=span[0]))
+        raise Sleeping(name, self.store.now() + dt.timedelta(seconds=span))
 
     def sleep_until(self, name: str, when: dt.datetime) -> None:
         """Sleep durably until ``when`` (an aware ``datetime``, compared with the database's
         clock); like :meth:`sleep`. An instant already past returns at once."""
         _storable(lambda: check_name(name, "timer name"))
-        instant: list[dt.datetime] = []
-        _storable(lambda: instant.append(check_instant(when, f"timer {name!r}: when")))
+        wake_at = _storable(lambda: check_instant(when, f"timer {name!r}: when"))
         if self._replayed_timer(name):
             return
         now = self.store.now()
-        wake_at = instant[0]
         _storable(
             lambda: seconds_of(wake_at - now, f"timer {name!r}: time until {wake_at.isoformat()}")
         )
