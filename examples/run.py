@@ -6,7 +6,8 @@
 Both processes get this environment: nothing set runs on the embedded default (a SQLite file
 and a folder broker under the example's ``jobs-data/``); ``SHOP_DATABASE_URL=postgresql://…``
 and ``JOBS_BROKER_URL=amqp://…`` put the shop on PostgreSQL and RabbitMQ. The Django shop is
-migrated first (which also brings the job tables to head). Ctrl-C or SIGTERM stops both.
+migrated first (which also brings the job tables to head); the Flask shop's tables are created
+first (``flask --app shop_flask init-db``). Ctrl-C or SIGTERM stops both.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ def commands(shop: str, port: int) -> tuple[Path, list[list[str]], list[str]]:
             [[*manage, "migrate", "--verbosity", "0"]],
             [[*manage, "jobs_worker"], [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"]],
         )
+    flask = [python, "-m", "flask", "--app", "shop_flask"]
     return (
         HERE / "flask",
-        [],
+        # The tables first: a worker and a web app that both create them at once race
+        # ("table shop_orders already exists").
+        [[*flask, "init-db"]],
         [
             [python, "-m", "jobs", "worker"],
-            [python, "-m", "flask", "--app", "shop_flask", "run", "--port", str(port)],
+            [*flask, "run", "--port", str(port)],
         ],
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import Engine
 
 import jobs
 from jobs import testing
@@ -271,6 +272,36 @@ def test_run_at_is_due_at_that_instant(store: JobStore, clock: LogicalClock) -> 
     assert store.due_for_dispatch(stale_seconds=60) == []
     clock.advance(1)
     assert store.due_for_dispatch(stale_seconds=60) == ["later"]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one", "many"])
+def test_run_at_statements_are_not_reused_across_instants(engine: Engine, many: bool) -> None:
+    """On the database's clock the store reuses its statements; one that holds a run_at
+    must not be reused for another instant (or for an immediate job)."""
+    store = JobStore(engine)
+    now = store.now()
+    past, future = now - dt.timedelta(hours=1), now + dt.timedelta(hours=1)
+
+    def create(job_id: str, run_at: dt.datetime | None) -> Any:
+        values = store.new_job_values(
+            "nap",
+            {},
+            job_id=job_id,
+            max_attempts=1,
+            delay_seconds=0,
+            code_version=None,
+            run_at=run_at,
+        )
+        rows = [values, {**values, "id": f"{job_id}-2"}] if many else [values]
+        return store.create_many("nap", rows)[0][0]
+
+    due, later, plain = create("due", past), create("later", future), create("plain", None)
+
+    assert (due.run_after, later.run_after) == (past, future)
+    assert due.dispatched_at is not None
+    assert later.dispatched_at is None
+    assert plain.dispatched_at is not None
+    assert plain.run_after <= plain.created_at + dt.timedelta(seconds=1)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """A small order shop on Flask + Flask-SQLAlchemy + durable jobs.
 
+    flask --app shop_flask init-db        # once: the job tables and the shop's table
     flask --app shop_flask run            # the web app (SHOP_DATABASE_URL, JOBS_* as usual)
     JOBS_IMPORTS=shop_flask jobctl worker  # a worker: the job runs in this app's context
 
@@ -116,6 +117,12 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             return jsonify(error=str(err)), 409
         db.session.commit()
         return jsonify(job={"id": job.id, "state": job.state.value}), 200
+
+    @app.cli.command("init-db")
+    def init_db() -> None:
+        """Create the job tables and the shop's table (create_app already did): run it once
+        before the worker and the web app start together, so they do not race to create them."""
+        print("tables ready")
 
     jobs_ext.create_tables()  # the job tables (jobctl db upgrade does the same)
     with app.app_context():

@@ -18,14 +18,17 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     Connection,
     Engine,
     Executable,
     Float,
     Row,
+    Text,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -592,9 +595,10 @@ class JobStore(JobReader):
         self, kind: str, rows: Sequence[dict[str, Any]], *, conn: Connection | None = None
     ) -> list[tuple[Job, bool]]:
         """Insert validated job rows of one kind (from :meth:`new_job_values`) in one
-        transaction: admission counts them all, one multi-row INSERT writes them, one
-        INSERT their history. An ID already present returns its job (``created=False``)
-        when kind and inputs match, else raises :class:`DuplicateJob` and writes nothing."""
+        transaction: admission counts them all, then one statement writes them and their
+        history on PostgreSQL (:meth:`_insert_unnested`), two on SQLite. An ID already
+        present returns its job (``created=False``) when kind and inputs match, else raises
+        :class:`DuplicateJob` and writes nothing."""
         if not rows:
             return []
         ids = [row["id"] for row in rows]
@@ -607,37 +611,10 @@ class JobStore(JobReader):
                 return [(Job.from_row(created), True)]
         with self._unit(conn) as unit:
             self._admit(unit, kind, ids)
-            # One statement compiled for one row, sent as multi-row INSERTs by the driver
-            # (SQLAlchemy's "insertmanyvalues"): a VALUES list of N rows compiled afresh
-            # costs more than the database spends writing them.
-            clock_values = {
-                name for name, value in rows[0].items() if isinstance(value, ColumnElement)
-            }
-            inserted = {
-                row.id: row
-                for row in unit.execute(
-                    _insert_for(unit, J)
-                    .values({name: rows[0][name] for name in clock_values})
-                    .on_conflict_do_nothing()
-                    .returning(*JOB_COLUMNS),
-                    [{k: v for k, v in row.items() if k not in clock_values} for row in rows],
-                )
-            }
-            if inserted:
-                unit.execute(
-                    insert(TransitionRecord),
-                    [
-                        {
-                            "job_id": job_id,
-                            "from_state": None,
-                            "to_state": State.QUEUED.value,
-                            "at": inserted[job_id].created_at,
-                            "reason": "submitted",
-                        }
-                        for job_id in ids
-                        if job_id in inserted
-                    ],
-                )
+            if unit.dialect.name == "postgresql":
+                inserted = self._insert_unnested(unit, rows)
+            else:
+                inserted = self._insert_rows(unit, rows)
             existing = {}
             if len(inserted) < len(ids):
                 existing = {
@@ -660,6 +637,106 @@ class JobStore(JobReader):
         return results
 
     new_job_values = _new_job_values
+
+    def _insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """SQLite: the rows and their history in the caller's transaction, by ID of the rows
+        inserted (an ID already present inserts nothing)."""
+        # One statement compiled for one row, sent as multi-row INSERTs by the driver
+        # (SQLAlchemy's "insertmanyvalues"): a VALUES list of N rows compiled afresh costs
+        # more than the database spends writing them.
+        clock_values = {name for name, value in rows[0].items() if isinstance(value, ColumnElement)}
+        inserted = {
+            row.id: row
+            for row in conn.execute(
+                _insert_for(conn, J)
+                .values({name: rows[0][name] for name in clock_values})
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS),
+                [{k: v for k, v in row.items() if k not in clock_values} for row in rows],
+            )
+        }
+        if inserted:
+            conn.execute(
+                insert(TransitionRecord),
+                [
+                    {
+                        "job_id": row["id"],
+                        "from_state": None,
+                        "to_state": State.QUEUED.value,
+                        "at": inserted[row["id"]].created_at,
+                        "reason": "submitted",
+                    }
+                    for row in rows
+                    if row["id"] in inserted
+                ],
+            )
+        return inserted
+
+    def _insert_unnested(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """PostgreSQL: the rows sent as one array per column and unnested into one INSERT,
+        whose history rows the same statement writes (a data-modifying CTE). One round trip
+        and a statement text that does not grow with the batch: a VALUES list of N rows
+        costs the driver more to build than PostgreSQL spends writing them."""
+        table = J.__table__.c
+        first = rows[0]
+        given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
+        # A delayed job's due time (or a run_at's dispatch test) is an expression with its
+        # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
+        reusable = first["dispatched_at"] is first["run_after"]
+
+        def array_type(name: str) -> Any:
+            return postgresql.ARRAY(Text() if name == "inputs" else table[name].type)
+
+        def build() -> Executable:
+            unnested = (
+                func.unnest(
+                    *[
+                        cast(bindparam(f"a_{name}", type_=array_type(name)), array_type(name))
+                        for name in given
+                    ]
+                )
+                .table_valued(*given)
+                .render_derived(name="given")
+            )
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else cast(unnested.c[name], JSON)
+                    if name == "inputs"
+                    else unnested.c[name]
+                    for name, value in first.items()
+                ]
+            )
+            created = (
+                postgresql.insert(J)
+                .from_select(list(first), source)
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS)
+                .cte("created")
+            )
+            history = (
+                insert(TransitionRecord)
+                .from_select(
+                    ["job_id", "to_state", "at", "reason"],
+                    select(
+                        created.c.id,
+                        literal(State.QUEUED.value, T.to_state.type),
+                        created.c.created_at,
+                        literal("submitted", T.reason.type),
+                    ),
+                )
+                .cte("history")
+            )
+            return select(*created.c).add_cte(history)
+
+        params = {
+            f"a_{name}": [json.dumps(row[name]) if name == "inputs" else row[name] for row in rows]
+            for name in given
+        }
+        key = ("create_many", tuple(first), tuple(given))
+        statement = self._reusable(key, build) if reusable else build()
+        return {row.id: row for row in conn.execute(statement, params)}
 
     def _create_unlimited(
         self, conn: Connection, kind: str, values: dict[str, Any]

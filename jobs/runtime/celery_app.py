@@ -86,7 +86,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_ignore_result": True,
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Doorbells are published by jobs.runtime.amqp_doorbells, without a task-sent event.
+        "task_send_sent_event": False,
         "task_default_queue": settings.queue,
         "task_queues": [task_queue(settings)],
         # RetryingConsumer (broker errors) with the doorbell gate in front of its task handler.

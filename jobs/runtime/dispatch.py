@@ -1,21 +1,20 @@
 """Publishing doorbells: job IDs sent to Celery after their QUEUED state committed.
 
 :class:`CeleryPublisher` is the default doorbell of :class:`jobs.runtime.process.ProcessRuntime`.
-On RabbitMQ every doorbell is confirmed by the broker before the call returns; a batch (a
-bulk submit, a sweep) is published in full and its confirmations awaited together.
+On RabbitMQ (:mod:`jobs.runtime.amqp_doorbells`) every doorbell is confirmed by the broker
+before the call returns; a batch (a bulk submit, a sweep) is published in full and its
+confirmations awaited together. On the embedded broker Celery publishes them.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
 
 TASK_NAME = "jobs.run"
-CONFIRM_TIMEOUT_SECONDS = 30.0
 
 
 class CeleryPublisher:
@@ -24,6 +23,8 @@ class CeleryPublisher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._app: Any = None
+        self._amqp: Any = None  # AmqpDoorbells, made on the first publish to RabbitMQ
+        self._lock = threading.Lock()
 
     @property
     def app(self) -> Any:
@@ -35,17 +36,27 @@ class CeleryPublisher:
         return self._app
 
     def __call__(self, job_ids: Sequence[str]) -> None:
-        app = self.app
-        if len(job_ids) == 1:
-            app.send_task(TASK_NAME, args=(job_ids[0],), queue=self.settings.queue)
-        elif self.settings.is_embedded_broker:
+        """Publish one doorbell per job; on RabbitMQ, return once every one is confirmed."""
+        if self.settings.is_embedded_broker:
+            app = self.app
             with app.producer_or_acquire() as producer:
                 for job_id in job_ids:
                     app.send_task(
                         TASK_NAME, args=(job_id,), queue=self.settings.queue, producer=producer
                     )
-        else:
-            self._publish_confirmed(job_ids)
+            return
+        with self._lock:
+            if self._amqp is None:
+                from jobs.runtime.amqp_doorbells import AmqpDoorbells  # noqa: PLC0415
+                from jobs.runtime.celery_app import task_queue  # noqa: PLC0415
+
+                self._amqp = AmqpDoorbells(self.app, task_queue(self.settings))
+        self._amqp.publish(job_ids)
+
+    def close(self) -> None:
+        """Close the publishing connection (the process runtime closes or is rebuilt)."""
+        if self._amqp is not None:
+            self._amqp.close()
 
     def waiting(self) -> int | None:
         """Doorbells ready in the queue (not yet delivered to a worker); ``None`` when the
@@ -59,63 +70,3 @@ class CeleryPublisher:
                 return int(declared.message_count)
         except Exception:  # only a hint: the sweeper then re-sends as if none were waiting
             return None
-
-    def _publish_confirmed(self, job_ids: Sequence[str]) -> None:
-        """A batch on RabbitMQ: every message published on a fresh confirm-mode channel, then
-        all confirmations awaited together (one wait for the batch instead of one round
-        trip per message). Raises if RabbitMQ refused any, or did not confirm in time."""
-        from kombu.messaging import Producer  # noqa: PLC0415
-
-        acked: set[int] = set()
-        acked_upto = [0]
-        refused: list[int] = []
-
-        def on_ack(tag: int, multiple: bool) -> None:
-            if multiple:
-                acked_upto[0] = max(acked_upto[0], tag)
-            else:
-                acked.add(tag)
-
-        def on_nack(tag: int, multiple: bool) -> None:
-            refused.append(tag)
-
-        def confirmed() -> int:
-            return acked_upto[0] + sum(1 for tag in acked if tag > acked_upto[0])
-
-        published = [0]  # Celery may publish more than our messages here (sent-events)
-
-        with self.app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=3)
-            channel = connection.channel()
-            try:
-                channel.confirm_select()
-                channel._confirm_selected = True
-                send = channel._basic_publish  # confirmations are awaited below, together
-
-                def publish_counted(*args: Any, **kwargs: Any) -> Any:
-                    published[0] += 1
-                    return send(*args, **kwargs)
-
-                channel.basic_publish = publish_counted
-                channel.events["basic_ack"].add(on_ack)
-                channel.events["basic_nack"].add(on_nack)
-                producer = Producer(channel)  # type: ignore[no-untyped-call]
-                amqp = self.app.amqp
-                for job_id in job_ids:
-                    # The message send_task would build, without its task-sent event (which
-                    # would double the publishes of a batch).
-                    message = amqp.create_task_message(uuid.uuid4().hex, TASK_NAME, (job_id,), {})
-                    amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue)
-                deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
-                while confirmed() < published[0] and not refused:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(
-                            f"RabbitMQ confirmed {confirmed()} of {published[0]} messages "
-                            f"in {CONFIRM_TIMEOUT_SECONDS:g}s"
-                        )
-                    connection.drain_events(timeout=left)
-                if refused:
-                    raise RuntimeError(f"RabbitMQ refused {len(refused)} doorbell(s)")
-            finally:
-                channel.close()
