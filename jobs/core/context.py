@@ -2,7 +2,7 @@
 
 A handler is re-run from the top after a crash, an approval, a timer or a hand-back. Steps
 already recorded return their recorded output without running, so the handler walks
-quickly back to where the last owner stopped. Control-flow signals (wait for approval,
+quickly back to where the last owner stopped. Control-flow signals (wait for approval, sleep,
 hand back) derive from BaseException so a handler's ``except Exception`` cannot
 swallow them.
 """
