@@ -76,15 +76,18 @@ class Processes:
         env: dict[str, str],
         loglevel: str = "INFO",
     ) -> Child:
-        """A real ``celery worker`` (prefork, ``-c concurrency``) on its own queue."""
+        """A real ``celery worker`` (prefork, ``-c concurrency``) on its own queue: the plain
+        side as ``celery -A app worker``; the durable side (``app`` is ``jobs.celery_app``) as
+        the process ``jobctl worker`` execs, each as its users run it."""
         hostname = f"{name}@%h"
+        command = (
+            ["-m", "jobs.runtime.worker_main"]
+            if app == "jobs.celery_app"
+            else ["-m", "celery", "-A", app, "worker"]
+        )
         argv = [
             sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            app,
-            "worker",
+            *command,
             "-Q",
             queue,
             "-c",

@@ -32,20 +32,19 @@ def worker(
 ) -> None:
     """Run a Celery worker daemon in the foreground (exec: signals reach Celery itself).
 
-    Extra arguments are passed to `celery worker` unchanged.
+    Extra arguments are passed to Celery's `worker` command unchanged.
     """
     settings = get_settings()  # a bad setting stops here with a clear message
     from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
 
     set_up_for_job_modules()  # a Django project's job modules import its models
     REGISTRY.names()  # so does a bad JOBS_IMPORTS module
+    # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
+    # the same worker, without the REPL and plugin commands in every process's memory.
     argv = [
         sys.executable,
         "-m",
-        "celery",
-        "-A",
-        "jobs.celery_app",
-        "worker",
+        "jobs.runtime.worker_main",
         "-Q",
         queues or settings.queue,
         "-l",

@@ -19,6 +19,7 @@ recovery-time percentiles (fault to the next claim of each job the fault hit).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import random
 import signal
@@ -121,11 +122,15 @@ class Chaos:
             pids = {victim.pid, *victim.pool_children()}
             owned = self.owned_by(pids)
             at = time.time()
+            # A pool child may exit between the listing and the signal, and one resumed
+            # before the others may be replaced by its main process: both are fine.
             for pid in pids:
-                psutil.Process(pid).suspend()
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).suspend()
             time.sleep(self.lease_seconds + 1.5)
             for pid in pids:
-                psutil.Process(pid).resume()
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).resume()
             return self._record(Fault(kind, at, owned, victim.name))
         if kind == "restart_postgres":
             owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})

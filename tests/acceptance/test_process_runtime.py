@@ -54,6 +54,9 @@ def test_each_pool_child_claims_with_its_own_engine_and_liveness_lock(stack: Sta
     assert keys <= set(holders), (keys, holders)
     assert len({holders[key] for key in keys}) == 2  # two sessions: one per child
     assert loads(worker.pid, "sqlalchemy")  # preloaded before the fork, shared by the pool
+    # jobctl worker runs Celery's worker command without Celery's command line, whose plugin
+    # commands (Flower with Tornado) every process would otherwise carry.
+    assert not loads(worker.pid, "tornado")
     assert not [
         c
         for c in psutil.Process(worker.pid).net_connections("tcp")
