@@ -5,7 +5,8 @@ back to QUEUED due at the timer, holding no worker, lease or message. While it s
 worker that ran it is SIGKILLed and a new one starts, and a stray early doorbell reaches
 the new worker (it must be dropped: the job is not due). Two sweepers run; the wake-up is
 their dispatch of the due job. The job must wake once, within a sweep interval (plus a
-delivery) of its timer, and must not run ``lookup_order`` again.
+delivery) of its timer, and must not run ``lookup_order`` again. A job submitted with
+``run_at`` at the same instant starts on time the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
     first = stack.worker("A")
     sweepers = [stack.start(f"sweeper-{n}", ["sweeper"]) for n in (1, 2)]
     job_id = stack.submit("follow_up", {"order_id": 7, "wait_seconds": SLEEP_SECONDS})
+    run_at = stack.store.now() + dt.timedelta(seconds=SLEEP_SECONDS)
+    delayed = stack.submit("check_order", {"order_id": 8, "check_seconds": 0}, run_at=run_at)
 
     def asleep() -> dt.datetime | None:
         job = stack.job(job_id)
@@ -48,7 +51,8 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
     first.kill()  # SIGKILL while the job sleeps: it holds nothing of the job
     first.popen.wait(10)
     second = stack.worker("B")
-    assert stack.queue_depth() == (0, 0), "a sleeping job holds no message"
+    assert stack.queue_depth() == (0, 0), "a sleeping or delayed job holds no message"
+    assert stack.job(delayed).dispatched_at is None
     assert stack.store.now() < wake_at - dt.timedelta(seconds=3), (
         "the restart took most of the sleep; raise SLEEP_SECONDS"
     )
@@ -85,4 +89,11 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
         "cool_off",
         "send_reminder",
     }
+
+    started = stack.wait_state(delayed, timeout=60)
+    assert started.state is State.COMPLETED, started.last_error
+    [claim] = stack.claims(delayed)
+    late = (claim.at - run_at).total_seconds()
+    print(f"run_at job claimed {late:.3f}s after its instant")
+    assert 0 <= late <= SWEEP_INTERVAL + DELIVERY_SLACK
     assert all(sweeper.alive() for sweeper in sweepers)
