@@ -23,8 +23,11 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+# The unit and service tests in two processes; then the acceptance tests one at a time (they
+# start workers, stop servers and time recoveries: run together they would disturb each other).
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 -m "not acceptance"
+	$(PY) -m pytest -m acceptance
 
 test-fast: install
 	$(PY) -m pytest -m "not acceptance and not slow"

@@ -126,7 +126,8 @@ def _insert(job_kind: JobKind, rows: list[dict[str, Any]], unit: UnitOfWork | No
     try:
         created = runtime.store.create_many(job_kind.name, rows, conn=conn)
     except AdmissionRefused:
-        _count("admission_refused", job_kind.name)
+        # Not waiting for a SQLite write lock the caller's own transaction may hold.
+        _count("admission_refused", job_kind.name, wait=unit is None)
         raise
     # A job not due yet was written without a dispatch: the sweeper sends it once due.
     to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
@@ -301,13 +302,13 @@ def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 
     return _store().list(state, kind, limit)
 
 
-def _count(event: str, kind: str) -> None:
+def _count(event: str, kind: str, *, wait: bool = True) -> None:
     """Bump an operational counter for the metrics, in a transaction of its own; a failure
-    to count is logged, never raised (the caller's own error matters more)."""
+    to count is logged in one line, never raised (the caller's own error matters more)."""
     try:
-        _store().count_event(event, kind)
-    except Exception:
-        log.exception("could not count %s for kind %s", event, kind)
+        _store().count_event(event, kind, wait=wait)
+    except Exception as err:
+        log.warning("could not count %s for kind %s: %s", event, kind, err)
 
 
 # -- periodic jobs -------------------------------------------------------------------------

@@ -170,6 +170,12 @@ Snapshot = tuple[list[tuple[Any, ...]], ...]
 )
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
     """(URL, engine) of an empty database at head: a SQLite file, or the session's PostgreSQL."""
+    yield from empty_database(request, tmp_path)
+
+
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
+    """The body of :func:`database`, for modules that add parameters of their own (a
+    ``request.param`` starting with ``postgres`` is the session's PostgreSQL)."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/store.db"
         engine = make_engine(url)

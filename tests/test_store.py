@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import ColumnElement, Engine, func, literal, select, text
 
-from jobs.core.clock import UTC, DatabaseClock, LogicalClock
+from jobs.core.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.errors import (
     DuplicateJob,
@@ -28,9 +29,75 @@ from jobs.core.errors import (
 from jobs.core.models import JobRecord
 from jobs.core.states import TRANSITIONS, State
 from jobs.core.store import Claim, JobStore
-from tests.conftest import STORE_TABLES, snapshot
+from tests.conftest import STORE_TABLES, empty_database, snapshot
 
 LEASE = 10.0
+INSTANT_SLACK = dt.timedelta(seconds=0.5)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Near:
+    """An instant read off the server's clock: equal to any datetime within
+    :data:`INSTANT_SLACK` of it (the statements that wrote it ran a moment ago)."""
+
+    at: dt.datetime
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, dt.datetime) and abs(other - self.at) <= INSTANT_SLACK
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ServerClock:
+    """The PostgreSQL server's own ``clock_timestamp()``, moved on by :meth:`advance` as the
+    logical clock is: every statement compares leases and due times on the server's clock
+    (plus the seconds advanced), while real time runs on too. ``instant(tick)`` is the
+    server's reading now had ``tick`` seconds been advanced, within :data:`INSTANT_SLACK`."""
+
+    def __init__(self) -> None:
+        self.tick = 0.0
+
+    def advance(self, ticks: float = 1) -> float:
+        self.tick += ticks
+        return self.tick
+
+    def now(self) -> ColumnElement[dt.datetime]:
+        return db_now_plus(literal(float(self.tick)))
+
+    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+        return db_now_plus(literal(float(self.tick + seconds)))
+
+    def instant(self, tick: float | None = None) -> Near:
+        seconds = self.tick if tick is None else tick
+        return Near(dt.datetime.now(UTC) + dt.timedelta(seconds=seconds))
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite"),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        # The whole contract again on PostgreSQL's clock_timestamp(), not only a logical one.
+        pytest.param("postgres-clock_timestamp", marks=pytest.mark.postgres),
+    ]
+)
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
+    yield from empty_database(request, tmp_path)
+
+
+def margin(clock: LogicalClock) -> float:
+    """The smallest step a boundary test can rely on: a millisecond of the logical clock,
+    a second of the server's (real time runs on while the statements run)."""
+    return 1.0 if isinstance(clock, ServerClock) else 0.001
+
+
+@pytest.fixture
+def clock(request: pytest.FixtureRequest) -> LogicalClock:
+    """The logical clock, or on ``postgres-clock_timestamp`` the server's clock moved on
+    the same way (typed as the logical clock it stands in for)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("database") == "postgres-clock_timestamp":
+        return ServerClock()  # type: ignore[return-value]
+    return LogicalClock()
 
 
 def row_counts(engine: Engine) -> tuple[int, ...]:
@@ -66,7 +133,8 @@ def test_create_writes_a_queued_job_and_its_birth(store: JobStore, clock: Logica
     assert job.owner is None
     assert job.lease_until is None
     assert job.code_version == "v2"
-    assert job.created_at == job.updated_at == job.run_after == clock.instant()
+    for instant in (job.created_at, job.updated_at, job.run_after):
+        assert instant == clock.instant()
     assert job.dispatched_at == clock.instant()  # optimistic: the caller publishes next
     assert store.get("j1") == job
     [birth] = store.history("j1")
@@ -179,7 +247,7 @@ def test_second_claim_is_refused_while_the_lease_is_live(
     before = snapshot(engine)
     assert store.claim("j1", "B", LEASE) is None
     assert store.claim("j1", "A", LEASE) is None  # not even the owner claims twice
-    clock.advance(LEASE - 0.001)
+    clock.advance(LEASE - margin(clock))
     assert store.claim("j1", "B", LEASE) is None
     assert snapshot(engine) == before
 
@@ -369,7 +437,8 @@ def test_release_gives_the_attempt_back(store: JobStore, clock: LogicalClock) ->
     assert job.state is State.QUEUED
     assert job.attempts == 0
     assert (job.owner, job.lease_until) == (None, None)
-    assert job.run_after == job.dispatched_at == clock.instant(1)
+    assert job.run_after == clock.instant(1)
+    assert job.dispatched_at == clock.instant(1)
     assert store.history("j1")[-1].reason == "delivery budget used up"
     assert claimed(store, owner="B").job.attempts == 1
 
@@ -459,7 +528,7 @@ def test_fenced_write_succeeds_while_the_lease_is_live(
 ) -> None:
     new(store)
     claim = claimed(store)
-    clock.advance(LEASE - 0.001)
+    clock.advance(LEASE - margin(clock))
     FENCED_WRITES[write](store, claim)  # does not raise
 
 
@@ -511,7 +580,8 @@ def test_approve_records_who_and_the_reclaim_sees_it(store: JobStore, clock: Log
     assert job.state is State.QUEUED
     assert job.waiting_for is None
     assert store.get("j1").waiting_for is None
-    assert job.run_after == job.dispatched_at == clock.instant(60)
+    assert job.run_after == clock.instant(60)
+    assert job.dispatched_at == clock.instant(60)
     last = store.history("j1")[-1]
     assert (last.from_state, last.to_state) == (State.WAITING_APPROVAL, State.QUEUED)
     assert last.approved_by == "alice"
@@ -685,9 +755,9 @@ def test_sweep_expired(store: JobStore, engine: Engine, clock: LogicalClock) -> 
     store.claim("live", "A", 100)
     claimed(store, "retry", owner="B")
     claimed(store, "dead", owner="C")
-    clock.advance(LEASE - 0.001)
+    clock.advance(LEASE - margin(clock))
     assert store.sweep_expired() == []
-    clock.advance(0.001)
+    clock.advance(margin(clock))
     live_before = store.get("live")
     moved = {job.id: job for job in store.sweep_expired()}
     assert set(moved) == {"retry", "dead"}
@@ -884,7 +954,7 @@ def test_list_and_counts(store: JobStore, clock: LogicalClock) -> None:
     assert [j.id for j in store.list(kind="other")] == ["b"]
     assert [j.id for j in store.list(limit=1)] == ["c"]
     assert store.counts() == {("kind", "QUEUED"): 1, ("kind", "RUNNING"): 1, ("other", "QUEUED"): 1}
-    assert store.oldest_queued() == ("a", 2.0)
+    assert store.oldest_queued() == ("a", pytest.approx(2.0, abs=margin(clock) / 2))
 
 
 def test_logical_timestamps_round_trip_exactly(store: JobStore, clock: LogicalClock) -> None:

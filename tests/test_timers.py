@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -236,6 +237,20 @@ def test_a_sleep_is_a_fenced_owner_write(store: JobStore) -> None:
     assert "the job was cancelled" in (result.error or "")
     assert store.get(cancelled).state is State.CANCELLED
     assert [step.name for step in store.steps(cancelled)] == ["before"], "no timer recorded"
+
+
+def test_a_run_past_its_time_limit_times_out_instead_of_sleeping(store: JobStore) -> None:
+    @KINDS.job("nap_late", timeout=0.1)
+    def nap_late(ctx: JobContext) -> None:
+        time.sleep(0.2)  # not a step: only a step boundary (here, the sleep) notices
+        ctx.sleep("nap", 10)
+
+    job_id = submit(store, "nap_late", {})
+    result = runner(store).run(job_id)
+
+    assert result.outcome is Outcome.RETRYING
+    assert "passed its timeout of 0.1 s" in (result.error or "")
+    assert store.steps(job_id) == []
 
 
 def test_store_wake_makes_only_waiting_queued_jobs_due(

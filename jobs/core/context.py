@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import InvalidInput, LeaseLost, StepError
-from jobs.core.validate import check_instant, check_name, check_text, seconds_of
+from jobs.core.validate import check_instant, check_name, check_text, check_timeout, seconds_of
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
@@ -65,6 +65,11 @@ class HandBack(JobInterrupt):
     """The run used up its time budget for one delivery: give the job back to the queue."""
 
 
+class TimedOut(JobInterrupt):
+    """The run or a step passed its time limit (noticed by the handler's own thread when no
+    heartbeat watches the run): the attempt counts, and the job is retried or FAILED."""
+
+
 class Unstorable(JobInterrupt):
     """A step name, step output or approval reason that can never be recorded: the job
     fails now with the reason; retrying would only run the step's side effect again."""
@@ -89,6 +94,7 @@ class JobContext:
         deadline: float | None = None,
         stopping: Callable[[], bool] | None = None,
         heartbeat: LeaseHeartbeat | None = None,
+        run_deadline: tuple[float, str] | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -107,6 +113,9 @@ class JobContext:
         # Held while pending steps are written, by this thread or the heartbeat's.
         self._pending_lock = threading.Lock()
         self._heartbeat = heartbeat
+        # The run's time limit as (monotonic deadline, why); enforced here at step
+        # boundaries, and by the heartbeat (which can stop a stuck step) when there is one.
+        self._run_deadline = run_deadline
 
     @property
     def job_id(self) -> str:
@@ -163,18 +172,43 @@ class JobContext:
         heartbeat thread when the handler runs on for long without a step."""
         with self._pending_lock:
             if self._pending:
-                self.store.record_steps(self.claim, self._pending)
+                try:
+                    self.store.record_steps(self.claim, self._pending)
+                except LeaseLost as lost:  # refused by the fence: the handler stops too
+                    self.lease_lost(lost)
+                    raise
                 self._pending = []
 
-    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _check_time(self, step: tuple[float, str] | None = None) -> None:
+        """Raise :class:`TimedOut` if the run (or the step just run) is past its limit."""
+        now = time.monotonic()
+        for limit in (self._run_deadline, step):
+            if limit is not None and now >= limit[0]:
+                raise TimedOut(limit[1])
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
         """Run ``fn(*args, **kwargs)`` once for this job and record its JSON output.
 
         On a re-run the recorded output is returned without calling ``fn``. A first run
         returns the output as it will be replayed (through JSON), so both paths see the
         same value. If the process dies after ``fn`` ran but before the record commits,
         ``fn`` runs again: make such steps idempotent.
+
+        ``timeout`` (seconds) is the step's time limit: past it the run stops, the attempt
+        counts, and the job is retried with backoff (or FAILED once its attempts are used
+        up) with the reason; a worker's pool child stuck in the step is ended. It is not
+        passed to ``fn`` (wrap ``fn`` with ``functools.partial`` to give it a ``timeout``).
         """
         _storable(lambda: check_name(name, "step name"))  # before the function runs
+        if timeout is not None:
+            _storable(lambda: check_timeout(timeout, f"timeout of step {name!r}"))
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)
@@ -185,8 +219,13 @@ class JobContext:
             raise HandBack(f"delivery time budget used up before step {name!r}")
         if self._stopping is not None and self._stopping():
             raise HandBack(f"worker shutting down; handed back before step {name!r}")
+        if self._run_deadline is not None:
+            self._check_time()
         self.take_pending_and_record()
-        output = fn(*args, **kwargs)
+        if timeout is None:
+            output = fn(*args, **kwargs)
+        else:
+            output = self._run_timed(name, timeout, fn, *args, **kwargs)
         self.check_lease()
         try:
             pending = self.store.pending_step(name, output)
@@ -202,6 +241,23 @@ class JobContext:
         self.ran_steps.append(name)
         result: T = json.loads(pending.text)  # the handler's copy: mutating it changes no record
         return result
+
+    def _run_timed(
+        self, name: str, timeout: float, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """Run a step's function under its time limit: the heartbeat (if any) watches the
+        deadline while it runs; a function that returns late is a time-out too."""
+        limit = (time.monotonic() + timeout, f"step {name!r} passed its timeout of {timeout:g} s")
+        if self._heartbeat is not None:
+            self._heartbeat.step_started(self.claim, name, timeout)
+        try:
+            output = fn(*args, **kwargs)
+        finally:
+            if self._heartbeat is not None:
+                self._heartbeat.step_ended(self.claim)
+        self.check_lease()  # the heartbeat may have timed the run out already
+        self._check_time(limit)
+        return output
 
     def wait_for_approval(self, reason: str, *, key: str | None = None) -> dict[str, Any]:
         """Park the job in WAITING_APPROVAL until :func:`jobs.approve`; returns who approved.
@@ -254,6 +310,8 @@ class JobContext:
         self._use(name)
         if name not in self._recorded:
             self.check_lease()
+            if self._run_deadline is not None:
+                self._check_time()  # a run past its time limit fails rather than sleeps
             return False
         if wake_at_of(self._recorded[name]) is None:
             raise Unstorable(

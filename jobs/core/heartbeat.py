@@ -13,6 +13,19 @@ The same thread writes a step's record that waited too long for the job's next w
 (:meth:`JobContext.step` defers it so that the last step is recorded with the outcome):
 handler code that runs long between two steps does not leave the earlier step unrecorded
 for more than about twice ``flush_after`` seconds (the thread looks that often).
+
+**Time limits.** A run watched with a ``timeout`` (``@jobs.job(timeout=…)``) and a step
+started with one (``ctx.step(…, timeout=…)``) have deadlines here. Past one, the thread
+stops renewing that lease, hands the reason to the run's ``on_timeout`` (the runner writes
+the fenced retry or failure, attempt counted), and, if the run is still inside its
+handler, calls ``stop_process``: in a prefork pool child that ends the process, as
+Celery's hard time limit does (a thread cannot interrupt a step stuck in a C call), and
+the pool starts a new child. Without ``stop_process`` (in-process runs, thread pools) the
+handler stops at its next step, writing nothing. A step holding the GIL in C code (a
+runaway regular expression) keeps this thread from running at all; for that a process may
+also give a ``backstop``, armed with the seconds to the earliest deadline plus one lease
+(a prefork child arms the kernel's interval timer: SIGALRM ends the process with no Python
+code running).
 """
 
 from __future__ import annotations
@@ -33,13 +46,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobs.heartbeat")
 
 OnLost = Callable[[LeaseLost], None]
+OnTimeout = Callable[[str], None]
+StopProcess = Callable[[str], None]
+Backstop = Callable[[float | None], None]
 FLUSH_AFTER_SECONDS = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Watched:
     claim: Claim
     on_lost: OnLost
+    on_timeout: OnTimeout | None = None
+    # (monotonic deadline, why) of the run as a whole and of the step running now.
+    run_deadline: tuple[float, str] | None = None
+    step_deadline: tuple[float, str] | None = None
+
+    def overdue(self, now: float) -> str | None:
+        """Why this run is past a deadline at ``now`` (the earlier one), or None."""
+        passed = [limit for limit in (self.run_deadline, self.step_deadline) if limit]
+        passed = [limit for limit in passed if limit[0] <= now]
+        return min(passed)[1] if passed else None
 
 
 class LeaseHeartbeat:
@@ -47,12 +73,30 @@ class LeaseHeartbeat:
     ``unwatch(claim)`` when it ends; the thread starts on the first watch."""
 
     def __init__(
-        self, store: JobStore, lease_seconds: float, flush_after: float = FLUSH_AFTER_SECONDS
+        self,
+        store: JobStore,
+        lease_seconds: float,
+        flush_after: float = FLUSH_AFTER_SECONDS,
+        *,
+        stop_process: StopProcess | None = None,
+        backstop: Backstop | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
         self.flush_after = flush_after
+        # Called with the reason when a run passed its time limit and is still in its
+        # handler after its outcome was written (a prefork child exits; see the module).
+        self.stop_process = stop_process
+        # Armed with seconds to the earliest deadline plus a lease (None: disarm), for the
+        # process to end itself even when this thread cannot run (see the module).
+        self.backstop = backstop
+        self._backstop_armed = False
+        # Deadlines are read on this clock (tests pass a logical one).
+        self.monotonic = monotonic
         self._watched: dict[tuple[str, int], _Watched] = {}
+        # Runs past a time limit whose handler has not returned yet.
+        self._timed_out: set[tuple[str, int]] = set()
         self._flushes: dict[int, tuple[float, Callable[[], None]]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -63,10 +107,46 @@ class LeaseHeartbeat:
     def interval(self) -> float:
         return self.lease_seconds / 3
 
-    def watch(self, claim: Claim, on_lost: OnLost) -> None:
+    def watch(
+        self,
+        claim: Claim,
+        on_lost: OnLost,
+        *,
+        timeout: float | None = None,
+        on_timeout: OnTimeout | None = None,
+    ) -> None:
+        """Renew ``claim``'s lease until :meth:`unwatch`; past ``timeout`` seconds (the
+        run's time limit) stop renewing it and call ``on_timeout`` with the reason."""
+        entry = _Watched(claim, on_lost, on_timeout)
+        if timeout is not None:
+            entry.run_deadline = (
+                self.monotonic() + timeout,
+                f"the job passed its timeout of {timeout:g} s",
+            )
         with self._lock:
-            self._watched[(claim.job_id, claim.fence)] = _Watched(claim, on_lost)
+            self._watched[(claim.job_id, claim.fence)] = entry
             self._start()
+            if timeout is not None:
+                self._arm_backstop()
+
+    def step_started(self, claim: Claim, name: str, timeout: float) -> None:
+        """Step ``name`` of a watched run starts now and may take ``timeout`` seconds."""
+        with self._lock:
+            entry = self._watched.get((claim.job_id, claim.fence))
+            if entry is not None:
+                entry.step_deadline = (
+                    self.monotonic() + timeout,
+                    f"step {name!r} passed its timeout of {timeout:g} s",
+                )
+                self._arm_backstop()
+
+    def step_ended(self, claim: Claim) -> None:
+        """The step started by :meth:`step_started` returned (or raised)."""
+        with self._lock:
+            entry = self._watched.get((claim.job_id, claim.fence))
+            if entry is not None:
+                entry.step_deadline = None
+                self._arm_backstop()
 
     def _start(self) -> None:
         if self._thread is None and not self._stopped:
@@ -90,6 +170,22 @@ class LeaseHeartbeat:
     def unwatch(self, claim: Claim) -> None:
         with self._lock:
             self._watched.pop((claim.job_id, claim.fence), None)
+            self._timed_out.discard((claim.job_id, claim.fence))
+            self._arm_backstop()
+
+    def _arm_backstop(self) -> None:
+        """(Under the lock.) Arm the backstop for the earliest deadline plus one lease, or
+        disarm it when no deadline is left; no call at all for runs without time limits."""
+        if self.backstop is None:
+            return
+        deadline = self._next_deadline()
+        if deadline is None:
+            if self._backstop_armed:
+                self.backstop(None)
+                self._backstop_armed = False
+            return
+        self.backstop(max(0.0, deadline - self.monotonic()) + self.lease_seconds)
+        self._backstop_armed = True
 
     def watching(self) -> list[Claim]:
         with self._lock:
@@ -124,14 +220,55 @@ class LeaseHeartbeat:
                     still_watched = self._watched.pop((entry.claim.job_id, entry.claim.fence), None)
                 if still_watched is None:
                     continue  # the run ended (and wrote its outcome) while we renewed
-                lost = LeaseLost(
-                    entry.claim.job_id,
-                    owner,
-                    entry.claim.fence,
-                    "the lease could not be renewed (expired, taken over or cancelled)",
-                )
-                log.warning("%s", lost)
+                try:  # the database's answer: who holds the job now, under which fence
+                    lost = self.store.why_lost(entry.claim)
+                except Exception:
+                    lost = LeaseLost(
+                        entry.claim.job_id,
+                        owner,
+                        entry.claim.fence,
+                        "the lease could not be renewed (expired, taken over or cancelled)",
+                    )
+                log.warning("renewal refused by the database: %s", lost)
                 entry.on_lost(lost)
+
+    def check_deadlines(self) -> list[str]:
+        """Time out every watched run past a deadline now: its lease is no longer renewed,
+        its ``on_timeout`` writes the outcome, and a run still in its handler afterwards
+        has its process stopped (``stop_process``). Returns the timed-out job IDs."""
+        now = self.monotonic()
+        with self._lock:
+            overdue = []
+            for key, entry in list(self._watched.items()):
+                why = entry.overdue(now)
+                if why is not None:
+                    del self._watched[key]  # no more renewals
+                    self._timed_out.add(key)
+                    overdue.append((key, entry, why))
+        for key, entry, why in overdue:
+            log.warning("job %s (fence %d): %s; stopping the run", key[0], key[1], why)
+            if entry.on_timeout is not None:
+                try:
+                    entry.on_timeout(why)
+                except LeaseLost as lost:  # someone else moved the job first: nothing to write
+                    log.warning("job %s: time-out not written: %s", key[0], lost)
+                except Exception:  # the lease, no longer renewed, runs out: the sweeper acts
+                    log.exception("job %s: writing the time-out outcome failed", key[0])
+            with self._lock:
+                still_running = key in self._timed_out
+                self._timed_out.discard(key)
+            if still_running and self.stop_process is not None:
+                self.stop_process(f"job {key[0]}: {why}")
+        return [key[0] for key, _entry, _why in overdue]
+
+    def _next_deadline(self) -> float | None:
+        limits = [
+            limit[0]
+            for entry in self._watched.values()
+            for limit in (entry.run_deadline, entry.step_deadline)
+            if limit is not None
+        ]
+        return min(limits) if limits else None
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.interval
@@ -140,7 +277,12 @@ class LeaseHeartbeat:
                 while not self._stopped:
                     now = time.monotonic()
                     due = [key for key, (at, _) in self._flushes.items() if at <= now]
-                    if due or now >= next_beat:
+                    deadline = self._next_deadline()
+                    if (
+                        due
+                        or now >= next_beat
+                        or (deadline is not None and self.monotonic() >= deadline)
+                    ):
                         break
                     self._changed.wait(min(next_beat - now, self.flush_after))
                 if self._stopped:
@@ -149,8 +291,11 @@ class LeaseHeartbeat:
             for flush in flushes:
                 try:
                     flush()
+                except LeaseLost as lost:  # the handler was told (JobContext.flush)
+                    log.warning("step record refused by the database: %s", lost)
                 except Exception:  # the job's next write will try again, or learn the lease
                     log.exception("writing a waiting step record failed")
+            self.check_deadlines()
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.interval
                 try:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
-from jobs.core.validate import check_name, clip
+from jobs.core.validate import check_name, check_timeout, clip
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -42,6 +42,9 @@ class JobKind:
     schedule: str | None = None
     timezone: str = "UTC"
     catch_up: str = "latest"
+    # The longest one run (attempt) of a job of this kind may take, in seconds (None: no
+    # limit). Past it the run stops and the job is retried or FAILED with the reason.
+    timeout: float | None = None
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -76,8 +79,11 @@ class Registry:
         schedule: str | None = None,
         timezone: str = "UTC",
         catch_up: str = "latest",
+        timeout: float | None = None,
     ) -> JobKind:
         check_name(name, "job kind")
+        if timeout is not None:
+            check_timeout(timeout, f"job kind {name!r}: timeout")
         if schedule is not None:
             schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
@@ -95,6 +101,7 @@ class Registry:
             schedule,
             timezone,
             catch_up,
+            None if timeout is None else float(timeout),
         )
         if schedule is not None:
             try:
@@ -126,11 +133,15 @@ class Registry:
         schedule: str | None = None,
         timezone: str = "UTC",
         catch_up: str = "latest",
+        timeout: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
         submits one job; ``catch_up`` says what happens to ticks missed while no sweeper
-        ran (``"latest"``: only the most recent, ``"all"``: every one)."""
+        ran (``"latest"``: only the most recent, ``"all"``: every one). ``timeout`` is the
+        longest one run may take, in seconds: past it the run is stopped (a worker's pool
+        child stuck in it is ended) and the job retried with backoff, or FAILED with the
+        reason once its attempts are used up."""
 
         def decorate(handler: F) -> F:
             self.register(
@@ -143,6 +154,7 @@ class Registry:
                 schedule=schedule,
                 timezone=timezone,
                 catch_up=catch_up,
+                timeout=timeout,
             )
             return handler
 

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.context import HandBack, JobContext, Sleeping, Unstorable, WaitingForApproval
+from jobs.core.context import (
+    HandBack,
+    JobContext,
+    Sleeping,
+    TimedOut,
+    Unstorable,
+    WaitingForApproval,
+)
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
@@ -135,7 +142,14 @@ class Runner:
             # Not transient: no retry would help. Fail with the reason instead of looping.
             failed = self.store.fail(claim, str(err))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
-        deadline = None if self.budget_seconds is None else time.monotonic() + self.budget_seconds
+        started = time.monotonic()
+        deadline = None if self.budget_seconds is None else started + self.budget_seconds
+        run_deadline = None
+        if kind.timeout is not None:
+            run_deadline = (
+                started + kind.timeout,
+                f"the job passed its timeout of {kind.timeout:g} s",
+            )
         ctx = JobContext(
             self.store,
             claim,
@@ -143,9 +157,17 @@ class Runner:
             deadline=deadline,
             stopping=self.stopping,
             heartbeat=self.heartbeat,
+            run_deadline=run_deadline,
         )
         if self.heartbeat is not None:
-            self.heartbeat.watch(claim, ctx.lease_lost)
+
+            def timed_out(why: str) -> None:
+                """From the heartbeat's thread: the handler is stopped at its next step
+                (writing nothing), and the attempt ends now, retried or FAILED."""
+                ctx.lease_lost(LeaseLost(job.id, claim.owner, claim.fence, why))
+                self._retry_or_fail(claim, why, ctx)
+
+            self.heartbeat.watch(claim, ctx.lease_lost, timeout=kind.timeout, on_timeout=timed_out)
         try:
             return self._run_handler(claim, kind.handler, ctx)
         finally:
@@ -171,6 +193,11 @@ class Runner:
         except Unstorable as unstorable:
             failed = self.store.fail(claim, str(unstorable), steps=ctx.take_pending())
             return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
+        except TimedOut as timed_out:
+            ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
+            log.warning("job %s attempt %d: %s", job.id, job.attempts, timed_out)
+            moved, outcome = self._retry_or_fail(claim, str(timed_out), ctx)
+            return self._result(moved, outcome, ctx, str(timed_out))
         except LeaseLost:
             raise
         except Exception as err:
@@ -182,14 +209,8 @@ class Runner:
                 error,
                 traceback.format_exc(),
             )
-            if job.attempts < job.max_attempts:
-                delay = backoff_seconds(
-                    job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
-                )
-                retried = self.store.retry(claim, error, delay, steps=ctx.take_pending())
-                return self._result(retried, Outcome.RETRYING, ctx, error)
-            failed = self.store.fail(claim, error, steps=ctx.take_pending())
-            return self._result(failed, Outcome.FAILED, ctx, error)
+            moved, outcome = self._retry_or_fail(claim, error, ctx)
+            return self._result(moved, outcome, ctx, error)
         ctx.check_lease()
         pending = ctx.take_pending()
         try:
@@ -200,6 +221,17 @@ class Runner:
             failed = self.store.fail(claim, str(err), steps=pending)
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
+
+    def _retry_or_fail(self, claim: Claim, error: str, ctx: JobContext) -> tuple[Job, Outcome]:
+        """End a failed attempt: back to QUEUED after the backoff while attempts remain,
+        else FAILED; the steps that ran before the failure are recorded with it."""
+        job = claim.job
+        if job.attempts < job.max_attempts:
+            delay = backoff_seconds(
+                job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
+            )
+            return self.store.retry(claim, error, delay, steps=ctx.take_pending()), Outcome.RETRYING
+        return self.store.fail(claim, error, steps=ctx.take_pending()), Outcome.FAILED
 
     @staticmethod
     def _result(job: Job, outcome: Outcome, ctx: JobContext, error: str | None = None) -> RunResult:

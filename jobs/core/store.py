@@ -45,7 +45,7 @@ from sqlalchemy.orm import aliased
 
 from jobs.core import states
 from jobs.core.clock import Clock, DatabaseClock
-from jobs.core.db import autocommit, retry_on_disconnect
+from jobs.core.db import SQLITE_BUSY_TIMEOUT_MS, autocommit, retry_on_disconnect
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -1052,6 +1052,16 @@ class JobStore(JobReader):
                 ).scalars()
             )
 
+    def why_lost(self, claim: Claim) -> LeaseLost:
+        """Why ``claim`` no longer holds its job, read from the row after one of its fenced
+        writes (a renewal) matched nothing: taken over under a newer fence, expired,
+        cancelled, finished. One read, only on a refusal."""
+        with self._read() as conn:
+            found = self._explain(conn, claim.job_id, State.RUNNING, claim)
+        if isinstance(found, LeaseLost):
+            return found
+        return LeaseLost(claim.job_id, claim.owner, claim.fence, str(found))
+
     def pending_step(self, name: str, output: Any) -> PendingStep:
         """Check a step's name and output and return them ready to record: a value that can
         never be stored is refused here, before any write."""
@@ -1592,19 +1602,35 @@ class JobStore(JobReader):
             gone = conn.execute(delete(J).where(J.id.in_(ids), *old).returning(J.id)).scalars()
             return sorted(gone)
 
-    def count_event(self, name: str, kind: str, amount: int = 1) -> None:
+    def count_event(self, name: str, kind: str, amount: int = 1, *, wait: bool = True) -> None:
         """Add ``amount`` to an operational counter (``recovery_dead_owner``, ``lost_message``,
-        ``admission_refused`` …) for a kind; never touches a job."""
+        ``admission_refused`` …) for a kind; never touches a job. ``wait=False`` when the
+        caller may hold a transaction on the same SQLite file (a web request's): a counter
+        is not worth waiting out its write lock for, so a locked file raises at once."""
         if amount <= 0:
             return
-        C = CounterRecord
-        with self.engine.begin() as conn:
-            ins = self._upsert_for(conn, C).values(name=name, kind=kind, value=amount)
-            conn.execute(
-                ins.on_conflict_do_update(
-                    index_elements=["name", "kind"], set_={"value": C.value + amount}
-                )
-            )
+        counter = CounterRecord
+        impatient = not wait and self.engine.dialect.name == "sqlite"
+        with self.engine.connect() as conn:
+            # On the driver's connection, outside any transaction: BEGIN IMMEDIATE is where
+            # the lock is waited for.
+            driver = conn.connection.dbapi_connection
+            if impatient and driver is not None:
+                driver.execute("PRAGMA busy_timeout = 0")
+            try:
+                with conn.begin():
+                    upsert = self._upsert_for(conn, counter).values(
+                        name=name, kind=kind, value=amount
+                    )
+                    conn.execute(
+                        upsert.on_conflict_do_update(
+                            index_elements=["name", "kind"],
+                            set_={"value": counter.value + amount},
+                        )
+                    )
+            finally:
+                if impatient and driver is not None:
+                    driver.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
 
 __all__ = [

@@ -13,6 +13,8 @@ NAME_LENGTH = 200
 # A job may be tried at most this often, and delayed at most this long (a year).
 MAX_ATTEMPTS = 1000
 MAX_DELAY_SECONDS = 366 * 86_400.0
+MIN_TIMEOUT_SECONDS = 0.1
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -71,6 +73,12 @@ def check_instant(value: object, what: str) -> dt.datetime:
             "(e.g. datetime.now(timezone.utc) + timedelta(hours=1))"
         )
     return value.astimezone(dt.UTC)
+
+
+def check_timeout(value: object, what: str) -> None:
+    """A time limit (``@jobs.job(timeout=…)``, ``ctx.step(…, timeout=…)``): seconds between
+    :data:`MIN_TIMEOUT_SECONDS` (the heartbeat looks about every 50 ms) and a week."""
+    check_number(value, what, MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS)
 
 
 def check_name(value: object, what: str) -> None:

@@ -8,6 +8,7 @@ which process: a recorded step must never run twice.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -73,3 +74,30 @@ def _sleep_effect(job_id: str, n: int, seconds: float) -> int:
     _effect(f"sleep-{n}", job_id)
     time.sleep(seconds)
     return n
+
+
+@jobs.job("hang", max_attempts=2)
+def hang(ctx: jobs.JobContext, how: str = "sleep", timeout: float = 2.0) -> None:
+    """A step that does not return (for the time-limit tests): ``how`` is ``sleep`` (blocked
+    in a C call), ``busy`` (a pure-Python loop that never reaches another step) or ``regex``
+    (a runaway regular expression: C code that holds the GIL, so no other thread runs)."""
+    ctx.step("hang", _hang, ctx.job_id, how, timeout=timeout)
+
+
+@jobs.job("hang_run", max_attempts=1, timeout=2)
+def hang_run(ctx: jobs.JobContext) -> None:
+    """A job whose run as a whole passes its time limit, in a step that has none."""
+    ctx.step("hang", _hang, ctx.job_id, "sleep")
+
+
+def _hang(job_id: str, how: str) -> None:
+    _effect("hang:start", job_id)
+    until = time.monotonic() + 600
+    if how == "busy":
+        while time.monotonic() < until:
+            pass
+    elif how == "regex":
+        re.match(r"(a+)+$", "a" * 64 + "b")  # 2**64 backtracking steps
+    else:
+        time.sleep(600)
+    _effect("hang:done", job_id)

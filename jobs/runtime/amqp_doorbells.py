@@ -25,11 +25,12 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
+COALESCE_BYTES = 65_536
 
 
 class DoorbellRefused(RuntimeError):
@@ -137,11 +138,12 @@ class AmqpDoorbells:
         first_tag = confirms.published + 1
         refused, returned = confirms.refused, confirms.returned
         exchange, routing_key = self.queue.exchange.name, self.queue.routing_key
-        for message in messages:
-            channel._basic_publish(
-                message, exchange=exchange, routing_key=routing_key, mandatory=True
-            )
-            confirms.published += 1
+        with self._writes_coalesced():
+            for message in messages:
+                channel._basic_publish(
+                    message, exchange=exchange, routing_key=routing_key, mandatory=True
+                )
+                confirms.published += 1
         deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
         while not confirms.all_confirmed():
             left = deadline - time.monotonic()
@@ -159,6 +161,34 @@ class AmqpDoorbells:
                 f"RabbitMQ refused or could not route {lost} doorbell(s) to queue "
                 f"{self.queue.name!r}"
             )
+
+    @contextlib.contextmanager
+    def _writes_coalesced(self) -> Iterator[None]:
+        """Send a batch's frames in writes of up to 64 KiB instead of one ``sendall`` per
+        message (a system call each: a fifth of a bulk submit's publishing time). py-amqp
+        writes every frame through its transport's ``_write``; it is swapped for the
+        batch and restored, and whatever is buffered is sent before the confirmations are
+        awaited. The bytes on the wire are the same."""
+        transport: Any = getattr(self._connection.connection, "transport", None)
+        send = getattr(transport, "_write", None)
+        if send is None:
+            yield
+            return
+        pending = bytearray()
+
+        def buffered(data: Any) -> None:
+            pending.extend(data)  # a copy: py-amqp reuses its frame buffer
+            if len(pending) >= COALESCE_BYTES:
+                send(bytes(pending))
+                pending.clear()
+
+        transport._write = buffered
+        try:
+            yield
+            if pending:
+                send(bytes(pending))
+        finally:
+            transport._write = send
 
     def _open_channel(self) -> Any:
         if self._channel is not None:

@@ -25,9 +25,11 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
-import multiprocessing
+import os
+import signal
 from typing import Any
 
 from celery import Celery, current_app, signals
@@ -39,6 +41,7 @@ from jobs.core.settings import Settings, get_settings
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.dispatch import TASK_NAME
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.shared_flag import SharedFlag
 
 log = logging.getLogger("jobs.worker")
 
@@ -142,8 +145,9 @@ def app_for(settings: Settings) -> Celery:
 
 # Set by the worker's main process when a warm shutdown starts. Created at import, before
 # the prefork pool forks, so the pool children share it and hand their jobs back at the
-# next step boundary instead of running on until the delivery budget is spent.
-_shutting_down = multiprocessing.Event()
+# next step boundary instead of running on until the delivery budget is spent. Lock-free:
+# a child killed or frozen while reading it cannot block the main process's set().
+_shutting_down = SharedFlag()
 
 
 @app.task(name=TASK_NAME, bind=True, ignore_result=True)
@@ -223,9 +227,39 @@ def _take_liveness_lock(**_: Any) -> None:
     from jobs.runtime import process  # noqa: PLC0415
 
     runtime = process.current()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
+    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
         api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
     except Exception as err:  # the database may be down: the child must still start
         log.warning("liveness lock not taken yet: %s", type(err).__name__)
+
+
+EXIT_TIMED_OUT = 70
+"""Exit status of a pool child ended because a run passed its time limit (EX_SOFTWARE)."""
+
+
+def _end_timed_out_child(why: str) -> None:
+    """Celery's hard time limit, decided inside the child: billiard's pool ends a child
+    past ``time_limit`` with SIGTERM then SIGKILL from the main process, but only the child
+    knows a job's kind and its steps, so the child's heartbeat decides. By the time this
+    runs the run's outcome (retry or FAILED, fenced) is written; the stuck handler may be
+    in a C call no exception can interrupt, so the process exits at once. Celery sees the
+    child lost (``task_reject_on_worker_lost``: the doorbell goes back to the queue, and a
+    later claim finds the job not due or finished), and the pool starts a new child."""
+    log.error("%s; ending pool process %d (the pool starts a new one)", why, os.getpid())
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # the process ends next whatever happens
+            handler.flush()
+    os._exit(EXIT_TIMED_OUT)
+
+
+def _arm_alarm(seconds: float | None) -> None:
+    """The time-limit backstop of a pool child: the kernel's interval timer, whose SIGALRM
+    (default action) ends the process with no Python code running, so even a step holding
+    the GIL in C code, which keeps the heartbeat thread from ever running, is ended. Armed
+    one lease past the earliest deadline (the heartbeat's own stop comes first whenever it
+    can run), disarmed when the run ends."""
+    signal.setitimer(signal.ITIMER_REAL, 0.0 if seconds is None else max(seconds, 0.001))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
-from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
 from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.settings import Settings, get_settings
 from jobs.core.store import JobStore
@@ -56,6 +56,8 @@ class ProcessRuntime:
         self._dispatcher_chosen = False
         self.dispatcher_injected = False
         self._seeded_kinds: set[str] = set()
+        self._stop_on_timeout: StopProcess | None = None
+        self._backstop: Backstop | None = None
 
     # -- database ----------------------------------------------------------------------
 
@@ -83,8 +85,25 @@ class ProcessRuntime:
         """The process's lease renewer, shared by every job the process runs."""
         with self._lock:
             if self._heartbeat is None:
-                self._heartbeat = LeaseHeartbeat(self.store, self.settings.lease_seconds)
+                self._heartbeat = LeaseHeartbeat(
+                    self.store,
+                    self.settings.lease_seconds,
+                    stop_process=self._stop_on_timeout,
+                    backstop=self._backstop,
+                )
             return self._heartbeat
+
+    def stop_on_timeout(self, stop: StopProcess | None, backstop: Backstop | None = None) -> None:
+        """How this process is ended when a run passed its time limit and is still stuck in
+        its handler (a prefork pool child exits; see :mod:`jobs.runtime.celery_app`), and
+        the timer that ends it even if the heartbeat cannot run. ``None``, the default, ends
+        nothing: the handler stops at its next step."""
+        with self._lock:
+            self._stop_on_timeout = stop
+            self._backstop = backstop
+            if self._heartbeat is not None:
+                self._heartbeat.stop_process = stop
+                self._heartbeat.backstop = backstop
 
     def liveness_key(self) -> int | None:
         """The key this process stamps on the jobs it claims, so a sweeper can tell that

@@ -2,10 +2,11 @@
 
 Used by ``tests/acceptance/test_chaos.py`` (a short run in the test-suite, a long one with
 ``make chaos``) on the shared acceptance harness: a :class:`Stack` on a throwaway PostgreSQL
-server (so it can be restarted) and RabbitMQ (a private queue).
+server and a private one-node RabbitMQ (so either can be restarted).
 
 The injector picks faults from a ``random.Random(seed)``: SIGKILL of a worker's main process
-or of a pool child mid-step, SIGSTOP past the lease then SIGCONT, a PostgreSQL restart,
+or of a pool child mid-step, SIGSTOP past the lease then SIGCONT, a PostgreSQL restart, a
+RabbitMQ crash (SIGKILL of the node) and restart,
 duplicated doorbells, lost doorbells (jobs submitted with the doorbell off, left to the
 sweeper), and garbage messages. Which process a fault hits, and when, follow the seed; the
 machine's timing does not, so a failing seed reproduces the same faults in the same order.
@@ -33,6 +34,7 @@ from jobs import api
 from jobs.core.states import State, is_legal
 from jobs.runtime import process
 from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
+from tests.acceptance.rabbit_cluster import RabbitCluster
 
 KIND = "sleep_steps"
 
@@ -52,6 +54,7 @@ class Chaos:
     stack: Stack
     database: PrivatePostgres
     seed: int
+    rabbit: RabbitCluster | None = None  # a private node: restarted as a fault too
     workers: int = 3
     lease_seconds: float = 3.0
     faults: list[Fault] = dataclasses.field(default_factory=list)
@@ -97,6 +100,7 @@ class Chaos:
             "kill_child": 3,
             "stop_past_lease": 2,
             "restart_postgres": 1,
+            "restart_rabbitmq": 1 if self.rabbit is not None else 0,
             "duplicate": 2,
             "garbage": 1,
         }
@@ -138,6 +142,16 @@ class Chaos:
             self.database.restart()
             api.reset()  # this process's pooled connections died with the server
             return self._record(Fault(kind, at, (), f"{len(owned)} jobs running"))
+        if kind == "restart_rabbitmq" and self.rabbit is not None:
+            owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})
+            node = self.rabbit.nodes[0]
+            at = time.time()
+            self.rabbit.stop_node(node)  # SIGKILL: a crash, not a shutdown
+            time.sleep(self.random.uniform(0.5, 2.0))
+            self.rabbit.restart_node(node)  # waits until it serves again
+            return self._record(
+                Fault(kind, at, (), f"down {time.time() - at:.1f}s, {len(owned)} jobs running")
+            )
         if kind == "duplicate" and submitted:
             job_id = submitted[self.random.randrange(len(submitted))]
             process.current().dispatch([job_id, job_id])

@@ -64,6 +64,13 @@ PRIVATE_PG_RABBITMQ = pytest.param(
     marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq],
     id="private-pg-rabbitmq",
 )
+# Both servers throwaway ones of the test's own, so the test may restart either: a private
+# PostgreSQL and a private one-node RabbitMQ (``private_rabbit``).
+PRIVATE_PG_PRIVATE_RABBITMQ = pytest.param(
+    "private-pg-private-rabbitmq",
+    marks=[pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq],
+    id="private-pg-private-rabbitmq",
+)
 BOTH = [PG_RABBITMQ, EMBEDDED]
 PG_RABBIT_CLUSTER = pytest.param(
     "pg-rabbit-cluster",
@@ -332,6 +339,21 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
 
 
 @pytest.fixture
+def private_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """A private one-node RabbitMQ (a :class:`RabbitCluster` of one: own node name, ports,
+    epmd and data folder) that a test may kill and restart; the service on 5672 is never
+    touched. About 10 s to boot."""
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        service_unavailable("private RabbitMQ", FileNotFoundError(RABBITMQ_BIN))
+    node = RabbitCluster.create(tmp_path_factory.mktemp("rabbit-private"), size=1)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.destroy()
+
+
+@pytest.fixture
 def cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
     """The session's cluster with all three nodes running: a node an earlier test stopped
     is restarted (or a fresh one joined) before the test, not after, so the session's last
@@ -443,7 +465,12 @@ class Stack:
 
     @property
     def amqp(self) -> bool:
-        return self.backend in ("pg-rabbitmq", "pg-rabbit-cluster", "private-pg-rabbitmq")
+        return self.backend in (
+            "pg-rabbitmq",
+            "pg-rabbit-cluster",
+            "private-pg-rabbitmq",
+            "private-pg-private-rabbitmq",
+        )
 
     @property
     def queue(self) -> str:
@@ -719,10 +746,16 @@ def stack(
     request: pytest.FixtureRequest, isolated_jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     backend = getattr(request, "param", None)
-    if backend not in ("pg-rabbitmq", "pg-rabbit-cluster", "embedded", "private-pg-rabbitmq"):
+    if backend not in (
+        "pg-rabbitmq",
+        "pg-rabbit-cluster",
+        "embedded",
+        "private-pg-rabbitmq",
+        "private-pg-private-rabbitmq",
+    ):
         raise RuntimeError(
-            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER, EMBEDDED "
-            "or PRIVATE_PG_RABBITMQ"
+            "parametrize 'stack' indirectly with BOTH, PG_RABBITMQ, PG_RABBIT_CLUSTER, EMBEDDED, "
+            "PRIVATE_PG_RABBITMQ or PRIVATE_PG_PRIVATE_RABBITMQ"
         )
     root = isolated_jobs / "acceptance"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
@@ -738,9 +771,12 @@ def stack(
     )
     admin: Engine | None = None
     broker = ""
-    if backend == "private-pg-rabbitmq":
+    if backend in ("private-pg-rabbitmq", "private-pg-private-rabbitmq"):
         server: PrivatePostgres = request.getfixturevalue("private_pg")
-        broker = request.getfixturevalue("amqp_url")
+        if backend == "private-pg-rabbitmq":
+            broker = request.getfixturevalue("amqp_url")
+        else:
+            broker = request.getfixturevalue("private_rabbit").urls
         private_admin = create_engine(server.admin_url, isolation_level="AUTOCOMMIT")
         try:
             database_url = _create_database(private_admin, server.admin_url)
@@ -762,6 +798,8 @@ def stack(
     world = Stack(backend, root, env, monkeypatch, database_url)
     if backend == "pg-rabbit-cluster":
         world.cluster = request.getfixturevalue("cluster")
+    elif backend == "private-pg-private-rabbitmq":
+        world.cluster = request.getfixturevalue("private_rabbit")  # queue depths asked of it
     try:
         yield world
     finally:

@@ -1,6 +1,7 @@
-"""A seeded chaos run (issue 8): many multi-step jobs on PostgreSQL (a throwaway server) and
-RabbitMQ with three prefork workers and two sweepers while faults are injected; then the
-checker reads the ledger and the side-effect log (see ``tests/acceptance/chaos.py``).
+"""A seeded chaos run (issue 8): many multi-step jobs on PostgreSQL and RabbitMQ (throwaway
+servers of the test's own, both restarted as faults) with three prefork workers and two
+sweepers while faults are injected; then the checker reads the ledger and the side-effect
+log (see ``tests/acceptance/chaos.py``).
 
 The test-suite runs a short one. ``make chaos`` runs a long one (``CHAOS_JOBS``,
 ``CHAOS_SECONDS``; ``CHAOS_SEED`` replays a seed; the seed is always printed).
@@ -16,18 +17,23 @@ import pytest
 
 from jobs.runtime import process
 from tests.acceptance.chaos import KIND, Chaos, check
-from tests.acceptance.conftest import PRIVATE_PG_RABBITMQ, PrivatePostgres, Stack, wait_until
+from tests.acceptance.conftest import (
+    PRIVATE_PG_PRIVATE_RABBITMQ,
+    PrivatePostgres,
+    Stack,
+    wait_until,
+)
 
 pytestmark = pytest.mark.acceptance
 
 
-@pytest.mark.parametrize("stack", [PRIVATE_PG_RABBITMQ], indirect=True)
+@pytest.mark.parametrize("stack", [PRIVATE_PG_PRIVATE_RABBITMQ], indirect=True)
 def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
     jobs_count = int(os.environ.get("CHAOS_JOBS", "16"))
     seconds = float(os.environ.get("CHAOS_SECONDS", "20"))
     print(f"\n[chaos] seed {seed} (replay: CHAOS_SEED={seed} make chaos)")
-    chaos = Chaos(stack, private_pg, seed)
+    chaos = Chaos(stack, private_pg, seed, rabbit=stack.cluster)
     chaos.start()
     wait_until(
         lambda: all("sweeper: every" in p.output() for p in stack.procs if p.name == "sweeper"),

@@ -17,6 +17,7 @@ from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,
     assert_recorded_steps_ran_once,
+    owner_pid,
     rabbitmqctl,
     wait_for_amqp,
     wait_until,
@@ -56,8 +57,11 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
     owners = {stack.job(j).owner for j in running}
     assert any(prefork.owns(o) for o in owners), owners
     assert any(solo.owns(o) for o in owners), owners
+    on_prefork = next(j for j in running if prefork.owns(stack.job(j).owner))
+    old_run = stack.job(on_prefork)
 
     outage_started = time.monotonic()
+    outage_started_at = time.time()
     try:
         rabbitmqctl("stop_app")
         during = stack.submit("sleep_steps", {"steps": 3, "seconds": 0.5})
@@ -92,6 +96,27 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
         assert len(stack.steps(job_id)) == stack.job(job_id).inputs["steps"]
     assert prefork.alive()
     assert solo.alive()
+
+    # The old run stopped: the prefork worker's run in progress when its connection was lost
+    # was cancelled (worker_cancel_long_running_tasks_on_connection_loss), not left to race
+    # the redelivery. Its pool child started no step once the loss was seen (allowing the
+    # step in flight, 1 s, and a loaded machine), though 6 steps of 1 s were left, and the
+    # job finished under a newer claim by another process.
+    old_pid = owner_pid(old_run.owner)
+    cutoff = outage_started_at + 3.0
+    late = [
+        (effect, round(at - outage_started_at, 2))
+        for effect, pid, at in stack.timed_effects(on_prefork)
+        if pid == old_pid and at > cutoff
+    ]
+    assert not late, f"the old run on pid {old_pid} went on after the connection loss: {late}"
+    finished_under = stack.claims(on_prefork)[-1]
+    assert finished_under.fence is not None
+    assert finished_under.fence > old_run.fence
+    assert finished_under.owner != old_run.owner
+    later_steps = [step for step in stack.steps(on_prefork) if step.fence != old_run.fence]
+    assert later_steps
+    assert all(step.owner != old_run.owner for step in later_steps)
     stack.wait_queue_empty(timeout=30)
 
 
@@ -161,3 +186,35 @@ def test_long_job_hands_back_before_consumer_timeout(
     assert "Connection to broker lost" not in log, log[-5000:]
     assert log.count(f"job {job_id}: handed_back") == len(handed_back)
     stack.wait_queue_empty(timeout=30)
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_without_the_hand_back_rabbitmq_closes_the_channel(
+    stack: Stack, short_consumer_timeout: int
+) -> None:
+    """Negative control for the test above: the same long job, with a delivery budget
+    longer than the job (so it is never handed back), keeps its delivery unacknowledged
+    past consumer_timeout, and RabbitMQ closes the worker's channel. The test above passes
+    because of the hand-back, not because the short timeout never fires."""
+    steps, seconds = 36, 2.0
+    stack.configure(JOBS_DELIVERY_BUDGET_SECONDS=600)
+    worker = stack.worker("A", pool="prefork", concurrency=1)  # channel opened after set_env
+    job_id = stack.submit("sleep_steps", {"steps": steps, "seconds": seconds})
+    started = time.monotonic()
+    closed = wait_until(
+        lambda: re.search(r"^.*PRECONDITION_FAILED.*$", worker.output(), re.MULTILINE),
+        steps * seconds + 30,
+        "RabbitMQ to close the channel of the unacknowledged delivery",
+        interval=0.5,
+    )
+    print(
+        f"\n[consumer_timeout {short_consumer_timeout}s, no hand-back] channel closed "
+        f"{time.monotonic() - started:.0f}s after submit: {closed.group(0)[-200:]}"
+    )
+    assert "acknowledgement" in closed.group(0) or "timed out" in closed.group(0), closed
+    # It ran as one delivery up to then: nothing was handed back.
+    assert not [
+        t
+        for t in stack.history(job_id)
+        if t.from_state is State.RUNNING and t.to_state is State.QUEUED
+    ]

@@ -8,6 +8,7 @@ every write it then tries is refused by the fence.
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -48,12 +49,31 @@ def test_sigstop_past_lease_then_sigcont_is_fenced_out(stack: Stack) -> None:
         f"(lease ran out {stale.lease_until.timestamp() - stopped_at:.2f}s after it)"
     )
     # The stale worker is still frozen: it is woken while the new owner is mid-step.
-    assert stack.job(job_id).state is State.RUNNING
+    before = stack.job(job_id)
+    assert before.state is State.RUNNING
     assert victim.alive()
+    steps_before = stack.steps(job_id)
     victim.kill(signal.SIGCONT)
 
-    lost = f"lease lost by '{stale.owner}' (fence {stale.fence})"
-    wait_until(lambda: lost in victim.output(), 20, "the woken worker to hit LeaseLost")
+    # The woken worker's first write (its overdue renewal, or the step record if the
+    # handler thread got there first) is fenced on its old claim and matches no row: the
+    # refusal it logs is the database's, naming the fence the row carries now, a fact the
+    # woken process could only learn from the row.
+    refused = re.compile(
+        rf"refused by the database: job '{job_id}': lease lost by '{re.escape(stale.owner or '')}' "
+        rf"\(fence {stale.fence}\): now (RUNNING|COMPLETED) under fence {takeover.fence}"
+    )
+    wait_until(
+        lambda: refused.search(victim.output()), 20, "the database to refuse the woken worker"
+    )
+    # ...and the refused write changed nothing: the row is still the survivor's claim,
+    # and the woken worker recorded no step.
+    after_refusal = stack.job(job_id)
+    assert (after_refusal.owner, after_refusal.fence) == (before.owner, before.fence)
+    assert survivor.owns(after_refusal.owner)
+    assert [(s.name, s.fence, s.owner) for s in stack.steps(job_id)][: len(steps_before)] == [
+        (s.name, s.fence, s.owner) for s in steps_before
+    ]
     wait_until(
         lambda: f"job {job_id}: lease_lost" in victim.output(),
         20,
