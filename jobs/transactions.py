@@ -70,9 +70,11 @@ class ConnectionUnit:
 
     @property
     def connection(self) -> Connection:
+        """The caller's connection, inside its transaction."""
         return self._connection
 
     def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Ring ``job_ids`` once the caller's transaction commits; nothing on a rollback."""
         pending = _by_connection.get(self._connection)
         if pending is None:
             pending = _by_connection[self._connection] = _Pending()
@@ -103,9 +105,11 @@ class SessionUnit:
 
     @property
     def connection(self) -> Connection:
+        """The session's connection (the session begins its transaction if it had none)."""
         return self._session.connection()
 
     def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Ring ``job_ids`` from the session's ``after_commit``; nothing on a rollback."""
         pending = _by_session.get(self._session)
         if pending is None:
             pending = _by_session[self._session] = _Pending()

@@ -12,6 +12,9 @@ from jobs.core.errors import IllegalTransition
 
 
 class State(enum.StrEnum):
+    """A job's state. COMPLETED, FAILED and CANCELLED are final; every move between states
+    is one entry of :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from."""
+
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     WAITING_APPROVAL = "WAITING_APPROVAL"
@@ -41,6 +44,7 @@ TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CAN
 
 
 def is_legal(source: State | None, target: State) -> bool:
+    """Whether the state table allows ``source`` -> ``target`` (``None``: a new job)."""
     return (source, target) in TRANSITIONS
 
 
