@@ -31,6 +31,9 @@ class JobInterrupt(BaseException):
 
 
 class WaitingForApproval(JobInterrupt):
+    """Raised by :meth:`JobContext.wait_for_approval` on a first run: the runner parks the
+    job in WAITING_APPROVAL (lease released) until ``jobs.approve`` or a cancel."""
+
     def __init__(self, reason: str, step_name: str) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -84,6 +87,16 @@ def _storable(check: Callable[[], T]) -> T:
 
 
 class JobContext:
+    """What a handler gets as its first argument: the claimed job and its recorded steps.
+
+    ``ctx.step(name, fn, *args)`` runs ``fn`` once per job: its output is recorded under
+    ``name`` and a later run (after a crash, a retry, a sleep or an approval) returns the
+    recorded output instead of calling ``fn`` again. ``ctx.wait_for_approval(...)``,
+    ``ctx.sleep(...)`` and ``ctx.sleep_until(...)`` park the job without holding a worker.
+    Every write the context makes is fenced by the claim: once the lease is lost, the next
+    step stops the handler and nothing more is written.
+    """
+
     def __init__(
         self,
         store: JobStore,
@@ -119,17 +132,21 @@ class JobContext:
 
     @property
     def job_id(self) -> str:
+        """The job being run."""
         return self.claim.job_id
 
     @property
     def attempt(self) -> int:
+        """This run's attempt number (1 for the first; a hand-back or sleep gives it back)."""
         return self.claim.job.attempts
 
     @property
     def owner(self) -> str:
+        """Who holds the claim: ``<celery node or host>:<pid>``."""
         return self.claim.owner
 
     def is_recorded(self, name: str) -> bool:
+        """Whether step ``name`` already has a recorded output (it will not run again)."""
         return name in self._recorded
 
     def lease_lost(self, reason: LeaseLost) -> None:

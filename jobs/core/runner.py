@@ -42,6 +42,8 @@ log = logging.getLogger("jobs.runner")
 
 
 class Outcome(enum.StrEnum):
+    """How one delivery of a job ended, as the runner reports it (logs, tests, metrics)."""
+
     COMPLETED = "completed"
     FAILED = "failed"
     RETRYING = "retrying"
@@ -54,6 +56,9 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RunResult:
+    """One delivery's result: its outcome, the job as it was written, and which steps ran
+    and which were replayed from their records (what ``jobs.testing`` returns)."""
+
     job_id: str
     outcome: Outcome
     job: Job | None = None
@@ -70,6 +75,10 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 class Runner:
+    """Runs claimed jobs in this process: claim, replay the recorded steps, run the handler,
+    write the outcome (fenced), hand back on shutdown. The Celery task and
+    ``jobs.testing`` both drive one; ``owner`` names this process in every claim."""
+
     def __init__(
         self,
         store: JobStore,
@@ -114,6 +123,8 @@ class Runner:
         )
 
     def run(self, job_id: str) -> RunResult:
+        """Claim ``job_id`` and run its handler to an outcome; ``NOT_CLAIMED`` when the job
+        is not due, not QUEUED, or held under a live lease (the doorbell is then dropped)."""
         claim = self.store.claim(
             job_id, self.owner, self.lease_seconds, liveness_key=self.liveness_key
         )
