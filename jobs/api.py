@@ -13,10 +13,9 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session, scoped_session
 
 from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.registry import REGISTRY, JobKind
@@ -26,6 +25,9 @@ from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
 from jobs.core.validate import check_instant
 from jobs.runtime import process
 from jobs.transactions import UnitOfWork, unit_for
+
+if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
+    from sqlalchemy.orm import Session, scoped_session
 
 log = logging.getLogger("jobs")
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, event
-from sqlalchemy.orm import Session, scoped_session
+
+if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
+    from sqlalchemy.orm import Session, scoped_session
 
 Ring = Callable[[Sequence[str]], Any]
 
@@ -130,6 +132,8 @@ def unit_for(
     if connection is not None:
         return ConnectionUnit(connection)
     if session is not None:
+        from sqlalchemy.orm import scoped_session  # noqa: PLC0415 - the caller loaded it
+
         if isinstance(session, scoped_session):
             # Flask-SQLAlchemy's db.session: join this thread's session, not the registry
             # (whose events would fire for every session it ever makes).

@@ -41,7 +41,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import aliased
 
 from jobs.core import states
 from jobs.core.clock import Clock, DatabaseClock
@@ -62,6 +61,7 @@ from jobs.core.models import (
     KindLimitRecord,
     ScheduleRecord,
     StepRecord,
+    TableColumns,
     TransitionRecord,
 )
 from jobs.core.reader import JOB_COLUMNS, JobReader
@@ -89,7 +89,7 @@ T = TransitionRecord.__table__.c
 HAS_STEPS = exists(select(S.job_id).where(S.job_id == J.id)).label("has_steps")
 
 
-def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]) -> Any:
+def _insert_for(conn: Connection, table: TableColumns) -> Any:
     """The dialect's INSERT, which has ON CONFLICT (settings admit only these two)."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
@@ -807,10 +807,11 @@ class JobStore(JobReader):
     def _running_of_kind(self) -> Any:
         """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
         (a takeover of a dead owner's job frees the slot it takes)."""
-        other = aliased(J)
+        other_table = J.__table__.alias("other")
+        other = other_table.c
         return (
             select(func.count())
-            .select_from(other)
+            .select_from(other_table)
             .where(
                 other.kind == J.kind,
                 other.state == State.RUNNING.value,
@@ -1499,7 +1500,7 @@ class JobStore(JobReader):
     # states; retention deletes finished jobs (never a live one) with their steps and history.
 
     @staticmethod
-    def _upsert_for(conn: Connection, table: type[Any]) -> Any:
+    def _upsert_for(conn: Connection, table: TableColumns) -> Any:
         """The dialect's INSERT with ON CONFLICT, for the schedule and counter tables."""
         if conn.dialect.name == "postgresql":
             return postgresql.insert(table)
