@@ -23,11 +23,11 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-# The unit and service tests in two processes; then the acceptance tests one at a time (they
-# start workers, stop servers and time recoveries: run together they would disturb each other).
+# Two test processes (pytest-xdist; one test file stays in one process), then the tests that
+# must run alone: they stop or reconfigure the shared RabbitMQ every other test uses.
 test: lint
-	$(PY) -m pytest -n 2 -m "not acceptance"
-	$(PY) -m pytest -m acceptance
+	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"
+	$(PY) -m pytest -m serial
 
 test-fast: install
 	$(PY) -m pytest -m "not acceptance and not slow"

@@ -14,18 +14,21 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session, scoped_session
 
 from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
+from jobs.core.validate import check_instant
 from jobs.runtime import process
 from jobs.transactions import UnitOfWork, unit_for
+
+if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
+    from sqlalchemy.orm import Session, scoped_session
 
 log = logging.getLogger("jobs")
 
@@ -67,12 +70,34 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+def _start_time(
+    delay: float | dt.timedelta | None,
+    delay_seconds: float | None,
+    run_at: dt.datetime | None,
+) -> tuple[float, dt.datetime | None]:
+    """When a submission starts: ``(delay in seconds, run_at)``, at most one of them given.
+    ``delay_seconds`` is the older name of ``delay``."""
+    named = [("delay", delay), ("delay_seconds", delay_seconds), ("run_at", run_at)]
+    given = [name for name, value in named if value is not None]
+    if len(given) > 1:
+        raise InvalidInput(f"give one of {' and '.join(given)}, not both")
+    if run_at is not None:
+        return 0.0, check_instant(run_at, "run_at")
+    span = delay if delay is not None else delay_seconds
+    if span is None:
+        return 0.0, None
+    if isinstance(span, dt.timedelta):
+        span = span.total_seconds()
+    return span, None
+
+
 def _prepare(
     kind: str,
     inputs: Any,
     job_id: str | None,
     max_attempts: int | None,
     delay_seconds: float,
+    run_at: dt.datetime | None = None,
     priority: int | None = None,
 ) -> tuple[JobKind, dict[str, Any]]:
     """Check one submission against its kind and return the row the store will insert."""
@@ -94,14 +119,13 @@ def _prepare(
         max_attempts=attempts,
         delay_seconds=delay_seconds,
         code_version=job_kind.version,
+        run_at=run_at,
         priority=job_kind.priority if priority is None else priority,
     )
     return job_kind, row
 
 
-def _insert(
-    job_kind: JobKind, rows: list[dict[str, Any]], delay_seconds: float, unit: UnitOfWork | None
-) -> list[str]:
+def _insert(job_kind: JobKind, rows: list[dict[str, Any]], unit: UnitOfWork | None) -> list[str]:
     runtime = process.current()
     conn = None if unit is None else unit.connection
     runtime.seed_limits([job_kind], conn=conn)
@@ -111,7 +135,8 @@ def _insert(
         # Not waiting for a SQLite write lock the caller's own transaction may hold.
         _count("admission_refused", job_kind.name, wait=unit is None)
         raise
-    to_ring = [job.id for job, new in created if new] if delay_seconds <= 0 else []
+    # A job not due yet was written without a dispatch: the sweeper sends it once due.
+    to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
     if to_ring:
         ring = functools.partial(runtime.dispatch, priority=rows[0]["priority"])
         if unit is None:
@@ -127,7 +152,9 @@ def submit(
     *,
     job_id: str | None = None,
     max_attempts: int | None = None,
-    delay_seconds: float = 0,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    delay_seconds: float | None = None,
     priority: int | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
@@ -144,12 +171,18 @@ def submit(
     a rollback leaves no job, and the doorbell rings only after the commit. On an error,
     roll the caller's transaction back.
 
+    A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=`` is
+    the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused), not
+    both. Both are judged on the database's clock; such a job holds no message meanwhile,
+    and the sweeper's dispatch sends it once due.
+
     ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among due
     jobs, higher priorities are dispatched, delivered and claimed first. It orders waiting
     work; it never stops a running job (see the README's "Priorities").
     """
-    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, delay_seconds, priority)
-    return _insert(job_kind, [row], delay_seconds, unit_for(connection, session, unit))[0]
+    wait, start = _start_time(delay, delay_seconds, run_at)
+    job_kind, row = _prepare(kind, inputs, job_id, max_attempts, wait, start, priority)
+    return _insert(job_kind, [row], unit_for(connection, session, unit))[0]
 
 
 def submit_many(
@@ -158,7 +191,9 @@ def submit_many(
     *,
     job_ids: Sequence[str] | None = None,
     max_attempts: int | None = None,
-    delay_seconds: float = 0,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    delay_seconds: float | None = None,
     priority: int | None = None,
     connection: Connection | None = None,
     session: Session | scoped_session[Any] | None = None,
@@ -172,6 +207,7 @@ def submit_many(
         raise InvalidInput("inputs must be a list of JSON objects, one per job")
     if job_ids is not None and len(job_ids) != len(inputs):
         raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+    wait, start = _start_time(delay, delay_seconds, run_at)
     rows = []
     job_kind = REGISTRY.get(kind)
     for index, one in enumerate(inputs):
@@ -181,7 +217,8 @@ def submit_many(
                 one,
                 None if job_ids is None else job_ids[index],
                 max_attempts,
-                delay_seconds,
+                wait,
+                start,
                 priority,
             )
         except InvalidInput as err:
@@ -189,7 +226,7 @@ def submit_many(
         rows.append(row)
     if not rows:
         return []
-    return _insert(job_kind, rows, delay_seconds, unit_for(connection, session, unit))
+    return _insert(job_kind, rows, unit_for(connection, session, unit))
 
 
 def check_submit(kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1) -> None:

@@ -24,6 +24,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 def alembic_config(engine: Engine) -> Config:
+    """Alembic's configuration for our migrations against ``engine`` (no alembic.ini)."""
     from alembic.config import Config  # noqa: PLC0415 - Alembic only to migrate
 
     config = Config()
@@ -35,6 +36,7 @@ def alembic_config(engine: Engine) -> Config:
 
 
 def head_revision(engine: Engine) -> str:
+    """The newest migration's revision (what ``jobctl db upgrade`` brings a database to)."""
     from alembic.script import ScriptDirectory  # noqa: PLC0415
 
     head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
@@ -53,6 +55,7 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the job tables to ``revision`` in one transaction (``jobctl db upgrade``)."""
     from alembic import command  # noqa: PLC0415
 
     config = alembic_config(engine)

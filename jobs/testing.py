@@ -2,6 +2,11 @@
 
 These go through the same claim, steps, fencing and transitions as a Celery worker;
 only the doorbell is skipped, so a test needs neither a broker nor a worker process.
+
+A job that calls ``ctx.sleep`` (or was submitted with ``delay=``/``run_at=``) comes back
+QUEUED, its ``run_after`` the wake-up instant: :func:`drain` leaves it alone until then.
+:func:`wake` makes it due now, so the next :func:`drain` runs it past its timer without
+the test waiting.
 """
 
 from __future__ import annotations
@@ -62,3 +67,11 @@ def drain(max_runs: int = 1000) -> list[RunResult]:
         if result.outcome is Outcome.NOT_CLAIMED:
             break  # another process took it between the look and the claim: let it
     return results
+
+
+def wake(job_id: str | None = None) -> list[str]:
+    """Make sleeping and delayed jobs due now (all of them, or ``job_id``) and return their
+    IDs; run them with :func:`drain`. A recorded timer does not sleep again, so the job
+    continues past ``ctx.sleep``. For tests only: in production the wake-up is the
+    database's clock reaching the timer's instant."""
+    return process.current().store.wake(None if job_id is None else [job_id])

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, event
-from sqlalchemy.orm import Session, scoped_session
+
+if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
+    from sqlalchemy.orm import Session, scoped_session
 
 Ring = Callable[[Sequence[str]], Any]
 
@@ -70,9 +72,11 @@ class ConnectionUnit:
 
     @property
     def connection(self) -> Connection:
+        """The caller's connection, inside its transaction."""
         return self._connection
 
     def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Ring ``job_ids`` once the caller's transaction commits; nothing on a rollback."""
         pending = _by_connection.get(self._connection)
         if pending is None:
             pending = _by_connection[self._connection] = _Pending()
@@ -103,9 +107,11 @@ class SessionUnit:
 
     @property
     def connection(self) -> Connection:
+        """The session's connection (the session begins its transaction if it had none)."""
         return self._session.connection()
 
     def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+        """Ring ``job_ids`` from the session's ``after_commit``; nothing on a rollback."""
         pending = _by_session.get(self._session)
         if pending is None:
             pending = _by_session[self._session] = _Pending()
@@ -126,6 +132,8 @@ def unit_for(
     if connection is not None:
         return ConnectionUnit(connection)
     if session is not None:
+        from sqlalchemy.orm import scoped_session  # noqa: PLC0415 - the caller loaded it
+
         if isinstance(session, scoped_session):
             # Flask-SQLAlchemy's db.session: join this thread's session, not the registry
             # (whose events would fire for every session it ever makes).

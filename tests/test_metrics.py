@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -46,6 +47,11 @@ def test_series_follow_the_tables(engine: Engine) -> None:
     store = JobStore(engine)  # the database's clock, as in production
     registry = registry_for(store, lease_seconds=30)
     run_job(store, "before", "report", 1)  # before the exporter's first scrape: not counted
+    store.create("report", {}, job_id="later", max_attempts=1, delay_seconds=600)
+    store.create("report", {}, job_id="asleep", max_attempts=1)
+    sleeper = store.claim("asleep", "w", 30)
+    assert sleeper is not None
+    store.sleep(sleeper, "nap", store.now() + dt.timedelta(hours=1))
     first = scrape(registry)
     assert value(first, "jobs", state="COMPLETED", kind="report") == 1
     assert value(first, "jobs_finished_total", kind="report", outcome="completed") is None
@@ -65,7 +71,9 @@ def test_series_follow_the_tables(engine: Engine) -> None:
     time.sleep(0.05)
     samples = scrape(registry)
 
-    assert value(samples, "jobs", state="QUEUED", kind="report") == 1
+    assert value(samples, "jobs", state="QUEUED", kind="report") == 3
+    assert value(samples, "jobs_queued_not_due", kind="report") == 2  # delayed, sleeping
+    assert value(samples, "jobs_queued_not_due", kind="mail") is None
     assert value(samples, "jobs", state="RUNNING", kind="mail") == 2
     assert value(samples, "jobs_takeovers_total", kind="mail") == 1
     assert value(samples, "jobs", state="FAILED", kind="report") == 1

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 
 from jobs.core.db import make_engine
 from jobs.core.errors import SettingsError
-from jobs.core.models import Base
+from jobs.core.models import metadata
 from jobs.core.store import JobStore
 from jobs.schema import current_revision, ensure_schema, head_revision, upgrade
 
@@ -33,7 +33,7 @@ TABLES = {
 def differences(engine: Engine) -> list[Any]:
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
-        return list(compare_metadata(context, Base.metadata))
+        return list(compare_metadata(context, metadata))
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
@@ -111,7 +111,7 @@ def test_postgres_session_database_matches_the_models(pg_engine: Engine) -> None
     assert differences(pg_engine) == []
     # compare_metadata does not look at CHECK constraints: their names must match too.
     inspector = inspect(pg_engine)
-    for table in Base.metadata.sorted_tables:
+    for table in metadata.sorted_tables:
         expected = {c.name for c in table.constraints if isinstance(c, CheckConstraint)}
         actual = {c["name"] for c in inspector.get_check_constraints(table.name)}
         assert actual == expected

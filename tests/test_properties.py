@@ -2,10 +2,11 @@
 
 Hypothesis draws a sequence of operations: submits, claims by owners A/B/C, clock jumps,
 every owner's write (renew, record step, complete, fail, retry, release, wait for
-approval), often under a claim that has since been fenced out, approvals, cancels,
-sweeps, a sweeper's fenced expire and re-dispatch. Each operation's outcome is predicted
-from the rows as they were just before it (a refusal must change nothing, an allowed
-write must not be refused), and after every operation the whole database is checked:
+approval, sleep on a durable timer), often under a claim that has since been fenced out,
+approvals, cancels, sweeps, a sweeper's fenced expire and re-dispatch. Each operation's
+outcome is predicted from the rows as they were just before it (a refusal must change
+nothing, an allowed write must not be refused), and after every operation the whole
+database is checked:
 
 * every history row is a move the table allows, rows chain, and a job's state is its
   last row's target;
@@ -39,7 +40,8 @@ JOB_IDS = ("a", "b")
 OWNERS = ("A", "B", "C")
 STEP_NAMES = ("s1", "s2", "s3")
 APPROVAL_NAMES = ("approval-1", "approval-2")
-OWNER_WRITES = ("renew", "record_step", "complete", "fail", "retry", "release", "wait")
+TIMER_NAMES = ("t1", "t2")
+OWNER_WRITES = ("renew", "record_step", "complete", "fail", "retry", "release", "wait", "sleep")
 TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__)
 # Weighted by repetition: mostly claims, clock jumps and owner writes.
 OPERATIONS = (
@@ -203,6 +205,8 @@ class World:
             if job := self.fenced(write, claim, lambda: store.release(claim, "x")):
                 assert job.state is State.QUEUED
                 assert job.attempts == claim.job.attempts - 1
+        elif write == "sleep":
+            self.sleep(claim, TIMER_NAMES[n % len(TIMER_NAMES)], n)
         else:
             self.wait(claim, APPROVAL_NAMES[n % len(APPROVAL_NAMES)])
 
@@ -233,6 +237,25 @@ class World:
         if job := self.fenced("wait", claim, lambda: park(claim, "needs a yes", name)):
             assert job.state is State.WAITING_APPROVAL
             assert job.waiting_for == name
+
+    def sleep(self, claim: Claim, name: str, ticks: int) -> None:
+        """A durable timer: the timer step and the move back to QUEUED, due ``ticks`` later,
+        in one fenced write that gives the attempt back and owes no doorbell."""
+        wake_at = self.clock.instant(self.clock.tick + ticks)
+        if (claim.job_id, name) in self.expected_steps and self.is_current(claim):
+            try:
+                self.store.sleep(claim, name, wake_at)
+            except StepError:
+                assert self.unchanged()
+                event("sleep: refused, already recorded")
+                return
+            raise AssertionError("slept under a timer name already recorded")
+        if job := self.fenced("sleep", claim, lambda: self.store.sleep(claim, name, wake_at)):
+            assert job.state is State.QUEUED
+            assert job.run_after == wake_at
+            assert job.dispatched_at is None
+            assert job.attempts == claim.job.attempts - 1
+            self.expected_steps[(claim.job_id, name)] = (claim.owner, claim.fence)
 
     def approve(self, job_id: str, by: str) -> None:
         job = self.job(job_id)

@@ -132,6 +132,18 @@ def parse_inputs(text: str) -> dict[str, Any]:
     return value
 
 
+def parse_instant(text: str, what: str) -> dt.datetime:
+    """An ISO 8601 instant with its offset (``Z`` or ``+01:00``); a bare local time is
+    refused, since the database's clock, not this machine's, decides when it comes."""
+    try:
+        instant = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{what} {clip(text, 60)!r} is not an ISO 8601 instant") from None
+    if instant.tzinfo is None:
+        raise InvalidInput(f"{what} {text!r} has no offset; add Z or +HH:MM")
+    return instant
+
+
 def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
     """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
     is reported with its number and nothing is submitted."""
@@ -166,8 +178,13 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
 @click.option(
     "--delay",
     type=click.FloatRange(min=0, max=MAX_DELAY_SECONDS),
-    default=0.0,
-    help="Seconds before the job is due.",
+    help="Seconds before the job is due (on the database's clock).",
+)
+@click.option(
+    "--run-at",
+    "run_at",
+    metavar="ISO8601",
+    help="The instant the job is due, with its offset (2026-12-01T09:00:00+01:00).",
 )
 @click.option(
     "--priority",
@@ -189,7 +206,8 @@ def submit(
     input_json: str,
     job_id: str | None,
     max_attempts: int | None,
-    delay: float,
+    delay: float | None,
+    run_at: str | None,
     priority: int | None,
     wait: bool,
     timeout: float | None,
@@ -198,6 +216,9 @@ def submit(
     """Queue a job of KIND and print its ID."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
+    if delay is not None and run_at is not None:
+        raise InvalidInput("give --delay or --run-at, not both")
+    start = None if run_at is None else parse_instant(run_at, "--run-at")
     try:
         if from_file is not None:
             if wait or job_id is not None or input_json != "{}":
@@ -207,6 +228,7 @@ def submit(
                 read_inputs_file(from_file),
                 max_attempts=max_attempts,
                 delay_seconds=delay,
+                run_at=start,
                 priority=priority,
             )
             click.echo("\n".join(ids))
@@ -217,6 +239,7 @@ def submit(
             job_id=job_id,
             max_attempts=max_attempts,
             delay_seconds=delay,
+            run_at=start,
             priority=priority,
         )
     except AdmissionRefused as err:

@@ -97,15 +97,23 @@ def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> 
 
 
 class Clock(Protocol):
-    def now(self) -> ColumnElement[dt.datetime]: ...
+    """Where the store's instants come from, as SQL expressions: every lease, due time and
+    history instant is computed by the database from one clock, never by a worker's."""
 
-    def after(self, seconds: float) -> ColumnElement[dt.datetime]: ...
+    def now(self) -> ColumnElement[dt.datetime]:
+        """The current instant."""
+        ...
+
+    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+        """``seconds`` from now (negative: in the past)."""
+        ...
 
 
 class DatabaseClock:
     """The production clock: the database server's."""
 
     def now(self) -> ColumnElement[dt.datetime]:
+        """``clock_timestamp()`` on PostgreSQL, the millisecond clock on SQLite."""
         return db_now()
 
     def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
@@ -124,19 +132,24 @@ class LogicalClock:
         self.tick = tick
 
     def advance(self, ticks: float = 1) -> float:
+        """Move the clock forward ``ticks`` seconds; returns the new tick."""
         self.tick += ticks
         return self.tick
 
     def instant(self, tick: float | None = None) -> dt.datetime:
+        """The instant of ``tick`` (default: now)."""
         return self.EPOCH + dt.timedelta(seconds=self.tick if tick is None else tick)
 
     def ticks_of(self, instant: dt.datetime | None) -> float | None:
+        """The tick of a stored instant (``None`` stays ``None``), for readable tests."""
         if instant is None:
             return None
         return (instant - self.EPOCH).total_seconds()
 
     def now(self) -> ColumnElement[dt.datetime]:
+        """The current tick's instant, as a literal."""
         return literal(self.instant(), UtcDateTime())
 
     def after(self, seconds: float) -> ColumnElement[dt.datetime]:
+        """``seconds`` past the current tick, as a literal."""
         return literal(self.instant(self.tick + seconds), UtcDateTime())

@@ -1,14 +1,15 @@
-"""What a handler sees while it runs: recorded steps, approvals, and its lease.
+"""What a handler sees while it runs: recorded steps, approvals, timers, and its lease.
 
-A handler is re-run from the top after a crash, an approval or a hand-back. Steps
+A handler is re-run from the top after a crash, an approval, a timer or a hand-back. Steps
 already recorded return their recorded output without running, so the handler walks
-quickly back to where the last owner stopped. Control-flow signals (wait for approval,
+quickly back to where the last owner stopped. Control-flow signals (wait for approval, sleep,
 hand back) derive from BaseException so a handler's ``except Exception`` cannot
 swallow them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import InvalidInput, LeaseLost, StepError
-from jobs.core.validate import check_name, check_text, check_timeout
+from jobs.core.validate import check_instant, check_name, check_text, check_timeout, seconds_of
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
@@ -30,10 +31,37 @@ class JobInterrupt(BaseException):
 
 
 class WaitingForApproval(JobInterrupt):
+    """Raised by :meth:`JobContext.wait_for_approval` on a first run: the runner parks the
+    job in WAITING_APPROVAL (lease released) until ``jobs.approve`` or a cancel."""
+
     def __init__(self, reason: str, step_name: str) -> None:
         super().__init__(reason)
         self.reason = reason
         self.step_name = step_name
+
+
+class Sleeping(JobInterrupt):
+    """A durable timer: the job goes back to the queue, due at ``wake_at`` (the database's
+    clock), with the timer recorded as step ``name`` in the same write."""
+
+    def __init__(self, name: str, wake_at: dt.datetime) -> None:
+        super().__init__(f"sleep until {wake_at.isoformat()} (timer {name!r})")
+        self.name = name
+        self.wake_at = wake_at
+
+
+#: A timer's recorded output: ``{"wake_at": "<ISO 8601 instant, UTC>"}``.
+WAKE_AT = "wake_at"
+
+
+def wake_at_of(output: Any) -> dt.datetime | None:
+    """The wake-up instant of a recorded timer step; ``None`` for any other step."""
+    if isinstance(output, dict) and set(output) == {WAKE_AT} and isinstance(output[WAKE_AT], str):
+        try:
+            return dt.datetime.fromisoformat(output[WAKE_AT])
+        except ValueError:
+            return None
+    return None
 
 
 class HandBack(JobInterrupt):
@@ -50,14 +78,25 @@ class Unstorable(JobInterrupt):
     fails now with the reason; retrying would only run the step's side effect again."""
 
 
-def _storable(check: Callable[[], object]) -> None:
+def _storable(check: Callable[[], T]) -> T:
+    """``check()``'s value; its :class:`InvalidInput` becomes :class:`Unstorable`."""
     try:
-        check()
+        return check()
     except InvalidInput as err:
         raise Unstorable(str(err)) from None
 
 
 class JobContext:
+    """What a handler gets as its first argument: the claimed job and its recorded steps.
+
+    ``ctx.step(name, fn, *args)`` runs ``fn`` once per job: its output is recorded under
+    ``name`` and a later run (after a crash, a retry, a sleep or an approval) returns the
+    recorded output instead of calling ``fn`` again. ``ctx.wait_for_approval(...)``,
+    ``ctx.sleep(...)`` and ``ctx.sleep_until(...)`` park the job without holding a worker.
+    Every write the context makes is fenced by the claim: once the lease is lost, the next
+    step stops the handler and nothing more is written.
+    """
+
     def __init__(
         self,
         store: JobStore,
@@ -93,17 +132,21 @@ class JobContext:
 
     @property
     def job_id(self) -> str:
+        """The job being run."""
         return self.claim.job_id
 
     @property
     def attempt(self) -> int:
+        """This run's attempt number (1 for the first; a hand-back or sleep gives it back)."""
         return self.claim.job.attempts
 
     @property
     def owner(self) -> str:
+        """Who holds the claim: ``<celery node or host>:<pid>``."""
         return self.claim.owner
 
     def is_recorded(self, name: str) -> bool:
+        """Whether step ``name`` already has a recorded output (it will not run again)."""
         return name in self._recorded
 
     def lease_lost(self, reason: LeaseLost) -> None:
@@ -250,3 +293,47 @@ class JobContext:
             return approval
         self.check_lease()
         raise WaitingForApproval(reason, name)
+
+    def sleep(self, name: str, seconds: float | dt.timedelta) -> None:
+        """Sleep durably for ``seconds`` (a number or a ``timedelta``), holding no worker,
+        lease or message: the job goes back to QUEUED due at the database's now plus
+        ``seconds``, and the sweeper's dispatch wakes it. The handler is then run again
+        from the top; recorded steps replay, and this call (recorded as step ``name`` with
+        ``{"wake_at": …}``) returns at once. ``seconds <= 0`` returns at once, recording
+        nothing."""
+        _storable(lambda: check_name(name, "timer name"))
+        span = _storable(lambda: seconds_of(seconds, f"timer {name!r}: seconds"))
+        if self._replayed_timer(name) or span <= 0:
+            return
+        raise Sleeping(name, self.store.now() + dt.timedelta(seconds=span))
+
+    def sleep_until(self, name: str, when: dt.datetime) -> None:
+        """Sleep durably until ``when`` (an aware ``datetime``, compared with the database's
+        clock); like :meth:`sleep`. An instant already past returns at once."""
+        _storable(lambda: check_name(name, "timer name"))
+        wake_at = _storable(lambda: check_instant(when, f"timer {name!r}: when"))
+        if self._replayed_timer(name):
+            return
+        now = self.store.now()
+        _storable(
+            lambda: seconds_of(wake_at - now, f"timer {name!r}: time until {wake_at.isoformat()}")
+        )
+        if wake_at > now:
+            raise Sleeping(name, wake_at)
+
+    def _replayed_timer(self, name: str) -> bool:
+        """True when timer ``name`` is recorded: its wake-up came (a claim takes a QUEUED job
+        only once its ``run_after``, the timer's instant, has passed), so do not sleep again."""
+        self._use(name)
+        if name not in self._recorded:
+            self.check_lease()
+            if self._run_deadline is not None:
+                self._check_time()  # a run past its time limit fails rather than sleeps
+            return False
+        if wake_at_of(self._recorded[name]) is None:
+            raise Unstorable(
+                f"job {self.job_id!r}: step {name!r} is recorded but is not a timer; "
+                "a timer needs a step name of its own"
+            )
+        self.replayed_steps.append(name)
+        return True

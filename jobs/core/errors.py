@@ -17,16 +17,22 @@ class JobError(Exception):
 
 
 class SettingsError(JobError):
-    pass
+    """A ``JOBS_*`` setting (or a ``settings.JOBS`` / ``app.config`` entry) is wrong: the
+    message names it and what is allowed; the password of a URL is masked."""
 
 
 class UnknownJob(JobError):
+    """No job has this ID (never submitted, or pruned by retention)."""
+
     def __init__(self, job_id: str) -> None:
         super().__init__(f"unknown job id {job_id!r}")
         self.job_id = job_id
 
 
 class UnknownKind(JobError):
+    """No handler is registered for this kind in this process: the message lists the known
+    kinds; a worker missing one usually lacks the module in ``JOBS_IMPORTS``."""
+
     def __init__(self, kind: str, known: list[str]) -> None:
         hint = ", ".join(sorted(known)) or "none registered; check JOBS_IMPORTS"
         super().__init__(f"unknown job kind {kind!r} (known kinds: {hint})")
@@ -34,10 +40,14 @@ class UnknownKind(JobError):
 
 
 class InvalidInput(JobError):
-    pass
+    """A value that can never be stored or run (inputs, outputs, names, numbers): refused
+    before anything is written, with the reason."""
 
 
 class DuplicateJob(JobError):
+    """A caller-chosen job ID already names a job of another kind or with other inputs; the
+    same kind and inputs return the existing job instead (idempotent submit)."""
+
     def __init__(self, job_id: str) -> None:
         super().__init__(
             f"job id {job_id!r} already exists with a different kind or inputs; "
@@ -47,6 +57,9 @@ class DuplicateJob(JobError):
 
 
 class IllegalTransition(JobError):
+    """The job's state does not allow this move (approving a job that is not waiting,
+    cancelling a finished one); the state table is :data:`jobs.core.states.TRANSITIONS`."""
+
     def __init__(self, source: State | None, target: State, job_id: str | None = None) -> None:
         where = f"job {job_id!r}: " if job_id else ""
         src = source.value if source is not None else "(new)"
@@ -69,7 +82,7 @@ class LeaseLost(JobError):
 
 
 class StepError(JobError):
-    pass
+    """A step was used wrongly by a handler (the same step name twice in one run)."""
 
 
 class AdmissionRefused(JobError):

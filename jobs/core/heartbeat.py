@@ -105,6 +105,7 @@ class LeaseHeartbeat:
 
     @property
     def interval(self) -> float:
+        """Seconds between renewals: a third of the lease, so two may fail before it ends."""
         return self.lease_seconds / 3
 
     def watch(
@@ -164,10 +165,13 @@ class LeaseHeartbeat:
                 self._start()
 
     def cancel_flush(self, key: int) -> None:
+        """Forget a pending-step flush asked for by :meth:`flush_later` (the handler's own
+        thread wrote the step first)."""
         with self._lock:
             self._flushes.pop(key, None)
 
     def unwatch(self, claim: Claim) -> None:
+        """Stop renewing ``claim`` (its run ended: outcome written, handed back or lost)."""
         with self._lock:
             self._watched.pop((claim.job_id, claim.fence), None)
             self._timed_out.discard((claim.job_id, claim.fence))
@@ -188,6 +192,7 @@ class LeaseHeartbeat:
         self._backstop_armed = True
 
     def watching(self) -> list[Claim]:
+        """The claims renewed now (what this process is running)."""
         with self._lock:
             return [entry.claim for entry in self._watched.values()]
 

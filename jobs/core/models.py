@@ -2,26 +2,31 @@
 
 Only :mod:`jobs.core.store` writes to them. Constraint names follow one convention so
 Alembic migrations stay stable across PostgreSQL and SQLite.
+
+They are SQLAlchemy Core tables, not ORM classes: the store only ever runs statements, and
+the ORM would cost every worker process about 6 MiB it never uses. Each table is wrapped
+in a :class:`TableColumns`, so a column reads as an attribute (``JobRecord.state``) as it
+would on a mapped class, and the wrapper stands for its table in ``select``/``update``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     CheckConstraint,
+    Column,
     ForeignKey,
     Index,
     Integer,
     MetaData,
     SmallInteger,
     String,
+    Table,
     Text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jobs.core.clock import UtcDateTime
 from jobs.core.states import State
@@ -46,13 +51,61 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 SCHEMA_REVISION = "0004"
 
 
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""Every job table, for migrations (``jobs/migrations/env.py``) and the schema tests."""
 
 
-class JobRecord(Base):
-    __tablename__ = "jobs"
-    __table_args__ = (
+class TableColumns:
+    """A Core table whose columns read as attributes (``JobRecord.state``), and which
+    SQLAlchemy accepts wherever it takes the table itself (``update(JobRecord)``)."""
+
+    def __init__(self, table: Table) -> None:
+        self.__table__ = table
+
+    def __getattr__(self, name: str) -> Column[Any]:
+        try:
+            return self.__table__.c[name]
+        except KeyError:
+            raise AttributeError(f"table {self.__table__.name!r} has no column {name!r}") from None
+
+    def __clause_element__(self) -> Any:  # SQLAlchemy's coercion protocol; the Table
+        return self.__table__
+
+
+JobRecord = TableColumns(
+    Table(
+        "jobs",
+        metadata,
+        Column("id", String(ID_LENGTH), primary_key=True),
+        Column("kind", String(ID_LENGTH), nullable=False, index=True),
+        Column("state", String(20), nullable=False),
+        # Set to the old state by every transition's UPDATE (SET previous_state = state),
+        # so RETURNING tells which allowed source state the row was actually in.
+        Column("previous_state", String(20)),
+        Column("inputs", JSON, nullable=False),
+        Column("result", JSON),
+        Column("last_error", Text),
+        Column("owner", String(ID_LENGTH)),
+        # Bumped by every claim: a write carrying an older fence matches no row.
+        Column("fence", BigInteger, nullable=False, default=0),
+        Column("lease_until", UtcDateTime()),
+        # Advisory-lock key of the owning worker process (PostgreSQL): lets the sweeper
+        # see a dead owner at once instead of waiting for its lease to run out.
+        Column("liveness_key", BigInteger),
+        Column("attempts", Integer, nullable=False, default=0),
+        Column("max_attempts", Integer, nullable=False),
+        Column("run_after", UtcDateTime(), nullable=False),
+        # 0 (default) to 9: higher is dispatched, delivered and claimed first (see the README).
+        Column("priority", SmallInteger, nullable=False, default=0, server_default="0"),
+        Column("dispatched_at", UtcDateTime()),
+        Column("code_version", String(ID_LENGTH)),
+        # While WAITING_APPROVAL: the step name under which the approval will be recorded,
+        # so the handler's re-run finds it and continues past the wait.
+        Column("waiting_for", String(ID_LENGTH)),
+        Column("created_at", UtcDateTime(), nullable=False),
+        Column("updated_at", UtcDateTime(), nullable=False),
+        # Indexed for retention, which deletes finished jobs oldest first in small batches.
+        Column("finished_at", UtcDateTime(), index=True),
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
         CheckConstraint(
             f"previous_state IS NULL OR previous_state IN ({_STATE_LIST})", name="previous_state"
@@ -65,120 +118,103 @@ class JobRecord(Base):
         # by due time (a plain index: Alembic cannot compare a DESC expression index).
         Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
     )
+)
+"""One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
 
-    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
-    state: Mapped[str] = mapped_column(String(20))
-    # Set to the old state by every transition's UPDATE (SET previous_state = state),
-    # so RETURNING tells which allowed source state the row was actually in.
-    previous_state: Mapped[str | None] = mapped_column(String(20))
-    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
-    result: Mapped[Any | None] = mapped_column(JSON)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    # Bumped by every claim: a write carrying an older fence matches no row.
-    fence: Mapped[int] = mapped_column(BigInteger, default=0)
-    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
-    # Advisory-lock key of the owning worker process (PostgreSQL): lets the sweeper
-    # see a dead owner at once instead of waiting for its lease to run out.
-    liveness_key: Mapped[int | None] = mapped_column(BigInteger)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer)
-    run_after: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    # 0 (default) to 9: higher is dispatched, delivered and claimed first (see the README).
-    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
-    dispatched_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
-    code_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    # While WAITING_APPROVAL: the step name under which the approval will be recorded,
-    # so the handler's re-run finds it and continues past the wait.
-    waiting_for: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    # Indexed for retention, which deletes finished jobs oldest first in small batches.
-    finished_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime(), index=True)
-
-
-class StepRecord(Base):
-    __tablename__ = "job_steps"
-
-    job_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+StepRecord = TableColumns(
+    Table(
+        "job_steps",
+        metadata,
+        Column(
+            "job_id",
+            String(ID_LENGTH),
+            ForeignKey("jobs.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        Column("name", String(ID_LENGTH), primary_key=True),
+        Column("output", JSON),
+        Column("recorded_at", UtcDateTime(), nullable=False),
+        Column("owner", String(ID_LENGTH), nullable=False),
+        Column("fence", BigInteger, nullable=False),
     )
-    name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    output: Mapped[Any | None] = mapped_column(JSON)
-    recorded_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    owner: Mapped[str] = mapped_column(String(ID_LENGTH))
-    fence: Mapped[int] = mapped_column(BigInteger)
+)
+"""A recorded step's output: a replay returns it instead of running the step again."""
 
-
-class TransitionRecord(Base):
-    """Append-only: rows are inserted beside each state change and never updated."""
-
-    __tablename__ = "job_transitions"
-
-    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+TransitionRecord = TableColumns(
+    Table(
+        "job_transitions",
+        metadata,
+        Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+        Column(
+            "job_id",
+            String(ID_LENGTH),
+            ForeignKey("jobs.id", ondelete="CASCADE"),
+            nullable=False,
+            index=True,
+        ),
+        Column("from_state", String(20)),
+        Column("to_state", String(20), nullable=False),
+        Column("at", UtcDateTime(), nullable=False),
+        Column("owner", String(ID_LENGTH)),
+        Column("fence", BigInteger),
+        Column("reason", Text),
+        Column("approved_by", String(ID_LENGTH)),
     )
-    from_state: Mapped[str | None] = mapped_column(String(20))
-    to_state: Mapped[str] = mapped_column(String(20))
-    at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    fence: Mapped[int | None] = mapped_column(BigInteger)
-    reason: Mapped[str | None] = mapped_column(Text)
-    approved_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+)
+"""Append-only: rows are inserted beside each state change and never updated."""
 
-
-class KindLimitRecord(Base):
-    """Backpressure per job kind, held in the database so every worker and every submitting
-    process enforces the same numbers, and an operator can change them without a deploy."""
-
-    __tablename__ = "job_kind_limits"
-    __table_args__ = (
+KindLimitRecord = TableColumns(
+    Table(
+        "job_kind_limits",
+        metadata,
+        Column("kind", String(ID_LENGTH), primary_key=True),
+        # At most this many jobs of the kind RUNNING at once, enforced by the claim statement.
+        Column("max_running", Integer),
+        # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
+        Column("max_queued", Integer),
+        Column("updated_at", UtcDateTime(), nullable=False),
         CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
         CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
     )
+)
+"""Backpressure per job kind, held in the database so every worker and every submitting
+process enforces the same numbers, and an operator can change them without a deploy."""
 
-    kind: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    # At most this many jobs of the kind RUNNING at once, enforced by the claim statement.
-    max_running: Mapped[int | None] = mapped_column(Integer)
-    # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
-    max_queued: Mapped[int | None] = mapped_column(Integer)
-    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+ScheduleRecord = TableColumns(
+    Table(
+        "job_schedules",
+        metadata,
+        Column("name", String(ID_LENGTH), primary_key=True),
+        Column("kind", String(ID_LENGTH), nullable=False),
+        # A five-field cron expression (or @hourly …) or "every <N><s|m|h|d>".
+        Column("spec", String(ID_LENGTH), nullable=False),
+        # IANA time zone the cron fields are read in (DST-aware); intervals ignore it.
+        Column("timezone", String(64), nullable=False),
+        Column("inputs", JSON, nullable=False),
+        # After downtime: submit every missed tick ("all") or only the most recent ("latest").
+        Column("catch_up", String(10), nullable=False),
+        # Where the schedule came from: "code" (a @jobs.job(schedule=…)) or "runtime".
+        Column("source", String(10), nullable=False),
+        # The latest tick a job was submitted for; only ever moves forward.
+        Column("last_tick", UtcDateTime()),
+        Column("created_at", UtcDateTime(), nullable=False),
+        Column("updated_at", UtcDateTime(), nullable=False),
+        CheckConstraint("catch_up IN ('latest', 'all')", name="catch_up"),
+    )
+)
+"""A periodic job: every tick of ``spec`` (cron or ``every N``) submits one job whose ID is
+derived from the schedule's name and the tick, so any number of sweepers may fire it and
+the database's primary key keeps it to one job per tick."""
 
-
-class ScheduleRecord(Base):
-    """A periodic job: every tick of ``spec`` (cron or ``every N``) submits one job whose ID
-    is derived from the schedule's name and the tick, so any number of sweepers may fire it
-    and the database's primary key keeps it to one job per tick."""
-
-    __tablename__ = "job_schedules"
-    __table_args__ = (CheckConstraint("catch_up IN ('latest', 'all')", name="catch_up"),)
-
-    name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(ID_LENGTH))
-    # A five-field cron expression (or @hourly …) or "every <N><s|m|h|d>".
-    spec: Mapped[str] = mapped_column(String(ID_LENGTH))
-    # IANA time zone the cron fields are read in (DST-aware); intervals ignore it.
-    timezone: Mapped[str] = mapped_column(String(64))
-    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # After downtime: submit every missed tick ("all") or only the most recent ("latest").
-    catch_up: Mapped[str] = mapped_column(String(10))
-    # Where the schedule came from: "code" (a @jobs.job(schedule=…)) or "runtime".
-    source: Mapped[str] = mapped_column(String(10))
-    # The latest tick a job was submitted for; only ever moves forward.
-    last_tick: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
-    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
-
-
-class CounterRecord(Base):
-    """Operational events that leave no transition behind (a lost message re-sent, a submit
-    refused for backpressure, a recovery by cause), counted in the database so that any
-    process can export them as monotonic Prometheus counters. Never pruned."""
-
-    __tablename__ = "job_counters"
-
-    name: Mapped[str] = mapped_column(String(60), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    value: Mapped[int] = mapped_column(BigInteger)
+CounterRecord = TableColumns(
+    Table(
+        "job_counters",
+        metadata,
+        Column("name", String(60), primary_key=True),
+        Column("kind", String(ID_LENGTH), primary_key=True),
+        Column("value", BigInteger, nullable=False),
+    )
+)
+"""Operational events that leave no transition behind (a lost message re-sent, a submit
+refused for backpressure, a recovery by cause), counted in the database so that any
+process can export them as monotonic Prometheus counters. Never pruned."""

@@ -94,6 +94,16 @@ class JobReader:
             ).all()
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
+    def not_due(self) -> dict[str, int]:
+        """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(J.kind, func.count())
+                .where(J.state == State.QUEUED.value, J.run_after > self.clock.now())
+                .group_by(J.kind)
+            ).all()
+        return {row[0]: int(row[1]) for row in rows}
+
     def oldest_queued(self) -> tuple[str, float] | None:
         """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""
         now = self.clock.now()

@@ -1,5 +1,5 @@
-"""The values the store hands out: snapshots of rows, never live ORM objects, so nothing
-outside the store can write through them."""
+"""The values the store hands out: frozen snapshots of rows, so nothing outside the store
+can write through them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Row
 
-from jobs.core.models import JobRecord
 from jobs.core.states import State
 
 
@@ -37,7 +36,8 @@ class Job:
     finished_at: dt.datetime | None
 
     @classmethod
-    def from_row(cls, row: Row[Any] | JobRecord) -> Job:
+    def from_row(cls, row: Row[Any]) -> Job:
+        """The snapshot of a row read or returned with :data:`jobs.core.reader.JOB_COLUMNS`."""
         return cls(
             id=row.id,
             kind=row.kind,

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.context import HandBack, JobContext, TimedOut, Unstorable, WaitingForApproval
+from jobs.core.context import (
+    HandBack,
+    JobContext,
+    Sleeping,
+    TimedOut,
+    Unstorable,
+    WaitingForApproval,
+)
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
@@ -35,10 +42,13 @@ log = logging.getLogger("jobs.runner")
 
 
 class Outcome(enum.StrEnum):
+    """How one delivery of a job ended, as the runner reports it (logs, tests, metrics)."""
+
     COMPLETED = "completed"
     FAILED = "failed"
     RETRYING = "retrying"
     WAITING_APPROVAL = "waiting_approval"
+    SLEEPING = "sleeping"
     HANDED_BACK = "handed_back"
     NOT_CLAIMED = "not_claimed"
     LEASE_LOST = "lease_lost"
@@ -46,6 +56,9 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RunResult:
+    """One delivery's result: its outcome, the job as it was written, and which steps ran
+    and which were replayed from their records (what ``jobs.testing`` returns)."""
+
     job_id: str
     outcome: Outcome
     job: Job | None = None
@@ -62,6 +75,10 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 class Runner:
+    """Runs claimed jobs in this process: claim, replay the recorded steps, run the handler,
+    write the outcome (fenced), hand back on shutdown. The Celery task and
+    ``jobs.testing`` both drive one; ``owner`` names this process in every claim."""
+
     def __init__(
         self,
         store: JobStore,
@@ -106,6 +123,8 @@ class Runner:
         )
 
     def run(self, job_id: str) -> RunResult:
+        """Claim ``job_id`` and run its handler to an outcome; ``NOT_CLAIMED`` when the job
+        is not due, not QUEUED, or held under a live lease (the doorbell is then dropped)."""
         claim = self.store.claim(
             job_id, self.owner, self.lease_seconds, liveness_key=self.liveness_key
         )
@@ -176,6 +195,9 @@ class Runner:
                 claim, wait.reason, wait.step_name, steps=ctx.take_pending()
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+        except Sleeping as sleep:
+            slept = self.store.sleep(claim, sleep.name, sleep.wake_at, steps=ctx.take_pending())
+            return self._result(slept, Outcome.SLEEPING, ctx)
         except HandBack as hand_back:
             released = self.store.release(claim, str(hand_back), steps=ctx.take_pending())
             return self._result(released, Outcome.HANDED_BACK, ctx)

@@ -28,6 +28,10 @@ Clusters should choose ``quorum`` (see deploy/README.md, "Quorum queues")."""
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """Every ``JOBS_*`` setting, validated once (:func:`get_settings`): a wrong value is a
+    :class:`SettingsError` naming it, before any process starts work. Frozen, so a
+    process's runtime object can be keyed by the settings it was built from."""
+
     data_dir: Path
     database_url: str
     broker_url: str
@@ -52,10 +56,13 @@ class Settings:
 
     @property
     def is_embedded_broker(self) -> bool:
+        """Whether the broker is not RabbitMQ (the embedded filesystem transport, or a URL
+        kombu serves without a server)."""
         return not self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
     @property
     def broker_folder(self) -> Path:
+        """Where the embedded filesystem transport keeps its message files."""
         return self.data_dir / "broker"
 
 

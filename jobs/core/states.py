@@ -12,6 +12,9 @@ from jobs.core.errors import IllegalTransition
 
 
 class State(enum.StrEnum):
+    """A job's state. COMPLETED, FAILED and CANCELLED are final; every move between states
+    is one entry of :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from."""
+
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     WAITING_APPROVAL = "WAITING_APPROVAL"
@@ -27,7 +30,9 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.RUNNING, State.RUNNING): "a new owner's claim after the old lease expired",
     (State.RUNNING, State.WAITING_APPROVAL): "the owner; the lease is released while waiting",
     (State.WAITING_APPROVAL, State.QUEUED): "an approval, recording who approved",
-    (State.RUNNING, State.QUEUED): "the sweeper after an expired lease, or the owner's retry",
+    (State.RUNNING, State.QUEUED): (
+        "the sweeper after an expired lease, or the owner's retry, hand-back or sleep"
+    ),
     (State.RUNNING, State.COMPLETED): "the owner",
     (State.RUNNING, State.FAILED): "the owner, or the sweeper once attempts are exhausted",
     (State.QUEUED, State.CANCELLED): "an operator",
@@ -39,6 +44,7 @@ TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CAN
 
 
 def is_legal(source: State | None, target: State) -> bool:
+    """Whether the state table allows ``source`` -> ``target`` (``None``: a new job)."""
     return (source, target) in TRANSITIONS
 
 

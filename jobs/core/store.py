@@ -27,6 +27,7 @@ from sqlalchemy import (
     Row,
     Text,
     bindparam,
+    case,
     cast,
     delete,
     exists,
@@ -40,7 +41,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import aliased
 
 from jobs.core import states
 from jobs.core.clock import Clock, DatabaseClock
@@ -61,6 +61,7 @@ from jobs.core.models import (
     KindLimitRecord,
     ScheduleRecord,
     StepRecord,
+    TableColumns,
     TransitionRecord,
 )
 from jobs.core.reader import JOB_COLUMNS, JobReader
@@ -70,6 +71,7 @@ from jobs.core.states import State
 from jobs.core.validate import (
     MAX_ATTEMPTS,
     MAX_DELAY_SECONDS,
+    check_instant,
     check_name,
     check_number,
     check_person,
@@ -88,7 +90,7 @@ T = TransitionRecord.__table__.c
 HAS_STEPS = exists(select(S.job_id).where(S.job_id == J.id)).label("has_steps")
 
 
-def _insert_for(conn: Connection, table: type[JobRecord] | type[KindLimitRecord]) -> Any:
+def _insert_for(conn: Connection, table: TableColumns) -> Any:
     """The dialect's INSERT, which has ON CONFLICT (settings admit only these two)."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
@@ -520,9 +522,12 @@ class JobStore(JobReader):
         max_attempts: int,
         delay_seconds: float,
         code_version: str | None,
+        run_at: dt.datetime | None = None,
         priority: int = 0,
     ) -> dict[str, Any]:
-        """Validate one submission and return its row; raises before anything is written."""
+        """Validate one submission and return its row; raises before anything is written.
+        ``run_at`` (an aware instant) makes the job due then instead of ``delay_seconds``
+        from now; either way the database's clock decides when it is due."""
         check_name(job_id, "job id")
         check_priority(priority)
         check_name(kind, "job kind")
@@ -535,6 +540,15 @@ class JobStore(JobReader):
         check_number(delay_seconds, "delay_seconds", 0, MAX_DELAY_SECONDS)
         now = self.clock.now()
         delayed = delay_seconds > 0
+        run_after: Any = self.clock.after(delay_seconds) if delayed else now
+        dispatched_at: Any = None if delayed else now
+        if run_at is not None:
+            if delayed:
+                raise InvalidInput("give run_at or a delay, not both")
+            run_after = check_instant(run_at, "run_at")
+            # Due already (on the database's clock): sent after commit like any job; else
+            # the sweeper sends it once due.
+            dispatched_at = case((literal(run_after, J.run_after.type) <= now, now))
         return {
             "id": job_id,
             "kind": kind,
@@ -544,13 +558,13 @@ class JobStore(JobReader):
             "attempts": 0,
             "max_attempts": max_attempts,
             "priority": priority,
-            "run_after": self.clock.after(delay_seconds) if delayed else now,
+            "run_after": run_after,
             "code_version": code_version,
             "created_at": now,
             "updated_at": now,
             # Optimistic: the caller publishes right after commit; a failed publish calls
             # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
-            "dispatched_at": None if delayed else now,
+            "dispatched_at": dispatched_at,
         }
 
     def create(
@@ -564,6 +578,7 @@ class JobStore(JobReader):
         code_version: str | None = None,
         priority: int = 0,
         conn: Connection | None = None,
+        run_at: dt.datetime | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
@@ -576,6 +591,7 @@ class JobStore(JobReader):
             max_attempts=max_attempts,
             delay_seconds=delay_seconds,
             code_version=code_version,
+            run_at=run_at,
             priority=priority,
         )
         [(job, created)] = self.create_many(kind, [values], conn=conn)
@@ -670,8 +686,9 @@ class JobStore(JobReader):
         table = J.__table__.c
         first = rows[0]
         given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
-        # A delayed job's due time is an expression with its delay inside: built afresh.
-        reusable = first["dispatched_at"] is not None
+        # A delayed job's due time (or a run_at's dispatch test) is an expression with its
+        # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
+        reusable = first["dispatched_at"] is first["run_after"]
 
         def array_type(name: str) -> Any:
             return postgresql.ARRAY(Text() if name == "inputs" else table[name].type)
@@ -734,8 +751,9 @@ class JobStore(JobReader):
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
         or the ID exists): the caller then takes the transactional path, which says which."""
         table = J.__table__.c
-        # A delayed job's due time is an expression with its delay inside: built afresh.
-        reusable = values["dispatched_at"] is not None
+        # A delayed job's due time (or a run_at's dispatch test) is an expression with its
+        # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
+        reusable = values["dispatched_at"] is values["run_after"]
         params = {
             f"c_{name}": value
             for name, value in values.items()
@@ -795,10 +813,11 @@ class JobStore(JobReader):
     def _running_of_kind(self) -> Any:
         """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
         (a takeover of a dead owner's job frees the slot it takes)."""
-        other = aliased(J)
+        other_table = J.__table__.alias("other")
+        other = other_table.c
         return (
             select(func.count())
-            .select_from(other)
+            .select_from(other_table)
             .where(
                 other.kind == J.kind,
                 other.state == State.RUNNING.value,
@@ -1238,6 +1257,56 @@ class JobStore(JobReader):
             steps,
         )
 
+    def sleep(
+        self,
+        claim: Claim,
+        name: str,
+        wake_at: dt.datetime,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
+        """A durable timer: back to QUEUED due at ``wake_at``, with the timer recorded as step
+        ``name`` (``{"wake_at": …}``) and ``steps`` in the same fenced write. The attempt is
+        given back (a sleep is not a failure) and no doorbell is owed: ``dispatched_at`` is
+        cleared, so the sweeper's dispatch sends it once due, and a claim before then (a
+        stray doorbell) finds it not due."""
+        check_name(name, "timer name")
+        instant = wake_at.astimezone(dt.UTC)
+        timer = self.pending_step(name, {"wake_at": instant.isoformat()})
+        return self._owner_move(
+            claim,
+            State.QUEUED,
+            {
+                "owner": None,
+                "lease_until": None,
+                "liveness_key": None,
+                "dispatched_at": None,
+                "run_after": instant,
+                "attempts": J.attempts - 1,
+            },
+            f"sleep until {instant.isoformat()} (timer {name!r})",
+            [*steps, timer],
+        )
+
+    def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
+        """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now:
+        all of them, or those of ``job_ids``. For tests (:func:`jobs.testing.wake`): a job
+        runs only once due, and a recorded timer does not sleep again. Not a state change;
+        ``dispatched_at`` is cleared so a sweeper sends the doorbells."""
+        now = self.clock.now()
+        where = [J.state == State.QUEUED.value, J.run_after > now]
+        if job_ids is not None:
+            where.append(J.id.in_(list(job_ids)))
+        with self.engine.begin() as conn:
+            return sorted(
+                conn.execute(
+                    update(J)
+                    .where(*where)
+                    .values(run_after=now, dispatched_at=None, updated_at=now)
+                    .returning(J.id)
+                ).scalars()
+            )
+
     def wait_for_approval(
         self, claim: Claim, reason: str, step_name: str, *, steps: Sequence[PendingStep] = ()
     ) -> Job:
@@ -1463,7 +1532,7 @@ class JobStore(JobReader):
     # states; retention deletes finished jobs (never a live one) with their steps and history.
 
     @staticmethod
-    def _upsert_for(conn: Connection, table: type[Any]) -> Any:
+    def _upsert_for(conn: Connection, table: TableColumns) -> Any:
         """The dialect's INSERT with ON CONFLICT, for the schedule and counter tables."""
         if conn.dialect.name == "postgresql":
             return postgresql.insert(table)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 from typing import Any
 
 from jobs.core.errors import InvalidInput
@@ -55,6 +57,33 @@ def check_priority(value: object, what: str = "priority") -> None:
         raise InvalidInput(
             f"{what} must be a whole number from 0 to {MAX_PRIORITY}, got {value!r:.40}"
         )
+
+
+def seconds_of(value: object, what: str) -> float:
+    """A span given as seconds (int or float) or a ``datetime.timedelta``, as finite seconds
+    of at most :data:`MAX_DELAY_SECONDS` (negative spans are allowed: they mean "now")."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{what} must be a number of seconds or a timedelta")
+    if not math.isfinite(value) or value > MAX_DELAY_SECONDS:
+        raise InvalidInput(
+            f"{what} must be finite and at most {MAX_DELAY_SECONDS:g} seconds, got {value!r:.40}"
+        )
+    return float(value)
+
+
+def check_instant(value: object, what: str) -> dt.datetime:
+    """An aware ``datetime`` (a naive one is refused: which clock's midnight would it be?),
+    returned in UTC."""
+    if not isinstance(value, dt.datetime):
+        raise InvalidInput(f"{what} must be a datetime with a time zone")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(
+            f"{what} {value.isoformat()} has no time zone; give an aware datetime "
+            "(e.g. datetime.now(timezone.utc) + timedelta(hours=1))"
+        )
+    return value.astimezone(dt.UTC)
 
 
 def check_timeout(value: object, what: str) -> None:

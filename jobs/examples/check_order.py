@@ -47,6 +47,21 @@ def check_order(
     return {"order_id": order_id, "ok": payment["paid"], "approved_by": approved_by}
 
 
+@jobs.job("follow_up", max_attempts=3)
+def follow_up(ctx: jobs.JobContext, order_id: int, wait_seconds: float) -> dict[str, Any]:
+    """Look an order up, sleep durably (no worker, lease or message held), then remind:
+    the durable-timer acceptance test kills workers while it sleeps."""
+    order = ctx.step("lookup_order", lookup_order, ctx.job_id, order_id)
+    ctx.sleep("cool_off", wait_seconds)
+    reminded = ctx.step("send_reminder", send_reminder, ctx.job_id, order)
+    return {"order_id": order_id, "reminded_at": reminded}
+
+
+def send_reminder(job_id: str, order: dict[str, Any]) -> float:
+    _effect("send_reminder", job_id)
+    return time.time()
+
+
 @jobs.job("sleep_steps", max_attempts=3)
 def sleep_steps(ctx: jobs.JobContext, steps: int, seconds: float) -> dict[str, Any]:
     """A long job made of short steps (for the consumer-timeout and hand-back tests)."""

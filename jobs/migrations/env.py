@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from alembic import context
 
-from jobs.core.models import Base
+from jobs.core.models import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def run_migrations_online() -> None:

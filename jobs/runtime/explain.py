@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from jobs.core.context import wake_at_of
 from jobs.core.records import Job, Transition
 from jobs.core.settings import Settings
 from jobs.core.states import State
@@ -79,12 +80,14 @@ def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
     job = store.get(job_id)
     now = store.now()
     history = store.history(job_id)
-    steps = [step.name for step in store.steps(job_id)]
+    recorded = store.steps(job_id)
+    steps = [step.name for step in recorded]
+    timers = {wake_at_of(step.output): step.name for step in recorded}
     origin = _origin(job)
     done = f"Recorded steps: {', '.join(steps)}." if steps else "No step is recorded yet."
     attempts = f"attempt {job.attempts} of {job.max_attempts}"
     if job.state is State.QUEUED:
-        reason, text, actions = _queued(store, settings, job, now)
+        reason, text, actions = _queued(store, settings, job, now, timers)
     elif job.state is State.RUNNING:
         reason, text, actions = _running(store, settings, job, now, attempts)
     elif job.state is State.WAITING_APPROVAL:
@@ -132,9 +135,23 @@ def _origin(job: Job) -> str:
 
 
 def _queued(
-    store: JobStore, settings: Settings, job: Job, now: dt.datetime
+    store: JobStore,
+    settings: Settings,
+    job: Job,
+    now: dt.datetime,
+    timers: dict[dt.datetime | None, str],
 ) -> tuple[str, str, tuple[str, ...]]:
     after_error = f" after an error ({job.last_error})" if job.last_error else ""
+    timer = timers.get(job.run_after)
+    if job.run_after > now and timer is not None:
+        wait = _span((job.run_after - now).total_seconds())
+        return (
+            "sleeping",
+            f"It is sleeping until {_at(job.run_after)} (timer {timer!r}), in {wait}. It "
+            "holds no worker, lease or message; the sweeper sends its message when the timer "
+            "is due, and it resumes past its recorded steps without sleeping again.",
+            (f"jobctl cancel {job.id} to stop it",),
+        )
     if job.run_after > now:
         wait = _span((job.run_after - now).total_seconds())
         return (

@@ -127,6 +127,7 @@ class LivenessLock:
             self.check()
 
     def release(self) -> None:
+        """Stop keeping the lock and close its session (the lock goes with it): at exit."""
         self._stop.set()
         with self._lock:
             if self._conn is not None:
@@ -201,6 +202,7 @@ def lock_for(settings: Settings) -> LivenessLock | None:
 
 
 def held_keys(engine: Engine) -> set[int]:
+    """The liveness keys whose advisory locks some session holds now: their owners live."""
     with engine.connect() as conn:
         return {int(key) for key in conn.execute(text(HELD_KEYS_SQL)).scalars()}
 

@@ -111,6 +111,14 @@ class TableCollector(Collector):
             "How long the oldest due QUEUED job has waited (0 when none is due).",
             value=0.0 if oldest is None else oldest[1],
         )
+        waiting = GaugeMetricFamily(
+            "jobs_queued_not_due",
+            "QUEUED jobs not due yet: sleeping on a durable timer, delayed, or backing off.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(store.not_due().items()):
+            waiting.add_metric([kind], count)
+        yield waiting
         near = GaugeMetricFamily(
             "jobs_leases_near_expiry",
             "RUNNING jobs whose lease ends within half a lease (expired: already ended).",

@@ -23,7 +23,8 @@ from tests.acceptance.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
+# serial: these tests stop the shared RabbitMQ and change its consumer_timeout.
+pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture

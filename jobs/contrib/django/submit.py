@@ -43,8 +43,9 @@ def submit(
     """Queue a job in the current ``transaction.atomic()`` block of Django's ``using``
     database (one is opened if none is): the job commits or rolls back with the view's
     data, and its doorbell rings after the commit. ``options`` are :func:`jobs.submit`'s
-    (``job_id``, ``max_attempts``, ``delay_seconds``, ``priority``). The job tables must be in that
-    database (they are, unless ``settings.JOBS["DATABASE_URL"]`` points elsewhere).
+    (``job_id``, ``max_attempts``, ``delay``, ``run_at``, ``priority``). The job tables must
+    be in that database (they are, unless ``settings.JOBS["DATABASE_URL"]`` points
+    elsewhere).
 
     On an error (:class:`jobs.AdmissionRefused`, ...), let it leave the ``atomic()`` block
     so the view's writes roll back too."""
