@@ -67,6 +67,7 @@ def dispatch(job_id: str) -> bool:
 
 
 def new_job_id() -> str:
+    """A new random job ID (32 hex digits), for a submit that names none."""
     return uuid.uuid4().hex
 
 

@@ -114,7 +114,8 @@ def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:
         finally:
             cursor.close()
         dbapi_connection.rollback()
-        if row is not None and row[0] is not None and int(row[0]) != url_port:
+        server_port = None if row is None else row[0]  # a DBAPI row: a tuple, one column
+        if server_port is not None and int(server_port) != url_port:
             dbapi_connection.prepare_threshold = None
 
 

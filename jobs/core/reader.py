@@ -26,9 +26,7 @@ from jobs.core.records import Doorbell, Job, KindLimits, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import TERMINAL, State
 
-J = JobRecord
-L = KindLimitRecord
-JOB_COLUMNS = tuple(J.__table__.c)
+JOB_COLUMNS = tuple(JobRecord.__table__.c)
 SCHEDULE_COLUMNS = tuple(ScheduleRecord.__table__.c)
 
 
@@ -49,29 +47,44 @@ class JobReader:
         return instant
 
     def get(self, job_id: str) -> Job:
+        """The job ``job_id``; raises :class:`UnknownJob`."""
         with self._read() as conn:
-            row = conn.execute(select(*JOB_COLUMNS).where(J.id == job_id)).one_or_none()
+            row = conn.execute(select(*JOB_COLUMNS).where(JobRecord.id == job_id)).one_or_none()
         if row is None:
             raise UnknownJob(job_id)
         return Job.from_row(row)
 
     def steps(self, job_id: str) -> list[Step]:
-        S = StepRecord.__table__.c
+        """The job's recorded steps, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                select(S.name, S.output, S.recorded_at, S.owner, S.fence)
-                .where(S.job_id == job_id)
-                .order_by(S.recorded_at, S.name)
+                select(
+                    StepRecord.name,
+                    StepRecord.output,
+                    StepRecord.recorded_at,
+                    StepRecord.owner,
+                    StepRecord.fence,
+                )
+                .where(StepRecord.job_id == job_id)
+                .order_by(StepRecord.recorded_at, StepRecord.name)
             ).all()
         return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
 
     def history(self, job_id: str) -> list[Transition]:
-        T = TransitionRecord.__table__.c
+        """The job's state changes, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                select(T.from_state, T.to_state, T.at, T.owner, T.fence, T.reason, T.approved_by)
-                .where(T.job_id == job_id)
-                .order_by(T.id)
+                select(
+                    TransitionRecord.from_state,
+                    TransitionRecord.to_state,
+                    TransitionRecord.at,
+                    TransitionRecord.owner,
+                    TransitionRecord.fence,
+                    TransitionRecord.reason,
+                    TransitionRecord.approved_by,
+                )
+                .where(TransitionRecord.job_id == job_id)
+                .order_by(TransitionRecord.id)
             ).all()
         return [
             Transition(
@@ -90,33 +103,37 @@ class JobReader:
         """Number of jobs by (kind, state)."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.kind, J.state, func.count()).group_by(J.kind, J.state)
+                select(JobRecord.kind, JobRecord.state, func.count().label("jobs")).group_by(
+                    JobRecord.kind, JobRecord.state
+                )
             ).all()
-        return {(r[0], r[1]): int(r[2]) for r in rows}
+        return {(row.kind, row.state): int(row.jobs) for row in rows}
 
     def not_due(self) -> dict[str, int]:
         """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.kind, func.count())
-                .where(J.state == State.QUEUED.value, J.run_after > self.clock.now())
-                .group_by(J.kind)
+                select(JobRecord.kind, func.count().label("jobs"))
+                .where(
+                    JobRecord.state == State.QUEUED.value, JobRecord.run_after > self.clock.now()
+                )
+                .group_by(JobRecord.kind)
             ).all()
-        return {row[0]: int(row[1]) for row in rows}
+        return {row.kind: int(row.jobs) for row in rows}
 
     def oldest_queued(self) -> tuple[str, float] | None:
         """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""
         now = self.clock.now()
         with self._read() as conn:
             row = conn.execute(
-                select(J.id, J.run_after, now)
-                .where(J.state == State.QUEUED.value, J.run_after <= now)
-                .order_by(J.run_after)
+                select(JobRecord.id, JobRecord.run_after, now.label("now"))
+                .where(JobRecord.state == State.QUEUED.value, JobRecord.run_after <= now)
+                .order_by(JobRecord.run_after)
                 .limit(1)
             ).one_or_none()
         if row is None:
             return None
-        return row[0], max(0.0, (row[2] - row[1]).total_seconds())
+        return row.id, max(0.0, (row.now - row.run_after).total_seconds())
 
     def stale_dispatches(self, stale_seconds: float) -> int:
         """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that
@@ -125,19 +142,24 @@ class JobReader:
         with self._read() as conn:
             count: int = conn.execute(
                 select(func.count())
-                .select_from(J)
+                .select_from(JobRecord)
                 .where(
-                    J.state == State.QUEUED.value,
-                    J.run_after <= now,
-                    J.dispatched_at <= self.clock.after(-stale_seconds),
+                    JobRecord.state == State.QUEUED.value,
+                    JobRecord.run_after <= now,
+                    JobRecord.dispatched_at <= self.clock.after(-stale_seconds),
                 )
             ).scalar_one()
         return count
 
     def limits(self) -> dict[str, KindLimits]:
+        """Every kind's limits row, by kind."""
         with self._read() as conn:
-            rows = conn.execute(select(L.kind, L.max_running, L.max_queued)).all()
-        return {r[0]: KindLimits(r[0], r[1], r[2]) for r in rows}
+            rows = conn.execute(
+                select(
+                    KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued
+                )
+            ).all()
+        return {row.kind: KindLimits(row.kind, row.max_running, row.max_queued) for row in rows}
 
     def next_due(self, kind: str, limit: int = 1) -> list[str]:
         """The due QUEUED jobs of a kind that get the next slot a finished job frees: the
@@ -148,13 +170,13 @@ class JobReader:
         """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.id, J.priority)
+                select(JobRecord.id, JobRecord.priority)
                 .where(
-                    J.kind == kind,
-                    J.state == State.QUEUED.value,
-                    J.run_after <= self.clock.now(),
+                    JobRecord.kind == kind,
+                    JobRecord.state == State.QUEUED.value,
+                    JobRecord.run_after <= self.clock.now(),
                 )
-                .order_by(J.priority.desc(), J.run_after, J.created_at)
+                .order_by(JobRecord.priority.desc(), JobRecord.run_after, JobRecord.created_at)
                 .limit(limit)
             ).all()
         return [Doorbell(row.id, row.priority) for row in rows]
@@ -164,11 +186,11 @@ class JobReader:
         lock, for the sweeper to compare with the locks still held."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.id, J.owner, J.fence, J.liveness_key).where(
-                    J.state == State.RUNNING.value, J.liveness_key.is_not(None)
-                )
+                select(
+                    JobRecord.id, JobRecord.owner, JobRecord.fence, JobRecord.liveness_key
+                ).where(JobRecord.state == State.RUNNING.value, JobRecord.liveness_key.is_not(None))
             ).all()
-        return [(r[0], r[1] or "", r[2], r[3] or 0) for r in rows]
+        return [(row.id, row.owner or "", row.fence, row.liveness_key or 0) for row in rows]
 
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(**{READ_ONLY: True})
@@ -176,11 +198,12 @@ class JobReader:
     def list(
         self, state: State | None = None, kind: str | None = None, limit: int = 100
     ) -> list[Job]:
-        stmt = select(*JOB_COLUMNS).order_by(J.created_at.desc(), J.id).limit(limit)
+        """The newest ``limit`` jobs, optionally of one state and one kind."""
+        stmt = select(*JOB_COLUMNS).order_by(JobRecord.created_at.desc(), JobRecord.id).limit(limit)
         if state is not None:
-            stmt = stmt.where(J.state == state.value)
+            stmt = stmt.where(JobRecord.state == state.value)
         if kind is not None:
-            stmt = stmt.where(J.kind == kind)
+            stmt = stmt.where(JobRecord.kind == kind)
         with self._read() as conn:
             return [Job.from_row(r) for r in conn.execute(stmt)]
 
@@ -208,19 +231,20 @@ class JobReader:
         with self._read() as conn:
             count: int = conn.execute(
                 select(func.count())
-                .select_from(J)
+                .select_from(JobRecord)
                 .where(
-                    J.state.in_([state.value for state in TERMINAL]),
-                    J.finished_at < self.clock.after(-older_than_seconds),
+                    JobRecord.state.in_([state.value for state in TERMINAL]),
+                    JobRecord.finished_at < self.clock.after(-older_than_seconds),
                 )
             ).scalar_one()
         return count
 
     def counters(self) -> dict[tuple[str, str], int]:
         """Operational counters by (name, kind): monotonic, never pruned."""
-        C = CounterRecord
         with self._read() as conn:
-            rows = conn.execute(select(C.name, C.kind, C.value)).all()
+            rows = conn.execute(
+                select(CounterRecord.name, CounterRecord.kind, CounterRecord.value)
+            ).all()
         return {(row.name, row.kind): int(row.value) for row in rows}
 
     def awaiting_redispatch(self, stale_seconds: float) -> dict[str, str]:
@@ -228,10 +252,10 @@ class JobReader:
         ``stale_seconds`` ago and never claimed: the next sweep counts them as lost."""
         with self._read() as conn:
             rows = conn.execute(
-                select(J.id, J.kind).where(
-                    J.state == State.QUEUED.value,
-                    J.run_after <= self.clock.now(),
-                    J.dispatched_at <= self.clock.after(-stale_seconds),
+                select(JobRecord.id, JobRecord.kind).where(
+                    JobRecord.state == State.QUEUED.value,
+                    JobRecord.run_after <= self.clock.now(),
+                    JobRecord.dispatched_at <= self.clock.after(-stale_seconds),
                 )
             ).all()
         return {row.id: row.kind for row in rows}
@@ -240,7 +264,7 @@ class JobReader:
         """The liveness key the job's current owner took (None if not RUNNING or none)."""
         with self._read() as conn:
             key: int | None = conn.execute(
-                select(J.liveness_key).where(J.id == job_id)
+                select(JobRecord.liveness_key).where(JobRecord.id == job_id)
             ).scalar_one_or_none()
         return key
 
@@ -248,17 +272,17 @@ class JobReader:
         """(kind, already expired, count) of RUNNING jobs whose lease ends within
         ``within_seconds`` (or has ended) on the database clock."""
         now = self.clock.now()
-        expired = J.lease_until <= now
+        expired = JobRecord.lease_until <= now
         with self._read() as conn:
             rows = conn.execute(
-                select(J.kind, expired, func.count())
+                select(JobRecord.kind, expired.label("expired"), func.count().label("jobs"))
                 .where(
-                    J.state == State.RUNNING.value,
-                    J.lease_until <= self.clock.after(within_seconds),
+                    JobRecord.state == State.RUNNING.value,
+                    JobRecord.lease_until <= self.clock.after(within_seconds),
                 )
-                .group_by(J.kind, expired)
+                .group_by(JobRecord.kind, expired)
             ).all()
-        return [(row[0], bool(row[1]), int(row[2])) for row in rows]
+        return [(row.kind, bool(row.expired), int(row.jobs)) for row in rows]
 
     def moves_after(
         self, after_id: int | None, limit: int = 20_000
@@ -267,32 +291,38 @@ class JobReader:
         each with its job's kind and the instant of the claim that began the run; and the
         watermark to pass next time. ``after_id=None`` returns no rows, only the current
         watermark (an exporter starts counting from its start)."""
-        T = TransitionRecord.__table__.c
         claim = TransitionRecord.__table__.alias("claimed")
         started = (
             select(func.max(claim.c.at))
             .where(
-                claim.c.job_id == T.job_id,
+                claim.c.job_id == TransitionRecord.job_id,
                 claim.c.to_state == State.RUNNING.value,
-                claim.c.id < T.id,
+                claim.c.id < TransitionRecord.id,
             )
             .scalar_subquery()
         )
         with self._read() as conn:
-            newest = int(conn.execute(select(func.max(T.id))).scalar() or 0)
+            newest = int(conn.execute(select(func.max(TransitionRecord.id))).scalar() or 0)
             if after_id is None:
                 return [], newest
             rows = conn.execute(
-                select(T.id, T.from_state, T.to_state, T.at, J.kind, started.label("started"))
-                .join(J, J.id == T.job_id)
+                select(
+                    TransitionRecord.id,
+                    TransitionRecord.from_state,
+                    TransitionRecord.to_state,
+                    TransitionRecord.at,
+                    JobRecord.kind,
+                    started.label("started"),
+                )
+                .join(JobRecord, JobRecord.id == TransitionRecord.job_id)
                 .where(
-                    T.id > after_id,
-                    T.id <= newest,
-                    T.to_state.in_(
+                    TransitionRecord.id > after_id,
+                    TransitionRecord.id <= newest,
+                    TransitionRecord.to_state.in_(
                         [State.COMPLETED.value, State.FAILED.value, State.RUNNING.value]
                     ),
                 )
-                .order_by(T.id)
+                .order_by(TransitionRecord.id)
                 .limit(limit)
             ).all()
         moves = [
@@ -314,42 +344,41 @@ class JobReader:
         the instant its run's claim or previous step ended; and the watermark to pass next
         time (``after=None``: only the watermark). A step recorded at the very instant of the
         watermark by a transaction that committed later is missed: metrics, not ledger."""
-        S = StepRecord.__table__.c
         previous = StepRecord.__table__.alias("previous")
         claim = TransitionRecord.__table__.alias("claimed")
         prior_step = (
             select(func.max(previous.c.recorded_at))
             .where(
-                previous.c.job_id == S.job_id,
-                previous.c.fence == S.fence,
-                previous.c.recorded_at < S.recorded_at,
+                previous.c.job_id == StepRecord.job_id,
+                previous.c.fence == StepRecord.fence,
+                previous.c.recorded_at < StepRecord.recorded_at,
             )
             .scalar_subquery()
         )
         claimed_at = (
             select(func.max(claim.c.at))
             .where(
-                claim.c.job_id == S.job_id,
-                claim.c.fence == S.fence,
-                claim.c.owner == S.owner,  # an approval's record has no run behind it
+                claim.c.job_id == StepRecord.job_id,
+                claim.c.fence == StepRecord.fence,
+                claim.c.owner == StepRecord.owner,  # an approval's record has no run behind it
                 claim.c.to_state == State.RUNNING.value,
             )
             .scalar_subquery()
         )
         with self._read() as conn:
             if after is None:
-                latest = conn.execute(select(func.max(S.recorded_at))).scalar()
+                latest = conn.execute(select(func.max(StepRecord.recorded_at))).scalar()
                 return [], latest or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
             rows = conn.execute(
                 select(
-                    S.recorded_at,
-                    J.kind,
+                    StepRecord.recorded_at,
+                    JobRecord.kind,
                     prior_step.label("prior_step"),
                     claimed_at.label("claimed_at"),
                 )
-                .join(J, J.id == S.job_id)
-                .where(S.recorded_at > after)
-                .order_by(S.recorded_at)
+                .join(JobRecord, JobRecord.id == StepRecord.job_id)
+                .where(StepRecord.recorded_at > after)
+                .order_by(StepRecord.recorded_at)
                 .limit(limit)
             ).all()
         timings = [

@@ -15,6 +15,9 @@ from jobs.core.states import State
 
 @dataclasses.dataclass(frozen=True)
 class Job:
+    """A job as the database holds it (``jobs.get``): state, inputs, result, owner, lease,
+    fence, attempts, due time, priority and instants, all on the database's clock."""
+
     id: str
     kind: str
     state: State
@@ -76,6 +79,7 @@ class Claim:
 
     @property
     def job_id(self) -> str:
+        """The claimed job's ID."""
         return self.job.id
 
     @classmethod
@@ -97,6 +101,8 @@ class PendingStep:
 
 @dataclasses.dataclass(frozen=True)
 class KindLimits:
+    """A kind's backpressure (``jobs.set_limits``): RUNNING and QUEUED caps, ``None`` = none."""
+
     kind: str
     max_running: int | None
     max_queued: int | None
@@ -104,6 +110,8 @@ class KindLimits:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
+    """A recorded step (``jobs.steps``): its output and which claim recorded it."""
+
     name: str
     output: Any
     recorded_at: dt.datetime
@@ -113,6 +121,8 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Transition:
+    """One line of a job's history (``jobs.history``): a state change, who made it, why."""
+
     from_state: State | None
     to_state: State
     at: dt.datetime

@@ -28,6 +28,8 @@ JobScope = Callable[[], contextlib.AbstractContextManager[Any]]
 
 @dataclasses.dataclass(frozen=True)
 class JobKind:
+    """A registered kind (``@jobs.job``): its handler and the defaults its jobs get."""
+
     name: str
     handler: Handler
     max_attempts: int | None
@@ -62,6 +64,9 @@ class JobKind:
 
 
 class Registry:
+    """The kinds this process can run, by name; ``JOBS_IMPORTS`` modules are imported on
+    first need, so a missing or broken module is one clear error, not an unknown kind."""
+
     def __init__(self, imports: Iterable[str] | None = None) -> None:
         self._kinds: dict[str, JobKind] = {}
         self._imports = tuple(imports) if imports is not None else None
@@ -84,6 +89,8 @@ class Registry:
         priority: int = 0,
         timeout: float | None = None,
     ) -> JobKind:
+        """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
+        option first; registering the same kind again with another handler is an error."""
         check_name(name, "job kind")
         check_priority(priority, f"job kind {name!r}: priority")
         if timeout is not None:
@@ -191,6 +198,8 @@ class Registry:
                     ) from err
 
     def get(self, name: str) -> JobKind:
+        """The kind called ``name``, importing ``JOBS_IMPORTS`` first if needed; raises
+        :class:`UnknownKind` listing the known ones."""
         kind = self._kinds.get(name)
         if kind is None:
             self._ensure_imported()
@@ -200,10 +209,12 @@ class Registry:
         return kind
 
     def kinds(self) -> list[JobKind]:
+        """Every registered kind, by name."""
         self._ensure_imported()
         return [self._kinds[name] for name in sorted(self._kinds)]
 
     def names(self) -> list[str]:
+        """Every registered kind's name, sorted."""
         self._ensure_imported()
         return sorted(self._kinds)
 
@@ -236,6 +247,7 @@ class Registry:
             yield
 
     def reset_imports(self) -> None:
+        """Import ``JOBS_IMPORTS`` again on next need (tests that change the setting)."""
         with self._lock:
             self._imported = False
 

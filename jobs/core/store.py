@@ -80,14 +80,11 @@ from jobs.core.validate import (
     encode_json,
 )
 
-J = JobRecord
-L = KindLimitRecord
-S = StepRecord.__table__.c
-T = TransitionRecord.__table__.c
-
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
 # them only when they do: a first run cannot have any).
-HAS_STEPS = exists(select(S.job_id).where(S.job_id == J.id)).label("has_steps")
+HAS_STEPS = exists(select(StepRecord.job_id).where(StepRecord.job_id == JobRecord.id)).label(
+    "has_steps"
+)
 
 
 def _insert_for(conn: Connection, table: TableColumns) -> Any:
@@ -108,9 +105,9 @@ Expression = Callable[[], ColumnElement[Any]]
 
 # Named apart from the columns: SQLAlchemy reserves a column's own name for its SET value.
 _PARAM_TYPES: dict[str, Any] = {
-    "p_job_id": J.id.type,
-    "p_owner": J.owner.type,
-    "p_fence": J.fence.type,
+    "p_job_id": JobRecord.id.type,
+    "p_owner": JobRecord.owner.type,
+    "p_fence": JobRecord.fence.type,
 }
 
 
@@ -124,7 +121,34 @@ def _param(name: str) -> ColumnElement[Any]:
 def _state_in(allowed: Sequence[State]) -> ColumnElement[bool]:
     """``state IN (...)`` written out as equalities: an expanding ``IN`` parameter makes
     SQLAlchemy re-render the statement's text at every execution."""
-    return or_(*(J.state == state.value for state in allowed))
+    return or_(*(JobRecord.state == state.value for state in allowed))
+
+
+def _inserted_with_history(columns: list[str], source: Any) -> Executable:
+    """PostgreSQL: INSERT the jobs ``source`` selects (an ID already present inserts
+    nothing) and a "submitted" history row for each one inserted, as one statement that
+    returns the inserted jobs."""
+    created = (
+        postgresql.insert(JobRecord)
+        .from_select(columns, source)
+        .on_conflict_do_nothing()
+        .returning(*JOB_COLUMNS)
+        .cte("created")
+    )
+    history = (
+        insert(TransitionRecord)
+        .from_select(
+            ["job_id", "to_state", "at", "reason"],
+            select(
+                created.c.id,
+                literal(State.QUEUED.value, TransitionRecord.to_state.type),
+                created.c.created_at,
+                literal("submitted", TransitionRecord.reason.type),
+            ),
+        )
+        .cte("history")
+    )
+    return select(*created.c).add_cte(history)
 
 
 class JobStore(JobReader):
@@ -178,11 +202,11 @@ class JobStore(JobReader):
     def _fenced_on(self, job_id: Any, owner: Any, fence: Any) -> list[ColumnElement[bool]]:
         """:meth:`_fenced` over values or bound parameters."""
         return [
-            J.id == job_id,
-            J.owner == owner,
-            J.fence == fence,
-            J.state == State.RUNNING.value,
-            J.lease_until > self.clock.now(),
+            JobRecord.id == job_id,
+            JobRecord.owner == owner,
+            JobRecord.fence == fence,
+            JobRecord.state == State.RUNNING.value,
+            JobRecord.lease_until > self.clock.now(),
         ]
 
     # -- statements built once -------------------------------------------------------------
@@ -219,17 +243,24 @@ class JobStore(JobReader):
         on SQLite. ``None`` when the WHERE clause matched no row (nothing was written)."""
         if _uses_ctes(conn):
             statement = self._transition_statement(
-                literal(job_id, J.id.type),
+                literal(job_id, JobRecord.id.type),
                 target,
                 only_from=only_from,
                 where=where,
                 values=values,
-                owner=None if owner is None else (lambda: literal(owner, T.owner.type)),
-                fence=None if fence is None else (lambda: literal(fence, T.fence.type)),
-                reason=literal(reason, T.reason.type),
-                approved_by=literal(approved_by, T.approved_by.type),
+                owner=None
+                if owner is None
+                else (lambda: literal(owner, TransitionRecord.owner.type)),
+                fence=None
+                if fence is None
+                else (lambda: literal(fence, TransitionRecord.fence.type)),
+                reason=literal(reason, TransitionRecord.reason.type),
+                approved_by=literal(approved_by, TransitionRecord.approved_by.type),
                 steps=[
-                    (literal(step.name, S.name.type), literal(step.output, S.output.type))
+                    (
+                        literal(step.name, StepRecord.name.type),
+                        literal(step.output, StepRecord.output.type),
+                    )
                     for step in steps
                 ],
             )
@@ -287,15 +318,15 @@ class JobStore(JobReader):
                 states.check(source, target)
             allowed = tuple(s for s in allowed if s in narrowed)
         return (
-            update(J)
-            .where(J.id == job_id, _state_in(allowed), *where)
+            update(JobRecord)
+            .where(JobRecord.id == job_id, _state_in(allowed), *where)
             .values(
-                previous_state=J.state,
+                previous_state=JobRecord.state,
                 state=target.value,
                 updated_at=self.clock.now(),
                 **(values or {}),
             )
-            .returning(*JOB_COLUMNS, J.previous_state, HAS_STEPS)
+            .returning(*JOB_COLUMNS, JobRecord.previous_state, HAS_STEPS)
         )
 
     def _transition_statement(
@@ -332,7 +363,7 @@ class JobStore(JobReader):
                 select(
                     moved.c.id,
                     moved.c.previous_state,
-                    literal(target.value, T.to_state.type),
+                    literal(target.value, TransitionRecord.to_state.type),
                     self.clock.now(),
                     moved.c.owner if owner is None else owner(),
                     moved.c.fence if fence is None else fence(),
@@ -353,11 +384,14 @@ class JobStore(JobReader):
         return self._steps_insert(
             source,
             [
-                (literal(step.name, S.name.type), literal(step.output, S.output.type))
+                (
+                    literal(step.name, StepRecord.name.type),
+                    literal(step.output, StepRecord.output.type),
+                )
                 for step in steps
             ],
-            None if owner is None else (lambda: literal(owner, S.owner.type)),
-            None if fence is None else (lambda: literal(fence, S.fence.type)),
+            None if owner is None else (lambda: literal(owner, StepRecord.owner.type)),
+            None if fence is None else (lambda: literal(fence, StepRecord.fence.type)),
         )
 
     def _steps_insert(
@@ -400,12 +434,12 @@ class JobStore(JobReader):
     ) -> Exception:
         row = conn.execute(
             select(
-                J.state,
-                J.owner,
-                J.fence,
-                J.lease_until,
-                (J.lease_until > self.clock.now()).label("lease_live"),
-            ).where(J.id == job_id)
+                JobRecord.state,
+                JobRecord.owner,
+                JobRecord.fence,
+                JobRecord.lease_until,
+                (JobRecord.lease_until > self.clock.now()).label("lease_live"),
+            ).where(JobRecord.id == job_id)
         ).one_or_none()
         if row is None:
             return UnknownJob(job_id)
@@ -493,17 +527,17 @@ class JobStore(JobReader):
                 values={
                     name: value
                     if isinstance(value, ColumnElement)
-                    else bindparam(f"v_{name}", type_=J.__table__.c[name].type)
+                    else bindparam(f"v_{name}", type_=JobRecord.__table__.c[name].type)
                     for name, value in values.items()
                 },
                 owner=lambda: _param("p_owner"),
                 fence=lambda: _param("p_fence"),
-                reason=bindparam("reason", type_=T.reason.type),
-                approved_by=literal(None, T.approved_by.type),
+                reason=bindparam("reason", type_=TransitionRecord.reason.type),
+                approved_by=literal(None, TransitionRecord.approved_by.type),
                 steps=[
                     (
-                        bindparam(f"step_name_{index}", type_=S.name.type),
-                        bindparam(f"step_output_{index}", type_=S.output.type),
+                        bindparam(f"step_name_{index}", type_=StepRecord.name.type),
+                        bindparam(f"step_output_{index}", type_=StepRecord.output.type),
                     )
                     for index in range(len(steps))
                 ],
@@ -548,7 +582,7 @@ class JobStore(JobReader):
             run_after = check_instant(run_at, "run_at")
             # Due already (on the database's clock): sent after commit like any job; else
             # the sweeper sends it once due.
-            dispatched_at = case((literal(run_after, J.run_after.type) <= now, now))
+            dispatched_at = case((literal(run_after, JobRecord.run_after.type) <= now, now))
         return {
             "id": job_id,
             "kind": kind,
@@ -626,7 +660,9 @@ class JobStore(JobReader):
                 existing = {
                     row.id: row
                     for row in unit.execute(
-                        select(*JOB_COLUMNS).where(J.id.in_([i for i in ids if i not in inserted]))
+                        select(*JOB_COLUMNS).where(
+                            JobRecord.id.in_([i for i in ids if i not in inserted])
+                        )
                     )
                 }
             results = []
@@ -654,7 +690,7 @@ class JobStore(JobReader):
         inserted = {
             row.id: row
             for row in conn.execute(
-                _insert_for(conn, J)
+                _insert_for(conn, JobRecord)
                 .values({name: rows[0][name] for name in clock_values})
                 .on_conflict_do_nothing()
                 .returning(*JOB_COLUMNS),
@@ -683,7 +719,7 @@ class JobStore(JobReader):
         whose history rows the same statement writes (a data-modifying CTE). One round trip
         and a statement text that does not grow with the batch: a VALUES list of N rows
         costs the driver more to build than PostgreSQL spends writing them."""
-        table = J.__table__.c
+        table = JobRecord.__table__.c
         first = rows[0]
         given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
         # A delayed job's due time (or a run_at's dispatch test) is an expression with its
@@ -714,27 +750,7 @@ class JobStore(JobReader):
                     for name, value in first.items()
                 ]
             )
-            created = (
-                postgresql.insert(J)
-                .from_select(list(first), source)
-                .on_conflict_do_nothing()
-                .returning(*JOB_COLUMNS)
-                .cte("created")
-            )
-            history = (
-                insert(TransitionRecord)
-                .from_select(
-                    ["job_id", "to_state", "at", "reason"],
-                    select(
-                        created.c.id,
-                        literal(State.QUEUED.value, T.to_state.type),
-                        created.c.created_at,
-                        literal("submitted", T.reason.type),
-                    ),
-                )
-                .cte("history")
-            )
-            return select(*created.c).add_cte(history)
+            return _inserted_with_history(list(first), source)
 
         params = {
             f"a_{name}": [json.dumps(row[name]) if name == "inputs" else row[name] for row in rows]
@@ -750,7 +766,7 @@ class JobStore(JobReader):
         """PostgreSQL, one job of a kind without ``max_queued``: the INSERT and its history
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
         or the ID exists): the caller then takes the transactional path, which says which."""
-        table = J.__table__.c
+        table = JobRecord.__table__.c
         # A delayed job's due time (or a run_at's dispatch test) is an expression with its
         # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
         reusable = values["dispatched_at"] is values["run_after"]
@@ -761,8 +777,9 @@ class JobStore(JobReader):
         }
 
         def build() -> Executable:
-            limited = select(L.kind).where(
-                L.kind == bindparam("c_kind", type_=table.kind.type), L.max_queued.is_not(None)
+            limited = select(KindLimitRecord.kind).where(
+                KindLimitRecord.kind == bindparam("c_kind", type_=table.kind.type),
+                KindLimitRecord.max_queued.is_not(None),
             )
             source = select(
                 *[
@@ -772,27 +789,7 @@ class JobStore(JobReader):
                     for name, value in values.items()
                 ]
             ).where(~exists(limited))
-            created = (
-                postgresql.insert(J)
-                .from_select(list(values), source)
-                .on_conflict_do_nothing()
-                .returning(*JOB_COLUMNS)
-                .cte("created")
-            )
-            history = (
-                insert(TransitionRecord)
-                .from_select(
-                    ["job_id", "to_state", "at", "reason"],
-                    select(
-                        created.c.id,
-                        literal(State.QUEUED.value, T.to_state.type),
-                        created.c.created_at,
-                        literal("submitted", T.reason.type),
-                    ),
-                )
-                .cte("history")
-            )
-            return select(*created.c).add_cte(history)
+            return _inserted_with_history(list(values), source)
 
         key = ("create", tuple(values), tuple(name in params for name in values))
         statement = self._reusable(key, build) if reusable else build()
@@ -806,23 +803,25 @@ class JobStore(JobReader):
         it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
         serializes every write)."""
         row = conn.execute(
-            select(L.kind, L.max_running, L.max_queued).where(L.kind == kind).with_for_update()
+            select(KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued)
+            .where(KindLimitRecord.kind == kind)
+            .with_for_update()
         ).one_or_none()
         return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
 
     def _running_of_kind(self) -> Any:
         """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
         (a takeover of a dead owner's job frees the slot it takes)."""
-        other_table = J.__table__.alias("other")
+        other_table = JobRecord.__table__.alias("other")
         other = other_table.c
         return (
             select(func.count())
             .select_from(other_table)
             .where(
-                other.kind == J.kind,
+                other.kind == JobRecord.kind,
                 other.state == State.RUNNING.value,
                 other.lease_until > self.clock.now(),
-                other.id != J.id,
+                other.id != JobRecord.id,
             )
             .scalar_subquery()
         )
@@ -831,26 +830,32 @@ class JobStore(JobReader):
         """Refuse the submission (writing nothing) when it would take the kind's QUEUED jobs
         past ``max_queued``; a kind without that limit costs one indexed read, no lock."""
         has_limit = conn.execute(
-            select(L.kind).where(L.kind == kind, L.max_queued.is_not(None))
+            select(KindLimitRecord.kind).where(
+                KindLimitRecord.kind == kind, KindLimitRecord.max_queued.is_not(None)
+            )
         ).one_or_none()
         if has_limit is None:
             return
         limits = self._lock_limits(conn, kind)
         if limits is None or limits.max_queued is None:
             return
-        present = set(conn.execute(select(J.id).where(J.id.in_(list(job_ids)))).scalars())
+        present = set(
+            conn.execute(select(JobRecord.id).where(JobRecord.id.in_(list(job_ids)))).scalars()
+        )
         adding = len([job_id for job_id in job_ids if job_id not in present])
         if adding == 0:
             return  # an idempotent re-submit adds nothing to the queue
         queued = conn.execute(
-            select(func.count()).select_from(J).where(J.kind == kind, J.state == State.QUEUED.value)
+            select(func.count())
+            .select_from(JobRecord)
+            .where(JobRecord.kind == kind, JobRecord.state == State.QUEUED.value)
         ).scalar_one()
         if queued + adding <= limits.max_queued:
             return
         finished = conn.execute(
             select(func.count())
-            .select_from(J)
-            .where(J.kind == kind, J.finished_at >= self.clock.after(-60))
+            .select_from(JobRecord)
+            .where(JobRecord.kind == kind, JobRecord.finished_at >= self.clock.after(-60))
         ).scalar_one()
         excess = queued + adding - limits.max_queued
         retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
@@ -899,12 +904,12 @@ class JobStore(JobReader):
             "updated_at": self.clock.now(),
         }
         with self._unit(conn) as unit:
-            ins = _insert_for(unit, L).values(values)
+            ins = _insert_for(unit, KindLimitRecord).values(values)
             if only_if_absent:
                 ins = ins.on_conflict_do_nothing()
             else:
                 ins = ins.on_conflict_do_update(
-                    index_elements=[L.kind],
+                    index_elements=[KindLimitRecord.kind],
                     set_={
                         "max_running": max_running,
                         "max_queued": max_queued,
@@ -913,7 +918,9 @@ class JobStore(JobReader):
                 )
             unit.execute(ins)
             row = unit.execute(
-                select(L.kind, L.max_running, L.max_queued).where(L.kind == kind)
+                select(
+                    KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued
+                ).where(KindLimitRecord.kind == kind)
             ).one()
         return KindLimits(row.kind, row.max_running, row.max_queued)
 
@@ -939,7 +946,7 @@ class JobStore(JobReader):
         def claimable() -> list[ColumnElement[bool]]:
             where = [self._claimable()]
             if kinds is not None:
-                where.append(J.kind.in_(list(kinds)))
+                where.append(JobRecord.kind.in_(list(kinds)))
             return where
 
         def unlimited() -> Row[Any] | None:
@@ -947,7 +954,10 @@ class JobStore(JobReader):
 
             def build() -> Executable:
                 no_running_limit = ~exists(
-                    select(L.kind).where(L.kind == J.kind, L.max_running.is_not(None))
+                    select(KindLimitRecord.kind).where(
+                        KindLimitRecord.kind == JobRecord.kind,
+                        KindLimitRecord.max_running.is_not(None),
+                    )
                 )
                 return self._transition_statement(
                     _param("p_job_id"),
@@ -955,14 +965,14 @@ class JobStore(JobReader):
                     where=[*claimable(), no_running_limit],
                     values={
                         "owner": _param("p_owner"),
-                        "fence": J.fence + 1,
+                        "fence": JobRecord.fence + 1,
                         "lease_until": self._after_bound("lease", lease_seconds),
-                        "attempts": J.attempts + 1,
-                        "liveness_key": bindparam("key", type_=J.liveness_key.type),
+                        "attempts": JobRecord.attempts + 1,
+                        "liveness_key": bindparam("key", type_=JobRecord.liveness_key.type),
                     },
                     owner=lambda: _param("p_owner"),
-                    reason=literal("claimed", T.reason.type),
-                    approved_by=literal(None, T.approved_by.type),
+                    reason=literal("claimed", TransitionRecord.reason.type),
+                    approved_by=literal(None, TransitionRecord.approved_by.type),
                 )
 
             key = ("claim", None if kinds is None else tuple(kinds))
@@ -981,7 +991,9 @@ class JobStore(JobReader):
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.begin() as conn:
-            limits = self._lock_limits(conn, select(J.kind).where(J.id == job_id).scalar_subquery())
+            limits = self._lock_limits(
+                conn, select(JobRecord.kind).where(JobRecord.id == job_id).scalar_subquery()
+            )
             max_running = None if limits is None else limits.max_running
             if max_running is None and self.engine.dialect.name == "postgresql":
                 return None  # the statement above already tried this claim without a limit
@@ -993,9 +1005,9 @@ class JobStore(JobReader):
                 where=[*claimable(), *limited],
                 values={
                     "owner": owner,
-                    "fence": J.fence + 1,
+                    "fence": JobRecord.fence + 1,
                     "lease_until": self.clock.after(lease_seconds),
-                    "attempts": J.attempts + 1,
+                    "attempts": JobRecord.attempts + 1,
                     "liveness_key": liveness_key,
                 },
                 owner=owner,
@@ -1006,23 +1018,23 @@ class JobStore(JobReader):
     def _claimable(self) -> ColumnElement[bool]:
         now = self.clock.now()
         return or_(
-            (J.state == State.QUEUED.value) & (J.run_after <= now),
-            (J.state == State.RUNNING.value)
-            & (J.attempts < J.max_attempts)
-            & or_(J.lease_until <= now, owner_lock_released(J.liveness_key)),
+            (JobRecord.state == State.QUEUED.value) & (JobRecord.run_after <= now),
+            (JobRecord.state == State.RUNNING.value)
+            & (JobRecord.attempts < JobRecord.max_attempts)
+            & or_(JobRecord.lease_until <= now, owner_lock_released(JobRecord.liveness_key)),
         )
 
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
         """IDs of jobs a claim would take now, the highest priority first, then the longest
         due (for in-process draining)."""
         stmt = (
-            select(J.id)
+            select(JobRecord.id)
             .where(self._claimable())
-            .order_by(J.priority.desc(), J.run_after, J.created_at)
+            .order_by(JobRecord.priority.desc(), JobRecord.run_after, JobRecord.created_at)
             .limit(limit)
         )
         if kinds is not None:
-            stmt = stmt.where(J.kind.in_(list(kinds)))
+            stmt = stmt.where(JobRecord.kind.in_(list(kinds)))
         with self._read() as conn:
             return list(conn.execute(stmt).scalars())
 
@@ -1030,10 +1042,10 @@ class JobStore(JobReader):
         """Push one claim's lease out, only while it is still ours and unexpired."""
         with self._unit(None, one_statement=True) as conn:
             row = conn.execute(
-                update(J)
+                update(JobRecord)
                 .where(*self._fenced(claim))
                 .values(lease_until=self.clock.after(lease_seconds))
-                .returning(J.lease_until)
+                .returning(JobRecord.lease_until)
             ).one_or_none()
             if row is None:
                 raise self._explain(conn, claim.job_id, State.RUNNING, claim)
@@ -1051,15 +1063,15 @@ class JobStore(JobReader):
         with self._unit(None, one_statement=True) as conn:
             return set(
                 conn.execute(
-                    update(J)
+                    update(JobRecord)
                     .where(
-                        tuple_(J.id, J.fence).in_([tuple(pair) for pair in claims]),
-                        J.owner == owner,
-                        J.state == State.RUNNING.value,
-                        J.lease_until > self.clock.now(),
+                        tuple_(JobRecord.id, JobRecord.fence).in_([tuple(pair) for pair in claims]),
+                        JobRecord.owner == owner,
+                        JobRecord.state == State.RUNNING.value,
+                        JobRecord.lease_until > self.clock.now(),
                     )
                     .values(lease_until=self.clock.after(lease_seconds))
-                    .returning(J.id)
+                    .returning(JobRecord.id)
                 ).scalars()
             )
 
@@ -1096,14 +1108,14 @@ class JobStore(JobReader):
 
         def build() -> Executable:
             owned = (
-                select(J.id)
+                select(JobRecord.id)
                 .where(*self._fenced_on(_param("p_job_id"), _param("p_owner"), _param("p_fence")))
                 .subquery("owned")
             )
             named = [
                 (
-                    bindparam(f"step_name_{index}", type_=S.name.type),
-                    bindparam(f"step_output_{index}", type_=S.output.type),
+                    bindparam(f"step_name_{index}", type_=StepRecord.name.type),
+                    bindparam(f"step_output_{index}", type_=StepRecord.output.type),
                 )
                 for index in range(len(steps))
             ]
@@ -1144,6 +1156,8 @@ class JobStore(JobReader):
         )
 
     def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
+        """The owner's FAILED, with the error as the reason and the pending steps recorded
+        in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live."""
         return self._owner_move(
             claim,
             State.FAILED,
@@ -1179,7 +1193,7 @@ class JobStore(JobReader):
             job_id,
             State.FAILED,
             only_from=[State.RUNNING],
-            where=[*where, J.attempts >= J.max_attempts],
+            where=[*where, JobRecord.attempts >= JobRecord.max_attempts],
             values={
                 "last_error": exhausted,
                 "lease_until": None,
@@ -1251,7 +1265,7 @@ class JobStore(JobReader):
                 "liveness_key": None,
                 "dispatched_at": self.clock.now(),
                 "run_after": self.clock.now(),
-                "attempts": J.attempts - 1,
+                "attempts": JobRecord.attempts - 1,
             },
             reason,
             steps,
@@ -1282,7 +1296,7 @@ class JobStore(JobReader):
                 "liveness_key": None,
                 "dispatched_at": None,
                 "run_after": instant,
-                "attempts": J.attempts - 1,
+                "attempts": JobRecord.attempts - 1,
             },
             f"sleep until {instant.isoformat()} (timer {name!r})",
             [*steps, timer],
@@ -1294,16 +1308,16 @@ class JobStore(JobReader):
         runs only once due, and a recorded timer does not sleep again. Not a state change;
         ``dispatched_at`` is cleared so a sweeper sends the doorbells."""
         now = self.clock.now()
-        where = [J.state == State.QUEUED.value, J.run_after > now]
+        where = [JobRecord.state == State.QUEUED.value, JobRecord.run_after > now]
         if job_ids is not None:
-            where.append(J.id.in_(list(job_ids)))
+            where.append(JobRecord.id.in_(list(job_ids)))
         with self.engine.begin() as conn:
             return sorted(
                 conn.execute(
-                    update(J)
+                    update(JobRecord)
                     .where(*where)
                     .values(run_after=now, dispatched_at=None, updated_at=now)
-                    .returning(J.id)
+                    .returning(JobRecord.id)
                 ).scalars()
             )
 
@@ -1324,7 +1338,7 @@ class JobStore(JobReader):
                     "owner": None,
                     "lease_until": None,
                     "liveness_key": None,
-                    "attempts": J.attempts - 1,
+                    "attempts": JobRecord.attempts - 1,
                     "waiting_for": step_name,
                 },
                 owner=claim.owner,
@@ -1336,7 +1350,9 @@ class JobStore(JobReader):
                 raise self._explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
             if (
                 conn.execute(
-                    select(S.name).where(S.job_id == claim.job_id, S.name == step_name)
+                    select(StepRecord.name).where(
+                        StepRecord.job_id == claim.job_id, StepRecord.name == step_name
+                    )
                 ).first()
                 is not None
             ):
@@ -1353,6 +1369,8 @@ class JobStore(JobReader):
     def approve(
         self, job_id: str, by: str, note: str | None = None, *, conn: Connection | None = None
     ) -> Job:
+        """WAITING_APPROVAL -> QUEUED, recording who approved (and why) as the job's
+        approval step so the handler's re-run continues past the wait."""
         check_person(by, "approver")
         if note is not None:
             check_text(note, "approval note")
@@ -1382,7 +1400,9 @@ class JobStore(JobReader):
                         fence=job.fence,
                     )
                 )
-                unit.execute(update(J).where(J.id == job_id).values(waiting_for=None))
+                unit.execute(
+                    update(JobRecord).where(JobRecord.id == job_id).values(waiting_for=None)
+                )
                 job = dataclasses.replace(job, waiting_for=None)
             return job
 
@@ -1393,6 +1413,8 @@ class JobStore(JobReader):
         *,
         conn: Connection | None = None,
     ) -> Job:
+        """Cancel a job that has not finished; a running owner finds out at its next fenced
+        write (refused), and writes nothing more."""
         check_text(reason, "cancel reason")
         with self._unit(conn) as unit:
             row = self._transition(
@@ -1416,9 +1438,9 @@ class JobStore(JobReader):
         the owner and fence the caller saw, so of several sweepers exactly one moves the job;
         ``only_if_expired`` re-checks the lease inside the same statement (the owner may have
         renewed since the caller looked)."""
-        stale = [J.owner == owner, J.fence == fence]
+        stale = [JobRecord.owner == owner, JobRecord.fence == fence]
         if only_if_expired:
-            stale.append(J.lease_until <= self.clock.now())
+            stale.append(JobRecord.lease_until <= self.clock.now())
         with self.engine.begin() as conn:
             row = self._requeue_or_fail(
                 conn,
@@ -1438,9 +1460,9 @@ class JobStore(JobReader):
         now = self.clock.now()
         with self._read() as conn:
             candidates = conn.execute(
-                select(J.id, J.owner, J.fence)
-                .where(J.state == State.RUNNING.value, J.lease_until <= now)
-                .order_by(J.lease_until)
+                select(JobRecord.id, JobRecord.owner, JobRecord.fence)
+                .where(JobRecord.state == State.RUNNING.value, JobRecord.lease_until <= now)
+                .order_by(JobRecord.lease_until)
                 .limit(limit)
             ).all()
         moved = []
@@ -1478,22 +1500,30 @@ class JobStore(JobReader):
         pass; of stale ones, those sent the longest ago (the likeliest lost)."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        queued_and_due = [J.state == State.QUEUED.value, J.run_after <= now]
+        queued_and_due = [JobRecord.state == State.QUEUED.value, JobRecord.run_after <= now]
         # Never sent: the highest priority first. Sent long ago: the longest ago first, as
         # the likeliest lost (when the queue is short of only a few, those are the few).
         kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [
-            (J.dispatched_at.is_(None), limit, (J.priority.desc(), J.run_after))
+            (
+                JobRecord.dispatched_at.is_(None),
+                limit,
+                (JobRecord.priority.desc(), JobRecord.run_after),
+            )
         ]
         stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
         if stale_take:
             kinds_of_unsent.append(
-                (J.dispatched_at <= stale, stale_take, (J.dispatched_at, J.priority.desc()))
+                (
+                    JobRecord.dispatched_at <= stale,
+                    stale_take,
+                    (JobRecord.dispatched_at, JobRecord.priority.desc()),
+                )
             )
         with self.engine.begin() as conn:
             taken: list[Row[str, int, dt.datetime]] = []
             for unsent, take, order in kinds_of_unsent:
                 taken += conn.execute(
-                    select(J.id, J.priority, J.run_after)
+                    select(JobRecord.id, JobRecord.priority, JobRecord.run_after)
                     .where(*queued_and_due, unsent)
                     .order_by(*order)
                     .limit(take)
@@ -1502,14 +1532,14 @@ class JobStore(JobReader):
                 return []
             marked = set(
                 conn.execute(
-                    update(J)
+                    update(JobRecord)
                     .where(
-                        J.id.in_([row.id for row in taken]),
-                        J.state == State.QUEUED.value,
-                        or_(J.dispatched_at.is_(None), J.dispatched_at <= stale),
+                        JobRecord.id.in_([row.id for row in taken]),
+                        JobRecord.state == State.QUEUED.value,
+                        or_(JobRecord.dispatched_at.is_(None), JobRecord.dispatched_at <= stale),
                     )
                     .values(dispatched_at=now)
-                    .returning(J.id)
+                    .returning(JobRecord.id)
                 ).scalars()
             )
         ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
@@ -1522,8 +1552,8 @@ class JobStore(JobReader):
             return
         with self.engine.begin() as conn:
             conn.execute(
-                update(J)
-                .where(J.id.in_(list(job_ids)), J.state == State.QUEUED.value)
+                update(JobRecord)
+                .where(JobRecord.id.in_(list(job_ids)), JobRecord.state == State.QUEUED.value)
                 .values(dispatched_at=None)
             )
 
@@ -1578,13 +1608,15 @@ class JobStore(JobReader):
     ) -> bool:
         """Move ``last_tick`` to ``tick`` if it is behind: a compare-and-set that never moves
         it back, so a slow sweeper cannot re-fire old ticks. False: someone got there first."""
-        S = ScheduleRecord
         with self._unit(conn) as unit:
             moved = unit.execute(
-                update(S)
-                .where(S.name == name, or_(S.last_tick.is_(None), S.last_tick < tick))
+                update(ScheduleRecord)
+                .where(
+                    ScheduleRecord.name == name,
+                    or_(ScheduleRecord.last_tick.is_(None), ScheduleRecord.last_tick < tick),
+                )
                 .values(last_tick=tick)
-                .returning(S.name)
+                .returning(ScheduleRecord.name)
             ).first()
         return moved is not None
 
@@ -1623,18 +1655,26 @@ class JobStore(JobReader):
         means nothing more is due). Live jobs are never matched: the state is re-checked in
         the DELETE itself."""
         finished = [state.value for state in states.TERMINAL]
-        old = [J.state.in_(finished), J.finished_at < self.clock.after(-older_than_seconds)]
+        old = [
+            JobRecord.state.in_(finished),
+            JobRecord.finished_at < self.clock.after(-older_than_seconds),
+        ]
         with self.engine.begin() as conn:
             ids = list(
                 conn.execute(
-                    select(J.id).where(*old).order_by(J.finished_at).limit(batch_size)
+                    select(JobRecord.id)
+                    .where(*old)
+                    .order_by(JobRecord.finished_at)
+                    .limit(batch_size)
                 ).scalars()
             )
             if not ids:
                 return []
             conn.execute(delete(StepRecord).where(StepRecord.job_id.in_(ids)))
             conn.execute(delete(TransitionRecord).where(TransitionRecord.job_id.in_(ids)))
-            gone = conn.execute(delete(J).where(J.id.in_(ids), *old).returning(J.id)).scalars()
+            gone = conn.execute(
+                delete(JobRecord).where(JobRecord.id.in_(ids), *old).returning(JobRecord.id)
+            ).scalars()
             return sorted(gone)
 
     def count_event(self, name: str, kind: str, amount: int = 1, *, wait: bool = True) -> None:

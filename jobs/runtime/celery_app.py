@@ -82,6 +82,9 @@ def task_queue(settings: Settings, name: str | None = None) -> Queue:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration every process uses for these settings (the README's
+    "Celery settings, and why" says what each entry is for); the bench's plain side gets
+    the same one."""
     config: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "task_serializer": "json",
@@ -130,6 +133,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def make_app(settings: Settings) -> Celery:
+    """A Celery app configured by :func:`celery_config` (one per settings object)."""
     celery = Celery("jobs", set_as_current=False)
     celery.conf.update(celery_config(settings))
     return celery

@@ -163,6 +163,9 @@ def run_forever(
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> None:
+    """``jobctl sweeper``: a :func:`sweep_once` pass every ``JOBS_SWEEP_INTERVAL_SECONDS``
+    until SIGTERM/SIGINT (or ``stop``); a pass that fails is logged and the next one runs.
+    Any number of sweepers may run at once: each pass's moves are compare-and-sets."""
     stop = stop or threading.Event()
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
