@@ -1259,17 +1259,23 @@ class JobStore(JobReader):
         return self._owner_move(
             claim,
             State.QUEUED,
-            {
-                "owner": None,
-                "lease_until": None,
-                "liveness_key": None,
-                "dispatched_at": self.clock.now(),
-                "run_after": self.clock.now(),
-                "attempts": JobRecord.attempts - 1,
-            },
+            self._given_back(run_after=self.clock.now(), dispatched_at=self.clock.now()),
             reason,
             steps,
         )
+
+    @staticmethod
+    def _given_back(run_after: Any, dispatched_at: Any) -> dict[str, Any]:
+        """The values of an owner's move back to QUEUED that is not a failure (a hand-back,
+        a sleep): no owner or lease any more, and the attempt given back."""
+        return {
+            "owner": None,
+            "lease_until": None,
+            "liveness_key": None,
+            "dispatched_at": dispatched_at,
+            "run_after": run_after,
+            "attempts": JobRecord.attempts - 1,
+        }
 
     def sleep(
         self,
@@ -1290,14 +1296,7 @@ class JobStore(JobReader):
         return self._owner_move(
             claim,
             State.QUEUED,
-            {
-                "owner": None,
-                "lease_until": None,
-                "liveness_key": None,
-                "dispatched_at": None,
-                "run_after": instant,
-                "attempts": JobRecord.attempts - 1,
-            },
+            self._given_back(run_after=instant, dispatched_at=None),
             f"sleep until {instant.isoformat()} (timer {name!r})",
             [*steps, timer],
         )
