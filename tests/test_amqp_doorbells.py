@@ -108,3 +108,16 @@ def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_firs
         "low-2",
     ]
     assert [message.properties.get("priority") for message in messages] == [9, 5, 0, 0]
+
+
+def test_a_long_lived_channel_keeps_no_record_of_confirmed_doorbells(
+    publisher: CeleryPublisher,
+) -> None:
+    """RabbitMQ confirms doorbells one by one: each confirmation must fold into the
+    watermark, or a web process's publisher would keep (and scan) every tag it ever sent."""
+    for number in range(60):
+        publisher([f"single-{number}"])
+    confirms = publisher._amqp._confirms
+    assert confirms.published == 61  # the fixture's first doorbell and these
+    assert confirms.acked_upto == confirms.published
+    assert confirms.acked == set()
