@@ -150,6 +150,7 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
 class FakeWatch:
     def __init__(self, health: QueueHealth) -> None:
         self.health = health
+        self.ready: int | None = None  # the broker could not say how many wait
 
     def check(self) -> QueueHealth:
         return self.health
@@ -290,3 +291,23 @@ def _get_soon(queue: Any, tries: int = 20) -> Any:
             return message
         time.sleep(0.05)
     return None
+
+
+@pytest.mark.rabbitmq
+def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
+    amqp_settings: Settings,
+) -> None:
+    from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
+
+    watch = QueueWatch(amqp_settings)
+    publisher = CeleryPublisher(amqp_settings)
+    try:
+        assert watch.check() is QueueHealth.GONE_NOW_DECLARED
+        assert watch.ready == 0
+        publisher(["low-1", "low-2", "low-3"])
+        publisher(["high-1"], priority=9)  # the quorum queue's high band counts too
+        assert watch.check() is QueueHealth.OK
+        assert watch.ready == 4 == publisher.waiting()
+    finally:
+        publisher.close()
+        watch.close()

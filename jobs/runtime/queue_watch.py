@@ -55,6 +55,9 @@ class QueueWatch:
         self.connect_timeout = connect_timeout
         self._connection: Any = None
         self._unavailable: set[str] = set()  # queues that refused declares at a pass
+        # Doorbells ready in the queues at the last check (the passive declares' answer),
+        # None when a queue could not say: the sweeper needs no second probe for it.
+        self.ready: int | None = None
 
     def _connect(self) -> Any:
         from kombu.connection import Connection  # noqa: PLC0415 - only where a broker is used
@@ -86,6 +89,7 @@ class QueueWatch:
         from jobs.runtime.celery_app import task_queue  # noqa: PLC0415 - the one declaration
         from jobs.runtime.dispatch import queue_names  # noqa: PLC0415
 
+        self.ready = None
         try:
             connection = self._connect()
         except Exception as err:
@@ -93,39 +97,45 @@ class QueueWatch:
             self._drop_connection()
             return QueueHealth.UNREACHABLE
         found = []
+        ready: int | None = 0
         for name in queue_names(self.settings):
-            health = self._check_one(connection, task_queue(self.settings, name))
+            health, count = self._check_one(connection, task_queue(self.settings, name))
             if health is QueueHealth.UNREACHABLE:
                 return health
             found.append(health)
+            ready = None if ready is None or count is None else ready + count
+        self.ready = ready
         for worst in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK, QueueHealth.UNAVAILABLE):
             if worst in found:
                 return worst
         return QueueHealth.OK
 
-    def _check_one(self, connection: Any, queue: Any) -> QueueHealth:
+    def _check_one(self, connection: Any, queue: Any) -> tuple[QueueHealth, int | None]:
+        """The queue's health, and how many doorbells are ready in it (``None``: unknown)."""
         try:
             with connection.channel() as channel:
-                queue.bind(channel).queue_declare(passive=True)
+                declared = queue.bind(channel).queue_declare(passive=True)
         except connection.channel_errors as err:
             text = str(getattr(err, "reply_text", "") or err)
             if getattr(err, "reply_code", None) != 404 or "home node" in text:
                 if queue.name not in self._unavailable:
                     log.warning("sweeper: queue %r is unavailable: %s", queue.name, text)
                 self._unavailable.add(queue.name)
-                return QueueHealth.UNAVAILABLE
-            return self._declare(queue, text)
+                return QueueHealth.UNAVAILABLE, None
+            health = self._declare(queue, text)
+            return health, 0 if health is QueueHealth.GONE_NOW_DECLARED else None
         except connection.connection_errors as err:
             log.warning("sweeper: broker connection lost during the queue check: %s", err)
             self._drop_connection()
-            return QueueHealth.UNREACHABLE
+            return QueueHealth.UNREACHABLE, None
+        ready = int(declared.message_count)
         if queue.name in self._unavailable:
             self._unavailable.discard(queue.name)
             log.warning(
                 "sweeper: queue %r serves again; ringing every due job's doorbell", queue.name
             )
-            return QueueHealth.BACK
-        return QueueHealth.OK
+            return QueueHealth.BACK, ready
+        return QueueHealth.OK, ready
 
     def _declare(self, queue: Any, why: str) -> QueueHealth:
         connection = self._connection

@@ -105,7 +105,8 @@ def sweep_once(
     """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids,
     priority)`` rings a batch of doorbells of one priority and says whether it could (due
     jobs are rung the highest priority first);
-    ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown).
+    ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown),
+    asked only without a ``watch``: the watch's own look at the queue already counted them.
 
     A doorbell published long ago and still unclaimed is either lost or waiting behind a
     backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
@@ -122,7 +123,7 @@ def sweep_once(
     health = watch.check() if watch is not None else QueueHealth.OK
     dispatched = ring_all_due(store, publish) if health.ring_all else []
     stale_limit = None
-    ready = waiting()
+    ready = watch.ready if watch is not None else waiting()
     if ready is not None:
         stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
     due = store.due_doorbells(settings.redispatch_after_seconds, stale_limit=stale_limit)
