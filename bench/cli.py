@@ -82,6 +82,17 @@ def _positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def _scenarios(text: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(set(chosen) - set(Options().scenarios))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown scenario {', '.join(unknown) or text!r}; choose from "
+            + ", ".join(Options().scenarios)
+        )
+    return chosen
+
+
 def parser() -> argparse.ArgumentParser:
     defaults = Options()
     p = argparse.ArgumentParser(
@@ -159,6 +170,14 @@ def parser() -> argparse.ArgumentParser:
         help="jobs per submit-rate run, single and bulk (default %(default)s)",
     )
     p.add_argument("--no-recovery", action="store_true", help="skip the SIGKILL recovery runs")
+    p.add_argument(
+        "--only",
+        type=_scenarios,
+        default=defaults.scenarios,
+        help="comma-separated scenarios to run, of: "
+        + ", ".join(defaults.scenarios)
+        + " (default all; drain includes the submit rates and the per-job profile)",
+    )
     p.add_argument(
         "--loglevel",
         default=defaults.loglevel,
@@ -267,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_url=args.pg_url,
         amqp_url=args.amqp_url,
         recovery=not args.no_recovery,
+        scenarios=args.only,
     )
 
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]

@@ -63,6 +63,7 @@ class Options:
     pg_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     recovery: bool = True
+    scenarios: tuple[str, ...] = ("drain", "throughput", "latency", "recovery")
 
 
 @dataclasses.dataclass
@@ -599,10 +600,13 @@ def run_backend(
         run.start()
         run.warm_up()
         for r in range(opts.repeat):
-            run.drain(r)
-            run.throughput(r)
-            run.latency(r)
-        if opts.recovery and backend == PG_RABBITMQ:
+            if "drain" in opts.scenarios:
+                run.drain(r)
+            if "throughput" in opts.scenarios:
+                run.throughput(r)
+            if "latency" in opts.scenarios:
+                run.latency(r)
+        if opts.recovery and "recovery" in opts.scenarios and backend == PG_RABBITMQ:
             for r in range(max(opts.repeat, opts.recovery_samples)):
                 run.recovery(r)
             for q in (50, 99):
