@@ -1,4 +1,5 @@
-"""jobctl commands over the core alone: submit, show, list, approve, cancel, stats, db, simulate.
+"""jobctl commands over the core alone: submit, show, list, approve, cancel, wake, stats, db,
+simulate.
 
 Every command reads the ledger through :mod:`jobs.api` (or the store), never through a
 broker, so what it prints is what a recovering worker would see. Output meant for
@@ -421,6 +422,16 @@ def cancel(job_id: str, reason: str) -> None:
     """Stop a job that has not ended; a running owner stops at its next write."""
     job = jobs.cancel(job_id, reason)
     click.echo(f"{job.id} {job.state.value}")
+
+
+@main.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", default="woken by an operator", show_default=True)
+def wake(job_id: str, reason: str) -> None:
+    """Make a QUEUED job waiting on a timer (a sleep, --delay/--run-at, a retry's backoff)
+    due now, and ring its doorbell."""
+    job = jobs.wake(job_id, reason)
+    click.echo(f"{job.id} {job.state.value}, due now")
 
 
 # -- stats ---------------------------------------------------------------------------------
