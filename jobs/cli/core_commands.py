@@ -381,12 +381,13 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
         click.echo("no jobs")
         return
     _table(
-        ("ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"),
+        ("ID", "KIND", "STATE", "PRIORITY", "OWNER", "ATTEMPTS", "UPDATED"),
         [
             (
                 j.id,
                 j.kind,
                 j.state.value,
+                str(j.priority),
                 shown(j.owner),
                 f"{j.attempts}/{j.max_attempts}",
                 j.updated_at.isoformat(timespec="seconds"),
