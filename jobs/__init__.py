@@ -31,6 +31,7 @@ from jobs.core.errors import (
     InvalidInput,
     JobError,
     LeaseLost,
+    NothingToWake,
     SettingsError,
     StepError,
     UnknownJob,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         submit,
         submit_many,
         unschedule,
+        wake,
     )
     from jobs.core.records import Job, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
@@ -78,6 +80,7 @@ _LAZY = {
             "submit",
             "submit_many",
             "unschedule",
+            "wake",
         ),
         "jobs.api",
     ),
@@ -108,6 +111,7 @@ __all__ = [
     "JobError",
     "KindLimits",
     "LeaseLost",
+    "NothingToWake",
     "Schedule",
     "SettingsError",
     "State",
@@ -132,4 +136,5 @@ __all__ = [
     "submit",
     "submit_many",
     "unschedule",
+    "wake",
 ]

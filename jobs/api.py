@@ -275,6 +275,30 @@ def approve(
     (as :func:`submit` does) and the doorbell rings after its commit."""
     joined = unit_for(connection, session, unit)
     job = _store().approve(job_id, by, note, conn=None if joined is None else joined.connection)
+    return _ring_after_commit(job, joined)
+
+
+def wake(
+    job_id: str,
+    reason: str = "woken by an operator",
+    *,
+    connection: Connection | None = None,
+    session: Session | scoped_session[Any] | None = None,
+    unit: UnitOfWork | None = None,
+) -> Job:
+    """Make a QUEUED job that waits on a timer (``ctx.sleep``, ``delay``/``run_at``, a
+    retry's backoff) due now, recording ``reason`` in its history, and ring its doorbell.
+    Any other job raises :class:`jobs.NothingToWake` and nothing changes.
+    ``connection=``/``session=``/``unit=`` join the caller's transaction, as for
+    :func:`approve`."""
+    joined = unit_for(connection, session, unit)
+    job = _store().wake_job(job_id, reason, conn=None if joined is None else joined.connection)
+    return _ring_after_commit(job, joined)
+
+
+def _ring_after_commit(job: Job, joined: UnitOfWork | None) -> Job:
+    """Ring the doorbell of a job an operator queued: now when the write committed alone,
+    else once the caller's transaction has."""
     ring = functools.partial(process.current().dispatch, priority=job.priority)
     if joined is None:
         ring([job.id])

@@ -365,15 +365,20 @@ def test_list_filters_by_state_case_insensitively_and_by_kind() -> None:
     assert len(limited) == 1
 
 
-def test_list_table_has_a_header_and_one_row_per_job() -> None:
-    job_id = submit()
+def test_list_table_has_a_header_and_one_row_per_job_with_its_priority() -> None:
+    low = submit()
+    high = submit("cli_lookup", None, "--priority", "7")
 
     result = jobctl("list")
 
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"]
-    assert len(rows) == 1
-    assert rows[0].split()[:5] == [job_id, "cli_lookup", "QUEUED", "-", "0/5"]
+    assert header.split() == ["ID", "KIND", "STATE", "PRIORITY", "OWNER", "ATTEMPTS", "UPDATED"]
+    assert sorted(row.split()[:6] for row in rows) == sorted(
+        [
+            [low, "cli_lookup", "QUEUED", "0", "-", "0/5"],
+            [high, "cli_lookup", "QUEUED", "7", "-", "0/5"],
+        ]
+    )
 
 
 def test_list_with_no_jobs_says_so() -> None:

@@ -103,6 +103,35 @@ def test_series_follow_the_tables(engine: Engine) -> None:
     assert value(again, "jobs_step_duration_seconds_count", kind="report") == 3
 
 
+def test_queued_jobs_by_kind_and_priority(engine: Engine) -> None:
+    store = JobStore(engine)
+    registry = registry_for(store, lease_seconds=30)
+    store.create("report", {}, job_id="r0", max_attempts=1)
+    store.create("report", {}, job_id="r9", max_attempts=1, priority=9)
+    store.create("report", {}, job_id="r9-later", max_attempts=1, priority=9, delay_seconds=600)
+    store.create("mail", {}, job_id="m5", max_attempts=1, priority=5)
+    store.create("mail", {}, job_id="m3", max_attempts=1, priority=3)
+    claim = store.claim("m3", "w", 30)
+    assert claim is not None
+    store.complete(claim, "ok")
+
+    samples = scrape(registry)
+
+    queued = {
+        labels: count
+        for (name, labels), count in samples.items()
+        if name == "jobs_queued_by_priority"
+    }
+    assert queued == {
+        (("kind", "mail"), ("priority", "3")): 0,  # none waits; its series stays, at 0
+        (("kind", "mail"), ("priority", "5")): 1,
+        (("kind", "report"), ("priority", "0")): 1,
+        (("kind", "report"), ("priority", "9")): 2,  # due or not
+    }
+    assert value(samples, "jobs", state="QUEUED", kind="report") == 3
+    assert value(samples, "jobs", state="COMPLETED", kind="mail") == 1
+
+
 def test_workers_do_not_import_the_metrics_library() -> None:
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415

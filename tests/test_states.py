@@ -17,6 +17,7 @@ LEGAL = {
     (S.RUNNING, S.RUNNING),
     (S.RUNNING, S.WAITING_APPROVAL),
     (S.WAITING_APPROVAL, S.QUEUED),
+    (S.QUEUED, S.QUEUED),
     (S.RUNNING, S.QUEUED),
     (S.RUNNING, S.COMPLETED),
     (S.RUNNING, S.FAILED),
@@ -75,7 +76,7 @@ def test_birth_is_only_into_queued() -> None:
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (S.QUEUED, {S.WAITING_APPROVAL, S.RUNNING}),
+        (S.QUEUED, {S.QUEUED, S.WAITING_APPROVAL, S.RUNNING}),
         (S.RUNNING, {S.QUEUED, S.RUNNING}),
         (S.WAITING_APPROVAL, {S.RUNNING}),
         (S.COMPLETED, {S.RUNNING}),

@@ -23,6 +23,7 @@ from jobs.core.errors import (
     IllegalTransition,
     InvalidInput,
     LeaseLost,
+    NothingToWake,
     StepError,
     UnknownJob,
 )
@@ -707,6 +708,103 @@ def test_illegal_operator_moves_change_nothing(
     assert f"job 'j1': illegal transition {source.value} -> {target.value}" == str(info.value)
 
 
+# -- an operator's wake -------------------------------------------------------------------------
+
+
+def _waiting_on_a_timer(store: JobStore, timer: str) -> None:
+    """Job j1, QUEUED and not due for an hour or more: asleep, delayed, or backing off."""
+    new(store, delay_seconds=3600 if timer == "delayed" else 0)
+    if timer == "sleeping":
+        store.sleep(claimed(store), "nap", store.now() + dt.timedelta(hours=1))
+    elif timer == "backing off":
+        store.retry(claimed(store), "boom", 3600)
+
+
+@pytest.mark.parametrize("timer", ["sleeping", "delayed", "backing off"])
+def test_wake_job_makes_a_job_waiting_on_a_timer_due_now(
+    store: JobStore, clock: LogicalClock, timer: str
+) -> None:
+    _waiting_on_a_timer(store, timer)
+    waiting = store.get("j1")
+    assert store.claim("j1", "B", LEASE) is None  # not due
+    clock.advance(1)
+
+    job = store.wake_job("j1", "customer on the phone")
+
+    assert job.state is State.QUEUED
+    assert job.run_after == clock.instant(1)
+    assert job.dispatched_at == clock.instant(1)  # the caller rings after the commit
+    kept = ("attempts", "fence", "owner", "last_error", "priority", "max_attempts")
+    assert {name: getattr(job, name) for name in kept} == {
+        name: getattr(waiting, name) for name in kept
+    }
+    last = store.history("j1")[-1]
+    assert (last.from_state, last.to_state, last.reason, last.owner, last.fence) == (
+        State.QUEUED,
+        State.QUEUED,
+        "customer on the phone",
+        None,
+        waiting.fence,
+    )
+    with pytest.raises(NothingToWake, match="due already"):
+        store.wake_job("j1")  # a second wake finds it due
+    again = claimed(store, owner="B")
+    assert again.job.attempts == waiting.attempts + 1
+
+
+def test_wake_job_records_the_default_reason(store: JobStore) -> None:
+    _waiting_on_a_timer(store, "delayed")
+    store.wake_job("j1")
+    assert store.history("j1")[-1].reason == "woken by an operator"
+
+
+@pytest.mark.parametrize("source", list(State))
+def test_wake_job_refuses_a_job_not_waiting_on_a_timer(
+    store: JobStore, engine: Engine, source: State
+) -> None:
+    new(store)
+    INTO[source](store)  # QUEUED: due at once
+    before = snapshot(engine)
+    with pytest.raises(NothingToWake) as info:
+        store.wake_job("j1")
+    assert snapshot(engine) == before
+    assert (info.value.job_id, info.value.state) == ("j1", source)
+    why = (
+        "is QUEUED and due already: nothing to wake"
+        if source is State.QUEUED
+        else f"is {source.value}: only a QUEUED job waiting on a timer can be woken"
+    )
+    assert str(info.value) == f"job 'j1' {why}"
+
+
+def test_wake_job_refuses_a_job_whose_timer_ran_out(
+    store: JobStore, engine: Engine, clock: LogicalClock
+) -> None:
+    new(store, delay_seconds=5)
+    clock.advance(5 + margin(clock))
+    before = snapshot(engine)
+    with pytest.raises(NothingToWake, match="due already"):
+        store.wake_job("j1")
+    assert snapshot(engine) == before
+
+
+def test_wake_job_refuses_a_bad_reason_and_changes_nothing(store: JobStore, engine: Engine) -> None:
+    _waiting_on_a_timer(store, "delayed")
+    before = snapshot(engine)
+    with pytest.raises(InvalidInput, match="wake reason"):
+        store.wake_job("j1", "x" * 2001)
+    assert snapshot(engine) == before
+
+
+def test_wake_job_joins_the_callers_transaction(store: JobStore, engine: Engine) -> None:
+    _waiting_on_a_timer(store, "sleeping")
+    before = snapshot(engine)
+    with engine.connect() as conn, conn.begin() as transaction:
+        store.wake_job("j1", conn=conn)
+        transaction.rollback()
+    assert snapshot(engine) == before
+
+
 @pytest.mark.parametrize("source", [State.COMPLETED, State.FAILED, State.CANCELLED])
 @pytest.mark.parametrize("write", ["complete", "fail", "retry", "wait_for_approval"])
 def test_owner_write_on_an_ended_job_is_refused(
@@ -736,6 +834,8 @@ def test_unknown_ids(store: JobStore, engine: Engine) -> None:
         store.approve("nope", "alice")
     with pytest.raises(UnknownJob):
         store.cancel("nope")
+    with pytest.raises(UnknownJob):
+        store.wake_job("nope")
     for write in FENCED_WRITES.values():
         with pytest.raises(UnknownJob):
             write(store, ghost)

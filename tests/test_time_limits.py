@@ -8,6 +8,7 @@ and in a busy loop, ended and replaced) is tested in tests/acceptance/test_time_
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,11 +60,56 @@ def heartbeat(store: JobStore, clock: LogicalClock, stopped: list[str]) -> Itera
     beat.stop()
 
 
-def in_thread(run: Callable[[], RunResult]) -> tuple[threading.Thread, list[RunResult]]:
-    results: list[RunResult] = []
-    thread = threading.Thread(target=lambda: results.append(run()), daemon=True)
-    thread.start()
-    return thread, results
+@pytest.fixture
+def runner(store: JobStore, registry: Registry, heartbeat: LeaseHeartbeat) -> Runner:
+    """A worker's runner, its heartbeat reading the test's logical clock."""
+    return Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=LEASE)
+
+
+@pytest.fixture
+def hung() -> Hung:
+    """The step a test's handler hangs in (:func:`start_hung` releases it at the end)."""
+    return Hung()
+
+
+@dataclasses.dataclass
+class HungRun:
+    """A run in a thread of its own, its handler stuck in the ``hung`` step."""
+
+    job_id: str
+    hung: Hung
+    thread: threading.Thread
+    results: list[RunResult]
+
+    def finish(self) -> RunResult:
+        """Let the stuck step return, and the run's result once it ended."""
+        self.hung.release.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the run did not end"
+        return self.results[0]
+
+
+@pytest.fixture
+def start_hung(store: JobStore, runner: Runner, hung: Hung) -> Iterator[Callable[..., HungRun]]:
+    """``start_hung(kind, max_attempts=3)`` submits a job of ``kind`` (registered by the test,
+    its handler calling the ``hung`` step), runs it in a thread and returns once the step
+    has started. At the end, even of a failed test, the step is released and the runs
+    are waited for: no thread is left stuck."""
+    threads: list[threading.Thread] = []
+
+    def start(kind: str, max_attempts: int = 3) -> HungRun:
+        job_id = submit(store, kind, max_attempts)
+        results: list[RunResult] = []
+        thread = threading.Thread(target=lambda: results.append(runner.run(job_id)), daemon=True)
+        thread.start()
+        threads.append(thread)
+        assert hung.started.wait(10), "the step never started"
+        return HungRun(job_id, hung, thread, results)
+
+    yield start
+    hung.release.set()
+    for thread in threads:
+        thread.join(10)
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 10) -> Any:
@@ -93,17 +139,15 @@ def test_a_hung_step_past_its_timeout_is_retried_with_the_reason(
     registry: Registry,
     heartbeat: LeaseHeartbeat,
     stopped: list[str],
+    hung: Hung,
+    start_hung: Callable[..., HungRun],
 ) -> None:
-    hung = Hung()
-
     @registry.job("hangs")
     def hangs(ctx: Any) -> str:
         return ctx.step("wait", hung, timeout=2)
 
-    job_id = submit(store, "hangs")
-    runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=LEASE)
-    thread, results = in_thread(lambda: runner.run(job_id))
-    assert hung.started.wait(10)
+    run = start_hung("hangs")
+    job_id = run.job_id
     clock.advance(1.9)
     time.sleep(0.2)  # the heartbeat looks every 50 ms: nothing is due yet
     assert store.get(job_id).state is State.RUNNING
@@ -121,53 +165,47 @@ def test_a_hung_step_past_its_timeout_is_retried_with_the_reason(
     assert stopped == [f"job {job_id}: step 'wait' passed its timeout of 2 s"]
     assert heartbeat.watching() == []  # its lease is no longer renewed
 
-    hung.release.set()  # in-process the stuck step returns in the end: it writes nothing
-    thread.join(10)
-    assert results[0].outcome is Outcome.LEASE_LOST
+    # In-process the stuck step returns in the end: it writes nothing.
+    assert run.finish().outcome is Outcome.LEASE_LOST
     assert store.steps(job_id) == []
     assert store.get(job_id).state is State.QUEUED
 
 
 def test_a_hung_step_on_the_last_attempt_fails_the_job_with_the_reason(
-    store: JobStore, clock: LogicalClock, registry: Registry, heartbeat: LeaseHeartbeat
+    store: JobStore,
+    clock: LogicalClock,
+    registry: Registry,
+    hung: Hung,
+    start_hung: Callable[..., HungRun],
 ) -> None:
-    hung = Hung()
-
     @registry.job("hangs")
     def hangs(ctx: Any) -> str:
         return ctx.step("wait", hung, timeout=5)
 
-    job_id = submit(store, "hangs", max_attempts=1)
-    runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=LEASE)
-    thread, _results = in_thread(lambda: runner.run(job_id))
-    assert hung.started.wait(10)
+    run = start_hung("hangs", max_attempts=1)
     clock.advance(5)
-    job = left_state(store, job_id)
+    job = left_state(store, run.job_id)
     assert job.state is State.FAILED
     assert job.last_error == "step 'wait' passed its timeout of 5 s"
-    hung.release.set()
-    thread.join(10)
+    assert run.finish().outcome is Outcome.LEASE_LOST
 
 
 def test_the_job_timeout_covers_the_whole_run(
     store: JobStore,
     clock: LogicalClock,
     registry: Registry,
-    heartbeat: LeaseHeartbeat,
     stopped: list[str],
+    hung: Hung,
+    start_hung: Callable[..., HungRun],
 ) -> None:
-    hung = Hung()
-
     @registry.job("slow", timeout=10)
     def slow(ctx: Any) -> str:
         ctx.step("first", lambda: 1)
         clock.advance(6)
         return ctx.step("second", hung)  # no step timeout: the job's runs out
 
-    job_id = submit(store, "slow")
-    runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=LEASE)
-    thread, results = in_thread(lambda: runner.run(job_id))
-    assert hung.started.wait(10)
+    run = start_hung("slow")
+    job_id = run.job_id
     time.sleep(0.2)
     assert store.get(job_id).state is State.RUNNING
     clock.advance(4)
@@ -176,17 +214,11 @@ def test_the_job_timeout_covers_the_whole_run(
     assert job.last_error == "the job passed its timeout of 10 s"
     assert [step.name for step in store.steps(job_id)] == ["first"]  # recorded with it
     assert len(stopped) == 1
-    hung.release.set()
-    thread.join(10)
-    assert results[0].outcome is Outcome.LEASE_LOST
+    assert run.finish().outcome is Outcome.LEASE_LOST
 
 
 def test_steps_within_their_limits_run_on_and_stop_nothing(
-    store: JobStore,
-    clock: LogicalClock,
-    registry: Registry,
-    heartbeat: LeaseHeartbeat,
-    stopped: list[str],
+    store: JobStore, clock: LogicalClock, registry: Registry, runner: Runner, stopped: list[str]
 ) -> None:
     @registry.job("quick", timeout=100)
     def quick(ctx: Any) -> int:
@@ -196,7 +228,6 @@ def test_steps_within_their_limits_run_on_and_stop_nothing(
         return int(ctx.step("b", lambda: 7, timeout=2))
 
     job_id = submit(store, "quick")
-    runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=LEASE)
     assert runner.run(job_id).outcome is Outcome.COMPLETED
     assert store.get(job_id).result == 7
     assert stopped == []

@@ -405,8 +405,74 @@ def test_explain_says_the_job_sleeps_until_its_timer() -> None:
     assert explain.explain(runtime.store, runtime.settings, delayed).reason == "not_due"
 
 
+def test_wake_makes_a_sleeping_job_due_now_and_rings_its_doorbell() -> None:
+    job = testing.perform_job("timer_follow_up", {"hours": 24})
+    rung: list[str] = []
+    jobs.set_dispatcher(rung.append)
+
+    woken = jobs.wake(job.id)
+
+    assert rung == [job.id]
+    assert woken.run_after <= process.current().store.now()
+    assert jobs.history(job.id)[-1].reason == "woken by an operator"
+    [result] = testing.drain()
+    assert result.outcome is Outcome.COMPLETED
+    assert result.replayed_steps == ("lookup", "cool_off")
+    assert RAN == {"lookup": 1, "remind": 1}
+
+
+def test_wake_of_a_due_job_raises_and_rings_nothing() -> None:
+    job_id = jobs.submit("timer_lookup")
+    rung: list[str] = []
+    jobs.set_dispatcher(rung.append)
+
+    with pytest.raises(jobs.NothingToWake, match="due already"):
+        jobs.wake(job_id)
+
+    assert rung == []
+    assert [move.reason for move in jobs.history(job_id)] == ["submitted"]
+
+
+def test_explain_offers_the_wake_for_a_job_waiting_on_a_timer() -> None:
+    runtime = process.current()
+    for job_id in (
+        testing.perform_job("timer_follow_up", {"hours": 2}).id,
+        jobs.submit("timer_lookup", delay=60),
+    ):
+        found = explain.explain(runtime.store, runtime.settings, job_id)
+        assert f"jobctl wake {job_id} to run it now" in found.actions
+
+
 def jobctl(*args: str) -> Result:
     return CliRunner(catch_exceptions=False).invoke(main, list(args))
+
+
+def assert_one_line_error(result: Result, fragment: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    assert fragment in lines[0]
+
+
+def test_jobctl_wake_a_sleeping_job_then_refuses_what_is_not_waiting() -> None:
+    job = testing.perform_job("timer_follow_up", {"hours": 24})
+
+    result = jobctl("wake", job.id, "--reason", "customer on the phone")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{job.id} QUEUED, due now\n"
+    assert jobs.history(job.id)[-1].reason == "customer on the phone"
+    history = jobs.history(job.id)
+    assert_one_line_error(jobctl("wake", job.id), f"job {job.id!r} is QUEUED and due already")
+    assert jobs.history(job.id) == history
+    testing.drain()
+    assert_one_line_error(
+        jobctl("wake", job.id),
+        f"job {job.id!r} is COMPLETED: only a QUEUED job waiting on a timer can be woken",
+    )
+    assert_one_line_error(jobctl("wake", "nope"), "unknown job id 'nope'")
 
 
 def test_jobctl_submit_run_at() -> None:

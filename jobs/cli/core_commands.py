@@ -1,4 +1,5 @@
-"""jobctl commands over the core alone: submit, show, list, approve, cancel, stats, db, simulate.
+"""jobctl commands over the core alone: submit, show, list, approve, cancel, wake, stats, db,
+simulate.
 
 Every command reads the ledger through :mod:`jobs.api` (or the store), never through a
 broker, so what it prints is what a recovering worker would see. Output meant for
@@ -380,12 +381,13 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
         click.echo("no jobs")
         return
     _table(
-        ("ID", "KIND", "STATE", "OWNER", "ATTEMPTS", "UPDATED"),
+        ("ID", "KIND", "STATE", "PRIORITY", "OWNER", "ATTEMPTS", "UPDATED"),
         [
             (
                 j.id,
                 j.kind,
                 j.state.value,
+                str(j.priority),
                 shown(j.owner),
                 f"{j.attempts}/{j.max_attempts}",
                 j.updated_at.isoformat(timespec="seconds"),
@@ -421,6 +423,16 @@ def cancel(job_id: str, reason: str) -> None:
     """Stop a job that has not ended; a running owner stops at its next write."""
     job = jobs.cancel(job_id, reason)
     click.echo(f"{job.id} {job.state.value}")
+
+
+@main.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", default="woken by an operator", show_default=True)
+def wake(job_id: str, reason: str) -> None:
+    """Make a QUEUED job waiting on a timer (a sleep, --delay/--run-at, a retry's backoff)
+    due now, and ring its doorbell."""
+    job = jobs.wake(job_id, reason)
+    click.echo(f"{job.id} {job.state.value}, due now")
 
 
 # -- stats ---------------------------------------------------------------------------------

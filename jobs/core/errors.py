@@ -69,6 +69,21 @@ class IllegalTransition(JobError):
         self.job_id = job_id
 
 
+class NothingToWake(JobError):
+    """An operator's wake of a job that is not QUEUED waiting on a timer (it is running,
+    waiting for approval, ended, or already due): nothing was changed."""
+
+    def __init__(self, job_id: str, state: State) -> None:
+        why = (
+            "is QUEUED and due already: nothing to wake"
+            if state.value == "QUEUED"
+            else f"is {state.value}: only a QUEUED job waiting on a timer can be woken"
+        )
+        super().__init__(f"job {job_id!r} {why}")
+        self.job_id = job_id
+        self.state = state
+
+
 class LeaseLost(JobError):
     """The worker no longer owns the job: its lease expired, a newer claim fenced it out,
     or an operator cancelled the job. The handler must stop and write nothing more."""

@@ -30,6 +30,7 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.RUNNING, State.RUNNING): "a new owner's claim after the old lease expired",
     (State.RUNNING, State.WAITING_APPROVAL): "the owner; the lease is released while waiting",
     (State.WAITING_APPROVAL, State.QUEUED): "an approval, recording who approved",
+    (State.QUEUED, State.QUEUED): "an operator's wake: a job waiting on a timer made due now",
     (State.RUNNING, State.QUEUED): (
         "the sweeper after an expired lease, or the owner's retry, hand-back or sleep"
     ),

@@ -51,6 +51,7 @@ from jobs.core.errors import (
     IllegalTransition,
     InvalidInput,
     LeaseLost,
+    NothingToWake,
     StepError,
     UnknownJob,
 )
@@ -1301,13 +1302,23 @@ class JobStore(JobReader):
             [*steps, timer],
         )
 
+    def _not_due(self) -> ColumnElement[bool]:
+        """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
+        (sleeping, delayed by ``delay``/``run_at``, or backing off after an error)."""
+        return JobRecord.run_after > self.clock.now()
+
+    def _due_now(self, *, dispatched_at: Any) -> dict[str, Any]:
+        """The values that make a job waiting on a timer due now; a recorded timer does not
+        sleep again, so its re-run continues past ``ctx.sleep``."""
+        return {"run_after": self.clock.now(), "dispatched_at": dispatched_at}
+
     def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
         """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now:
         all of them, or those of ``job_ids``. For tests (:func:`jobs.testing.wake`): a job
-        runs only once due, and a recorded timer does not sleep again. Not a state change;
-        ``dispatched_at`` is cleared so a sweeper sends the doorbells."""
-        now = self.clock.now()
-        where = [JobRecord.state == State.QUEUED.value, JobRecord.run_after > now]
+        runs only once due, and a recorded timer does not sleep again. Not a state change
+        and no history row (an operator's wake is :meth:`wake_job`); ``dispatched_at`` is
+        cleared so a sweeper sends the doorbells."""
+        where = [JobRecord.state == State.QUEUED.value, self._not_due()]
         if job_ids is not None:
             where.append(JobRecord.id.in_(list(job_ids)))
         with self.engine.begin() as conn:
@@ -1315,7 +1326,7 @@ class JobStore(JobReader):
                 conn.execute(
                     update(JobRecord)
                     .where(*where)
-                    .values(run_after=now, dispatched_at=None, updated_at=now)
+                    .values(**self._due_now(dispatched_at=None), updated_at=self.clock.now())
                     .returning(JobRecord.id)
                 ).scalars()
             )
@@ -1425,6 +1436,39 @@ class JobStore(JobReader):
             )
             if row is None:
                 raise self._explain(unit, job_id, State.CANCELLED)
+            return Job.from_row(row)
+
+    def wake_job(
+        self,
+        job_id: str,
+        reason: str = "woken by an operator",
+        *,
+        conn: Connection | None = None,
+    ) -> Job:
+        """An operator's wake: a QUEUED job waiting on a timer (``ctx.sleep``, a submit's
+        ``delay``/``run_at``, a retry's backoff) made due now. A compare-and-set on QUEUED
+        and not due yet, with a QUEUED → QUEUED history row giving ``reason``. Marked
+        dispatched, as an approval is: the caller rings the doorbell after the commit (a
+        failed ring is sent again by the sweeper). Any other job raises
+        :class:`NothingToWake` (or :class:`UnknownJob`) and nothing changes."""
+        check_text(reason, "wake reason")
+        with self._unit(conn) as unit:
+            row = self._transition(
+                unit,
+                job_id,
+                State.QUEUED,
+                only_from=[State.QUEUED],
+                where=[self._not_due()],
+                values=self._due_now(dispatched_at=self.clock.now()),
+                reason=reason,
+            )
+            if row is None:
+                state = unit.execute(
+                    select(JobRecord.state).where(JobRecord.id == job_id)
+                ).scalar_one_or_none()
+                if state is None:
+                    raise UnknownJob(job_id)
+                raise NothingToWake(job_id, State(state))
             return Job.from_row(row)
 
     # -- recovery ------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def _queued(
             f"It is sleeping until {_at(job.run_after)} (timer {timer!r}), in {wait}. It "
             "holds no worker, lease or message; the sweeper sends its message when the timer "
             "is due, and it resumes past its recorded steps without sleeping again.",
-            (f"jobctl cancel {job.id} to stop it",),
+            (f"jobctl wake {job.id} to run it now", f"jobctl cancel {job.id} to stop it"),
         )
     if job.run_after > now:
         wait = _span((job.run_after - now).total_seconds())
@@ -158,7 +158,7 @@ def _queued(
             "not_due",
             f"It is not due until {_at(job.run_after)} (in {wait}){after_error}; the "
             "sweeper sends its message then. It holds no worker meanwhile.",
-            (f"jobctl cancel {job.id} to stop it",),
+            (f"jobctl wake {job.id} to run it now", f"jobctl cancel {job.id} to stop it"),
         )
     limits = store.limits().get(job.kind)
     running = store.counts().get((job.kind, State.RUNNING.value), 0)

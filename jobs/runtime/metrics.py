@@ -4,8 +4,9 @@
 ``JOBS_METRICS_PORT`` is set. Workers never import this module (``prometheus-client`` is
 the optional ``metrics`` extra). Every scrape reads the tables:
 
-- gauges: jobs by state and kind, the oldest due QUEUED job's age, RUNNING jobs whose lease
-  ends within half a lease (or has ended), schedules' seconds since their last tick;
+- gauges: jobs by state and kind, QUEUED jobs by kind and priority (from the same grouped
+  read), the oldest due QUEUED job's age, RUNNING jobs whose lease ends within half a lease
+  (or has ended), schedules' seconds since their last tick;
 - counters from ``job_counters`` (monotonic, written by sweepers and submitters):
   recoveries by cause (dead owner, expired lease, lost message) and admission refusals;
 - counters and histograms that tail the history and the step records from the moment the
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jobs.core.errors import SettingsError
+from jobs.core.reader import without_priority
 from jobs.core.states import State
 from jobs.core.store import JobStore
 
@@ -99,12 +101,14 @@ class TableCollector(Collector):
         by_state = GaugeMetricFamily(
             "jobs", "Jobs in the table by state and kind.", labels=["state", "kind"]
         )
-        counts = store.counts()
+        by_priority = store.counts_by_priority()  # one grouped read for both gauges
+        counts = without_priority(by_priority)
         kinds = sorted({kind for kind, _ in counts})
         for kind in kinds:
             for state in State:
                 by_state.add_metric([state.value, kind], counts.get((kind, state.value), 0))
         yield by_state
+        yield self._queued_by_priority(by_priority)
         oldest = store.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
@@ -138,6 +142,20 @@ class TableCollector(Collector):
             anchor = schedule.last_tick or schedule.created_at or instant
             since.add_metric([schedule.name, schedule.kind], (instant - anchor).total_seconds())
         yield since
+
+    @staticmethod
+    def _queued_by_priority(by_priority: dict[tuple[str, str, int], int]) -> Metric:
+        """QUEUED jobs by kind and priority, for each priority a kind's jobs have in the
+        table (0 when none of them waits): at most ten series a kind."""
+        queued = GaugeMetricFamily(
+            "jobs_queued_by_priority",
+            "QUEUED jobs (due or not) by kind and priority (0 to 9, higher goes first).",
+            labels=["kind", "priority"],
+        )
+        for kind, priority in sorted({(kind, priority) for kind, _, priority in by_priority}):
+            waiting = by_priority.get((kind, State.QUEUED.value, priority), 0)
+            queued.add_metric([kind, str(priority)], waiting)
+        return queued
 
     def _counters(self) -> Iterable[Metric]:
         recoveries = CounterMetricFamily(
