@@ -45,6 +45,7 @@ from sqlalchemy.exc import IntegrityError
 from jobs.core import states
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import SQLITE_BUSY_TIMEOUT_MS, autocommit, retry_on_disconnect
+from jobs.core.driver import DriverStatement, runs_on_driver
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -168,6 +169,7 @@ class JobStore(JobReader):
     ) -> None:
         super().__init__(engine, clock, max_payload_bytes)
         self._statements: dict[tuple[Any, ...], Executable] = {}
+        self._driver_statements: dict[tuple[Any, ...], DriverStatement] = {}
 
     def _after_bound(self, name: str, seconds: float) -> ColumnElement[dt.datetime]:
         """``seconds`` from now on the store's clock, as a bound parameter ``name`` when the
@@ -223,6 +225,24 @@ class JobStore(JobReader):
         if statement is None:
             statement = self._statements[key] = build()
         return statement
+
+    def _one_reusable(
+        self,
+        conn: Connection,
+        key: tuple[Any, ...],
+        build: Callable[[], Executable],
+        values: dict[str, Any],
+    ) -> Any:
+        """Run a reusable statement with ``values`` and return its first row or ``None``: on
+        PostgreSQL through psycopg on the driver's cursor (:mod:`jobs.core.driver`, the
+        same SQL without SQLAlchemy's per-execution work), elsewhere through SQLAlchemy."""
+        if isinstance(self.clock, DatabaseClock) and runs_on_driver(conn.dialect):
+            driver = self._driver_statements.get(key)
+            if driver is None:
+                driver = DriverStatement(self._reusable(key, build), conn.dialect, list(values))
+                self._driver_statements[key] = driver
+            return driver.first(conn, values)
+        return conn.execute(self._reusable(key, build), values).first()
 
     def _transition(
         self,
@@ -471,11 +491,11 @@ class JobStore(JobReader):
         def attempt() -> Job:
             with self._unit(None, one_statement=True) as conn:
                 if _uses_ctes(conn):
-                    statement, params = self._owner_move_statement(
+                    key, build, params = self._owner_move_statement(
                         claim, target, values, reason, steps
                     )
                     with self._recording(claim.job_id, steps):
-                        row = conn.execute(statement, params).one_or_none()
+                        row = self._one_reusable(conn, key, build, params)
                 else:
                     row = self._transition(
                         conn,
@@ -502,9 +522,10 @@ class JobStore(JobReader):
         values: dict[str, Any],
         reason: str | None,
         steps: Sequence[PendingStep],
-    ) -> tuple[Executable, dict[str, Any]]:
-        """The reusable statement of an owner's move and the values to run it with: every
-        plain value a bound parameter, SQL expressions (the clock, ``attempts - 1``) inline."""
+    ) -> tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]]:
+        """The reusable statement of an owner's move (its key and builder) and the values to
+        run it with: every plain value a bound parameter, SQL expressions (the clock,
+        ``attempts - 1``) inline."""
         params: dict[str, Any] = {
             "p_job_id": claim.job_id,
             "p_owner": claim.owner,
@@ -544,7 +565,7 @@ class JobStore(JobReader):
                 ],
             )
 
-        return self._reusable(("move", target, shape, len(steps)), build), params
+        return ("move", target, shape, len(steps)), build, params
 
     # -- submit --------------------------------------------------------------------------
 
@@ -647,7 +668,7 @@ class JobStore(JobReader):
             raise InvalidInput("the same job id appears twice in one submission")
         if len(rows) == 1 and self.engine.dialect.name == "postgresql":
             with self._unit(conn, one_statement=True) as unit:
-                created = self._create_unlimited(unit, kind, rows[0])
+                created = self._create_unlimited(unit, kind, rows[0], own=conn is None)
             if created is not None:
                 return [(Job.from_row(created), True)]
         with self._unit(conn) as unit:
@@ -762,11 +783,13 @@ class JobStore(JobReader):
         return {row.id: row for row in conn.execute(statement, params)}
 
     def _create_unlimited(
-        self, conn: Connection, kind: str, values: dict[str, Any]
+        self, conn: Connection, kind: str, values: dict[str, Any], *, own: bool
     ) -> Row[Any] | None:
         """PostgreSQL, one job of a kind without ``max_queued``: the INSERT and its history
         row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
-        or the ID exists): the caller then takes the transactional path, which says which."""
+        or the ID exists): the caller then takes the transactional path, which says which.
+        ``own``: ``conn`` is the store's autocommit connection, not a caller's transaction
+        (which only SQLAlchemy's execution may join: it knows what the caller began)."""
         table = JobRecord.__table__.c
         # A delayed job's due time (or a run_at's dispatch test) is an expression with its
         # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
@@ -793,6 +816,9 @@ class JobStore(JobReader):
             return _inserted_with_history(list(values), source)
 
         key = ("create", tuple(values), tuple(name in params for name in values))
+        if reusable and own:
+            row: Row[Any] | None = self._one_reusable(conn, key, build, params)
+            return row
         statement = self._reusable(key, build) if reusable else build()
         return conn.execute(statement, params).one_or_none()
 
@@ -977,7 +1003,6 @@ class JobStore(JobReader):
                 )
 
             key = ("claim", None if kinds is None else tuple(kinds))
-            statement = self._reusable(key, build)
             params = {
                 "p_job_id": job_id,
                 "p_owner": owner,
@@ -985,7 +1010,8 @@ class JobStore(JobReader):
                 "key": liveness_key,
             }
             with self._unit(None, one_statement=True) as conn:
-                return conn.execute(statement, params).one_or_none()
+                row: Row[Any] | None = self._one_reusable(conn, key, build, params)
+                return row
 
         if self.engine.dialect.name == "postgresql":
             row = retry_on_disconnect(unlimited)
@@ -1125,11 +1151,9 @@ class JobStore(JobReader):
             ).returning(StepRecord.job_id)
             return insert_steps
 
-        statement = self._reusable(("record", len(steps)), build)
-
         def attempt() -> None:
             with self._unit(None, one_statement=True) as conn, self._recording(claim.job_id, steps):
-                if not conn.execute(statement, params).first():
+                if self._one_reusable(conn, ("record", len(steps)), build, params) is None:
                     raise self._explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
