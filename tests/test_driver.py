@@ -60,6 +60,7 @@ def test_the_driver_path_reads_the_rows_sqlalchemy_reads(
         assert not claim.has_steps
         store.record_step(claim, "fetch", {"rows": [1, 2]})
         done = store.complete(claim, {"total": 3.5}, steps=[store.pending_step("refund", None)])
+        assert done == store.get(f"{name}-1")
         results[name] = [comparable(submitted), comparable(claim.job), comparable(done)]
         assert [step.name for step in store.steps(f"{name}-1")] == ["fetch", "refund"]
     assert results["driver"] == results["sqlalchemy"]

@@ -28,6 +28,7 @@ from jobs.core.errors import (
     UnknownJob,
 )
 from jobs.core.models import JobRecord
+from jobs.core.records import Job
 from jobs.core.states import TRANSITIONS, State
 from jobs.core.store import Claim, JobStore
 from tests.conftest import STORE_TABLES, empty_database, snapshot
@@ -215,6 +216,34 @@ def test_payload_limit_is_inclusive(engine: Engine, clock: LogicalClock) -> None
     with pytest.raises(InvalidInput, match="21 bytes, over the limit of 20"):
         store.create("kind", {"x": "a" * 13}, job_id="big", max_attempts=1)
     assert [j.id for j in store.list()] == ["ok"]
+
+
+# -- what an owner's write returns ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "move",
+    [
+        lambda store, claim: store.complete(
+            claim, {"total": 3}, steps=[store.pending_step("s", 1)]
+        ),
+        lambda store, claim: store.fail(claim, "boom"),
+        lambda store, claim: store.release(claim, "shutting down"),
+        lambda store, claim: store.sleep(claim, "nap", dt.datetime(2031, 1, 1, tzinfo=UTC)),
+    ],
+    ids=["complete", "fail", "release", "sleep"],
+)
+def test_an_owners_move_returns_the_job_as_the_database_holds_it(
+    store: JobStore, clock: LogicalClock, move: Callable[[JobStore, Claim], Job]
+) -> None:
+    """On PostgreSQL the move returns only the columns it changed and the rest comes from
+    the claim; a lease renewed in between must not leave the old lease in the answer."""
+    new(store)
+    claim = claimed(store, liveness_key=5)
+    clock.advance(1)
+    store.renew(claim, LEASE)
+    clock.advance(1)
+    assert move(store, claim) == store.get("j1")
 
 
 # -- claim ---------------------------------------------------------------------------------
