@@ -1,10 +1,12 @@
 """Doorbells published straight onto a confirm channel (jobs/runtime/amqp_doorbells.py),
 against the real RabbitMQ: the message a worker gets is the one Celery's ``send_task``
-builds, a doorbell RabbitMQ cannot route is an error (never a silent loss), and a broken
-connection is reopened once."""
+builds; a doorbell RabbitMQ cannot route is an error when confirms are awaited
+(``JOBS_DOORBELL_CONFIRMS=wait``) and marks its job unsent when they are read later (the
+default), never a silent loss; a broken connection is reopened once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import uuid
@@ -13,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from jobs.core.settings import get_settings, reset_settings
+import jobs
+from jobs.core.errors import SettingsError
+from jobs.core.settings import from_env, get_settings, reset_settings
+from jobs.runtime import process
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.dispatch import TASK_NAME, CeleryPublisher
 from tests.conftest import AMQP_URL, service_unavailable
@@ -22,12 +27,21 @@ pytestmark = pytest.mark.rabbitmq
 
 
 @pytest.fixture
-def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[CeleryPublisher]:
+def lost() -> list[str]:
+    """The job IDs a publisher handed to its ``on_lost``."""
+    return []
+
+
+@pytest.fixture(params=["background", "wait"])
+def publisher(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, lost: list[str]
+) -> Iterator[CeleryPublisher]:
     queue = f"doorbells-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
+    monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", request.param)
     reset_settings()
-    publisher = CeleryPublisher(get_settings())
+    publisher = CeleryPublisher(get_settings(), on_lost=lost.extend)
     try:
         publisher(["first"])
     except OSError as err:
@@ -69,15 +83,45 @@ def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryPubl
         assert by_us.properties.get(name) == by_celery.properties.get(name), name
 
 
-def test_a_doorbell_rabbitmq_cannot_route_is_an_error_and_the_next_declares_the_queue(
-    publisher: CeleryPublisher,
+def test_a_doorbell_rabbitmq_cannot_route_is_lost_out_loud_and_the_next_declares_the_queue(
+    publisher: CeleryPublisher, lost: list[str]
 ) -> None:
+    """Awaiting confirms, the publish raises; reading them later, the next publish finds
+    the doorbells returned and hands their jobs to ``on_lost``. Either way the next publish
+    declares the queue again and is delivered."""
     with publisher.app.connection_for_write() as connection:
         connection.default_channel.queue_delete(publisher.settings.queue)
-    with pytest.raises(DoorbellRefused, match="could not route 2 doorbell"):
-        publisher(["lost-1", "lost-2"])  # the channel declared the queue before it went
-    publisher(["sent"])  # a new channel declares it again
+    if publisher.settings.doorbell_confirms == "wait":
+        with pytest.raises(DoorbellRefused, match="could not route 2 doorbell"):
+            publisher(["lost-1", "lost-2"])  # the channel declared the queue before it went
+    else:
+        publisher(["lost-1", "lost-2"])  # returns once written
+        assert lost == []
+        publisher.flush()  # or the next publish: the returns are read
+    assert sorted(lost) == ["lost-1", "lost-2"]
+    publisher(["sent"])  # the queue is declared again
+    publisher.flush()
+    assert sorted(lost) == ["lost-1", "lost-2"]
     assert [json.loads(message.body)[0][0] for message in take_all(publisher)] == ["sent"]
+
+
+def test_in_the_background_a_publish_returns_before_its_confirmation_is_read(
+    publisher: CeleryPublisher, lost: list[str]
+) -> None:
+    doorbells = publisher._amqp
+    assert doorbells is not None
+    publisher(["one"])
+    if publisher.settings.doorbell_confirms == "wait":
+        assert doorbells.in_flight() == 0
+    else:
+        assert doorbells.in_flight() >= 1  # nothing is read after the write
+    publisher.flush()
+    assert doorbells.in_flight() == 0
+    assert lost == []
+    assert [json.loads(message.body)[0][0] for message in take_all(publisher)] == [
+        "first",
+        "one",
+    ]
 
 
 def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryPublisher) -> None:
@@ -113,11 +157,56 @@ def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_firs
 def test_a_long_lived_channel_keeps_no_record_of_confirmed_doorbells(
     publisher: CeleryPublisher,
 ) -> None:
-    """RabbitMQ confirms doorbells one by one: each confirmation must fold into the
-    watermark, or a web process's publisher would keep (and scan) every tag it ever sent."""
+    """RabbitMQ confirms doorbells one by one: each confirmation must settle its doorbell,
+    or a web process's publisher would keep (and scan) every tag it ever sent."""
     for number in range(60):
         publisher([f"single-{number}"])
+    assert publisher._amqp is not None
     confirms = publisher._amqp._confirms
+    assert len(confirms.unconfirmed) <= 60
+    publisher.flush()
     assert confirms.published == 61  # the fixture's first doorbell and these
-    assert confirms.acked_upto == confirms.published
-    assert confirms.acked == set()
+    assert confirms.unconfirmed == {}
+    assert confirms.lost == []
+
+
+def test_a_doorbell_lost_after_its_submit_returned_marks_the_job_unsent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default runtime's wiring: a submit returns once its job is committed and its
+    doorbell written; a doorbell RabbitMQ then returns (its queue was deleted) leaves the
+    job with no dispatch, so the sweeper's next pass sends it."""
+    queue = f"doorbells-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
+    monkeypatch.setenv("JOBS_QUEUE", queue)
+    reset_settings()
+    process.reset()  # the default doorbell, not the test-suite's none
+    jobs.job("doorbell_kind")(lambda ctx: None)
+    try:
+        try:
+            delivered = jobs.submit("doorbell_kind")
+        except OSError as err:
+            service_unavailable("RabbitMQ", err)
+        runtime = process.current()
+        with runtime.dispatcher.app.connection_for_write() as connection:  # type: ignore[union-attr]
+            connection.default_channel.queue_delete(queue)
+        returned = jobs.submit("doorbell_kind")
+        assert jobs.get(returned).dispatched_at is not None  # written, not yet confirmed
+        runtime.dispatcher.flush()  # type: ignore[union-attr]
+        assert jobs.get(returned).dispatched_at is None
+        assert jobs.get(delivered).dispatched_at is not None
+    finally:
+        with contextlib.suppress(Exception):
+            app = process.current().dispatcher.app  # type: ignore[union-attr]
+            with app.connection_for_write() as connection:
+                connection.default_channel.queue_delete(queue)
+        process.reset()
+
+
+def test_doorbell_confirms_default_to_background_and_a_bad_value_names_the_choices() -> None:
+    assert from_env({"JOBS_DATA_DIR": "/tmp/jobs-doorbells"}).doorbell_confirms == "background"
+    waiting = from_env({"JOBS_DATA_DIR": "/tmp/jobs-doorbells", "JOBS_DOORBELL_CONFIRMS": "wait"})
+    assert waiting.doorbell_confirms == "wait"
+    with pytest.raises(SettingsError) as refused:
+        from_env({"JOBS_DATA_DIR": "/tmp/jobs-doorbells", "JOBS_DOORBELL_CONFIRMS": "sync"})
+    assert str(refused.value) == "JOBS_DOORBELL_CONFIRMS='sync' must be one of: background, wait"

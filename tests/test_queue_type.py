@@ -306,6 +306,7 @@ def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
         assert watch.ready == 0
         publisher(["low-1", "low-2", "low-3"])
         publisher(["high-1"], priority=9)  # the quorum queue's high band counts too
+        publisher.flush()  # confirmed: enqueued
         assert watch.check() is QueueHealth.OK
         assert watch.ready == 4 == publisher.waiting()
     finally:

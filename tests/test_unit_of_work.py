@@ -338,6 +338,7 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     publisher = CeleryPublisher(get_settings())
     try:
         publisher(ids)
+        publisher.flush()  # the default reads confirmations later; now they are all in
     except OSError as err:
         service_unavailable("RabbitMQ", err)
     assert publisher.waiting() == 300  # what the sweeper reads before re-sending stale ones

@@ -20,6 +20,7 @@ PREFIX = "JOBS_"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
 
 QUEUE_TYPES = ("classic", "quorum")
+DOORBELL_CONFIRMS = ("background", "wait")
 """``JOBS_QUEUE_TYPE`` values. ``classic`` is the default because a queue's type is fixed
 when it is first declared: an existing deployment's ``jobs`` queue is classic, and a new
 default would make every upgraded worker's declare fail with ``PRECONDITION_FAILED``.
@@ -46,6 +47,10 @@ class Settings:
     delivery_budget_seconds: float = 300.0
     queue: str = "jobs"
     queue_type: str = "classic"
+    # "background": a publish returns once its doorbells are written, their confirmations
+    # read at the next publish (a lost one marks its job unsent, for the sweeper); "wait":
+    # a publish returns once RabbitMQ confirmed them.
+    doorbell_confirms: str = "background"
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
     liveness_database_url: str | None = None
@@ -81,6 +86,7 @@ KNOWN = {
     "DELIVERY_BUDGET_SECONDS",
     "QUEUE",
     "QUEUE_TYPE",
+    "DOORBELL_CONFIRMS",
     "LIVENESS_DATABASE_URL",
     "RETENTION_DAYS",
     "METRICS_PORT",
@@ -123,6 +129,14 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     low, high = FLOAT_BOUNDS.get(name, (0.0, math.inf))
     if not low <= value <= high:
         raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low:g} and {high:g}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default)."""
+    value = env.get(PREFIX + name) or choices[0]
+    if value not in choices:
+        raise SettingsError(f"{PREFIX}{name}={value[:40]!r} must be one of: {', '.join(choices)}")
     return value
 
 
@@ -287,11 +301,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         if not all(part.isidentifier() for part in name.split(".")):
             raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
     queue = env.get(PREFIX + "QUEUE") or "jobs"
-    queue_type = env.get(PREFIX + "QUEUE_TYPE") or "classic"
-    if queue_type not in QUEUE_TYPES:
-        raise SettingsError(
-            f"{PREFIX}QUEUE_TYPE={queue_type!r} must be one of: {', '.join(QUEUE_TYPES)}"
-        )
+    queue_type = _choice(env, "QUEUE_TYPE", QUEUE_TYPES)
     if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
         raise SettingsError(f"{PREFIX}QUEUE={queue[:40]!r}: letters, digits and -_.: only")
     backoff = _positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0)
@@ -316,6 +326,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
         queue=queue,
         queue_type=queue_type,
+        doorbell_confirms=_choice(env, "DOORBELL_CONFIRMS", DOORBELL_CONFIRMS),
         liveness_database_url=liveness_url,
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),

@@ -7,10 +7,15 @@ message's AMQP ``priority``. Celery's per-message path
 (a pooled connection, ``maybe_declare``, retry wrappers, a confirm round trip per message)
 cost about half a millisecond of Python per doorbell, more than the INSERT of its job.
 
-What it keeps: every doorbell is confirmed by RabbitMQ before the call returns (a batch is
-published in full and its confirmations awaited together); the queue is declared exactly as
-every other process declares it, once per channel; messages are ``mandatory``, so a doorbell
-RabbitMQ cannot route (its queue was deleted) is an error, not a silent loss. What it drops:
+What it keeps: every doorbell is confirmed by RabbitMQ, and none is lost silently. By
+default a publish returns once its doorbells are written, and their confirmations are read
+at the next publish (or :meth:`AmqpDoorbells.flush`, at exit): a job's durability is its
+commit, and waiting for the confirmation of its wake-up call cost a submit about half a
+millisecond. A doorbell RabbitMQ refused, could not route (messages are ``mandatory``: its
+queue was deleted) or never confirmed on a connection that broke goes to ``on_lost``, which
+marks its job unsent for the sweeper. With ``wait_for_confirms`` a publish waits for them
+all and raises instead. The queue is declared exactly as every other process declares it,
+once per channel and again after a doorbell came back. What it drops:
 Celery's ``before_task_publish``/``after_task_publish`` signals and the ``task-sent`` event
 (Flower lists a job's task from the moment a worker receives it; the queue itself is in the
 job table: ``jobctl list --state QUEUED``, the metrics).
@@ -27,7 +32,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import amqp  # py-amqp, Celery's RabbitMQ client: loaded only by processes that publish to it
@@ -35,6 +40,7 @@ from amqp.serialization import dumps
 
 TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
+MAX_IN_FLIGHT = 10_000  # doorbells written and unconfirmed before a publish waits
 COALESCE_BYTES = 65_536
 
 
@@ -43,36 +49,49 @@ class DoorbellRefused(RuntimeError):
 
 
 class _Confirms:
-    """Publisher confirmations of one channel: every delivery tag up to ``acked_upto`` is
-    confirmed; ``acked`` holds the ones confirmed out of order above it (a few at most, so
-    a long-lived channel's bookkeeping stays small and each check costs O(1))."""
+    """Publisher confirmations of one channel: the doorbells RabbitMQ has not confirmed
+    yet, by delivery tag (oldest first), and those it refused or could not route, not yet
+    reported. A confirmed doorbell leaves no trace, so a long-lived channel's bookkeeping
+    is only what is in flight."""
 
     def __init__(self) -> None:
         self.published = 0  # delivery tags run 1, 2, ... per channel
-        self.acked_upto = 0
-        self.acked: set[int] = set()
-        self.refused = 0
-        self.returned = 0
+        self.unconfirmed: dict[int, str] = {}  # delivery tag -> job ID
+        self.lost: list[str] = []
+
+    def sent(self, job_id: str) -> None:
+        self.published += 1
+        self.unconfirmed[self.published] = job_id
+
+    def _settle(self, tag: int, multiple: bool) -> list[str]:
+        if not multiple:
+            job_id = self.unconfirmed.pop(tag, None)
+            return [] if job_id is None else [job_id]
+        settled = []
+        while self.unconfirmed:
+            oldest = next(iter(self.unconfirmed))
+            if oldest > tag:
+                break
+            settled.append(self.unconfirmed.pop(oldest))
+        return settled
 
     def on_ack(self, tag: int, multiple: bool) -> None:
-        if multiple:
-            self.acked_upto = max(self.acked_upto, tag)
-            self.acked = {acked for acked in self.acked if acked > tag}
-        elif tag > self.acked_upto:
-            self.acked.add(tag)
-        while self.acked_upto + 1 in self.acked:
-            self.acked_upto += 1
-            self.acked.discard(self.acked_upto)
+        self._settle(tag, multiple)
 
     def on_nack(self, tag: int, multiple: bool) -> None:
-        self.refused += 1
-        self.on_ack(tag, multiple)
+        self.lost.extend(self._settle(tag, multiple))
 
-    def on_return(self, *_details: Any) -> None:
-        self.returned += 1
+    def on_return(self, _error: Any, _exchange: str, _routing_key: str, message: Any) -> None:
+        """An unroutable doorbell comes back (before its ack): its body names the job."""
+        with contextlib.suppress(Exception):
+            self.lost.append(str(json.loads(message.body)[0][0]))
 
     def all_confirmed(self) -> bool:
-        return self.acked_upto >= self.published
+        return not self.unconfirmed
+
+    def take_lost(self) -> list[str]:
+        lost, self.lost = self.lost, []
+        return lost
 
 
 # Stand-ins of the per-doorbell values in an encoded template: bytes no real value holds.
@@ -147,14 +166,25 @@ class AmqpDoorbells:
     """Publishes ``jobs.run(job_id)`` messages for a Celery app and its jobs queue (and, with
     quorum queues, the high band beside it: ``bands``, declared on the same channel)."""
 
-    def __init__(self, app: Any, queue: Any, *bands: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        queue: Any,
+        *bands: Any,
+        wait_for_confirms: bool = True,
+        on_lost: Callable[[list[str]], None] | None = None,
+    ) -> None:
         self.app = app
+        self.wait_for_confirms = wait_for_confirms
+        self.on_lost = on_lost
         self.queue = queue  # the kombu Queue every process declares (celery_app.task_queue)
         self.queues = {declared.name: declared for declared in (queue, *bands)}
         self._lock = threading.Lock()
         self._connection: Any = None
         self._channel: Any = None
         self._confirms = _Confirms()
+        self._lost: list[str] = []  # found lost, not yet reported
+        self._declared = False
         self._headers, self._properties = self._template()
         self._encoders: dict[int, PropertiesEncoder] = {}  # by priority
         unopened = app.connection_for_write()
@@ -199,47 +229,104 @@ class AmqpDoorbells:
 
     def publish(self, job_ids: Sequence[str], priority: int = 0, queue: str | None = None) -> None:
         """Publish one doorbell per job, of ``priority``, to ``queue`` (a name among the
-        declared ones; default the jobs queue) and return once RabbitMQ confirmed them all;
-        raises when it refused or could not route any, or did not confirm in time. A
-        connection that broke is reopened and the batch sent again once (a doorbell sent
-        twice is harmless: the second finds its job claimed)."""
+        declared ones; default the jobs queue).
+
+        With ``wait_for_confirms``, return once RabbitMQ confirmed them all, and raise
+        :class:`DoorbellRefused` when it refused or could not route any of them, or
+        ``TimeoutError`` when it did not confirm in time. Without, return once they are
+        written: their confirmations are read at the next publish (or :meth:`flush`), and
+        a doorbell found refused or unroutable then, or unconfirmed on a connection that
+        broke, is handed to ``on_lost`` (the process marks its job unsent, and the sweeper
+        sends it). Either way a connection that broke is reopened and the batch sent again
+        once (a doorbell sent twice is harmless: the second finds its job claimed)."""
         target = self.queue if queue is None else self.queues[queue]
-        messages = [self.message(job_id, priority) for job_id in job_ids]
+        messages = [(job_id, self.message(job_id, priority)) for job_id in job_ids]
         with self._lock:
             try:
                 self._publish(messages, target)
             except self._recoverable:
                 self._close()
                 self._publish(messages, target)
+                resent = set(job_ids)  # in flight on the broken connection, sent again
+                self._lost = [job_id for job_id in self._lost if job_id not in resent]
+            try:
+                if self.wait_for_confirms:
+                    self._await_confirms(len(self._confirms.unconfirmed))
+            finally:
+                lost = self._take_lost()
+        self._report(lost)
+        if self.wait_for_confirms and lost:
+            raise DoorbellRefused(
+                f"RabbitMQ refused or could not route {len(lost)} doorbell(s) to queue "
+                f"{target.name!r}"
+            )
 
-    def _publish(self, messages: Sequence[Any], target: Any) -> None:
+    def flush(self, timeout: float = CONFIRM_TIMEOUT_SECONDS) -> None:
+        """Wait up to ``timeout`` seconds for every doorbell in flight to be confirmed;
+        those lost, or still unconfirmed then, go to ``on_lost``."""
+        with self._lock:
+            if self._channel is not None and not self._confirms.all_confirmed():
+                with contextlib.suppress(Exception):  # a timeout closes: all in flight lost
+                    self._await_confirms(len(self._confirms.unconfirmed), timeout)
+            lost = self._take_lost()
+        self._report(lost)
+
+    def in_flight(self) -> int:
+        """Doorbells written and not yet confirmed (nor found lost)."""
+        with self._lock:
+            return len(self._confirms.unconfirmed) if self._channel is not None else 0
+
+    def _take_lost(self) -> list[str]:
+        returned = self._confirms.take_lost()
+        if returned:
+            self._declared = False  # the queue may be gone: the next publish declares it
+        lost, self._lost = self._lost + returned, []
+        return lost
+
+    def _report(self, lost: list[str]) -> None:
+        if lost and self.on_lost is not None:
+            self.on_lost(lost)
+
+    def _publish(self, messages: Sequence[tuple[str, Any]], target: Any) -> None:
         channel = self._open_channel()
+        self._read_ready()
+        if self._confirms.lost or not self._declared:  # the queue may be gone
+            self._declare(channel)
         confirms = self._confirms
-        first_tag = confirms.published + 1
-        refused, returned = confirms.refused, confirms.returned
         exchange, routing_key = target.exchange.name, target.routing_key
         with self._writes_coalesced():
-            for message in messages:
+            for job_id, message in messages:
                 channel._basic_publish(
                     message, exchange=exchange, routing_key=routing_key, mandatory=True
                 )
-                confirms.published += 1
-        deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
-        while not confirms.all_confirmed():
+                confirms.sent(job_id)
+        if len(confirms.unconfirmed) > MAX_IN_FLIGHT:
+            self._await_confirms(len(confirms.unconfirmed) - MAX_IN_FLIGHT // 2)
+
+    def _read_ready(self) -> None:
+        """Take in the confirmations (and returns) that already arrived, without waiting:
+        left unread, they would fill the socket until RabbitMQ stopped reading ours."""
+        while True:
+            try:
+                self._connection.drain_events(timeout=0)
+            except TimeoutError:  # socket.timeout: nothing more to read now
+                return
+
+    def _await_confirms(self, count: int, timeout: float = CONFIRM_TIMEOUT_SECONDS) -> None:
+        """Read confirmations until the ``count`` oldest doorbells in flight are settled
+        (confirmed or lost); on a timeout the connection is closed and all in flight lost."""
+        confirms = self._confirms
+        remaining = max(0, len(confirms.unconfirmed) - count)
+        deadline = time.monotonic() + timeout
+        while len(confirms.unconfirmed) > remaining:
             left = deadline - time.monotonic()
             if left <= 0:
+                waiting = len(confirms.unconfirmed)
                 self._close()
                 raise TimeoutError(
-                    f"RabbitMQ did not confirm {confirms.published - first_tag + 1} doorbell(s) "
-                    f"in {CONFIRM_TIMEOUT_SECONDS:g}s"
+                    f"RabbitMQ did not confirm {waiting} doorbell(s) in {timeout:g}s"
                 )
             self._connection.drain_events(timeout=left)
-        if confirms.refused > refused or confirms.returned > returned:
-            lost = confirms.refused - refused + confirms.returned - returned
-            self._close()  # the next publish declares the queue again
-            raise DoorbellRefused(
-                f"RabbitMQ refused or could not route {lost} doorbell(s) to queue {target.name!r}"
-            )
 
     @contextlib.contextmanager
     def _writes_coalesced(self) -> Iterator[None]:
@@ -276,8 +363,7 @@ class AmqpDoorbells:
         connection.ensure_connection(max_retries=3)
         try:
             channel = connection.channel()
-            for declared in self.queues.values():
-                declared(channel).declare()
+            self._declare(channel)
             channel.confirm_select()
         except Exception:
             connection.release()
@@ -289,13 +375,26 @@ class AmqpDoorbells:
         self._connection, self._channel, self._confirms = connection, channel, confirms
         return channel
 
+    def _declare(self, channel: Any) -> None:
+        """Declare the queues, exactly as every other process declares them."""
+        for declared in self.queues.values():
+            declared(channel).declare()
+        self._declared = True
+
     def _close(self) -> None:
+        """Close the connection; what was in flight on it (unconfirmed or lost) is lost."""
         connection, self._connection, self._channel = self._connection, None, None
+        confirms, self._confirms = self._confirms, _Confirms()
+        self._lost += confirms.take_lost() + list(confirms.unconfirmed.values())
         if connection is not None:
             with contextlib.suppress(Exception):  # a broken connection closes as best it can
                 connection.release()
 
-    def close(self) -> None:
-        """Close the connection (process exit, runtime rebuilt)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` seconds for the doorbells in flight (see :meth:`flush`),
+        then close the connection (process exit, runtime rebuilt)."""
+        self.flush(timeout)
         with self._lock:
             self._close()
+            lost = self._take_lost()
+        self._report(lost)

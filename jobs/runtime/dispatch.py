@@ -1,15 +1,17 @@
 """Publishing doorbells: job IDs sent to Celery after their QUEUED state committed.
 
 :class:`CeleryPublisher` is the default doorbell of :class:`jobs.runtime.process.ProcessRuntime`.
-On RabbitMQ (:mod:`jobs.runtime.amqp_doorbells`) every doorbell is confirmed by the broker
-before the call returns; a batch (a bulk submit, a sweep) is published in full and its
-confirmations awaited together. On the embedded broker Celery publishes them.
+On RabbitMQ (:mod:`jobs.runtime.amqp_doorbells`) a publish returns once its doorbells are
+written; their confirmations are read at the next publish, and a doorbell RabbitMQ refused
+or could not route is handed back to the process, which marks its job unsent for the sweeper
+(``JOBS_DOORBELL_CONFIRMS=wait``: return once RabbitMQ confirmed them all). On the embedded
+broker Celery publishes them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
@@ -45,8 +47,11 @@ def queue_for(settings: Settings, priority: int) -> str:
 class CeleryPublisher:
     """Sends ``jobs.run(job_id)`` for each ID, on the queue the settings name."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, on_lost: Callable[[list[str]], None] | None = None
+    ) -> None:
         self.settings = settings
+        self.on_lost = on_lost  # given the jobs whose doorbells were found lost later
         self._app: Any = None
         self._amqp: Any = None  # AmqpDoorbells, made on the first publish to RabbitMQ
         self._lock = threading.Lock()
@@ -63,8 +68,9 @@ class CeleryPublisher:
     def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None:
         """Publish one doorbell per job, each carrying ``priority`` (AMQP's message priority:
         the classic queue is a priority queue, the embedded transport orders its files by
-        it; with quorum queues it picks the band, :func:`queue_for`); on RabbitMQ, return
-        once every one is confirmed."""
+        it; with quorum queues it picks the band, :func:`queue_for`). On RabbitMQ, return
+        once they are written (``JOBS_DOORBELL_CONFIRMS=background``: a doorbell found lost
+        later goes to ``on_lost``) or once every one is confirmed (``wait``)."""
         queue = queue_for(self.settings, priority)
         if self.settings.is_embedded_broker:
             app = self.app
@@ -86,11 +92,20 @@ class CeleryPublisher:
                 self._amqp = AmqpDoorbells(
                     self.app,
                     *(task_queue(self.settings, name) for name in queue_names(self.settings)),
+                    wait_for_confirms=self.settings.doorbell_confirms == "wait",
+                    on_lost=self.on_lost,
                 )
         self._amqp.publish(job_ids, priority, queue)
 
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait up to ``timeout`` seconds for the confirmations of the doorbells in flight
+        (RabbitMQ); those lost go to ``on_lost``."""
+        if self._amqp is not None:
+            self._amqp.flush(timeout)
+
     def close(self) -> None:
-        """Close the publishing connection (the process runtime closes or is rebuilt)."""
+        """Close the publishing connection (the process runtime closes or is rebuilt), once
+        the doorbells in flight are confirmed (a few seconds at most)."""
         if self._amqp is not None:
             self._amqp.close()
 

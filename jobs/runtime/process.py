@@ -16,6 +16,7 @@ never imports Celery.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -36,6 +37,8 @@ from jobs.runtime.liveness import LivenessLock, lock_for
 from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
+
+EXIT_FLUSH_SECONDS = 5.0
 
 
 class Dispatcher(Protocol):
@@ -185,7 +188,7 @@ class ProcessRuntime:
             if not self._dispatcher_chosen:
                 from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415 - lazily
 
-                self._dispatcher = CeleryPublisher(self.settings)
+                self._dispatcher = CeleryPublisher(self.settings, on_lost=self._doorbells_lost)
                 self._dispatcher_chosen = True
             return self._dispatcher
 
@@ -215,6 +218,19 @@ class ProcessRuntime:
             return False
         return True
 
+    def _doorbells_lost(self, job_ids: list[str]) -> None:
+        """Doorbells RabbitMQ refused, could not route, or never confirmed, found after
+        their publish returned: their jobs are marked unsent, and the sweeper sends them."""
+        log.warning(
+            "job %s%s: doorbell lost after publishing; the sweeper will re-dispatch it",
+            job_ids[0],
+            f" and {len(job_ids) - 1} more" if len(job_ids) > 1 else "",
+        )
+        try:
+            self.store.forget_dispatch(job_ids)
+        except Exception:
+            log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
+
     def ring(self, doorbells: Sequence[Doorbell]) -> bool:
         """:meth:`dispatch` doorbells of mixed priorities: one batch per priority, the
         highest first. True if every batch went out."""
@@ -229,7 +245,12 @@ class ProcessRuntime:
     # -- life cycle --------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the heartbeat, release the liveness lock, close pooled connections."""
+        """Stop the heartbeat, release the liveness lock, close pooled connections. The
+        doorbell goes first: it waits a moment for the doorbells in flight, and marks the
+        jobs of those lost unsent (on the store, which is closed after it)."""
+        closer = getattr(self._dispatcher, "close", None)
+        if callable(closer):
+            closer()
         with self._lock:
             if self._heartbeat is not None:
                 self._heartbeat.stop()
@@ -237,9 +258,6 @@ class ProcessRuntime:
                 self._liveness.release()
             if self._engine is not None:
                 self._engine.dispose()
-            closer = getattr(self._dispatcher, "close", None)
-            if callable(closer):
-                closer()
             self._heartbeat = self._liveness = self._engine = self._store = None
 
     def abandon(self) -> None:
@@ -296,4 +314,17 @@ def _after_fork_in_child() -> None:
         _inherited.append(runtime)
 
 
+def _flush_doorbells_at_exit() -> None:
+    """At interpreter exit (a script, a web server's worker): wait a moment for the
+    confirmations of the doorbells this process still has in flight, so one found lost
+    marks its job unsent now rather than after ``JOBS_REDISPATCH_AFTER_SECONDS``."""
+    runtime = _current
+    if runtime is not None and runtime.pid == os.getpid():
+        flush = getattr(runtime._dispatcher, "flush", None)
+        if callable(flush):
+            with contextlib.suppress(Exception):
+                flush(EXIT_FLUSH_SECONDS)
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_flush_doorbells_at_exit)
