@@ -41,7 +41,11 @@ NOTES = [
     "pg_snapshot_xmax before the fill and after the drain, divided by N, counting every "
     "database on the server (other activity inflates it).",
     "submit single/bulk: N jobs.submit vs N send_task; one jobs.submit_many of N vs N publishes "
-    "on one producer; doorbells published and confirmed on both sides.",
+    "on one producer. Every doorbell and task message is confirmed by RabbitMQ: send_task waits "
+    "for each confirmation; jobs.submit returns once its job is committed and its doorbell "
+    "written, and reads the confirmations at the next publish (JOBS_DOORBELL_CONFIRMS="
+    "background, the default; the time includes reading the last ones); 'single, confirmed' "
+    "waits for each as send_task does (JOBS_DOORBELL_CONFIRMS=wait).",
     "round trips/job and per job: parts: N 1-step jobs run in-process by the worker's Runner "
     "(libpq trace: ReadyForQuery messages; wall time per store call); per job: worker time = "
     "concurrency / drain rate (durable) vs concurrency / plain drain rate (Celery itself).",

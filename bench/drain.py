@@ -10,6 +10,7 @@ PostgreSQL the write transactions each job cost.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from bench import plain_app
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _wait
 from jobs.core.models import JobRecord
+from jobs.core.settings import reset_settings
+from jobs.runtime import process
 
 SKIP = 20  # completions before the timing starts: the worker is up and warm by then
 FILL_BATCH = 1000
@@ -165,26 +168,54 @@ class Drain:
         return result
 
 
+SUBMIT_MODES = ("single", "single, confirms awaited", "bulk")
+
+
+def _submit_durable(mode: str, ids: list[str]) -> float:
+    """Submits/s of ``ids`` through ``jobs.submit`` (one by one) or ``jobs.submit_many``;
+    "confirms awaited" runs with ``JOBS_DOORBELL_CONFIRMS=wait`` (each submit returns once
+    RabbitMQ confirmed its doorbell), the others with the default (read in the background;
+    the time includes reading the last ones)."""
+    saved = os.environ.get("JOBS_DOORBELL_CONFIRMS")
+    os.environ["JOBS_DOORBELL_CONFIRMS"] = "wait" if "awaited" in mode else "background"
+    reset_settings()
+    process.reset()
+    try:
+        started = time.perf_counter()
+        if mode == "bulk":
+            jobs.submit_many("bench_zero", [{}] * len(ids), job_ids=ids)
+        else:
+            for job_id in ids:
+                jobs.submit("bench_zero", job_id=job_id)
+        flush = getattr(process.current().dispatcher, "flush", None)
+        if callable(flush):
+            flush()
+        return len(ids) / (time.perf_counter() - started)
+    finally:
+        if saved is None:
+            os.environ.pop("JOBS_DOORBELL_CONFIRMS", None)
+        else:
+            os.environ["JOBS_DOORBELL_CONFIRMS"] = saved
+        reset_settings()
+        process.reset()
+
+
 def submit_rates(run: BackendRun, n: int) -> dict[str, tuple[float, float]]:
     """(durable, plain) submits/s, doorbells published, with the workers running:
-    ``n`` single ``jobs.submit`` vs ``n`` single ``send_task``, and one ``jobs.submit_many``
-    of ``n`` vs ``n`` publishes on one producer. Each batch drains before the next."""
+    ``n`` single ``jobs.submit`` (doorbell confirmations read in the background, the
+    default, and awaited one by one) vs ``n`` single ``send_task`` (confirmed), and one
+    ``jobs.submit_many`` of ``n`` vs ``n`` publishes on one producer. Each batch drains
+    before the next."""
     assert run.plain_client is not None
     client = run.plain_client
     rates: dict[str, tuple[float, float]] = {}
-    for mode in ("single", "bulk"):
+    for mode in SUBMIT_MODES:
         tag = f"sub{uuid.uuid4().hex[:10]}"
         ids = [f"{tag}-{i:06d}" for i in range(n)]
-        started = time.perf_counter()
-        if mode == "single":
-            for job_id in ids:
-                jobs.submit("bench_zero", job_id=job_id)
-        else:
-            jobs.submit_many("bench_zero", [{}] * n, job_ids=ids)
-        durable = n / (time.perf_counter() - started)
+        durable = _submit_durable(mode, ids)
         plain_tag = f"noop{uuid.uuid4().hex[:10]}"
         started = time.perf_counter()
-        if mode == "single":
+        if mode != "bulk":
             for _ in range(n):
                 client.send_task(plain_app.NOOP, args=(plain_tag,), queue=run.plain_queue)
         else:

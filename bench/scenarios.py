@@ -435,6 +435,7 @@ class BackendRun:
             return
         rates = submit_rates(self, self.opts.submit_jobs)
         self._series("submit single (jobs/s)", "jobs/s").add(*rates["single"])
+        self._series("submit single, confirmed", "jobs/s").add(*rates["single, confirms awaited"])
         self._series("submit bulk (jobs/s)", "jobs/s").add(*rates["bulk"])
         # Where a job's time goes: a worker process's time per job in the drain (durable)
         # or per task (plain: Celery itself), then the in-process run split by store call.
