@@ -61,3 +61,35 @@ def test_a_job_without_a_free_slot_waits() -> None:
     assert jobs.get(job_id).state is jobs.State.QUEUED
     jobs.set_limits("task_probe", max_running=1)
     assert deliver(job_id) == f"{job_id}: completed"
+
+
+@pytest.mark.parametrize(
+    ("pool", "broker", "warned"),
+    [
+        ("solo", "amqp://guest:guest@127.0.0.1:5672//", True),
+        ("threads", "amqp://guest:guest@127.0.0.1:5672//", False),
+        ("prefork", "amqp://guest:guest@127.0.0.1:5672//", False),
+        ("solo", "filesystem://", False),
+    ],
+)
+def test_a_worker_on_the_solo_pool_is_warned_at_start_up(
+    pool: str,
+    broker: str,
+    warned: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery's solo pool with late acknowledgement stalls between deliveries on RabbitMQ:
+    the worker says so, and what to run instead."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from celery.concurrency import get_implementation  # noqa: PLC0415
+
+    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from jobs.runtime.celery_app import SOLO_POOL_WARNING, warn_about_the_pool  # noqa: PLC0415
+
+    monkeypatch.setenv("JOBS_BROKER_URL", broker)
+    reset_settings()
+    with caplog.at_level("WARNING", logger="jobs.worker"):
+        warn_about_the_pool(SimpleNamespace(pool_cls=get_implementation(pool)))
+    assert (SOLO_POOL_WARNING in caplog.text) is warned

@@ -199,7 +199,24 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
         log.critical("%s; the worker will not start", err)
         raise SystemExit(1) from None
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    warn_about_the_pool(sender)
     _preload_for_the_pool()
+
+
+SOLO_POOL_WARNING = (
+    "the solo pool stalls for up to 2 s between deliveries with late acknowledgement "
+    "(Celery 5.7 and RabbitMQ: measured 35 one-step jobs in 9 s, against 3,000 with "
+    "--pool threads --concurrency 1); use --pool threads --concurrency 1 for a worker "
+    "that runs one job at a time"
+)
+
+
+def warn_about_the_pool(worker: Any) -> None:
+    """Say so at start-up when a worker runs a pool known to serve doorbells badly."""
+    pool = getattr(worker, "pool_cls", None)
+    name = getattr(pool, "__module__", "") + "." + getattr(pool, "__name__", str(pool))
+    if "solo" in name.lower() and not get_settings().is_embedded_broker:
+        log.warning(SOLO_POOL_WARNING)
 
 
 def _preload_for_the_pool() -> None:
