@@ -91,7 +91,7 @@ def _scenarios(text: str) -> tuple[str, ...]:
     unknown = sorted(set(chosen) - set(Options().scenarios))
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(
-            f"unknown scenario {', '.join(unknown) or text!r}; choose from "
+            f"unknown scenario {', '.join(map(repr, unknown)) or repr(text)}; choose from "
             + ", ".join(Options().scenarios)
         )
     return chosen

@@ -70,3 +70,15 @@ def test_the_drain_rate_counts_from_the_twentieth_completion_to_the_last() -> No
     assert steady_rate(slow_start + steady) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="more than 21"):
         steady_rate(slow_start)
+
+
+def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.cli import parser  # noqa: PLC0415
+
+    assert parser().parse_args(["--only", "drain,recovery"]).only == ("drain", "recovery")
+    assert parser().parse_args([]).only == ("drain", "throughput", "latency", "recovery")
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--only", "drains"])
+    assert "unknown scenario 'drains'; choose from drain, throughput" in capsys.readouterr().err
