@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -210,3 +212,67 @@ def test_doorbell_confirms_default_to_background_and_a_bad_value_names_the_choic
     with pytest.raises(SettingsError) as refused:
         from_env({"JOBS_DATA_DIR": "/tmp/jobs-doorbells", "JOBS_DOORBELL_CONFIRMS": "sync"})
     assert str(refused.value) == "JOBS_DOORBELL_CONFIRMS='sync' must be one of: background, wait"
+
+
+def _close_from_the_server(publisher: CeleryPublisher) -> None:
+    """RabbitMQ closes the publisher's connection, as when its node stops."""
+    assert publisher._amqp is not None
+    port = publisher._amqp._connection.connection.sock.getsockname()[1]
+    listing = subprocess.run(
+        ["rabbitmqctl", "-q", "list_connections", "pid", "peer_port"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pid = next(line.split()[0] for line in listing.splitlines() if line.split()[1:] == [str(port)])
+    subprocess.run(
+        ["rabbitmqctl", "-q", "close_connection", pid, "test: node stopped"],
+        capture_output=True,
+        check=True,
+    )
+
+
+def wait_for(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("publisher", ["background"], indirect=True)
+def test_doorbells_in_flight_on_a_connection_the_server_closed_are_lost_within_a_moment(
+    publisher: CeleryPublisher, lost: list[str]
+) -> None:
+    """Written, not yet confirmed, and the connection goes (its RabbitMQ node stopped): with
+    no further publish in the process, the watcher still finds them lost within a second,
+    so their jobs are marked unsent for the sweeper (a CI run lost 8 such doorbells until
+    the process exited)."""
+    doorbells = publisher._amqp
+    assert doorbells is not None
+    publisher.flush()
+    with doorbells._lock:  # a doorbell RabbitMQ has not confirmed yet, as after a write
+        doorbells._confirms.sent("in-flight")
+    doorbells._in_flight_now.set()
+    _close_from_the_server(publisher)
+    assert wait_for(lambda: lost == ["in-flight"], 5), lost
+    publisher(["after"])  # a new connection
+    publisher.flush()
+    assert lost == ["in-flight"]
+
+
+@pytest.mark.parametrize("publisher", ["background"], indirect=True)
+def test_a_doorbell_never_confirmed_is_lost_after_the_confirm_timeout(
+    publisher: CeleryPublisher, lost: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.runtime import amqp_doorbells  # noqa: PLC0415
+
+    monkeypatch.setattr(amqp_doorbells, "CONFIRM_TIMEOUT_SECONDS", 0.5)
+    doorbells = publisher._amqp
+    assert doorbells is not None
+    publisher.flush()
+    with doorbells._lock:
+        doorbells._confirms.sent("never-confirmed")
+    doorbells._in_flight_now.set()
+    assert wait_for(lambda: lost == ["never-confirmed"], 5), lost

@@ -9,13 +9,14 @@ cost about half a millisecond of Python per doorbell, more than the INSERT of it
 
 What it keeps: every doorbell is confirmed by RabbitMQ, and none is lost silently. By
 default a publish returns once its doorbells are written, and their confirmations are read
-at the next publish (or :meth:`AmqpDoorbells.flush`, at exit): a job's durability is its
-commit, and waiting for the confirmation of its wake-up call cost a submit about half a
-millisecond. A doorbell RabbitMQ refused, could not route (messages are ``mandatory``: its
-queue was deleted) or never confirmed on a connection that broke goes to ``on_lost``, which
-marks its job unsent for the sweeper. With ``wait_for_confirms`` a publish waits for them
-all and raises instead. The queue is declared exactly as every other process declares it,
-once per channel and again after a doorbell came back. What it drops:
+at the next publish, by a watcher thread every 0.2 s while any are in flight, and by
+:meth:`AmqpDoorbells.flush` (at exit): a job's durability is its commit, and waiting for
+the confirmation of its wake-up call cost a submit about half a millisecond. A doorbell
+RabbitMQ refused, could not route (messages are ``mandatory``: its queue was deleted), in
+flight on a connection that broke, or unconfirmed for ``CONFIRM_TIMEOUT_SECONDS`` goes to
+``on_lost``, which marks its job unsent for the sweeper. With ``wait_for_confirms`` a
+publish waits for them all and raises instead. The queue is declared exactly as every other
+process declares it, once per channel and again after a doorbell came back. What it drops:
 Celery's ``before_task_publish``/``after_task_publish`` signals and the ``task-sent`` event
 (Flower lists a job's task from the moment a worker receives it; the queue itself is in the
 job table: ``jobctl list --state QUEUED``, the metrics).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import struct
 import threading
 import time
@@ -41,6 +43,7 @@ from amqp.serialization import dumps
 TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
 MAX_IN_FLIGHT = 10_000  # doorbells written and unconfirmed before a publish waits
+WATCH_SECONDS = 0.2  # how often the watcher reads confirmations while doorbells are in flight
 COALESCE_BYTES = 65_536
 
 
@@ -57,15 +60,24 @@ class _Confirms:
     def __init__(self) -> None:
         self.published = 0  # delivery tags run 1, 2, ... per channel
         self.unconfirmed: dict[int, str] = {}  # delivery tag -> job ID
+        self.sent_at: dict[int, float] = {}  # delivery tag -> monotonic time of the write
         self.lost: list[str] = []
 
     def sent(self, job_id: str) -> None:
         self.published += 1
         self.unconfirmed[self.published] = job_id
+        self.sent_at[self.published] = time.monotonic()
+
+    def oldest_sent_at(self) -> float | None:
+        """When the oldest doorbell in flight was written (``None``: none in flight)."""
+        for tag in self.unconfirmed:
+            return self.sent_at[tag]
+        return None
 
     def _settle(self, tag: int, multiple: bool) -> list[str]:
         if not multiple:
             job_id = self.unconfirmed.pop(tag, None)
+            self.sent_at.pop(tag, None)
             return [] if job_id is None else [job_id]
         settled = []
         while self.unconfirmed:
@@ -73,6 +85,7 @@ class _Confirms:
             if oldest > tag:
                 break
             settled.append(self.unconfirmed.pop(oldest))
+            self.sent_at.pop(oldest, None)
         return settled
 
     def on_ack(self, tag: int, multiple: bool) -> None:
@@ -185,6 +198,10 @@ class AmqpDoorbells:
         self._confirms = _Confirms()
         self._lost: list[str] = []  # found lost, not yet reported
         self._declared = False
+        self._watcher: threading.Thread | None = None
+        self._watcher_pid = 0
+        self._in_flight_now = threading.Event()  # set by a publish: the watcher wakes
+        self._stopping = False
         self._headers, self._properties = self._template()
         self._encoders: dict[int, PropertiesEncoder] = {}  # by priority
         unopened = app.connection_for_write()
@@ -252,6 +269,8 @@ class AmqpDoorbells:
             try:
                 if self.wait_for_confirms:
                     self._await_confirms(len(self._confirms.unconfirmed))
+                else:
+                    self._watch()
             finally:
                 lost = self._take_lost()
         self._report(lost)
@@ -260,6 +279,48 @@ class AmqpDoorbells:
                 f"RabbitMQ refused or could not route {len(lost)} doorbell(s) to queue "
                 f"{target.name!r}"
             )
+
+    def _watch(self) -> None:
+        """(Under the lock.) Make sure this process's watcher runs, and wake it."""
+        watcher = self._watcher
+        if watcher is None or not watcher.is_alive() or self._watcher_pid != os.getpid():
+            self._stopping = False
+            self._watcher = threading.Thread(
+                target=self._watch_in_flight, name="jobs-doorbell-confirms", daemon=True
+            )
+            self._watcher_pid = os.getpid()
+            self._watcher.start()
+        self._in_flight_now.set()
+
+    def _watch_in_flight(self) -> None:
+        """The watcher (background confirmations): while doorbells are in flight, read
+        their confirmations every :data:`WATCH_SECONDS`, so that one RabbitMQ refuses, or
+        one caught on a connection that broke (its node stopped) or left unconfirmed for
+        ``CONFIRM_TIMEOUT_SECONDS``, is reported lost within a moment of it, not at the
+        process's next publish, which may never come. Sleeps while nothing is in flight."""
+        while not self._stopping:
+            self._in_flight_now.wait()
+            time.sleep(WATCH_SECONDS)
+            with self._lock:
+                if self._stopping:
+                    return
+                lost = self._check_in_flight()
+                if self._channel is None or self._confirms.all_confirmed():
+                    self._in_flight_now.clear()
+            self._report(lost)
+
+    def _check_in_flight(self) -> list[str]:
+        """(Under the lock.) Read what arrived; a broken connection or a doorbell
+        unconfirmed for too long closes it, and what was in flight is lost."""
+        if self._channel is not None and not self._confirms.all_confirmed():
+            try:
+                self._read_ready()
+            except self._recoverable:
+                self._close()
+            oldest = self._confirms.oldest_sent_at()
+            if oldest is not None and time.monotonic() - oldest > CONFIRM_TIMEOUT_SECONDS:
+                self._close()
+        return self._take_lost()
 
     def flush(self, timeout: float = CONFIRM_TIMEOUT_SECONDS) -> None:
         """Wait up to ``timeout`` seconds for every doorbell in flight to be confirmed;
@@ -395,6 +456,8 @@ class AmqpDoorbells:
         then close the connection (process exit, runtime rebuilt)."""
         self.flush(timeout)
         with self._lock:
+            self._stopping = True
+            self._in_flight_now.set()
             self._close()
             lost = self._take_lost()
         self._report(lost)
