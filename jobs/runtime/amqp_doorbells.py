@@ -16,10 +16,11 @@ RabbitMQ refused, could not route (messages are ``mandatory``: its queue was del
 flight on a connection that broke, or unconfirmed for ``CONFIRM_TIMEOUT_SECONDS`` goes to
 ``on_lost``, which marks its job unsent for the sweeper. With ``wait_for_confirms`` a
 publish waits for them all and raises instead. The queue is declared exactly as every other
-process declares it, once per channel and again after a doorbell came back. What it drops:
-Celery's ``before_task_publish``/``after_task_publish`` signals and the ``task-sent`` event
-(Flower lists a job's task from the moment a worker receives it; the queue itself is in the
-job table: ``jobctl list --state QUEUED``, the metrics).
+process declares it, once per connection; a refused or returned doorbell drops the
+connection, so the next publish opens a new one (on a cluster, maybe on another node).
+What it drops: Celery's ``before_task_publish``/``after_task_publish`` signals and the
+``task-sent`` event (Flower lists a job's task from the moment a worker receives it; the
+queue itself is in the job table: ``jobctl list --state QUEUED``, the metrics).
 
 One connection per process, opened on first use, shared by threads under a lock; after a
 fork the process runtime is rebuilt, so a child opens its own.
@@ -197,7 +198,6 @@ class AmqpDoorbells:
         self._channel: Any = None
         self._confirms = _Confirms()
         self._lost: list[str] = []  # found lost, not yet reported
-        self._declared = False
         self._watcher: threading.Thread | None = None
         self._watcher_pid = 0
         self._in_flight_now = threading.Event()  # set by a publish: the watcher wakes
@@ -338,10 +338,13 @@ class AmqpDoorbells:
             return len(self._confirms.unconfirmed) if self._channel is not None else 0
 
     def _take_lost(self) -> list[str]:
-        returned = self._confirms.take_lost()
-        if returned:
-            self._declared = False  # the queue may be gone: the next publish declares it
-        lost, self._lost = self._lost + returned, []
+        """(Under the lock.) The doorbells found lost since the last report. A refusal or a
+        return also drops the connection, as a failed publish does: the next publish opens
+        a new one (on a RabbitMQ cluster, possibly on another node) and declares the queue
+        again (it may have been deleted)."""
+        if self._confirms.lost:
+            self._close()
+        lost, self._lost = self._lost, []
         return lost
 
     def _report(self, lost: list[str]) -> None:
@@ -351,8 +354,9 @@ class AmqpDoorbells:
     def _publish(self, messages: Sequence[tuple[str, Any]], target: Any) -> None:
         channel = self._open_channel()
         self._read_ready()
-        if self._confirms.lost or not self._declared:  # the queue may be gone
-            self._declare(channel)
+        if self._confirms.lost:  # refused or returned: a new connection, the queue declared
+            self._close()
+            channel = self._open_channel()
         confirms = self._confirms
         exchange, routing_key = target.exchange.name, target.routing_key
         with self._writes_coalesced():
@@ -424,7 +428,8 @@ class AmqpDoorbells:
         connection.ensure_connection(max_retries=3)
         try:
             channel = connection.channel()
-            self._declare(channel)
+            for declared in self.queues.values():
+                declared(channel).declare()
             channel.confirm_select()
         except Exception:
             connection.release()
@@ -435,12 +440,6 @@ class AmqpDoorbells:
         channel.events["basic_return"].add(confirms.on_return)
         self._connection, self._channel, self._confirms = connection, channel, confirms
         return channel
-
-    def _declare(self, channel: Any) -> None:
-        """Declare the queues, exactly as every other process declares them."""
-        for declared in self.queues.values():
-            declared(channel).declare()
-        self._declared = True
 
     def _close(self) -> None:
         """Close the connection; what was in flight on it (unconfirmed or lost) is lost."""
