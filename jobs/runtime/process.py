@@ -204,27 +204,25 @@ class ProcessRuntime:
         try:
             dispatcher(job_ids, priority)
         except Exception as err:
-            first, more = job_ids[0], len(job_ids) - 1
-            log.warning(
-                "job %s%s: publish failed (%s); the sweeper will re-dispatch it",
-                first,
-                f" and {more} more" if more else "",
-                err,
-            )
-            try:
-                self.store.forget_dispatch(job_ids)
-            except Exception:
-                log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
+            self._mark_unsent(job_ids, f"publish failed ({err})")
             return False
         return True
 
     def _doorbells_lost(self, job_ids: list[str]) -> None:
         """Doorbells RabbitMQ refused, could not route, or never confirmed, found after
         their publish returned: their jobs are marked unsent, and the sweeper sends them."""
+        self._mark_unsent(job_ids, "doorbell lost after publishing")
+
+    def _mark_unsent(self, job_ids: Sequence[str], why: str) -> None:
+        """Log ``why`` once for the batch and clear the jobs' dispatch, so the sweeper's
+        next pass sends their doorbells (best effort: a failure here leaves them to the
+        sweeper's re-dispatch of stale doorbells)."""
+        more = len(job_ids) - 1
         log.warning(
-            "job %s%s: doorbell lost after publishing; the sweeper will re-dispatch it",
+            "job %s%s: %s; the sweeper will re-dispatch it",
             job_ids[0],
-            f" and {len(job_ids) - 1} more" if len(job_ids) > 1 else "",
+            f" and {more} more" if more else "",
+            why,
         )
         try:
             self.store.forget_dispatch(job_ids)
