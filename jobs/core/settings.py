@@ -20,11 +20,14 @@ PREFIX = "JOBS_"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
 
 QUEUE_TYPES = ("classic", "quorum")
-DOORBELL_CONFIRMS = ("background", "wait")
 """``JOBS_QUEUE_TYPE`` values. ``classic`` is the default because a queue's type is fixed
 when it is first declared: an existing deployment's ``jobs`` queue is classic, and a new
 default would make every upgraded worker's declare fail with ``PRECONDITION_FAILED``.
 Clusters should choose ``quorum`` (see deploy/README.md, "Quorum queues")."""
+
+DOORBELL_CONFIRMS = ("background", "wait")
+"""``JOBS_DOORBELL_CONFIRMS`` values (RabbitMQ only), the first the default: see
+:mod:`jobs.runtime.amqp_doorbells`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +51,8 @@ class Settings:
     queue: str = "jobs"
     queue_type: str = "classic"
     # "background": a publish returns once its doorbells are written, their confirmations
-    # read at the next publish (a lost one marks its job unsent, for the sweeper); "wait":
-    # a publish returns once RabbitMQ confirmed them.
+    # read at the next publish and by a watcher thread (a lost one marks its job unsent,
+    # for the sweeper); "wait": a publish returns once RabbitMQ confirmed them.
     doorbell_confirms: str = "background"
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.

@@ -2,8 +2,9 @@
 
 :class:`CeleryPublisher` is the default doorbell of :class:`jobs.runtime.process.ProcessRuntime`.
 On RabbitMQ (:mod:`jobs.runtime.amqp_doorbells`) a publish returns once its doorbells are
-written; their confirmations are read at the next publish, and a doorbell RabbitMQ refused
-or could not route is handed back to the process, which marks its job unsent for the sweeper
+written; their confirmations are read at the next publish and by a watcher thread, and a
+doorbell RabbitMQ refused, could not route or never confirmed is handed back to the process,
+which marks its job unsent for the sweeper
 (``JOBS_DOORBELL_CONFIRMS=wait``: return once RabbitMQ confirmed them all). On the embedded
 broker Celery publishes them.
 """
