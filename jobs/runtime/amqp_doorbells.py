@@ -60,34 +60,35 @@ class _Confirms:
 
     def __init__(self) -> None:
         self.published = 0  # delivery tags run 1, 2, ... per channel
-        self.unconfirmed: dict[int, str] = {}  # delivery tag -> job ID
-        self.sent_at: dict[int, float] = {}  # delivery tag -> monotonic time of the write
+        # delivery tag -> (job ID, monotonic time of the write), oldest first
+        self.unconfirmed: dict[int, tuple[str, float]] = {}
         self.lost: list[str] = []
 
     def sent(self, job_id: str) -> None:
         self.published += 1
-        self.unconfirmed[self.published] = job_id
-        self.sent_at[self.published] = time.monotonic()
+        self.unconfirmed[self.published] = (job_id, time.monotonic())
 
     def oldest_sent_at(self) -> float | None:
         """When the oldest doorbell in flight was written (``None``: none in flight)."""
-        for tag in self.unconfirmed:
-            return self.sent_at[tag]
+        for _job_id, sent_at in self.unconfirmed.values():
+            return sent_at
         return None
+
+    def in_flight(self) -> list[str]:
+        """The job IDs of the doorbells not yet confirmed, oldest first."""
+        return [job_id for job_id, _sent_at in self.unconfirmed.values()]
 
     def _settle(self, tag: int, multiple: bool) -> list[str]:
         if not multiple:
-            job_id = self.unconfirmed.pop(tag, None)
-            self.sent_at.pop(tag, None)
-            return [] if job_id is None else [job_id]
-        settled = []
+            settled = self.unconfirmed.pop(tag, None)
+            return [] if settled is None else [settled[0]]
+        job_ids = []
         while self.unconfirmed:
             oldest = next(iter(self.unconfirmed))
             if oldest > tag:
                 break
-            settled.append(self.unconfirmed.pop(oldest))
-            self.sent_at.pop(oldest, None)
-        return settled
+            job_ids.append(self.unconfirmed.pop(oldest)[0])
+        return job_ids
 
     def on_ack(self, tag: int, multiple: bool) -> None:
         self._settle(tag, multiple)
@@ -445,7 +446,7 @@ class AmqpDoorbells:
         """Close the connection; what was in flight on it (unconfirmed or lost) is lost."""
         connection, self._connection, self._channel = self._connection, None, None
         confirms, self._confirms = self._confirms, _Confirms()
-        self._lost += confirms.take_lost() + list(confirms.unconfirmed.values())
+        self._lost += confirms.take_lost() + confirms.in_flight()
         if connection is not None:
             with contextlib.suppress(Exception):  # a broken connection closes as best it can
                 connection.release()
