@@ -59,17 +59,16 @@ class DriverStatement:
         unknown = [name for name in changing if name not in binds]
         if unknown:
             raise ValueError(f"no bound parameter named {', '.join(unknown)}")
-        self._changing: dict[str, Processor | None] = {
-            name: binds[name].type.dialect_impl(dialect).bind_processor(dialect)
-            for name in changing
+        processors: dict[str, Processor | None] = {
+            name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+            for name, bind in binds.items()
         }
-        constants = compiled.construct_params(dict.fromkeys(changing))
-        for name in changing:
-            constants.pop(name, None)
-        for name, value in constants.items():
-            process = binds[name].type.dialect_impl(dialect).bind_processor(dialect)
-            constants[name] = value if process is None else process(value)
-        self._constants = constants
+        self._changing = {name: processors[name] for name in changing}
+        self._constants = {
+            name: value if (process := processors[name]) is None else process(value)
+            for name, value in compiled.construct_params(dict.fromkeys(changing)).items()
+            if name not in self._changing
+        }
         columns = list(statement.exported_columns)
         self._row = collections.namedtuple("DriverRow", [column.key for column in columns])  # type: ignore[misc]
         self._results: list[tuple[int, Processor]] = [
