@@ -210,29 +210,34 @@ class World:
         else:
             self.wait(claim, APPROVAL_NAMES[n % len(APPROVAL_NAMES)])
 
+    def refused_as_recorded(self, what: str, write: Callable[[], object]) -> None:
+        """The current owner's write under a step name already recorded: refused with
+        :class:`StepError`, and nothing changed."""
+        try:
+            write()
+        except StepError:
+            assert self.unchanged()
+            event(f"{what}: refused, already recorded")
+            return
+        raise AssertionError(f"{what}: accepted a step name already recorded")
+
     def record_step(self, claim: Claim, name: str) -> None:
         key = (claim.job_id, name)
         output = {"by": claim.owner}
         if key in self.expected_steps and self.is_current(claim):
-            try:
-                self.store.record_step(claim, name, output)
-            except StepError:
-                assert self.unchanged()
-                event("record_step: refused, already recorded")
-                return
-            raise AssertionError("a step was recorded twice")
+            self.refused_as_recorded(
+                "record_step", lambda: self.store.record_step(claim, name, output)
+            )
+            return
         if self.fenced("record_step", claim, lambda: self.store.record_step(claim, name, output)):
             self.expected_steps[key] = (claim.owner, claim.fence)
 
     def wait(self, claim: Claim, name: str) -> None:
         if (claim.job_id, name) in self.expected_steps and self.is_current(claim):
-            try:
-                self.store.wait_for_approval(claim, "why", name)
-            except StepError:
-                assert self.unchanged()
-                event("wait: refused, already recorded")
-                return
-            raise AssertionError("waited for an approval that is already recorded")
+            self.refused_as_recorded(
+                "wait", lambda: self.store.wait_for_approval(claim, "why", name)
+            )
+            return
         park = self.store.wait_for_approval
         if job := self.fenced("wait", claim, lambda: park(claim, "needs a yes", name)):
             assert job.state is State.WAITING_APPROVAL
@@ -243,13 +248,8 @@ class World:
         in one fenced write that gives the attempt back and owes no doorbell."""
         wake_at = self.clock.instant(self.clock.tick + ticks)
         if (claim.job_id, name) in self.expected_steps and self.is_current(claim):
-            try:
-                self.store.sleep(claim, name, wake_at)
-            except StepError:
-                assert self.unchanged()
-                event("sleep: refused, already recorded")
-                return
-            raise AssertionError("slept under a timer name already recorded")
+            self.refused_as_recorded("sleep", lambda: self.store.sleep(claim, name, wake_at))
+            return
         if job := self.fenced("sleep", claim, lambda: self.store.sleep(claim, name, wake_at)):
             assert job.state is State.QUEUED
             assert job.run_after == wake_at
