@@ -21,9 +21,8 @@ import jobs
 from bench import plain_app
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _wait
+from jobs.application import default_app, reset_settings
 from jobs.core.models import JobRecord
-from jobs.core.settings import reset_settings
-from jobs.runtime import process
 
 SKIP = 20  # completions before the timing starts: the worker is up and warm by then
 FILL_BATCH = 1000
@@ -179,7 +178,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
     saved = os.environ.get("JOBS_DOORBELL_CONFIRMS")
     os.environ["JOBS_DOORBELL_CONFIRMS"] = "wait" if "awaited" in mode else "background"
     reset_settings()
-    process.reset()
+    default_app().reset()
     try:
         started = time.perf_counter()
         if mode == "bulk":
@@ -187,7 +186,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
         else:
             for job_id in ids:
                 jobs.submit("bench_zero", job_id=job_id)
-        flush = getattr(process.current().dispatcher, "flush", None)
+        flush = getattr(default_app().runtime.dispatcher, "flush", None)
         if callable(flush):
             flush()
         return len(ids) / (time.perf_counter() - started)
@@ -197,7 +196,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
         else:
             os.environ["JOBS_DOORBELL_CONFIRMS"] = saved
         reset_settings()
-        process.reset()
+        default_app().reset()
 
 
 def submit_rates(run: BackendRun, n: int) -> dict[str, tuple[float, float]]:

@@ -21,12 +21,11 @@ from typing import Any
 from sqlalchemy import event
 
 import jobs
+from jobs.application import default_app, get_settings
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.runner import Outcome, Runner
-from jobs.core.settings import get_settings
 from jobs.core.store import JobStore
-from jobs.runtime import process
 from jobs.runtime.liveness import LivenessLock
 
 TIMED = ("claim", "steps", "record_steps", "complete")
@@ -102,7 +101,7 @@ def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
             liveness_key=liveness.ensure(),
         )
         tag = f"prof{uuid.uuid4().hex[:10]}"
-        with process.current().doorbell_off():
+        with default_app().runtime.doorbell_off():
             ids = jobs.submit_many(
                 kind, [{}] * (n + 5), job_ids=[f"{tag}-{i}" for i in range(n + 5)]
             )

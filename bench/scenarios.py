@@ -30,11 +30,11 @@ from bench.procs import Child, Processes
 from bench.services import clock_offset, delete_queues, pg_database
 from bench.stats import percentile
 from jobs import api
+from jobs.application import default_app, reset_settings
 from jobs.core.models import JobRecord
-from jobs.core.settings import from_env, reset_settings
+from jobs.core.settings import from_env
 from jobs.core.states import State
 from jobs.core.store import JobStore
-from jobs.runtime import process
 from jobs.schema import upgrade
 
 Say = Callable[[str], None]
@@ -169,7 +169,7 @@ class BackendRun:
 
     @property
     def store(self) -> JobStore:
-        return process.current().store
+        return default_app().runtime.store
 
     def _plain_setup(self) -> None:
         from jobs.runtime.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
@@ -250,10 +250,9 @@ class BackendRun:
         if self.plain_client is not None:
             self.plain_client.close()
         with contextlib.suppress(Exception):
-            from jobs.core.settings import get_settings  # noqa: PLC0415
-            from jobs.runtime.celery_app import app_for  # noqa: PLC0415
+            from jobs.application import default_app  # noqa: PLC0415
 
-            app_for(get_settings()).close()
+            default_app().celery.close()
 
     # -- helpers ---------------------------------------------------------------------
 

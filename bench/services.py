@@ -29,9 +29,9 @@ def pg_database(admin_url: str) -> Iterator[str]:
         try:
             yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
         finally:
-            from jobs.runtime import process  # noqa: PLC0415
+            from jobs.application import default_app  # noqa: PLC0415
 
-            process.reset()
+            default_app().reset()
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:

@@ -87,9 +87,9 @@ def drain(api: Any, database_url: str, count: int, concurrency: int) -> None:
     from sqlalchemy.engine import make_url  # noqa: PLC0415
 
     database = make_url(database_url).database or ""
-    from jobs.runtime import process  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
 
-    store = process.current().store
+    store = default_app().runtime.store
     cpu_before = _backend_cpu_seconds(database)
     started = time.monotonic()
     ids = api.submit_many(STEP, [{} for _ in range(count)])
@@ -145,14 +145,13 @@ def connections(concurrency: int, jobs_count: int, drain_jobs: int) -> None:
                 time.sleep(0.1)
             os.environ.update({k: v for k, v in env.items() if k.startswith("JOBS_")})
             from jobs import api  # noqa: PLC0415
-            from jobs.core.settings import reset_settings  # noqa: PLC0415
+            from jobs.application import default_app, reset_settings  # noqa: PLC0415
 
             reset_settings()
             api.reset()
             ids = [api.submit(STEP, {}) for _ in range(jobs_count)]
-            from jobs.runtime import process  # noqa: PLC0415
 
-            store = process.current().store
+            store = default_app().runtime.store
             most: dict[str, Counter[tuple[str, str]]] = {name: Counter() for name in procs}
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         unschedule,
         wake,
     )
+    from jobs.application import JobsApp, default_app
     from jobs.core.records import Job, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
 
@@ -67,6 +68,7 @@ _LAZY = {
         (
             "approve",
             "cancel",
+            "default_app",
             "dispatch",
             "get",
             "history",
@@ -85,6 +87,7 @@ _LAZY = {
         "jobs.api",
     ),
     **dict.fromkeys(("Job", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+    **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
     "Schedule": "jobs.core.schedule",
 }
 
@@ -109,6 +112,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobsApp",
     "KindLimits",
     "LeaseLost",
     "NothingToWake",
@@ -122,6 +126,7 @@ __all__ = [
     "UnknownKind",
     "approve",
     "cancel",
+    "default_app",
     "dispatch",
     "get",
     "history",

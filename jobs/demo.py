@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.errors import UnknownJob
-from jobs.core.settings import get_settings, reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Transition
-from jobs.runtime import process
 from jobs.schema import upgrade
 
 Echo = Callable[[str], None]
@@ -153,8 +152,8 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
         settings = get_settings()
         env = dict(os.environ)
         if not embedded:
-            upgrade(process.current().engine)  # the demo may be the first thing run
-        store = process.current().store
+            upgrade(default_app().runtime.engine)  # the demo may be the first thing run
+        store = default_app().runtime.store
         job_id = _free_id(store, job_id)
         echo(f"database: {store.engine.url.render_as_string(hide_password=True)}")
         echo(f"broker:   {settings.broker_url}   lease: {settings.lease_seconds:g}s")

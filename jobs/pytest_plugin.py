@@ -23,24 +23,22 @@ from pathlib import Path
 
 import pytest
 
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import reset_settings
+from jobs.application import default_app
 
 
 @pytest.fixture
 def jobs_isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An isolated jobs world for one test; yields its data folder."""
-    from jobs import api  # noqa: PLC0415 - loads SQLAlchemy only for tests that use it
-
     for key in list(os.environ):
         if key.startswith("JOBS_") and not key.startswith("JOBS_TEST_"):
             monkeypatch.delenv(key)
     data_dir = tmp_path / "jobs-data"
     monkeypatch.setenv("JOBS_DATA_DIR", str(data_dir))
-    reset_settings()
-    api.reset()
-    api.set_dispatcher(None)
+    app = default_app()
+    app.reset_settings()
+    app.reset()
+    app.set_dispatcher(None)
     yield data_dir
-    reset_settings()
-    api.reset()
-    REGISTRY.reset_imports()
+    app.set_settings(None)
+    app.reset()
+    app.registry.reset_imports()

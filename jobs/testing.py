@@ -16,9 +16,9 @@ import socket
 from typing import Any
 
 from jobs import api
+from jobs.application import default_app
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.store import Job, JobStore
-from jobs.runtime import process
 
 
 def make_runner(
@@ -26,7 +26,7 @@ def make_runner(
 ) -> Runner:
     """A runner like a worker's, signed ``inline@<host>:<pid>``; ``heartbeat=False`` runs
     without lease renewals (deterministic tests whose lease outlasts the run)."""
-    runtime = process.current()
+    runtime = default_app().runtime
     return Runner.from_settings(
         store or runtime.store,
         owner or f"inline@{socket.gethostname()}:{os.getpid()}",
@@ -48,7 +48,7 @@ def perform_job(
     max_attempts: int | None = None,
 ) -> Job:
     """Submit a job without ringing the doorbell, run it once in-process, return its record."""
-    with process.current().doorbell_off():
+    with default_app().runtime.doorbell_off():
         job_id = api.submit(kind, inputs, job_id=job_id, max_attempts=max_attempts)
     run(job_id)
     return api.get(job_id)
@@ -74,4 +74,4 @@ def wake(job_id: str | None = None) -> list[str]:
     IDs; run them with :func:`drain`. A recorded timer does not sleep again, so the job
     continues past ``ctx.sleep``. For tests only: in production the wake-up is the
     database's clock reaching the timer's instant."""
-    return process.current().store.wake(None if job_id is None else [job_id])
+    return default_app().runtime.store.wake(None if job_id is None else [job_id])

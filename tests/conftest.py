@@ -77,9 +77,9 @@ def private_pg_database(prefix: str) -> Iterator[str]:
     try:
         yield url
     finally:
-        from jobs.runtime import process  # noqa: PLC0415
+        from jobs.application import default_app  # noqa: PLC0415
 
-        process.reset()
+        default_app().reset()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()

@@ -142,8 +142,8 @@ def django_world(
     jobs_isolated: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
     """Django set up, the settings.JOBS source in place for this test only."""
+    from jobs.application import set_defaults_source  # noqa: PLC0415
     from jobs.contrib.django.apps import settings_env  # noqa: PLC0415
-    from jobs.core.settings import set_defaults_source  # noqa: PLC0415
 
     configure(tmp_path_factory.getbasetemp() / "django-default.sqlite3")
     set_defaults_source(settings_env)

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.errors import SettingsError
-from jobs.core.settings import from_env, get_settings, reset_settings
-from jobs.runtime import process
+from jobs.core.settings import from_env
 from jobs.runtime.amqp_doorbells import DoorbellRefused
-from jobs.runtime.dispatch import TASK_NAME, CeleryPublisher
+from jobs.runtime.celery_app import make_app
+from jobs.runtime.dispatch import CeleryPublisher
+from jobs.runtime.queues import TASK_NAME
 from tests.conftest import AMQP_URL, service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
@@ -43,7 +45,8 @@ def publisher(
     monkeypatch.setenv("JOBS_QUEUE", queue)
     monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", request.param)
     reset_settings()
-    publisher = CeleryPublisher(get_settings(), on_lost=lost.extend)
+    settings = get_settings()
+    publisher = CeleryPublisher(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
     try:
         publisher(["first"])
     except OSError as err:
@@ -182,14 +185,14 @@ def test_a_doorbell_lost_after_its_submit_returned_marks_the_job_unsent(
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
     reset_settings()
-    process.reset()  # the default doorbell, not the test-suite's none
+    default_app().reset()  # the default doorbell, not the test-suite's none
     jobs.job("doorbell_kind")(lambda ctx: None)
     try:
         try:
             delivered = jobs.submit("doorbell_kind")
         except OSError as err:
             service_unavailable("RabbitMQ", err)
-        runtime = process.current()
+        runtime = default_app().runtime
         with runtime.dispatcher.app.connection_for_write() as connection:  # type: ignore[union-attr]
             connection.default_channel.queue_delete(queue)
         returned = jobs.submit("doorbell_kind")
@@ -199,10 +202,10 @@ def test_a_doorbell_lost_after_its_submit_returned_marks_the_job_unsent(
         assert jobs.get(delivered).dispatched_at is not None
     finally:
         with contextlib.suppress(Exception):
-            app = process.current().dispatcher.app  # type: ignore[union-attr]
+            app = default_app().runtime.dispatcher.app  # type: ignore[union-attr]
             with app.connection_for_write() as connection:
                 connection.default_channel.queue_delete(queue)
-        process.reset()
+        default_app().reset()
 
 
 def test_doorbell_confirms_default_to_background_and_a_bad_value_names_the_choices() -> None:

@@ -19,12 +19,11 @@ import pytest
 
 import jobs
 from jobs import api, testing
-from jobs.core import settings as settings_module
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.context import JobContext
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome
-from jobs.core.settings import Settings, from_env, get_settings, reset_settings
-from jobs.runtime import process
+from jobs.core.settings import Settings, from_env
 
 CALLS: Counter[str] = Counter()
 CRASH = {"now": False}
@@ -115,9 +114,9 @@ def use_settings(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
 def use_short_lease(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """A lease shorter than JOBS_LEASE_SECONDS allows (1 s at least), to keep tests fast:
     set on the process's settings object directly, as no deployment can."""
-    reset_settings()
-    short = dataclasses.replace(get_settings(), lease_seconds=seconds)
-    monkeypatch.setattr(settings_module, "_current", short)
+    app = default_app()
+    app.reset_settings()
+    app.set_settings(dataclasses.replace(app.settings, lease_seconds=seconds))
 
 
 # -- registration ------------------------------------------------------------------------
@@ -231,7 +230,7 @@ def test_a_crashed_run_is_swept_back_and_rerun(monkeypatch: pytest.MonkeyPatch) 
         testing.make_runner(heartbeat=False).run(job_id)
     CRASH["now"] = False
     time.sleep(0.25)
-    assert [j.id for j in process.current().store.sweep_expired()] == [job_id]
+    assert [j.id for j in default_app().runtime.store.sweep_expired()] == [job_id]
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
     assert CALLS == {"one": 1, "two": 1}
@@ -386,7 +385,7 @@ def test_oversized_inputs_write_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_job_whose_kind_or_inputs_no_longer_fit_fails_without_retrying() -> None:
-    store = process.current().store
+    store = default_app().runtime.store
     store.create("api_lookup", {"renamed": 1}, job_id="old-inputs", max_attempts=5)
     store.create("api_gone", {}, job_id="old-kind", max_attempts=5)
     results = {r.job_id: r for r in testing.drain()}
@@ -441,7 +440,7 @@ def test_a_failing_doorbell_loses_nothing(caplog: pytest.LogCaptureFixture) -> N
     assert job.dispatched_at is None  # so the next sweep sends it at once
     assert "publish failed" in caplog.text
     assert jobs.dispatch(job_id) is False
-    assert process.current().store.due_for_dispatch(300) == [job_id]
+    assert default_app().runtime.store.due_for_dispatch(300) == [job_id]
     jobs.set_dispatcher(None)
     assert jobs.dispatch(job_id) is False
     [result] = testing.drain()
@@ -687,4 +686,4 @@ def test_settings_are_read_once_until_reset(monkeypatch: pytest.MonkeyPatch) -> 
     reset_settings()
     with pytest.raises(jobs.SettingsError, match="JOBS_TYPO"):
         get_settings()
-    assert settings_module._current is None
+    assert default_app()._settings is None

@@ -21,6 +21,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, select
 
 import jobs
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
@@ -30,7 +31,6 @@ from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 from jobs.core.store import Claim, JobStore, KindLimits
-from jobs.runtime import process
 from tests import racing
 from tests.conftest import snapshot
 
@@ -473,7 +473,7 @@ def test_the_decorator_refuses_a_negative_default(option: str) -> None:
 
 
 def test_seed_limits_writes_the_defaults_but_never_overwrites_an_operator() -> None:
-    store = process.current().store
+    store = default_app().runtime.store
     jobs.seed_limits()
     limits = store.limits()
     assert limits["bp_api"] == KindLimits("bp_api", 1, 2)
@@ -526,7 +526,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     result = jobctl("limits", "set", "bp_cli", "--max-running", "2", "--max-queued", "none")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=None"
-    assert process.current().store.limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
+    assert default_app().runtime.store.limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
 
     result = jobctl("limits", "set", "bp_cli", "--max-queued", "5")
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=5"
@@ -534,7 +534,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
     result = jobctl("limits", "set", "bp_cli")
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
-    assert process.current().store.limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
+    assert default_app().runtime.store.limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
 
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
@@ -564,13 +564,13 @@ def test_jobctl_limits_set_refuses_bad_values_and_changes_nothing(
         assert fragment in result.stderr
         assert option in result.stderr
         assert "Traceback" not in result.output
-        assert process.current().store.limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
+        assert default_app().runtime.store.limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
 
 
 def test_jobctl_stats_json_has_limits_with_counts() -> None:
     jobs.set_limits("bp_cli", max_running=2, max_queued=3)
     ids = [jobs.submit("bp_cli", {"n": n}) for n in range(3)]
-    assert process.current().store.claim(ids[0], "w", 60) is not None
+    assert default_app().runtime.store.claim(ids[0], "w", 60) is not None
     result = jobctl("stats", "--json")
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)

@@ -18,10 +18,9 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 
 import jobs
+from jobs.application import default_app, reset_settings
 from jobs.cli import core_commands, main
 from jobs.core.context import JobContext
-from jobs.core.settings import reset_settings
-from jobs.runtime import process
 from jobs.schema import MIGRATIONS
 from jobs.testing import run
 
@@ -310,7 +309,7 @@ def test_show_json_of_a_completed_job_has_the_documented_shape() -> None:
 
 def test_show_json_of_a_running_job_has_an_aware_lease() -> None:
     job_id = submit()
-    claim = process.current().store.claim(job_id, "worker-A", lease_seconds=30)
+    claim = default_app().runtime.store.claim(job_id, "worker-A", lease_seconds=30)
     assert claim is not None
 
     shown = show_json(job_id)

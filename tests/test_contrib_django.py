@@ -17,8 +17,8 @@ pytest.importorskip("django")
 
 import jobs
 from jobs import testing
+from jobs.application import get_settings
 from jobs.core.errors import AdmissionRefused, SettingsError
-from jobs.core.settings import get_settings
 from jobs.core.states import State
 from tests import django_site
 from tests.django_site import use_database
@@ -53,7 +53,7 @@ def shop(
         url = request.getfixturevalue("clean_pg_web_url")
         alias = "shop_pg"
     monkeypatch.setenv("JOBS_DATABASE_URL", url)
-    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from jobs.application import reset_settings  # noqa: PLC0415
 
     reset_settings()
     jobs.api.reset()
@@ -245,7 +245,7 @@ def test_submit_refuses_a_job_table_in_another_database(
     shop: Doorbell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import jobs.contrib.django  # noqa: PLC0415
-    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from jobs.application import reset_settings  # noqa: PLC0415
     from tests.django_site import ROUTER  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
@@ -259,7 +259,7 @@ def test_settings_come_from_settings_jobs_and_the_environment_wins(
 ) -> None:
     from django.test import override_settings  # noqa: PLC0415
 
-    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from jobs.application import reset_settings  # noqa: PLC0415
 
     with override_settings(JOBS={"LEASE_SECONDS": 7, "IMPORTS": ["a.b", "c"]}):
         reset_settings()

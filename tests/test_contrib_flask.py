@@ -17,8 +17,8 @@ pytest.importorskip("flask_sqlalchemy")
 
 import jobs
 from jobs import testing
+from jobs.application import get_settings, set_defaults_source
 from jobs.core.registry import REGISTRY
-from jobs.core.settings import get_settings, set_defaults_source
 from jobs.core.states import State
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
@@ -196,9 +196,9 @@ def test_settings_come_from_app_config_and_the_environment_wins(
 ) -> None:
     from flask import Flask  # noqa: PLC0415
 
+    from jobs.application import reset_settings  # noqa: PLC0415
     from jobs.contrib.flask import Jobs  # noqa: PLC0415
     from jobs.core.errors import SettingsError  # noqa: PLC0415
-    from jobs.core.settings import reset_settings  # noqa: PLC0415
 
     app = Flask("configured")
     app.config["JOBS"] = {"LEASE_SECONDS": 7, "IMPORTS": ["a", "b.c"]}

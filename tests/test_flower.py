@@ -20,8 +20,8 @@ import requests
 
 import jobs
 from jobs import api
+from jobs.application import reset_settings
 from jobs.core.db import make_engine
-from jobs.core.settings import reset_settings
 from jobs.schema import upgrade
 from tests.conftest import AMQP_URL, service_unavailable
 

@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
+from jobs.application import JobsApp, get_settings
 from jobs.core.db import make_engine
 from jobs.core.errors import LeaseLost
-from jobs.core.settings import get_settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
-from jobs.runtime import liveness, process
+from jobs.runtime import liveness
 from jobs.schema import upgrade
 from tests.conftest import PG_ADMIN_URL
 
@@ -112,9 +112,9 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     upgrade(engine)
     sqlite_store = JobStore(engine)
     assert (
-        process.ProcessRuntime(
+        JobsApp(
             dataclasses.replace(get_settings(), database_url=f"sqlite:///{tmp_path}/x.db")
-        ).liveness_key()
+        ).runtime.liveness_key()
         == os.getpid()
     )
     finished = subprocess.run(

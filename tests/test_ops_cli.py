@@ -15,11 +15,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobs
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.context import JobContext
 from jobs.core.models import SCHEMA_REVISION
-from jobs.core.settings import get_settings, reset_settings
 from jobs.core.store import JobStore
-from jobs.runtime import process
 from jobs.runtime.explain import explain
 
 
@@ -35,7 +34,7 @@ def ops_approval(ctx: JobContext) -> None:
 
 
 def the_store() -> JobStore:
-    return process.current().store
+    return default_app().runtime.store
 
 
 def jobctl(*args: str) -> Result:

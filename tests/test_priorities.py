@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 import jobs
 from jobs import testing
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
@@ -25,7 +26,7 @@ from jobs.core.registry import Registry
 from jobs.core.schedule import Schedule
 from jobs.core.settings import from_env
 from jobs.core.store import JobStore
-from jobs.runtime import broker_errors, process
+from jobs.runtime import broker_errors
 from jobs.runtime.fs_transport import TRANSPORT
 from jobs.runtime.periodic import fire_due_ticks
 from jobs.runtime.sweeper import sweep_once
@@ -53,7 +54,7 @@ def rung() -> Rung:
     def record(job_ids: Sequence[str], priority: int = 0) -> None:
         seen.append((tuple(job_ids), priority))
 
-    process.current().set_dispatcher(record)  # reset by the autouse isolation fixture
+    default_app().runtime.set_dispatcher(record)  # reset by the autouse isolation fixture
     return seen
 
 

@@ -20,10 +20,16 @@ from jobs.core.settings import QUEUE_TYPES, Settings, from_env
 from jobs.core.store import JobStore
 from jobs.runtime import broker_errors
 from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
-from jobs.runtime.celery_app import QUORUM_DELIVERY_LIMIT, celery_config, make_app
-from jobs.runtime.dispatch import HIGH_BAND_PRIORITY, HIGH_BAND_SUFFIX, queue_for, queue_names
+from jobs.runtime.celery_app import celery_config, make_app
 from jobs.runtime.doorbell import GuardedConsumer
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
+from jobs.runtime.queues import (
+    HIGH_BAND_PRIORITY,
+    HIGH_BAND_SUFFIX,
+    QUORUM_DELIVERY_LIMIT,
+    queue_for,
+    queue_names,
+)
 from jobs.runtime.sweeper import ring_all_due, sweep_once
 from tests.conftest import AMQP_URL, service_unavailable
 
@@ -300,7 +306,7 @@ def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
     from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
 
     watch = QueueWatch(amqp_settings)
-    publisher = CeleryPublisher(amqp_settings)
+    publisher = CeleryPublisher(amqp_settings, celery=lambda: make_app(amqp_settings))
     try:
         assert watch.check() is QueueHealth.GONE_NOW_DECLARED
         assert watch.ready == 0

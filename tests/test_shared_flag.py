@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from jobs.runtime.celery_app import _shutting_down
+from jobs.celery_app import app
+from jobs.runtime.celery_app import installed_on
 from jobs.runtime.shared_flag import SharedFlag
 
 # The children only read or write one byte of shared memory and exit: a fork from a process
@@ -38,7 +39,9 @@ def _set_then(flag: object, done: threading.Event) -> None:
 
 
 def test_a_reader_killed_at_any_moment_never_blocks_the_shutdown_flag() -> None:
-    flag = _shutting_down  # the worker's own flag, made at import as in a worker
+    installed = installed_on(app)
+    assert installed is not None
+    flag = installed.shutting_down  # the worker's own flag, made at install as in a worker
     for attempt in range(30):
         reader = _fork_reader(flag)
         time.sleep(0.01)  # let it read a while

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from jobs.application import reset_settings
 from jobs.cli import main
 from jobs.core.errors import InvalidInput
-from jobs.core.settings import reset_settings
 from jobs.simulate import simulate
 
 LEASE_2 = [

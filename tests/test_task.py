@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs.runtime.celery_app import run_job
+from jobs.celery_app import app
+
+run_job = app.tasks["jobs.run"]
 
 
 @jobs.job("task_probe", max_attempts=2)
@@ -85,11 +87,13 @@ def test_a_worker_on_the_solo_pool_is_warned_at_start_up(
 
     from celery.concurrency import get_implementation  # noqa: PLC0415
 
-    from jobs.core.settings import reset_settings  # noqa: PLC0415
+    from jobs.application import default_app, reset_settings  # noqa: PLC0415
     from jobs.runtime.celery_app import SOLO_POOL_WARNING, warn_about_the_pool  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_BROKER_URL", broker)
     reset_settings()
     with caplog.at_level("WARNING", logger="jobs.worker"):
-        warn_about_the_pool(SimpleNamespace(pool_cls=get_implementation(pool)))
+        warn_about_the_pool(
+            SimpleNamespace(pool_cls=get_implementation(pool)), default_app().settings
+        )
     assert (SOLO_POOL_WARNING in caplog.text) is warned

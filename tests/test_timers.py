@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 import jobs
 from jobs import testing
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
@@ -26,7 +27,7 @@ from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.validate import MAX_DELAY_SECONDS
-from jobs.runtime import explain, process
+from jobs.runtime import explain
 
 RAN: Counter[str] = Counter()
 KINDS = Registry(imports=[])
@@ -359,7 +360,7 @@ def timer_follow_up(ctx: JobContext, hours: float) -> str:
 def test_delay_and_run_at_ring_only_when_due() -> None:
     rung: list[str] = []
     jobs.set_dispatcher(rung.append)
-    now = process.current().store.now()
+    now = default_app().runtime.store.now()
 
     due = jobs.submit("timer_lookup", run_at=now - dt.timedelta(seconds=1))
     later = jobs.submit("timer_lookup", run_at=now + dt.timedelta(hours=1))
@@ -392,7 +393,7 @@ def test_testing_helpers_report_a_sleeping_job_and_wake_it() -> None:
 
 def test_explain_says_the_job_sleeps_until_its_timer() -> None:
     job = testing.perform_job("timer_follow_up", {"hours": 2})
-    runtime = process.current()
+    runtime = default_app().runtime
 
     found = explain.explain(runtime.store, runtime.settings, job.id)
 
@@ -413,7 +414,7 @@ def test_wake_makes_a_sleeping_job_due_now_and_rings_its_doorbell() -> None:
     woken = jobs.wake(job.id)
 
     assert rung == [job.id]
-    assert woken.run_after <= process.current().store.now()
+    assert woken.run_after <= default_app().runtime.store.now()
     assert jobs.history(job.id)[-1].reason == "woken by an operator"
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
@@ -434,7 +435,7 @@ def test_wake_of_a_due_job_raises_and_rings_nothing() -> None:
 
 
 def test_explain_offers_the_wake_for_a_job_waiting_on_a_timer() -> None:
-    runtime = process.current()
+    runtime = default_app().runtime
     for job_id in (
         testing.perform_job("timer_follow_up", {"hours": 2}).id,
         jobs.submit("timer_lookup", delay=60),

@@ -18,12 +18,11 @@ from sqlalchemy.orm import Session
 
 import jobs
 from jobs import api, testing
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.context import JobContext
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.models import JobRecord
-from jobs.core.settings import get_settings, reset_settings
 from jobs.core.store import JobStore
-from jobs.runtime import process
 from tests.conftest import snapshot
 
 
@@ -163,7 +162,7 @@ def test_a_commit_whose_doorbell_fails_is_left_to_the_sweeper(
     with engine.begin() as conn:
         job_id = jobs.submit("uow_echo", {"n": 1}, connection=conn)
     assert jobs.get(job_id).dispatched_at is None  # the next sweep sends it at once
-    assert process.current().store.due_for_dispatch(300) == [job_id]
+    assert default_app().runtime.store.due_for_dispatch(300) == [job_id]
 
 
 def test_admission_refuses_before_the_callers_commit(
@@ -259,14 +258,14 @@ def test_a_forked_child_builds_its_own_engine_and_liveness_lock(
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
     reset_settings()
     api.reset()
-    parent = process.current()
+    parent = default_app().runtime
     parent_key = parent.liveness_key()
     assert parent_key is not None
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, then leave without running any test machinery
         try:
-            child = process.current()
+            child = default_app().runtime
             child_key = child.liveness_key()
             with child.engine.connect() as conn:
                 backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -327,6 +326,7 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
 ) -> None:
     from kombu import Connection  # noqa: PLC0415
 
+    from jobs.runtime.celery_app import make_app  # noqa: PLC0415
     from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
     from tests.conftest import AMQP_URL, service_unavailable  # noqa: PLC0415
 
@@ -335,7 +335,8 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     monkeypatch.setenv("JOBS_QUEUE", queue)
     reset_settings()
     ids = [f"job-{i}" for i in range(300)]
-    publisher = CeleryPublisher(get_settings())
+    settings = get_settings()
+    publisher = CeleryPublisher(settings, celery=lambda: make_app(settings))
     try:
         publisher(ids)
         publisher.flush()  # the default reads confirmations later; now they are all in

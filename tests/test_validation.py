@@ -17,12 +17,12 @@ from sqlalchemy import text
 
 import jobs
 from jobs import api, testing
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
 from jobs.core.runner import Outcome
 from jobs.core.states import State
 from jobs.core.validate import ERROR_LENGTH, MAX_DEPTH, TEXT_LENGTH
-from jobs.runtime import process
 
 CALLS: Counter[str] = Counter()
 
@@ -96,7 +96,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
     sweeper re-sending the job forever."""
     job_id = api.submit("val_echo", {"x": 1})
     deep = '{"x": ' + "[" * 5000 + "1" + "]" * 5000 + "}"
-    with process.current().store.engine.begin() as conn:
+    with default_app().runtime.store.engine.begin() as conn:
         conn.execute(
             text("UPDATE jobs SET inputs = :deep WHERE id = :id"), {"deep": deep, "id": job_id}
         )
@@ -111,7 +111,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
 
 def test_a_recorded_step_that_cannot_be_loaded_fails_the_job() -> None:
     job_id = api.submit("val_bad_name", {"name": "charge"})
-    with process.current().store.engine.begin() as conn:
+    with default_app().runtime.store.engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO job_steps (job_id, name, output, recorded_at, owner, fence) "

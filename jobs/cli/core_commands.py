@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import click
 
 import jobs
-from jobs.cli import main
+from jobs.cli.group import main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, MAX_PRIORITY, clip
@@ -33,9 +33,9 @@ EX_TEMPFAIL = 75
 
 def _runtime() -> ProcessRuntime:
     """The process's runtime, imported on first use so ``--help`` stays fast."""
-    from jobs.runtime import process  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
 
-    return process.current()
+    return default_app().runtime
 
 
 #: How often ``submit --wait`` re-reads the job; tests shorten it.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobs.cli import main
+from jobs.cli.group import main
 
 if TYPE_CHECKING:
     from jobs.core.schedule import Schedule
@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 
 def _store() -> JobStore:
     """The process's store (loads SQLAlchemy: only when a command runs)."""
-    from jobs.runtime import process  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
 
-    return process.current().store
+    return default_app().runtime.store
 
 
 def _iso(instant: Any) -> str | None:
@@ -136,7 +136,7 @@ def remove_schedule(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Delete finished jobs (COMPLETED, FAILED, CANCELLED) with their steps and history."""
-    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.application import get_settings  # noqa: PLC0415
     from jobs.runtime import sweeper  # noqa: PLC0415
 
     days = get_settings().retention_days if older_than is None else older_than
@@ -166,7 +166,7 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def explain(job_id: str, as_json: bool) -> None:
     """Why a job is where it is, and what an operator can do."""
-    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.application import get_settings  # noqa: PLC0415
     from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
 
     found = explain_job(_store(), get_settings(), job_id)
@@ -183,7 +183,7 @@ def explain(job_id: str, as_json: bool) -> None:
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 def metrics(port: int, addr: str) -> None:
     """Serve Prometheus metrics read from the job tables on http://ADDR:PORT/metrics."""
-    from jobs.core.settings import get_settings  # noqa: PLC0415
+    from jobs.application import get_settings  # noqa: PLC0415
     from jobs.runtime.metrics import serve  # noqa: PLC0415
 
     try:

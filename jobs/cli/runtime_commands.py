@@ -10,9 +10,8 @@ import sys
 
 import click
 
-from jobs.cli import main
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import get_settings
+from jobs.application import default_app, get_settings
+from jobs.cli.group import main
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -39,11 +38,11 @@ def worker(
     Extra arguments are passed to Celery's `worker` command unchanged.
     """
     settings = get_settings()  # a bad setting stops here with a clear message
-    from jobs.runtime.dispatch import queue_names  # noqa: PLC0415
     from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
+    from jobs.runtime.queues import queue_names  # noqa: PLC0415
 
     set_up_for_job_modules()  # a Django project's job modules import its models
-    REGISTRY.names()  # so does a bad JOBS_IMPORTS module
+    default_app().registry.names()  # so does a bad JOBS_IMPORTS module
     # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
     # the same worker, without the REPL and plugin commands in every process's memory.
     argv = [
@@ -74,13 +73,13 @@ def worker(
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
-    from jobs.runtime import process  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
     settings = get_settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    runtime = process.current()
+    runtime = default_app().runtime
     store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)

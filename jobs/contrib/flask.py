@@ -22,6 +22,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request, url_for
 
 from jobs import api
+from jobs.application import default_app, set_defaults_source
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -31,8 +32,7 @@ from jobs.core.errors import (
     UnknownKind,
 )
 from jobs.core.records import Job
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import PREFIX, as_env, set_defaults_source
+from jobs.core.settings import PREFIX, as_env
 
 
 def config_env(config: Mapping[str, Any]) -> dict[str, str]:
@@ -85,12 +85,12 @@ class Jobs:
         if db is not None:
             self.db = db
         if self.app is not None and self.app is not app:
-            REGISTRY.remove_job_scope(self.app.app_context)
+            default_app().registry.remove_job_scope(self.app.app_context)
         self.app = app
         app.extensions["jobs"] = self
         config = app.config
         set_defaults_source(lambda: config_env(config))
-        REGISTRY.add_job_scope(app.app_context)
+        default_app().registry.add_job_scope(app.app_context)
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
@@ -109,10 +109,10 @@ class Jobs:
         """Bring the job tables to head (what ``jobctl db upgrade`` does; deployments run
         that). Call it at start-up, outside a request: on SQLite it also switches the file
         to WAL, which needs the write lock a request's session may be holding."""
-        from jobs.runtime import process  # noqa: PLC0415 - no database work at import
+        from jobs.application import default_app  # noqa: PLC0415 - no database work at import
         from jobs.schema import upgrade  # noqa: PLC0415
 
-        upgrade(process.current().engine)
+        upgrade(default_app().runtime.engine)
 
     def submit(self, kind: str, inputs: dict[str, Any] | None = None, **options: Any) -> str:
         """Queue a job in the request's ``db.session`` transaction (``options`` are

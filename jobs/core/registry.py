@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
+from jobs.core.settings import from_env
 from jobs.core.validate import check_name, check_priority, check_timeout, clip
 
 Handler = Callable[..., Any]
@@ -70,6 +71,7 @@ class Registry:
     def __init__(self, imports: Iterable[str] | None = None) -> None:
         self._kinds: dict[str, JobKind] = {}
         self._imports = tuple(imports) if imports is not None else None
+        self._imports_source: Callable[[], Iterable[str]] | None = None
         self._imported = False
         self._lock = threading.RLock()
         self._scopes: list[JobScope] = []
@@ -182,11 +184,13 @@ class Registry:
             if self._imported:
                 return
             self._imported = True
-            names = self._imports
-            if names is None:
-                from jobs.core.settings import get_settings  # noqa: PLC0415 - read on first need
-
-                names = get_settings().imports
+            names: Iterable[str]
+            if self._imports is not None:
+                names = self._imports
+            elif self._imports_source is not None:
+                names = self._imports_source()
+            else:
+                names = from_env().imports
             for module in names:
                 try:
                     importlib.import_module(module)
@@ -245,6 +249,13 @@ class Registry:
             for scope in scopes:
                 stack.enter_context(scope())
             yield
+
+    def imports_from(self, source: Callable[[], Iterable[str]]) -> None:
+        """Read the modules to import on first need from ``source()`` (the application's
+        ``JOBS_IMPORTS``) when the registry was made without a list; else the process
+        environment's ``JOBS_IMPORTS`` is read."""
+        with self._lock:
+            self._imports_source = source
 
     def reset_imports(self) -> None:
         """Import ``JOBS_IMPORTS`` again on next need (tests that change the setting)."""

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import os
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -257,10 +257,11 @@ def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from ``env`` (default: the process environment over the defaults source
-    set by a framework integration, see :func:`set_defaults_source`)."""
+    """Settings from ``env`` (default: the process environment). An application reads them
+    from the environment over its framework's defaults
+    (:meth:`jobs.application.JobsApp.settings`)."""
     if env is None:
-        env = {**_defaults_from_source(), **os.environ}
+        env = os.environ
     unknown = sorted(
         key for key in env if key.startswith(PREFIX) and key[len(PREFIX) :] not in KNOWN
     )
@@ -334,37 +335,3 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),
     )
-
-
-_current: Settings | None = None
-# Where a web framework's own settings come from (Django's settings.JOBS, Flask's
-# app.config): a callable returning JOBS_* variables, under the process environment.
-_defaults_source: Callable[[], Mapping[str, str]] | None = None
-
-
-def set_defaults_source(source: Callable[[], Mapping[str, str]] | None) -> None:
-    """Read settings from ``source()`` (``JOBS_*`` names) wherever the process environment
-    leaves them unset: the hook through which ``jobs.contrib.django`` and
-    ``jobs.contrib.flask`` supply ``settings.JOBS`` and ``app.config``. Environment
-    variables still win. ``None`` removes the source. Forgets the cached settings."""
-    global _defaults_source  # noqa: PLW0603 - one source per process, set by its framework
-    _defaults_source = source
-    reset_settings()
-
-
-def _defaults_from_source() -> Mapping[str, str]:
-    return {} if _defaults_source is None else _defaults_source()
-
-
-def get_settings() -> Settings:
-    """The process's settings, read from the environment on first use."""
-    global _current  # noqa: PLW0603 - one frozen settings object per process, by design
-    if _current is None:
-        _current = from_env()
-    return _current
-
-
-def reset_settings() -> None:
-    """Forget the cached settings (tests and the CLI change the environment)."""
-    global _current  # noqa: PLW0603
-    _current = None

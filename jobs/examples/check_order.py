@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import jobs
-from jobs.core.settings import get_settings
+from jobs.application import get_settings
 
 
 def _effect(name: str, job_id: str) -> None:

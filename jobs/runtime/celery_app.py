@@ -1,4 +1,6 @@
-"""The Celery app: ``celery -A jobs.celery_app worker`` runs it as users run any Celery daemon.
+"""The Celery side of durable jobs: the app's configuration, the job runner task, and the
+worker signals. ``celery -A jobs.celery_app worker`` runs the default application's app
+(:mod:`jobs.celery_app`) as users run any Celery daemon.
 
 A message carries one thing, a job ID; the job table holds the rest. Each setting below
 closes one of Celery's known ways to lose or double-run work (see the README):
@@ -30,55 +32,22 @@ import gc
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, current_app, signals
-from kombu.entity import Queue
 
 from jobs.core.errors import SettingsError
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import Settings, get_settings
-from jobs.core.validate import MAX_PRIORITY, NAME_LENGTH
-from jobs.runtime.dispatch import TASK_NAME, queue_names
+from jobs.core.registry import Registry
+from jobs.core.settings import Settings
+from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.queues import TASK_NAME, queue_names, task_queue
 from jobs.runtime.shared_flag import SharedFlag
 
+if TYPE_CHECKING:
+    from jobs.runtime.process import ProcessRuntime
+
 log = logging.getLogger("jobs.worker")
-
-QUORUM_DELIVERY_LIMIT = 20
-"""``x-delivery-limit`` of a quorum queue: a doorbell delivered this many times without an
-acknowledgement (each time its consumer died or lost its channel) is dropped by RabbitMQ,
-so a message that kills whatever consumes it cannot crash-loop the workers. Ordinary
-redeliveries (a killed worker, a reconnect) are far fewer; a hand-back publishes a new
-message. A dropped doorbell loses no job: the sweeper rings again after
-``JOBS_REDISPATCH_AFTER_SECONDS``, and the job's attempts in the database decide when it is
-poison. 20 is RabbitMQ 4.0's default."""
-
-
-def queue_arguments(settings: Settings) -> dict[str, Any]:
-    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE``.
-
-    A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
-    message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
-    (it refuses ``x-max-priority``) and delivers in publish order: high priorities then get
-    a quorum queue of their own, a band (:func:`jobs.runtime.dispatch.queue_for`); see the
-    README's "Priorities"."""
-    if settings.queue_type == "quorum":
-        return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
-    return {"x-max-priority": MAX_PRIORITY}
-
-
-def task_queue(settings: Settings, name: str | None = None) -> Queue:
-    """The jobs queue (or its high band, ``name``) exactly as every process declares it
-    (durable, direct exchange of the same name, as Celery declares its default queue)."""
-    name = settings.queue if name is None else name
-    return Queue(  # type: ignore[no-untyped-call]
-        name,
-        exchange=name,
-        routing_key=name,
-        queue_arguments=queue_arguments(settings),
-        durable=True,
-    )
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -132,55 +101,95 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-def make_app(settings: Settings) -> Celery:
-    """A Celery app configured by :func:`celery_config` (one per settings object)."""
+class JobsHost(Protocol):
+    """What the Celery side needs of the application it runs jobs for
+    (:class:`jobs.application.JobsApp`)."""
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force."""
+        ...
+
+    @property
+    def registry(self) -> Registry:
+        """The kinds this application runs."""
+        ...
+
+    @property
+    def runtime(self) -> ProcessRuntime:
+        """This process's runtime (engine, store, doorbell, heartbeat, liveness lock)."""
+        ...
+
+    def sync_schedules(self) -> Any:
+        """Write the schedules declared in code into the database."""
+        ...
+
+
+class Installed:
+    """What :func:`install_runner` put on one Celery app: the application whose jobs its
+    workers run, and the flag a warm shutdown sets. The flag is made at install time, in
+    the worker's main process before the prefork pool forks, so the pool children share it
+    and hand their jobs back at the next step boundary instead of running on until the
+    delivery budget is spent. Lock-free: a child killed or frozen while reading it cannot
+    block the main process's ``set()``."""
+
+    ATTRIBUTE = "durable_jobs"
+
+    def __init__(self, host: JobsHost) -> None:
+        self.host = host
+        self.shutting_down = SharedFlag()
+
+
+def installed_on(celery: Any) -> Installed | None:
+    """The durable jobs installed on a Celery app (or on the app behind Celery's
+    ``current_app`` proxy), if any: signals are process-wide, and act only for workers of
+    an app with durable jobs, not for any Celery app that happens to import this module."""
+    if celery is None:
+        return None
+    get_current = getattr(celery, "_get_current_object", None)
+    if callable(get_current):
+        celery = get_current()
+    found = getattr(celery, Installed.ATTRIBUTE, None)
+    return found if isinstance(found, Installed) else None
+
+
+def make_app(settings: Settings, host: JobsHost | None = None) -> Celery:
+    """A Celery app configured by :func:`celery_config`, running ``host``'s jobs when given
+    (the application's own app; ``celery -A jobs.celery_app`` uses the default one's)."""
     celery = Celery("jobs", set_as_current=False)
     celery.conf.update(celery_config(settings))
+    if host is not None:
+        install_runner(celery, host)
     return celery
 
 
-app = make_app(get_settings())
-_app_settings = get_settings()
-_other_apps: dict[Settings, Celery] = {}
+def install_runner(celery: Celery, host: JobsHost, **task_options: Any) -> Installed:
+    """Register the job runner, the task every doorbell names, on ``celery`` for ``host``'s
+    jobs; ``task_options`` are Celery task options (late acknowledgement, JSON …) for a
+    user's app whose own defaults differ. Installing on the same app again is a no-op."""
+    found = installed_on(celery)
+    if found is not None:
+        return found
+    installed = Installed(host)
+    setattr(celery, Installed.ATTRIBUTE, installed)
 
+    @celery.task(name=TASK_NAME, bind=True, ignore_result=True, shared=False, **task_options)
+    def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
+        """Claim the job through the core, run it, and let the message be acknowledged."""
+        job_id = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
+            log.error(
+                "dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
+                args,
+                kwargs,
+            )
+            return "garbage"
+        from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
 
-def app_for(settings: Settings) -> Celery:
-    """The app for these settings: the module's own, or one made for settings that changed
-    after import (the demo, tests, a process that re-reads its environment)."""
-    if settings == _app_settings:
-        return app
-    if settings not in _other_apps:
-        _other_apps[settings] = make_app(settings)
-    return _other_apps[settings]
+        hostname = getattr(self.request, "hostname", None)
+        return deliver(host.runtime, job_id, hostname, installed.shutting_down.is_set)
 
-
-# Set by the worker's main process when a warm shutdown starts. Created at import, before
-# the prefork pool forks, so the pool children share it and hand their jobs back at the
-# next step boundary instead of running on until the delivery budget is spent. Lock-free:
-# a child killed or frozen while reading it cannot block the main process's set().
-_shutting_down = SharedFlag()
-
-
-@app.task(name=TASK_NAME, bind=True, ignore_result=True)
-def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
-    """Claim the job through the core, run it, and let the message be acknowledged."""
-    job_id = args[0] if len(args) == 1 and not kwargs else None
-    if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
-        log.error(
-            "dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
-            args,
-            kwargs,
-        )
-        return "garbage"
-    from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
-
-    return deliver(job_id, getattr(self.request, "hostname", None), _shutting_down.is_set)
-
-
-def _is_ours(sender: Any) -> bool:
-    """Signals are process-wide: act only for workers of a jobs app, not any Celery app
-    that happens to import this module."""
-    return getattr(getattr(sender, "app", None), "main", None) == "jobs"
+    return installed
 
 
 @signals.worker_init.connect
@@ -190,17 +199,18 @@ def _load_kinds(sender: Any = None, **_: Any) -> None:
     Celery logs and swallows an exception from a signal handler, and the worker would then
     start with no kinds and FAIL every job it receives as an unknown kind: log one line and
     exit instead (SystemExit is not swallowed)."""
-    if not _is_ours(sender):
+    installed = installed_on(getattr(sender, "app", None))
+    if installed is None:
         return
     try:
         set_up_for_job_modules()  # a Django project's job modules import its models
-        names = REGISTRY.names()
+        names = installed.host.registry.names()
     except SettingsError as err:
         log.critical("%s; the worker will not start", err)
         raise SystemExit(1) from None
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
-    warn_about_the_pool(sender)
-    _preload_for_the_pool()
+    warn_about_the_pool(sender, installed.host.settings)
+    _preload_for_the_pool(installed.host.settings)
 
 
 SOLO_POOL_WARNING = (
@@ -211,15 +221,15 @@ SOLO_POOL_WARNING = (
 )
 
 
-def warn_about_the_pool(worker: Any) -> None:
+def warn_about_the_pool(worker: Any, settings: Settings) -> None:
     """Say so at start-up when a worker runs a pool known to serve doorbells badly."""
     pool = getattr(worker, "pool_cls", None)
     name = getattr(pool, "__module__", "") + "." + getattr(pool, "__name__", str(pool))
-    if "solo" in name.lower() and not get_settings().is_embedded_broker:
+    if "solo" in name.lower() and not settings.is_embedded_broker:
         log.warning(SOLO_POOL_WARNING)
 
 
-def _preload_for_the_pool() -> None:
+def _preload_for_the_pool(settings: Settings) -> None:
     """Load, before the pool forks, the code every pool child runs (the delivery, SQLAlchemy,
     the database driver), without connecting anywhere, then freeze the garbage collector's
     view of it: the children share those pages with this process instead of each importing
@@ -228,7 +238,7 @@ def _preload_for_the_pool() -> None:
     child imported on its own (bench: worker memory)."""
     import jobs.runtime.delivery  # noqa: F401, PLC0415 - what every delivery runs
 
-    if get_settings().database_url.startswith("postgresql"):
+    if settings.database_url.startswith("postgresql"):
         import psycopg  # noqa: F401, PLC0415 - the driver the children's engines load
 
     gc.collect()
@@ -238,29 +248,28 @@ def _preload_for_the_pool() -> None:
 @signals.worker_shutting_down.connect
 def _hand_back_on_shutdown(**_: Any) -> None:
     """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
-    if current_app.main == "jobs":
+    installed = installed_on(current_app)
+    if installed is not None:
         log.info("warm shutdown: running jobs will be handed back at their next step")
-        _shutting_down.set()
+        installed.shutting_down.set()
 
 
 @signals.worker_process_init.connect
-def _take_liveness_lock(**_: Any) -> None:
-    """A prefork child takes its own liveness lock before it can claim anything, seeds the
-    limits its kinds declare and writes their schedules. (The main process never touches
-    the database: it only consumes messages and hands them to the pool, so it loads no
-    SQLAlchemy.)"""
-    if current_app.main != "jobs":
+def _start_pool_child(**_: Any) -> None:
+    """A prefork child arms its time-limit backstop, then takes its own liveness lock before
+    it can claim anything, seeds the limits its kinds declare and writes their schedules.
+    (The main process never touches the database: it only consumes messages and hands them
+    to the pool, so it loads no SQLAlchemy.)"""
+    installed = installed_on(current_app)
+    if installed is None:
         return
-    from jobs import api  # noqa: PLC0415
-    from jobs.runtime import process  # noqa: PLC0415
-
-    runtime = process.current()
+    runtime = installed.host.runtime
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
     runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
-        api.sync_schedules()  # periodic kinds declared in code, fired by the sweepers
+        installed.host.sync_schedules()  # periodic kinds declared in code, fired by sweepers
     except Exception as err:  # the database may be down: the child must still start
         log.warning("liveness lock not taken yet: %s", type(err).__name__)
 

@@ -8,17 +8,18 @@ import logging
 from collections.abc import Callable
 
 from jobs.core.errors import UnknownJob
-from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
-from jobs.runtime import process
+from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
 
 
-def deliver(job_id: str, hostname: str | None, stopping: Callable[[], bool]) -> str:
+def deliver(
+    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+) -> str:
     """Run the job a doorbell names, if it is this worker's to run; returns a summary."""
-    runner = make_runner(hostname, stopping)
+    runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
         why = _why_not_claimed(runner, job_id)
@@ -26,8 +27,8 @@ def deliver(job_id: str, hostname: str | None, stopping: Callable[[], bool]) -> 
         return f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
         priority = 0 if result.job is None else result.job.priority
-        process.current().dispatch([job_id], priority)
-    _pass_on_slot(runner, result)
+        runtime.dispatch([job_id], priority)
+    _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
         job_id,
@@ -38,15 +39,16 @@ def deliver(job_id: str, hostname: str | None, stopping: Callable[[], bool]) -> 
     return f"{job_id}: {result.outcome.value}"
 
 
-def make_runner(hostname: str | None, stopping: Callable[[], bool]) -> Runner:
+def make_runner(
+    runtime: ProcessRuntime, hostname: str | None, stopping: Callable[[], bool]
+) -> Runner:
     """A runner for this process: its store, owner name, liveness key and heartbeat."""
-    runtime = process.current()
     settings = runtime.settings
     return Runner.from_settings(
         runtime.store,
         runtime.owner_name(hostname),
         settings,
-        registry=REGISTRY,
+        registry=runtime.registry,
         liveness_key=runtime.liveness_key(),
         heartbeat=runtime.heartbeat,
         budget_seconds=settings.delivery_budget_seconds,
@@ -54,13 +56,13 @@ def make_runner(hostname: str | None, stopping: Callable[[], bool]) -> Runner:
     )
 
 
-def _pass_on_slot(runner: Runner, result: RunResult) -> None:
+def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) -> None:
     """A run of a kind with a running limit ended: ring for the next waiting job of that kind
     now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return
-    process.current().ring(runner.store.next_due_doorbells(result.job.kind, 1))
+    runtime.ring(runner.store.next_due_doorbells(result.job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:

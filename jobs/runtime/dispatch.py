@@ -16,54 +16,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
-
-TASK_NAME = "jobs.run"
-
-HIGH_BAND_PRIORITY = 5
-"""With quorum queues (no message priorities on RabbitMQ 3.x), doorbells of this priority
-and above go to a queue of their own, the high band (:func:`queue_for`)."""
-
-HIGH_BAND_SUFFIX = ".high"
-
-
-def queue_names(settings: Settings) -> list[str]:
-    """The queues a worker consumes: ``JOBS_QUEUE``, and with quorum queues its high band
-    ``<JOBS_QUEUE>.high`` too."""
-    if settings.queue_type == "quorum":
-        return [settings.queue, settings.queue + HIGH_BAND_SUFFIX]
-    return [settings.queue]
-
-
-def queue_for(settings: Settings, priority: int) -> str:
-    """Where a doorbell of ``priority`` goes. A classic queue (and the embedded transport)
-    orders messages by priority itself; a quorum queue cannot, so priorities from
-    :data:`HIGH_BAND_PRIORITY` up go to the high band, which a worker consumes beside the
-    normal one: a high-band doorbell then waits behind at most the one normal doorbell
-    each worker process holds, not behind the whole normal backlog."""
-    if settings.queue_type == "quorum" and priority >= HIGH_BAND_PRIORITY:
-        return settings.queue + HIGH_BAND_SUFFIX
-    return settings.queue
+from jobs.runtime.queues import TASK_NAME, queue_for, queue_names, task_queue
 
 
 class CeleryPublisher:
     """Sends ``jobs.run(job_id)`` for each ID, on the queue the settings name."""
 
     def __init__(
-        self, settings: Settings, on_lost: Callable[[list[str]], None] | None = None
+        self,
+        settings: Settings,
+        on_lost: Callable[[list[str]], None] | None = None,
+        *,
+        celery: Callable[[], Any],
     ) -> None:
         self.settings = settings
         self.on_lost = on_lost  # given the jobs whose doorbells were found lost later
+        self._celery = celery  # the application's Celery app, asked for on first need
         self._app: Any = None
         self._amqp: Any = None  # AmqpDoorbells, made on the first publish to RabbitMQ
         self._lock = threading.Lock()
 
     @property
     def app(self) -> Any:
-        """The Celery app for these settings (Celery is imported on the first publish)."""
+        """The Celery app the doorbells go out with: the application's (a user's own after
+        ``install``), asked for on the first publish (Celery is imported then)."""
         if self._app is None:
-            from jobs.runtime.celery_app import app_for  # noqa: PLC0415 - Celery when needed
-
-            self._app = app_for(self.settings)
+            self._app = self._celery()
         return self._app
 
     def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None:
@@ -88,7 +66,6 @@ class CeleryPublisher:
         with self._lock:
             if self._amqp is None:
                 from jobs.runtime.amqp_doorbells import AmqpDoorbells  # noqa: PLC0415
-                from jobs.runtime.celery_app import task_queue  # noqa: PLC0415
 
                 self._amqp = AmqpDoorbells(
                     self.app,

@@ -23,7 +23,7 @@ from typing import Any
 from jobs.core.errors import InvalidInput
 from jobs.core.validate import NAME_LENGTH, check_name
 from jobs.runtime.broker_errors import RetryingConsumer
-from jobs.runtime.dispatch import TASK_NAME
+from jobs.runtime.queues import TASK_NAME
 
 log = logging.getLogger("jobs.worker")
 

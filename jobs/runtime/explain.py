@@ -18,7 +18,7 @@ from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.runtime import liveness
-from jobs.runtime.dispatch import queue_for
+from jobs.runtime.queues import queue_for
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,10 @@
-"""The one object that holds what a process keeps open: settings, engine, store, doorbell,
-heartbeat and liveness lock.
+"""What one process keeps open for one set of settings: engine, store, doorbell, heartbeat
+and liveness lock.
 
-Module-level singletons scattered over many files are hard to rebuild after a fork, and
-a pooled connection or a lock's connection inherited by a prefork child belongs to the
-parent. Everything of that kind lives here instead, in one :class:`ProcessRuntime`; one
-``os.register_at_fork`` hook drops the parent's object in a child, which then builds its
-own on first use. :func:`current` returns the process's object, rebuilt too when the
-settings changed (tests, the demo, a process that re-reads its environment).
+A pooled connection or a lock's connection inherited by a prefork child belongs to the
+parent, so everything of that kind lives in one :class:`ProcessRuntime`, owned by the
+process's application object (:class:`jobs.application.JobsApp`), which builds a new one
+after a fork and when the settings change.
 
 The doorbell is injected: :meth:`ProcessRuntime.set_dispatcher` replaces it (``None``
 sends none; tests and embedded users), and by default the Celery publisher of
@@ -16,29 +14,26 @@ never imports Celery.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
 from jobs.core.records import Doorbell, by_priority
-from jobs.core.registry import REGISTRY, JobKind
-from jobs.core.settings import Settings, get_settings
+from jobs.core.registry import JobKind, Registry
+from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import LivenessLock, lock_for
 from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
-
-EXIT_FLUSH_SECONDS = 5.0
 
 
 class Dispatcher(Protocol):
@@ -52,8 +47,10 @@ class ProcessRuntime:
     """Everything one process holds open for one set of settings; built lazily, piece by
     piece, so a process pays only for what it uses."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, registry: Registry, celery: Callable[[], Any]) -> None:
         self.settings = settings
+        self.registry = registry
+        self._celery = celery  # the Celery app the default doorbell publishes with
         self.pid = os.getpid()
         self._lock = threading.RLock()
         self._engine: Engine | None = None
@@ -63,7 +60,6 @@ class ProcessRuntime:
         self._liveness_off = False  # behind a pooler without a direct liveness URL
         self._dispatcher: Dispatcher | None = None
         self._dispatcher_chosen = False
-        self.dispatcher_injected = False
         self._seeded_kinds: set[str] = set()
         self._stop_on_timeout: StopProcess | None = None
         self._backstop: Backstop | None = None
@@ -138,7 +134,7 @@ class ProcessRuntime:
         rule, and ``jobs.set_limits`` changes them for every process). With ``conn`` the
         seed joins the caller's transaction: on the caller's own connection, a SQLite
         file shared with the caller is not locked against itself."""
-        for kind in REGISTRY.kinds() if kinds is None else kinds:
+        for kind in self.registry.kinds() if kinds is None else kinds:
             if kind.name in self._seeded_kinds:
                 continue
             if kind.max_running is not None or kind.max_queued is not None:
@@ -167,19 +163,18 @@ class ProcessRuntime:
         with self._lock:
             self._dispatcher = dispatcher
             self._dispatcher_chosen = True
-            self.dispatcher_injected = True
 
     @contextlib.contextmanager
     def doorbell_off(self) -> Iterator[None]:
         """Send no doorbell inside the block (``jobs.testing.perform_job``)."""
         with self._lock:
-            saved = (self._dispatcher, self._dispatcher_chosen, self.dispatcher_injected)
+            saved = (self._dispatcher, self._dispatcher_chosen)
             self._dispatcher, self._dispatcher_chosen = None, True
         try:
             yield
         finally:
             with self._lock:
-                self._dispatcher, self._dispatcher_chosen, self.dispatcher_injected = saved
+                self._dispatcher, self._dispatcher_chosen = saved
 
     @property
     def dispatcher(self) -> Dispatcher | None:
@@ -188,7 +183,9 @@ class ProcessRuntime:
             if not self._dispatcher_chosen:
                 from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415 - lazily
 
-                self._dispatcher = CeleryPublisher(self.settings, on_lost=self._doorbells_lost)
+                self._dispatcher = CeleryPublisher(
+                    self.settings, on_lost=self._doorbells_lost, celery=self._celery
+                )
                 self._dispatcher_chosen = True
             return self._dispatcher
 
@@ -258,71 +255,15 @@ class ProcessRuntime:
                 self._engine.dispose()
             self._heartbeat = self._liveness = self._engine = self._store = None
 
+    def flush_doorbells(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the confirmations of the doorbells in flight
+        (a doorbell that can tell); those lost mark their jobs unsent."""
+        flush = getattr(self._dispatcher, "flush", None)
+        if callable(flush):
+            flush(timeout)
+
     def abandon(self) -> None:
         """In a forked child: drop the parent's pooled connections without closing their
         sockets (closing would end the parent's sessions, and with them its locks)."""
         if self._engine is not None:
             self._engine.dispose(close=False)
-
-
-_current: ProcessRuntime | None = None
-_guard = threading.Lock()
-# A forked child keeps its parent's objects referenced, never collected: collecting a
-# connection would send the server a goodbye on the parent's socket.
-_inherited: list[ProcessRuntime] = []
-
-
-def current() -> ProcessRuntime:
-    """This process's runtime object, built on first use and rebuilt after a fork or when
-    the settings changed."""
-    global _current  # noqa: PLW0603 - the one process-wide object, by design
-    runtime = _current
-    settings = get_settings()
-    if runtime is not None and runtime.pid == os.getpid() and runtime.settings == settings:
-        return runtime
-    with _guard:
-        runtime = _current
-        if runtime is None or runtime.pid != os.getpid() or runtime.settings != settings:
-            previous = runtime
-            runtime = ProcessRuntime(settings)
-            if previous is not None and previous.pid == os.getpid():
-                # The settings changed: keep an injected doorbell, close the rest.
-                if previous.dispatcher_injected:
-                    runtime.set_dispatcher(previous.dispatcher)
-                previous.close()
-            _current = runtime
-        return runtime
-
-
-def reset() -> None:
-    """Close and forget the process's runtime object (after the settings changed, between
-    tests); the next :func:`current` builds a new one with the default doorbell."""
-    global _current
-    with _guard:
-        runtime, _current = _current, None
-    if runtime is not None and runtime.pid == os.getpid():
-        runtime.close()
-
-
-def _after_fork_in_child() -> None:
-    global _current
-    runtime, _current = _current, None
-    if runtime is not None:
-        runtime.abandon()
-        _inherited.append(runtime)
-
-
-def _flush_doorbells_at_exit() -> None:
-    """At interpreter exit (a script, a web server's worker): wait a moment for the
-    confirmations of the doorbells this process still has in flight, so one found lost
-    marks its job unsent now rather than after ``JOBS_REDISPATCH_AFTER_SECONDS``."""
-    runtime = _current
-    if runtime is not None and runtime.pid == os.getpid():
-        flush = getattr(runtime._dispatcher, "flush", None)
-        if callable(flush):
-            with contextlib.suppress(Exception):
-                flush(EXIT_FLUSH_SECONDS)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_flush_doorbells_at_exit)

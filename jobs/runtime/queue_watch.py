@@ -86,8 +86,7 @@ class QueueWatch:
         """Ask the broker about each queue once (``JOBS_QUEUE``, and with quorum queues its
         high band), declaring one that is gone; never raises. Any queue that may have lost
         its doorbells makes the pass ring them all."""
-        from jobs.runtime.celery_app import task_queue  # noqa: PLC0415 - the one declaration
-        from jobs.runtime.dispatch import queue_names  # noqa: PLC0415
+        from jobs.runtime.queues import queue_names, task_queue  # noqa: PLC0415 - kombu
 
         self.ready = None
         try:

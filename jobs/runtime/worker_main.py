@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import sys
 
+DEFAULT_APP = "jobs.celery_app"
 
-def main(argv: list[str]) -> None:
-    """Run ``celery worker`` with ``argv`` (its options only) on the jobs app."""
+
+def main(argv: list[str], app_name: str = DEFAULT_APP) -> None:
+    """Run ``celery worker`` with ``argv`` (its options only) on the Celery app ``app_name``
+    names (``module`` or ``module:attribute``, as ``celery -A`` takes it)."""
     import celery  # noqa: PLC0415
 
     # -P gevent/eventlet patch the standard library before anything else imports it.
     celery.maybe_patch_concurrency(argv, short_opts=["-P"], long_opts=["--pool"])
+    from celery.app.utils import find_app  # noqa: PLC0415
     from celery.bin.base import CLIContext  # noqa: PLC0415
     from celery.bin.worker import worker as worker_command  # noqa: PLC0415
 
-    from jobs.runtime.celery_app import app  # noqa: PLC0415
+    app = find_app(app_name)
 
     worker_command.params.extend(app.user_options.get("worker", []))
     worker_command.main(

@@ -31,8 +31,8 @@ from typing import Any
 import psutil
 
 from jobs import api
+from jobs.application import default_app
 from jobs.core.states import State, is_legal
-from jobs.runtime import process
 from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
 from tests.acceptance.rabbit_cluster import RabbitCluster
 
@@ -154,7 +154,7 @@ class Chaos:
             )
         if kind == "duplicate" and submitted:
             job_id = submitted[self.random.randrange(len(submitted))]
-            process.current().dispatch([job_id, job_id])
+            default_app().runtime.dispatch([job_id, job_id])
             return self._record(Fault(kind, time.time(), (), job_id))
         from tests.acceptance.test_delivery import hostile_messages, publish_raw  # noqa: PLC0415
 

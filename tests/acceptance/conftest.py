@@ -39,12 +39,11 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from jobs import api
+from jobs.application import default_app, reset_settings
 from jobs.core.context import wake_at_of
-from jobs.core.settings import reset_settings
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
-from jobs.runtime import process
-from jobs.runtime.dispatch import HIGH_BAND_SUFFIX
+from jobs.runtime.queues import HIGH_BAND_SUFFIX
 from tests.acceptance.rabbit_cluster import RABBITMQ_BIN, RabbitCluster
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
@@ -500,7 +499,7 @@ class Stack:
 
     @property
     def store(self) -> JobStore:
-        return process.current().store
+        return default_app().runtime.store
 
     # -- processes ----------------------------------------------------------------------
 

@@ -14,9 +14,9 @@ import time
 import pytest
 from kombu import Connection, Queue
 
-from jobs.core.settings import get_settings
+from jobs.application import get_settings
 from jobs.core.states import State
-from jobs.runtime.celery_app import task_queue
+from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.rabbitmq]

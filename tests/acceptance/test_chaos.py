@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jobs.runtime import process
+from jobs.application import default_app
 from tests.acceptance.chaos import KIND, Chaos, check
 from tests.acceptance.conftest import (
     PRIVATE_PG_PRIVATE_RABBITMQ,
@@ -45,7 +45,7 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     for number in range(jobs_count):
         inputs = {"steps": 4, "seconds": 0.4}
         if schedule.random() < 0.15:  # a lost doorbell: only the sweeper can send it
-            with process.current().doorbell_off():
+            with default_app().runtime.doorbell_off():
                 submitted.append(stack.submit(KIND, inputs, job_id=f"chaos-{seed}-{number}"))
         else:
             submitted.append(stack.submit(KIND, inputs, job_id=f"chaos-{seed}-{number}"))

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from jobs import api
-from jobs.core.settings import reset_settings
+from jobs.application import default_app, reset_settings
 from jobs.core.states import State
-from jobs.runtime import process
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,
@@ -50,8 +49,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
     stack.wait_effect(job_id, "check_payment:start", timeout=30)
     owner = next(w for w in workers if w.owns(stack.job(job_id).owner))
-    process.current().dispatch([job_id])
-    process.current().dispatch([job_id])
+    default_app().runtime.dispatch([job_id])
+    default_app().runtime.dispatch([job_id])
     lines = wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(stack, job_id),
         20,
@@ -62,8 +61,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
     job = stack.wait_state(job_id, timeout=30)
     assert job.state is State.COMPLETED, job
-    process.current().dispatch([job_id])
-    process.current().dispatch([job_id])
+    default_app().runtime.dispatch([job_id])
+    default_app().runtime.dispatch([job_id])
     wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 4,
         20,
@@ -155,12 +154,11 @@ def test_garbage_messages_are_logged_once_and_dropped(stack: Stack) -> None:
     is not JSON. The worker logs one line for each, acknowledges it, keeps running."""
     from kombu import Connection, Exchange, Producer  # noqa: PLC0415
 
-    from jobs.core.settings import get_settings  # noqa: PLC0415
-    from jobs.runtime.celery_app import app_for  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime.doorbell import TASK_NAME  # noqa: PLC0415
 
     worker = stack.worker("A")
-    app = app_for(get_settings())
+    app = default_app().celery
     task_messages = [
         ((), {}),  # no job id
         ((123,), {}),  # not a string
@@ -263,10 +261,9 @@ def write_raw_files(stack: Stack) -> int:
 def publish_raw(stack: Stack, messages: list[tuple[bytes, str, str, dict[str, Any]]]) -> None:
     """Publish hand-made messages to the stack's queue on either transport, through the
     app's own connection settings (the filesystem transport needs its folders)."""
-    from jobs.core.settings import get_settings  # noqa: PLC0415
-    from jobs.runtime.celery_app import app_for  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
 
-    app = app_for(get_settings())
+    app = default_app().celery
     queue = app.amqp.queues[stack.queue]
     with app.connection_for_write() as conn:
         producer = conn.Producer()

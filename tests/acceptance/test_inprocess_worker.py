@@ -9,9 +9,8 @@ not break collection). No root conftest or ``-p`` option is needed.
 
 The session fixtures below configure the session app exactly as ``jobs.celery_app`` is
 configured (JSON only, acks_late, reject on worker lost …) for a session queue on
-RabbitMQ. The real task needs no registering: ``@app.task`` makes a shared task, so
-every app finalized in this process, the test app included, gets ``jobs.run`` with the
-very function the daemon runs.
+RabbitMQ, and install the job runner on it as on any user's app, with the very code the
+daemon runs.
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ from typing import Any
 import pytest
 
 import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this process
+from jobs.application import default_app
 from jobs.core.settings import from_env
 from jobs.core.states import State
 from jobs.runtime import celery_app as jobs_celery
-from jobs.runtime import process
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,
@@ -64,6 +63,13 @@ def celery_config(
 
 
 @pytest.fixture(scope="session")
+def celery_session_app(celery_session_app: Any) -> Any:
+    """Celery's session app, with the job runner of the default application installed."""
+    jobs_celery.install_runner(celery_session_app, default_app())
+    return celery_session_app
+
+
+@pytest.fixture(scope="session")
 def celery_worker_parameters() -> dict[str, Any]:
     return {"queues": [SESSION_QUEUE], "hostname": NODE, "perform_ping_check": False}
 
@@ -72,8 +78,10 @@ def celery_worker_parameters() -> dict[str, Any]:
 def test_in_process_worker_runs_check_order(stack: Stack, celery_session_worker: Any) -> None:
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     assert celery_session_worker.hostname == NODE
-    task = celery_session_worker.app.tasks[jobs_celery.TASK_NAME]
-    assert type(task).run is type(jobs_celery.app.tasks[jobs_celery.TASK_NAME]).run
+    installed = jobs_celery.installed_on(celery_session_worker.app)
+    assert installed is not None
+    assert installed.host is default_app()
+    assert jobs_celery.TASK_NAME in celery_session_worker.app.tasks
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     job = stack.wait_state(job_id, timeout=30)
 
@@ -99,7 +107,7 @@ def test_in_process_worker_drops_a_duplicate(stack: Stack, celery_session_worker
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     assert stack.wait_state(job_id, timeout=30).state is State.COMPLETED
-    process.current().dispatch([job_id])
+    default_app().runtime.dispatch([job_id])
     stack.wait_queue_empty()
     assert [t.to_state for t in stack.history(job_id)] == [
         State.QUEUED,

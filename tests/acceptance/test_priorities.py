@@ -14,7 +14,7 @@ from kombu import Connection, Queue
 from jobs import api
 from jobs.core.states import State
 from jobs.runtime.broker_errors import UPGRADE_HINT
-from jobs.runtime.dispatch import HIGH_BAND_SUFFIX
+from jobs.runtime.queues import HIGH_BAND_SUFFIX
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 import pytest
 from kombu import Connection
 
-from jobs.core.settings import get_settings
+from jobs.application import get_settings
 from jobs.core.states import State
-from jobs.runtime.celery_app import task_queue
+from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import (
     PG_RABBIT_CLUSTER,
     Proc,

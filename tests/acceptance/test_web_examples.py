@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs.core.settings import set_defaults_source
+from jobs.application import set_defaults_source
 from jobs.core.states import State
 from tests import django_site
 from tests.acceptance.conftest import BOTH, EMBEDDED, Stack

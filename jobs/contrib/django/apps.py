@@ -13,9 +13,9 @@ from django.db import connections
 from django.db.models.signals import post_migrate
 from sqlalchemy.engine import URL
 
+from jobs.application import default_app, reset_settings, set_defaults_source
 from jobs.core.errors import SettingsError
-from jobs.core.registry import REGISTRY
-from jobs.core.settings import as_env, reset_settings, set_defaults_source
+from jobs.core.settings import as_env
 
 
 def database_url(alias: str = "default") -> str:
@@ -79,7 +79,7 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         set_defaults_source(settings_env)
-        REGISTRY.add_job_scope(fresh_connections)
+        default_app().registry.add_job_scope(fresh_connections)
         post_migrate.connect(upgrade_job_tables, sender=self)
 
 
@@ -88,11 +88,11 @@ def upgrade_job_tables(using: str = "default", **_: Any) -> None:
     migrations (what ``jobctl db upgrade`` does), once, for the database they live in.
     Django's migrations never touch them."""
     from jobs.api import reset  # noqa: PLC0415 - no database work at import
-    from jobs.runtime import process  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.schema import upgrade  # noqa: PLC0415
 
     if using != "default":
         return
     reset_settings()  # the test runner renames the database before it migrates
     reset()
-    upgrade(process.current().engine)
+    upgrade(default_app().runtime.engine)

@@ -11,11 +11,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from sqlalchemy.engine import make_url
 
 from jobs import api
+from jobs.application import default_app
 from jobs.contrib.django.apps import database_url
 from jobs.contrib.django.unit import DjangoUnit
 from jobs.core.errors import AdmissionRefused, SettingsError
 from jobs.core.records import Job
-from jobs.runtime import process
 
 
 def _same_database(first: str, second: str) -> bool:
@@ -29,7 +29,7 @@ def _same_database(first: str, second: str) -> bool:
 
 
 def _check_shared(using: str) -> None:
-    jobs_url = process.current().settings.database_url
+    jobs_url = default_app().runtime.settings.database_url
     if not _shared(using):
         raise SettingsError(
             f"the job tables ({make_url(jobs_url).render_as_string()}) are not in Django's "
@@ -70,7 +70,7 @@ def submit_many(
 
 
 def _shared(using: str) -> bool:
-    return _same_database(process.current().settings.database_url, database_url(using))
+    return _same_database(default_app().runtime.settings.database_url, database_url(using))
 
 
 def approve(job_id: str, *, by: str, note: str | None = None, using: str | None = None) -> Job:

@@ -15,8 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from jobs.application import reset_settings
 from jobs.contrib.django.apps import settings_env
-from jobs.core.settings import reset_settings
 
 
 def export_settings() -> None:

@@ -1,0 +1,626 @@
+"""The application object: everything one process holds for durable jobs, in one place.
+
+A :class:`JobsApp` owns
+
+- its **settings**: given, or read from the ``JOBS_*`` environment over a framework's own
+  settings (Django's ``settings.JOBS``, Flask's ``app.config``), cached until reset;
+- its **registry** of job kinds (the default app's is :data:`jobs.REGISTRY`, which
+  ``@jobs.job`` fills);
+- its **Celery app**: built from the settings (``celery -A jobs.celery_app``), or the
+  user's own after :func:`jobs.contrib.celery.install`;
+- its **process runtime** (:class:`jobs.runtime.process.ProcessRuntime`: engine, store,
+  doorbell, heartbeat, liveness lock), rebuilt after a fork and when the settings change;
+- the **operations** (:meth:`submit`, :meth:`approve` …).
+
+The module-level operations (``jobs.submit``, ``jobs.approve`` …, see :mod:`jobs.api`) call
+the process's default app, :func:`default_app`. Tests and embedders make their own::
+
+    app = JobsApp(Settings(...))           # or JobsApp() to read the environment
+    app.registry.register("echo", echo)
+    job_id = app.submit("echo", {"text": "hi"})
+
+Nothing here is a module global but the default app itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as dt
+import functools
+import logging
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jobs.core.errors import AdmissionRefused, InvalidInput
+from jobs.core.registry import REGISTRY, JobKind, Registry
+from jobs.core.schedule import Schedule, normalize_spec
+from jobs.core.settings import Settings, from_env
+from jobs.core.states import State
+from jobs.core.validate import check_instant
+
+if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
+    # module that only defines jobs need neither
+    from celery import Celery
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session, scoped_session
+
+    from jobs.core.records import Job, KindLimits, Step, Transition
+    from jobs.core.store import JobStore
+    from jobs.runtime.process import Dispatcher, ProcessRuntime
+    from jobs.transactions import UnitOfWork
+
+log = logging.getLogger("jobs")
+
+EXIT_FLUSH_SECONDS = 5.0
+
+DefaultsSource = Callable[[], Mapping[str, str]]
+
+
+def new_job_id() -> str:
+    """A new random job ID (32 hex digits), for a submit that names none."""
+    return uuid.uuid4().hex
+
+
+class JobsApp:
+    """One process's durable jobs: settings, registry, Celery app, runtime and operations.
+
+    ``settings`` fixes the settings (else they are read from the environment on first use
+    and again after :meth:`reset_settings`); ``registry`` is the kinds this app runs (else
+    a registry of its own that imports ``JOBS_IMPORTS`` on first need)."""
+
+    def __init__(self, settings: Settings | None = None, *, registry: Registry | None = None):
+        self._given_settings = settings
+        self._settings = settings
+        self._defaults_source: DefaultsSource | None = None
+        if registry is None:
+            registry = Registry()
+        registry.imports_from(lambda: self.settings.imports)
+        self.registry = registry
+        self._guard = threading.RLock()
+        self._runtime: ProcessRuntime | None = None
+        self._injected_dispatcher: tuple[Dispatcher | None] | None = None
+        # A forked child keeps its parent's runtimes referenced, never collected: collecting
+        # a connection would send the server a goodbye on the parent's socket.
+        self._inherited: list[ProcessRuntime] = []
+        self._celery: Celery | None = None
+        self._celery_settings: Settings | None = None
+        self._adopted: Celery | None = None
+        atexit.register(_flush_doorbells_at_exit, weakref.ref(self))
+
+    def __repr__(self) -> str:
+        return f"<JobsApp {'default' if self is _default else hex(id(self))}>"
+
+    # -- settings --------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force: given, or read from the environment (over the defaults
+        source) on first use and cached until :meth:`reset_settings`."""
+        settings = self._settings
+        if settings is None:
+            with self._guard:
+                if self._settings is None:
+                    source = self._defaults_source
+                    self._settings = from_env({**(source() if source else {}), **os.environ})
+                settings = self._settings
+        return settings
+
+    def set_defaults_source(self, source: DefaultsSource | None) -> None:
+        """Read settings from ``source()`` (``JOBS_*`` names) wherever the process
+        environment leaves them unset: the hook through which ``jobs.contrib.django`` and
+        ``jobs.contrib.flask`` supply ``settings.JOBS`` and ``app.config``. Environment
+        variables still win. ``None`` removes the source. Forgets the cached settings."""
+        with self._guard:
+            self._defaults_source = source
+            self.reset_settings()
+
+    def set_settings(self, settings: Settings | None) -> None:
+        """Fix the settings to ``settings`` (a test's short lease, the demo's own folder)
+        until the next call; ``None`` reads them from the environment again. The runtime
+        follows on its next use."""
+        with self._guard:
+            self._given_settings = self._settings = settings
+
+    def reset_settings(self) -> None:
+        """Read the settings again on next use (tests and the CLI change the environment).
+        Settings given to the constructor stay."""
+        with self._guard:
+            self._settings = self._given_settings
+
+    # -- the process runtime ---------------------------------------------------------------
+
+    @property
+    def runtime(self) -> ProcessRuntime:
+        """This process's runtime for the settings in force: built on first use, and again
+        after a fork (the parent's connections and locks are not the child's) or when the
+        settings changed (the old one is closed, an injected doorbell carried over)."""
+        settings = self.settings
+        runtime = self._runtime
+        if runtime is not None and runtime.pid == os.getpid() and runtime.settings == settings:
+            return runtime
+        with self._guard:
+            runtime = self._runtime
+            pid = os.getpid()
+            if runtime is not None and runtime.pid == pid and runtime.settings == settings:
+                return runtime
+            if runtime is not None:
+                if runtime.pid != pid:
+                    runtime.abandon()  # the parent's: keep its sockets open, never collect it
+                    self._inherited.append(runtime)
+                else:
+                    runtime.close()
+            from jobs.runtime.process import ProcessRuntime  # noqa: PLC0415 - SQLAlchemy
+
+            runtime = ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
+            if self._injected_dispatcher is not None:
+                runtime.set_dispatcher(self._injected_dispatcher[0])
+            self._runtime = runtime
+            return runtime
+
+    @property
+    def store(self) -> JobStore:
+        """The runtime's job store (the schema is checked on first use)."""
+        return self.runtime.store
+
+    def set_dispatcher(self, dispatcher: Dispatcher | None) -> None:
+        """Replace the doorbell, for this and every later runtime of this app, until
+        :meth:`reset`. ``None`` sends none: jobs then reach workers only through the
+        sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`."""
+        with self._guard:
+            self._injected_dispatcher = (dispatcher,)
+        self.runtime.set_dispatcher(dispatcher)
+
+    def reset(self) -> None:
+        """Close and forget the runtime (engine, doorbell, locks) and an injected doorbell;
+        the next use builds them again (after the settings changed, between tests)."""
+        with self._guard:
+            runtime, self._runtime = self._runtime, None
+            self._injected_dispatcher = None
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.close()
+
+    # -- the Celery app --------------------------------------------------------------------
+
+    @property
+    def celery(self) -> Celery:
+        """The Celery app that carries this app's doorbells and runs its jobs: the one given
+        to :meth:`adopt_celery`, else one built from the settings (and built again when they
+        changed)."""
+        with self._guard:
+            if self._adopted is not None:
+                return self._adopted
+            settings = self.settings
+            if self._celery is None or self._celery_settings != settings:
+                from jobs.runtime.celery_app import make_app  # noqa: PLC0415 - Celery on need
+
+                self._celery = make_app(settings, self)
+                self._celery_settings = settings
+            return self._celery
+
+    def adopt_celery(self, celery: Celery) -> None:
+        """Use a user's own Celery app for doorbells and workers (what
+        :func:`jobs.contrib.celery.install` calls once it has put the runner on it)."""
+        with self._guard:
+            self._adopted = celery
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        kind: str,
+        inputs: dict[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        max_attempts: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        delay_seconds: float | None = None,
+        priority: int | None = None,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> str:
+        """Queue a job of a registered kind and return its ID.
+
+        A caller-chosen ``job_id`` makes submit idempotent: the same ID with the same kind
+        and inputs returns the existing job's ID (nothing new is written or sent); the same
+        ID with different kind or inputs raises :class:`jobs.DuplicateJob`.
+
+        With ``connection=`` (a SQLAlchemy ``Connection`` in a transaction), ``session=`` (a
+        SQLAlchemy ``Session``) or ``unit=``, the job is written in the caller's
+        transaction: a rollback leaves no job, and the doorbell rings only after the commit.
+        On an error, roll the caller's transaction back.
+
+        A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=``
+        is the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused),
+        not both. Both are judged on the database's clock; such a job holds no message
+        meanwhile, and the sweeper's dispatch sends it once due.
+
+        ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among
+        due jobs, higher priorities are dispatched, delivered and claimed first. It orders
+        waiting work; it never stops a running job (see the README's "Priorities").
+        """
+        wait, start = _start_time(delay, delay_seconds, run_at)
+        job_kind, row = self._prepare(kind, inputs, job_id, max_attempts, wait, start, priority)
+        return self._insert(job_kind, [row], _unit_for(connection, session, unit))[0]
+
+    def submit_many(
+        self,
+        kind: str,
+        inputs: Sequence[dict[str, Any]],
+        *,
+        job_ids: Sequence[str] | None = None,
+        max_attempts: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        delay_seconds: float | None = None,
+        priority: int | None = None,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> list[str]:
+        """Queue many jobs of one kind at once: one transaction, one multi-row INSERT, one
+        batch of doorbells. The rules are :meth:`submit`'s, applied to the whole batch:
+        every input is checked before anything is written, admission counts the batch (all
+        or none), and caller-chosen ``job_ids`` are idempotent one by one."""
+        if isinstance(inputs, dict | str | bytes):
+            raise InvalidInput("inputs must be a list of JSON objects, one per job")
+        if job_ids is not None and len(job_ids) != len(inputs):
+            raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+        wait, start = _start_time(delay, delay_seconds, run_at)
+        rows = []
+        job_kind = self.registry.get(kind)
+        for index, one in enumerate(inputs):
+            try:
+                job_kind, row = self._prepare(
+                    kind,
+                    one,
+                    None if job_ids is None else job_ids[index],
+                    max_attempts,
+                    wait,
+                    start,
+                    priority,
+                )
+            except InvalidInput as err:
+                raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
+            rows.append(row)
+        if not rows:
+            return []
+        return self._insert(job_kind, rows, _unit_for(connection, session, unit))
+
+    def check_submit(
+        self, kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1
+    ) -> None:
+        """Raise now what submitting ``count`` such jobs would raise
+        (:class:`jobs.InvalidInput`, :class:`jobs.UnknownKind`, :class:`jobs.AdmissionRefused`
+        for a full queue) and write nothing. For a submit made after the caller's commit
+        (``submit_on_commit`` in ``jobs.contrib``): a refusal found here can still roll the
+        caller's work back. The queue may fill up between the check and the submit."""
+        job_kind, _row = self._prepare(kind, inputs, None, None, 0)
+        runtime = self.runtime
+        runtime.seed_limits([job_kind])
+        runtime.store.check_admission(kind, count)
+
+    def _prepare(
+        self,
+        kind: str,
+        inputs: Any,
+        job_id: str | None,
+        max_attempts: int | None,
+        delay_seconds: float,
+        run_at: dt.datetime | None = None,
+        priority: int | None = None,
+    ) -> tuple[JobKind, dict[str, Any]]:
+        """Check one submission against its kind and return the row the store will insert."""
+        inputs = {} if inputs is None else inputs
+        job_kind = self.registry.get(kind)
+        if isinstance(inputs, dict):
+            job_kind.check_inputs(inputs)
+        if job_id is not None and not isinstance(job_id, str):
+            raise InvalidInput("job_id must be a string")
+        attempts = (
+            max_attempts
+            if max_attempts is not None  # 0 is refused by the store, not replaced
+            else job_kind.max_attempts or self.settings.default_max_attempts
+        )
+        row = self.store.new_job_values(
+            kind,
+            inputs,
+            job_id=new_job_id() if job_id is None else job_id,
+            max_attempts=attempts,
+            delay_seconds=delay_seconds,
+            code_version=job_kind.version,
+            run_at=run_at,
+            priority=job_kind.priority if priority is None else priority,
+        )
+        return job_kind, row
+
+    def _insert(
+        self, job_kind: JobKind, rows: list[dict[str, Any]], unit: UnitOfWork | None
+    ) -> list[str]:
+        runtime = self.runtime
+        conn = None if unit is None else unit.connection
+        runtime.seed_limits([job_kind], conn=conn)
+        try:
+            created = runtime.store.create_many(job_kind.name, rows, conn=conn)
+        except AdmissionRefused:
+            # Not waiting for a SQLite write lock the caller's own transaction may hold.
+            self._count("admission_refused", job_kind.name, wait=unit is None)
+            raise
+        # A job not due yet was written without a dispatch: the sweeper sends it once due.
+        to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
+        if to_ring:
+            ring = functools.partial(runtime.dispatch, priority=rows[0]["priority"])
+            if unit is None:
+                ring(to_ring)
+            else:
+                unit.after_commit(to_ring, ring)
+        return [job.id for job, _new in created]
+
+    def dispatch(self, job_id: str) -> bool:
+        """Publish a job's ID, with its priority, after its QUEUED state committed. A
+        failure loses nothing: the job stays QUEUED in the database and the sweeper sends
+        it again."""
+        runtime = self.runtime
+        return runtime.dispatch([job_id], runtime.store.get(job_id).priority)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
+        return self.store.get(job_id)
+
+    def steps(self, job_id: str) -> list[Step]:
+        """The job's recorded steps, in the order they were recorded."""
+        store = self.store
+        store.get(job_id)  # unknown IDs are an error, not an empty list
+        return store.steps(job_id)
+
+    def history(self, job_id: str) -> list[Transition]:
+        """Every state change of the job, oldest first, with who made it and why."""
+        store = self.store
+        store.get(job_id)
+        return store.history(job_id)
+
+    def list_jobs(
+        self, state: State | None = None, kind: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """The newest jobs first, optionally of one state and/or kind."""
+        return self.store.list(state, kind, limit)
+
+    # -- operators -------------------------------------------------------------------------
+
+    def approve(
+        self,
+        job_id: str,
+        *,
+        by: str,
+        note: str | None = None,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> Job:
+        """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its
+        steps. With ``connection=``/``session=``/``unit=`` the approval joins the caller's
+        transaction (as :meth:`submit` does) and the doorbell rings after its commit."""
+        joined = _unit_for(connection, session, unit)
+        conn = None if joined is None else joined.connection
+        return self._ring_after_commit(self.store.approve(job_id, by, note, conn=conn), joined)
+
+    def wake(
+        self,
+        job_id: str,
+        reason: str = "woken by an operator",
+        *,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> Job:
+        """Make a QUEUED job that waits on a timer (``ctx.sleep``, ``delay``/``run_at``, a
+        retry's backoff) due now, recording ``reason`` in its history, and ring its
+        doorbell. Any other job raises :class:`jobs.NothingToWake` and nothing changes.
+        ``connection=``/``session=``/``unit=`` join the caller's transaction, as for
+        :meth:`approve`."""
+        joined = _unit_for(connection, session, unit)
+        conn = None if joined is None else joined.connection
+        return self._ring_after_commit(self.store.wake_job(job_id, reason, conn=conn), joined)
+
+    def _ring_after_commit(self, job: Job, joined: UnitOfWork | None) -> Job:
+        """Ring the doorbell of a job an operator queued: now when the write committed
+        alone, else once the caller's transaction has."""
+        ring = functools.partial(self.runtime.dispatch, priority=job.priority)
+        if joined is None:
+            ring([job.id])
+        else:
+            joined.after_commit([job.id], ring)
+        return job
+
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by an operator",
+        *,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> Job:
+        """Stop a job that has not ended; a running owner is refused at its next fenced
+        write. ``connection=``/``session=``/``unit=`` join the caller's transaction."""
+        joined = _unit_for(connection, session, unit)
+        conn = None if joined is None else joined.connection
+        return self.store.cancel(job_id, reason, conn=conn)
+
+    # -- backpressure ----------------------------------------------------------------------
+
+    def set_limits(
+        self, kind: str, *, max_running: int | None = None, max_queued: int | None = None
+    ) -> KindLimits:
+        """Backpressure for a kind, for every worker at once: at most ``max_running``
+        RUNNING (enforced by the claim statement) and at most ``max_queued`` QUEUED (a
+        submit past it raises :class:`jobs.AdmissionRefused` and writes nothing). ``None``
+        lifts a limit."""
+        return self.store.set_limits(kind, max_running=max_running, max_queued=max_queued)
+
+    def seed_limits(self) -> None:
+        """Write the registered kinds' ``max_running``/``max_queued`` defaults for kinds that
+        have no limits row yet (workers do this at start-up, submitters before a kind's
+        first submit; the database's numbers then rule)."""
+        self.runtime.seed_limits()
+
+    def _count(self, event: str, kind: str, *, wait: bool = True) -> None:
+        """Bump an operational counter for the metrics, in a transaction of its own; a
+        failure to count is logged in one line, never raised (the caller's own error
+        matters more)."""
+        try:
+            self.store.count_event(event, kind, wait=wait)
+        except Exception as err:
+            log.warning("could not count %s for kind %s: %s", event, kind, err)
+
+    # -- periodic jobs ---------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        kind: str,
+        spec: str | int | float | dt.timedelta,
+        *,
+        inputs: dict[str, Any] | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+    ) -> Schedule:
+        """Create or change a periodic job at run time, held in the database for every
+        sweeper.
+
+        ``spec`` is a cron expression (``"*/15 * * * *"``, read in ``timezone``) or an
+        interval (``"every 10m"``, seconds, a timedelta). Each tick submits one job of
+        ``kind`` with ``inputs`` and the ID ``<name>@<tick>``; changing a schedule keeps its
+        last tick.
+        """
+        inputs = {} if inputs is None else inputs
+        self.registry.get(kind).check_inputs(inputs)
+        spec = normalize_spec(spec)
+        return self.store.put_schedule(
+            Schedule(name, kind, spec, timezone=timezone, inputs=inputs, catch_up=catch_up)
+        )
+
+    def unschedule(self, name: str) -> bool:
+        """Stop a periodic job (its submitted jobs are left alone); False if it did not
+        exist."""
+        return self.store.delete_schedule(name)
+
+    def schedules(self) -> list[Schedule]:
+        """Every periodic schedule with its last tick (see :meth:`Schedule.next_tick`)."""
+        return self.store.schedules()
+
+    def sync_schedules(self) -> list[Schedule]:
+        """Write the schedules declared with ``@jobs.job(schedule=…)`` into the database
+        (workers and sweepers do this at start-up). A kind whose schedule was removed from
+        the code keeps its row until ``jobctl schedules remove NAME``: one process's partial
+        imports must not stop another's schedule."""
+        store = self.store
+        return [
+            store.put_schedule(
+                Schedule(
+                    kind.name,
+                    kind.name,
+                    kind.schedule,
+                    timezone=kind.timezone,
+                    catch_up=kind.catch_up,
+                    source="code",
+                )
+            )
+            for kind in self.registry.kinds()
+            if kind.schedule is not None
+        ]
+
+    # -- the end of the process ------------------------------------------------------------
+
+    def flush_doorbells(self, timeout: float = EXIT_FLUSH_SECONDS) -> None:
+        """Wait up to ``timeout`` seconds for the confirmations of the doorbells this
+        process still has in flight, so one found lost marks its job unsent now rather than
+        after ``JOBS_REDISPATCH_AFTER_SECONDS`` (at interpreter exit: a script, a web
+        server's worker)."""
+        runtime = self._runtime
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.flush_doorbells(timeout)
+
+
+def _flush_doorbells_at_exit(app_ref: weakref.ref[JobsApp]) -> None:
+    app = app_ref()
+    if app is not None:
+        with contextlib.suppress(Exception):
+            app.flush_doorbells()
+
+
+def _unit_for(
+    connection: Connection | None,
+    session: Session | scoped_session[Any] | None,
+    unit: UnitOfWork | None,
+) -> UnitOfWork | None:
+    """The caller's transaction an operation joins (:func:`jobs.transactions.unit_for`);
+    SQLAlchemy's event machinery loads only for a caller that brings one."""
+    if connection is None and session is None:
+        return unit
+    from jobs.transactions import unit_for  # noqa: PLC0415
+
+    return unit_for(connection, session, unit)
+
+
+def _start_time(
+    delay: float | dt.timedelta | None,
+    delay_seconds: float | None,
+    run_at: dt.datetime | None,
+) -> tuple[float, dt.datetime | None]:
+    """When a submission starts: ``(delay in seconds, run_at)``, at most one of them given.
+    ``delay_seconds`` is the older name of ``delay``."""
+    named = [("delay", delay), ("delay_seconds", delay_seconds), ("run_at", run_at)]
+    given = [name for name, value in named if value is not None]
+    if len(given) > 1:
+        raise InvalidInput(f"give one of {' and '.join(given)}, not both")
+    if run_at is not None:
+        return 0.0, check_instant(run_at, "run_at")
+    span = delay if delay is not None else delay_seconds
+    if span is None:
+        return 0.0, None
+    if isinstance(span, dt.timedelta):
+        span = span.total_seconds()
+    return span, None
+
+
+_default: JobsApp | None = None
+_default_guard = threading.Lock()
+
+
+def default_app() -> JobsApp:
+    """The process's default app, made on first use: the one ``jobs.submit`` and the other
+    module-level operations, ``celery -A jobs.celery_app`` and ``jobctl`` use. Its registry
+    is :data:`jobs.REGISTRY` (``@jobs.job``)."""
+    global _default  # noqa: PLW0603 - the one process-wide object, by design
+    app = _default
+    if app is None:
+        with _default_guard:
+            if _default is None:
+                _default = JobsApp(registry=REGISTRY)
+            app = _default
+    return app
+
+
+def get_settings() -> Settings:
+    """The default app's settings (:attr:`JobsApp.settings`)."""
+    return default_app().settings
+
+
+def reset_settings() -> None:
+    """Read the default app's settings again on next use (:meth:`JobsApp.reset_settings`)."""
+    default_app().reset_settings()
+
+
+def set_defaults_source(source: DefaultsSource | None) -> None:
+    """Set where the default app reads settings the environment leaves unset
+    (:meth:`JobsApp.set_defaults_source`)."""
+    default_app().set_defaults_source(source)

@@ -1,0 +1,48 @@
+"""The ``jobctl`` command group: every command module adds its commands to :data:`main`,
+and one place turns user mistakes into one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from jobs.core.errors import JobError
+
+
+def _is_database_error(err: Exception) -> bool:
+    """An unreachable or misnamed database is a set-up mistake too. SQLAlchemy is only
+    consulted if a command loaded it (``--help`` must not pay for importing it)."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    return exc is not None and isinstance(
+        err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError)
+    )
+
+
+def _database_failure(err: Exception) -> click.ClickException:
+    orig = getattr(err, "orig", None)
+    detail = str(orig if orig is not None else err).strip().splitlines()
+    return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
+
+
+class JobctlGroup(click.Group):
+    """Every subcommand (and sub-group) runs inside this invoke, so one place turns user
+    mistakes into one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobError as err:
+            raise click.ClickException(str(err)) from None
+        except UnicodeEncodeError:  # bytes that are not UTF-8 in an argument (an ID, a name)
+            raise click.ClickException("an argument is not valid UTF-8 text") from None
+        except Exception as err:
+            if _is_database_error(err):
+                raise _database_failure(err) from None
+            raise
+
+
+@click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Durable jobs on Celery: the database is the ledger, the broker is a doorbell."""

@@ -1,0 +1,78 @@
+"""The jobs queues: their names, which one a doorbell of a priority goes to, and how every
+process declares them.
+
+RabbitMQ refuses a declare whose arguments differ from the queue's, so workers, sweepers,
+submitters and Flower all declare each queue through :func:`task_queue`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.entity import Queue
+
+from jobs.core.settings import Settings
+from jobs.core.validate import MAX_PRIORITY
+
+TASK_NAME = "jobs.run"
+
+HIGH_BAND_PRIORITY = 5
+"""With quorum queues (no message priorities on RabbitMQ 3.x), doorbells of this priority
+and above go to a queue of their own, the high band (:func:`queue_for`)."""
+
+HIGH_BAND_SUFFIX = ".high"
+
+
+def queue_names(settings: Settings) -> list[str]:
+    """The queues a worker consumes: ``JOBS_QUEUE``, and with quorum queues its high band
+    ``<JOBS_QUEUE>.high`` too."""
+    if settings.queue_type == "quorum":
+        return [settings.queue, settings.queue + HIGH_BAND_SUFFIX]
+    return [settings.queue]
+
+
+def queue_for(settings: Settings, priority: int) -> str:
+    """Where a doorbell of ``priority`` goes. A classic queue (and the embedded transport)
+    orders messages by priority itself; a quorum queue cannot, so priorities from
+    :data:`HIGH_BAND_PRIORITY` up go to the high band, which a worker consumes beside the
+    normal one: a high-band doorbell then waits behind at most the one normal doorbell
+    each worker process holds, not behind the whole normal backlog."""
+    if settings.queue_type == "quorum" and priority >= HIGH_BAND_PRIORITY:
+        return settings.queue + HIGH_BAND_SUFFIX
+    return settings.queue
+
+
+QUORUM_DELIVERY_LIMIT = 20
+"""``x-delivery-limit`` of a quorum queue: a doorbell delivered this many times without an
+acknowledgement (each time its consumer died or lost its channel) is dropped by RabbitMQ,
+so a message that kills whatever consumes it cannot crash-loop the workers. Ordinary
+redeliveries (a killed worker, a reconnect) are far fewer; a hand-back publishes a new
+message. A dropped doorbell loses no job: the sweeper rings again after
+``JOBS_REDISPATCH_AFTER_SECONDS``, and the job's attempts in the database decide when it is
+poison. 20 is RabbitMQ 4.0's default."""
+
+
+def queue_arguments(settings: Settings) -> dict[str, Any]:
+    """The declare arguments of the jobs queue for ``JOBS_QUEUE_TYPE``.
+
+    A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
+    message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
+    (it refuses ``x-max-priority``) and delivers in publish order: high priorities then get
+    a quorum queue of their own, a band (:func:`jobs.runtime.dispatch.queue_for`); see the
+    README's "Priorities"."""
+    if settings.queue_type == "quorum":
+        return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
+    return {"x-max-priority": MAX_PRIORITY}
+
+
+def task_queue(settings: Settings, name: str | None = None) -> Queue:
+    """The jobs queue (or its high band, ``name``) exactly as every process declares it
+    (durable, direct exchange of the same name, as Celery declares its default queue)."""
+    name = settings.queue if name is None else name
+    return Queue(  # type: ignore[no-untyped-call]
+        name,
+        exchange=name,
+        routing_key=name,
+        queue_arguments=queue_arguments(settings),
+        durable=True,
+    )
