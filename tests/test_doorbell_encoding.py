@@ -11,8 +11,9 @@ import uuid
 from amqp.serialization import decode_properties_basic
 
 from jobs.application import get_settings
-from jobs.runtime.amqp_doorbells import AmqpDoorbells, EncodedMessage, PropertiesEncoder
+from jobs.runtime.amqp_doorbells import AmqpDoorbells
 from jobs.runtime.celery_app import make_app
+from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
 from jobs.runtime.queues import task_queue
 
 HEADERS = {

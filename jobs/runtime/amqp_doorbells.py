@@ -22,6 +22,12 @@ What it drops: Celery's ``before_task_publish``/``after_task_publish`` signals a
 ``task-sent`` event (Flower lists a job's task from the moment a worker receives it; the
 queue itself is in the job table: ``jobctl list --state QUEUED``, the metrics).
 
+The fast encoding and publish use py-amqp's private parts (:mod:`jobs.runtime.doorbell_encoding`):
+``pyproject.toml`` pins the versions they were tested on, and the first publisher of a process
+checks them against py-amqp's own encoding. When the check fails the process publishes with
+py-amqp's ordinary ``basic_publish`` instead (:attr:`AmqpDoorbells.fast` is false), with the
+same confirms and the same bookkeeping, after one warning line.
+
 One connection per process, opened on first use, shared by threads under a lock; after a
 fork the process runtime is rebuilt, so a child opens its own.
 """
@@ -31,15 +37,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import struct
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import amqp  # py-amqp, Celery's RabbitMQ client: loaded only by processes that publish to it
-from amqp.serialization import dumps
+from amqp.exceptions import MessageNacked
+
+from jobs.runtime.doorbell_encoding import (
+    EncodedMessage,
+    PropertiesEncoder,
+    fast_path_verified,
+    plain_message,
+)
 
 TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
@@ -109,74 +120,6 @@ class _Confirms:
         return lost
 
 
-# Stand-ins of the per-doorbell values in an encoded template: bytes no real value holds.
-_TASK_ID_MARK = "\x00" * 32  # a task ID is 32 hex digits, so it replaces the mark in place
-_ARGS_MARK = "\x01" * 16
-
-
-class PropertiesEncoder:
-    """A doorbell's AMQP properties (Celery's ~20 headers among them) encoded once, by
-    py-amqp itself, with stand-ins for the three values that differ between doorbells (the
-    task ID, in three places, and ``argsrepr``); :meth:`encode` puts each doorbell's own
-    into the bytes. py-amqp encoding the whole header table per message was most of a bulk
-    submit's publishing time. Checked against py-amqp's own encoding by the test-suite."""
-
-    def __init__(self, headers: dict[str, Any], properties: dict[str, Any]) -> None:
-        headers = {**headers, "id": _TASK_ID_MARK, "root_id": _TASK_ID_MARK}
-        headers["argsrepr"] = _ARGS_MARK
-        template = EncodedMessage(
-            b"",
-            None,
-            correlation_id=_TASK_ID_MARK,
-            application_headers=headers,
-            **properties,
-        )
-        encoded = template.encode_properties()
-        table = dumps("F", [headers])  # the table's length prefix, then its items
-        self._table_at = encoded.index(table)
-        self._table_length = len(table) - 4
-        args = struct.pack(">I", len(_ARGS_MARK)) + _ARGS_MARK.encode()
-        self._args_at = encoded.index(args)
-        self._args_end = self._args_at + len(args)
-        self._encoded = encoded
-        if encoded.count(_TASK_ID_MARK.encode()) != 3 or self._args_at < self._table_at:
-            raise RuntimeError("unexpected layout of the encoded doorbell properties")
-
-    def encode(self, task_id: str, argsrepr: str) -> bytes:
-        """The properties of one doorbell: ``task_id`` is 32 hex digits (``uuid4().hex``)."""
-        encoded = self._encoded.replace(_TASK_ID_MARK.encode(), task_id.encode("ascii"))
-        args = argsrepr.encode("utf-8", "surrogatepass")
-        length = self._table_length + len(args) - len(_ARGS_MARK)
-        return b"".join(
-            (
-                encoded[: self._table_at],
-                struct.pack(">I", length),
-                encoded[self._table_at + 4 : self._args_at],
-                struct.pack(">I", len(args)),
-                args,
-                encoded[self._args_end :],
-            )
-        )
-
-
-class EncodedMessage(amqp.Message):  # type: ignore[misc]
-    """An AMQP message whose properties arrive already encoded (``None``: py-amqp encodes
-    ``properties`` itself, as for any message)."""
-
-    def __init__(self, body: bytes, encoded: bytes | None, **properties: Any) -> None:
-        super().__init__(body, **properties)
-        self._encoded = encoded
-
-    def _serialize_properties(self) -> bytes:  # what py-amqp's frame writer calls
-        if self._encoded is None:
-            return self.encode_properties()
-        return self._encoded
-
-    def encode_properties(self) -> bytes:
-        """py-amqp's own encoding of this message's properties."""
-        return super()._serialize_properties()  # type: ignore[no-any-return]
-
-
 class AmqpDoorbells:
     """Publishes ``jobs.run(job_id)`` messages for a Celery app and its jobs queue (and, with
     quorum queues, the high band beside it: ``bands``, declared on the same channel)."""
@@ -205,6 +148,9 @@ class AmqpDoorbells:
         self._stopping = False
         self._headers, self._properties = self._template()
         self._encoders: dict[int, PropertiesEncoder] = {}  # by priority
+        # The fast path (py-amqp's private parts: jobs.runtime.doorbell_encoding) once this
+        # process checked it against py-amqp's own encoding; else py-amqp's basic_publish.
+        self.fast = fast_path_verified(self._headers, {**self._properties, "priority": 0})
         unopened = app.connection_for_write()
         self._recoverable: tuple[type[BaseException], ...] = (
             *unopened.connection_errors,
@@ -238,11 +184,12 @@ class AmqpDoorbells:
         body = json.dumps(
             [[job_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
         )
+        properties = {**self._properties, "priority": priority}
+        if not self.fast:
+            return plain_message(body.encode(), task_id, repr((job_id,)), self._headers, properties)
         encoder = self._encoders.get(priority)
         if encoder is None:
-            encoder = self._encoders[priority] = PropertiesEncoder(
-                self._headers, {**self._properties, "priority": priority}
-            )
+            encoder = self._encoders[priority] = PropertiesEncoder(self._headers, properties)
         return EncodedMessage(body.encode(), encoder.encode(task_id, repr((job_id,))))
 
     def publish(self, job_ids: Sequence[str], priority: int = 0, queue: str | None = None) -> None:
@@ -360,6 +307,9 @@ class AmqpDoorbells:
             channel = self._open_channel()
         confirms = self._confirms
         exchange, routing_key = target.exchange.name, target.routing_key
+        if not self.fast:
+            self._publish_plainly(channel, messages, exchange, routing_key)
+            return
         with self._writes_coalesced():
             for job_id, message in messages:
                 channel._basic_publish(
@@ -368,6 +318,26 @@ class AmqpDoorbells:
                 confirms.sent(job_id)
         if len(confirms.unconfirmed) > MAX_IN_FLIGHT:
             self._await_confirms(len(confirms.unconfirmed) - MAX_IN_FLIGHT // 2)
+
+    def _publish_plainly(
+        self, channel: Any, messages: Sequence[tuple[str, Any]], exchange: str, routing_key: str
+    ) -> None:
+        """The fallback when the fast path failed its check: py-amqp's public
+        ``basic_publish``, one message at a time. With ``confirm_publish`` (the Celery app's
+        setting) it waits for each confirmation itself; the channel's listeners still see
+        every ack, nack and return, so the bookkeeping is the fast path's. A doorbell is
+        counted as sent before its write, as its confirmation arrives within the call."""
+        confirms = self._confirms
+        for job_id, message in messages:
+            confirms.sent(job_id)
+            with contextlib.suppress(MessageNacked):  # on_nack has counted it lost
+                channel.basic_publish(
+                    message,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    mandatory=True,
+                    confirm_timeout=CONFIRM_TIMEOUT_SECONDS,
+                )
 
     def _read_ready(self) -> None:
         """Take in the confirmations (and returns) that already arrived, without waiting:
