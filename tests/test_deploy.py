@@ -2,8 +2,9 @@
 
 No Docker engine is needed: the files are read as data. Where a tool that can check a
 file without a daemon exists on the machine (`docker compose config`, or the older
-`docker-compose`; `systemd-analyze verify`), it is run too, and the test skips with the
-reason when it is absent.
+`docker-compose`; `systemd-analyze verify`; RabbitMQ's own config schema), it is run too,
+and the test skips with the reason when it is absent. Under CI=true it fails instead:
+.ci/run installs Debian's docker-compose, and the machine image has systemd and RabbitMQ.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
 
 from jobs.core import settings
+from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -55,6 +57,15 @@ WORKER_OPTIONS = {
 
 
 # --- helpers --------------------------------------------------------------------------
+
+
+def tool_missing(reason: str) -> NoReturn:
+    """Skip a check whose tool is not on this machine, saying so; fail under CI=true, where
+    .ci/run installs every tool these checks use."""
+    print(reason)
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: every deployment check must run)")
+    pytest.skip(reason)
 
 
 def load_compose() -> dict[str, Any]:
@@ -535,9 +546,7 @@ def _schema_keys() -> list[re.Pattern[str]]:
 def test_rabbitmq_conf_keys_exist_in_the_installed_rabbitmq_schema() -> None:
     patterns = _schema_keys()
     if not patterns:
-        reason = "no RabbitMQ schema files under /usr/lib/rabbitmq (RabbitMQ not installed)"
-        print(reason)
-        pytest.skip(reason)
+        tool_missing("no RabbitMQ schema files under /usr/lib/rabbitmq (RabbitMQ not installed)")
     unknown = [key for key in rabbitmq_settings() if not any(p.fullmatch(key) for p in patterns)]
     assert not unknown, f"rabbitmq.conf keys RabbitMQ does not know: {unknown}"
     assert not any(p.fullmatch("consumer_timeut") for p in patterns)
@@ -620,9 +629,7 @@ def test_worker_unit_allows_a_warm_shutdown_as_long_as_compose() -> None:
 def test_systemd_units_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        reason = "systemd-analyze is not installed: unit files checked by parsing only"
-        print(reason)
-        pytest.skip(reason)
+        tool_missing("systemd-analyze is not installed: unit files checked by parsing only")
     copies = []
     for unit in UNITS:
         # verify wants an instance name and an executable that exists on this machine.
@@ -658,13 +665,11 @@ def run_compose_config(
 ) -> subprocess.CompletedProcess[str]:
     clis = list(compose_cli())
     if not clis:
-        reason = (
+        tool_missing(
             "no Compose implementation: the docker CLI is "
             + ("present without its compose plugin" if shutil.which("docker") else "absent")
             + " and docker-compose is not installed"
         )
-        print(reason)
-        pytest.skip(reason)
     empty_env_file = tmp_path / "empty.env"  # keeps a developer's .env out of the check
     empty_env_file.write_text("")
     env = {

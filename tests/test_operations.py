@@ -1,20 +1,29 @@
-"""Periodic schedules, retention and counters in the store, on SQLite and PostgreSQL."""
+"""Periodic schedules, retention and counters in the store, on SQLite and PostgreSQL.
+
+Several sweepers firing one schedule race as real spawned processes that meet at a barrier
+(tests/racing.py), each with its own engine, as separate sweeper processes would."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import multiprocessing.pool
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
 import pytest
+from sqlalchemy import Engine, func, select
 
 from jobs.core.clock import LogicalClock
+from jobs.core.db import make_engine
 from jobs.core.errors import InvalidInput
+from jobs.core.models import TransitionRecord
 from jobs.core.registry import Registry
-from jobs.core.schedule import Schedule
+from jobs.core.schedule import Schedule, tick_job_id
 from jobs.core.states import State
 from jobs.core.store import JobStore
-from jobs.runtime.periodic import fire_due_ticks
+from jobs.runtime.periodic import Fired, fire_due_ticks
 from jobs.runtime.sweeper import prune
+from tests import racing
 
 DAY = 86400.0
 
@@ -28,27 +37,92 @@ def fire(store: JobStore, sent: list[str]) -> list[str]:
     return [f.job_id for f in fired if f.created]
 
 
-def test_a_schedule_fires_each_tick_once_whoever_fires_it(
-    store: JobStore, clock: LogicalClock
-) -> None:
-    # LogicalClock's epoch is 2000-01-01T00:00:00Z; ticks every 10 s from then on.
-    store.put_schedule(Schedule("beat", "k", "every 10s", inputs={"n": 1}, catch_up="all"))
-    other = JobStore(store.engine, clock=clock)  # a second sweeper
+# -- several sweepers firing the same due ticks at the same moment ---------------------------
+
+SWEEPERS = 4
+# Offsets from the schedules' creation of the instants every sweeper fires at, one round each.
+# On the logical clock (created on a tick): one tick, two to catch up, nothing new, four at once.
+ROUND_OFFSETS = (15.0, 35.0, 36.0, 70.0)
+RACED_SCHEDULES = ("beat-a", "beat-b", "beat-c")
+
+
+@pytest.fixture(scope="module")
+def sweepers() -> Iterator[multiprocessing.pool.Pool]:
+    with racing.racing_pool(SWEEPERS) as workers:
+        yield workers
+
+
+def _racing_sweeper(
+    args: tuple[str, bool, list[dt.datetime]],
+) -> tuple[list[Fired], list[str]]:
+    """One sweeper process with its own engine: at each instant, wait for every other sweeper
+    at the barrier, then fire the due ticks. Returns what it fired and what it published."""
+    url, logical_clock, instants = args
+    store = JobStore(make_engine(url), clock=LogicalClock() if logical_clock else None)
+    fired: list[Fired] = []
     sent: list[str] = []
-    assert fire(store, sent) == []  # created at 00:00:00; the first tick is 00:00:10
-    clock.advance(10)
-    assert fire(store, sent) == ["beat@2000-01-01T00:00:10Z"]
-    assert fire(other, sent) == []  # already fired: nothing new, nothing sent
-    clock.advance(25)
-    assert fire(other, sent) == ["beat@2000-01-01T00:00:20Z", "beat@2000-01-01T00:00:30Z"]
-    assert sent == [
-        "beat@2000-01-01T00:00:10Z",
-        "beat@2000-01-01T00:00:20Z",
-        "beat@2000-01-01T00:00:30Z",
-    ]
-    job = store.get("beat@2000-01-01T00:00:20Z")
+
+    def publish(job_ids: Sequence[str], priority: int) -> bool:
+        sent.extend(job_ids)
+        return True
+
+    try:
+        for instant in instants:
+            racing.meet()
+            fired += fire_due_ticks(
+                store, publish, default_max_attempts=3, registry=Registry([]), now=instant
+            )
+    finally:
+        store.engine.dispose()
+    return fired, sent
+
+
+@pytest.mark.parametrize("logical_clock", [True, False], ids=["logical-clock", "database-clock"])
+def test_a_schedule_fires_each_tick_once_whoever_fires_it(
+    sweepers: multiprocessing.pool.Pool, database: tuple[str, Engine], logical_clock: bool
+) -> None:
+    """Four sweeper processes meet at a barrier and fire the same due ticks at once, round
+    after round: each tick is fired by exactly one of them, submits one job and is published
+    once; the others find ``last_tick`` moved and do nothing."""
+    url, engine = database
+    store = JobStore(engine, clock=LogicalClock() if logical_clock else None)
+    for name in RACED_SCHEDULES:
+        store.put_schedule(Schedule(name, "k", "every 10s", inputs={"n": 1}, catch_up="all"))
+    created_at = store.schedule(RACED_SCHEDULES[0]).created_at
+    assert created_at is not None
+    instants = [created_at + dt.timedelta(seconds=offset) for offset in ROUND_OFFSETS]
+    due = {schedule.name: schedule.due_ticks(instants[-1]) for schedule in store.schedules()}
+    expected = {tick_job_id(name, tick): name for name, ticks in due.items() for tick in ticks}
+    # Seven ticks each (six if one fell between two schedules' creation on the database clock).
+    assert all(len(ticks) >= 6 for ticks in due.values())
+
+    results = sweepers.map(
+        _racing_sweeper, [(url, logical_clock, instants)] * SWEEPERS, chunksize=1
+    )
+
+    fired = Counter((f.job_id, f.schedule) for each, _ in results for f in each)
+    assert fired == Counter(expected.items()), "each tick fired by exactly one sweeper"
+    assert all(f.created for each, _ in results for f in each)
+    sent = Counter(job_id for _, each in results for job_id in each)
+    assert sent == Counter(expected.keys()), "each tick's job published exactly once"
+    assert sorted(job.id for job in store.list(kind="k", limit=1000)) == sorted(expected)
+    for job_id in expected:
+        assert _submissions(engine, job_id) == 1
+    job = store.get(tick_job_id("beat-b", due["beat-b"][0]))
     assert (job.kind, job.inputs, job.state, job.max_attempts) == ("k", {"n": 1}, State.QUEUED, 3)
-    assert store.schedule("beat").last_tick == clock.instant(30)
+    assert {schedule.name: schedule.last_tick for schedule in store.schedules()} == {
+        name: ticks[-1] for name, ticks in due.items()
+    }
+
+
+def _submissions(engine: Engine, job_id: str) -> int:
+    """How many times ``job_id`` entered the queue (its history's rows from nothing)."""
+    history = TransitionRecord.__table__.c
+    with engine.connect() as conn:
+        count: int = conn.execute(
+            select(func.count()).where(history.job_id == job_id, history.from_state.is_(None))
+        ).scalar_one()
+    return count
 
 
 def test_a_sweeper_that_looked_before_another_advanced_submits_nothing_twice(
