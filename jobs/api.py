@@ -85,7 +85,7 @@ def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
         return
     ring_one = dispatcher
 
-    def ring_each(job_ids: Sequence[str], priority: int = 0) -> None:
+    def ring_each(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
         for job_id in job_ids:
             ring_one(job_id)
 

@@ -355,7 +355,9 @@ class JobsApp:
         # A job not due yet was written without a dispatch: the sweeper sends it once due.
         to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
         if to_ring:
-            ring = functools.partial(runtime.dispatch, priority=rows[0]["priority"])
+            ring = functools.partial(
+                runtime.dispatch, priority=rows[0]["priority"], kind=job_kind.name
+            )
             if unit is None:
                 ring(to_ring)
             else:
@@ -367,7 +369,8 @@ class JobsApp:
         failure loses nothing: the job stays QUEUED in the database and the sweeper sends
         it again."""
         runtime = self.runtime
-        return runtime.dispatch([job_id], runtime.store.get(job_id).priority)
+        job = runtime.store.get(job_id)
+        return runtime.dispatch([job_id], job.priority, kind=job.kind)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -433,7 +436,7 @@ class JobsApp:
     def _ring_after_commit(self, job: Job, joined: UnitOfWork | None) -> Job:
         """Ring the doorbell of a job an operator queued: now when the write committed
         alone, else once the caller's transaction has."""
-        ring = functools.partial(self.runtime.dispatch, priority=job.priority)
+        ring = functools.partial(self.runtime.dispatch, priority=job.priority, kind=job.kind)
         if joined is None:
             ring([job.id])
         else:

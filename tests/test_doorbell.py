@@ -55,8 +55,13 @@ def test_a_doorbell_passes_with_its_job_id() -> None:
         (message([["T-42"], {}, EMPTY], content_type="application/x-python-serialize"), "type"),
         (message([["T-42"], {}, EMPTY], encoding="binary"), "encoding"),
         (message([["T-42"], {}, EMPTY], headers={"task": "jobs.run"}), "task id"),
-        (message([["T-42"], {}, EMPTY], headers={"task": ["jobs.run"], "id": "1"}), "jobs.run"),
-        (message([["T-42"], {}, EMPTY], headers={"task": "other", "id": "1"}), "jobs.run"),
+        (message([["T-42"], {}, EMPTY], headers={"task": ["jobs.run"], "id": "1"}), "task name"),
+        (message([["T-42"], {}, EMPTY], headers={"task": "other", "id": "1"}), "task name"),
+        (message([["T-42"], {}, EMPTY], headers={"task": "jobs.", "id": "1"}), "malformed"),
+        (
+            message([["T-42"], {}, EMPTY], headers={"task": "jobs.a b\x1b", "id": "1"}),
+            "malformed",
+        ),
         (
             message([["T-42"], {}, EMPTY], headers={"task": "jobs.run", "id": "1", "eta": "x"}),
             "eta",

@@ -21,7 +21,7 @@ from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
-from jobs.core.records import Doorbell, by_priority
+from jobs.core.records import Batch, Doorbell, in_batches
 from jobs.core.registry import Registry
 from jobs.core.schedule import Schedule
 from jobs.core.settings import from_env
@@ -51,7 +51,7 @@ def rung() -> Rung:
     """Every doorbell the process rings, as (job ids, priority)."""
     seen: Rung = []
 
-    def record(job_ids: Sequence[str], priority: int = 0) -> None:
+    def record(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
         seen.append((tuple(job_ids), priority))
 
     default_app().runtime.set_dispatcher(record)  # reset by the autouse isolation fixture
@@ -142,9 +142,26 @@ def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
     assert store.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9)]
 
 
-def test_by_priority_batches_highest_first_keeping_order() -> None:
+def test_batches_go_highest_priority_first_keeping_order() -> None:
     doorbells = [Doorbell("a", 0), Doorbell("b", 9), Doorbell("c", 0), Doorbell("d", 9)]
-    assert by_priority(doorbells) == [(9, ["b", "d"]), (0, ["a", "c"])]
+    assert in_batches(doorbells) == [
+        Batch(9, None, None, ["b", "d"]),
+        Batch(0, None, None, ["a", "c"]),
+    ]
+
+
+def test_batches_split_by_kind_and_queue() -> None:
+    doorbells = [
+        Doorbell("a", 0, "mail"),
+        Doorbell("b", 0, "video", "big"),
+        Doorbell("c", 0, "mail"),
+        Doorbell("d", 5, "mail"),
+    ]
+    assert in_batches(doorbells) == [
+        Batch(5, "mail", None, ["d"]),
+        Batch(0, "mail", None, ["a", "c"]),
+        Batch(0, "video", "big", ["b"]),
+    ]
 
 
 def test_the_sweeper_rings_one_batch_per_priority_highest_first(
@@ -155,7 +172,7 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
         store.forget_dispatch([new(store, job_id, priority)])
     published: list[tuple[list[str], int]] = []
 
-    def publish(job_ids: Sequence[str], priority: int) -> bool:
+    def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
         published.append((list(job_ids), priority))
         return True
 
@@ -169,7 +186,7 @@ def test_a_periodic_tick_gets_its_kinds_priority(store: JobStore, clock: Logical
     clock.advance(61)
     published: list[tuple[list[str], int]] = []
 
-    def publish(job_ids: Sequence[str], priority: int) -> bool:
+    def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
         published.append((list(job_ids), priority))
         return True
 

@@ -145,11 +145,11 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
     clock.advance(1)
     assert store.due_for_dispatch(30) == []  # sent at submit: the normal pass waits 30 s
     published: list[str] = []
-    rung = ring_all_due(store, lambda job_ids, priority: published.extend(job_ids) or True)
+    rung = ring_all_due(store, lambda job_ids, priority, **_: published.extend(job_ids) or True)
     assert sorted(rung) == sorted(ids)
     assert sorted(published) == sorted(ids)
     assert (
-        ring_all_due(store, lambda _job_ids, _priority: True) == []
+        ring_all_due(store, lambda _job_ids, _priority, **_: True) == []
     )  # rung at this instant already
 
 
@@ -169,7 +169,9 @@ def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
     ids = sorted(_queued(store, 3))
     clock.advance(1)  # sent at submit, a second ago
     settings = settings_with()
-    report = sweep_once(store, settings, lambda _job_ids, _priority: True, watch=FakeWatch(health))  # type: ignore[arg-type]
+    report = sweep_once(
+        store, settings, lambda _job_ids, _priority, **_: True, watch=FakeWatch(health)
+    )  # type: ignore[arg-type]
     expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
     assert sorted(report.dispatched) == expected
 

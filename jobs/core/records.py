@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import Row
 
@@ -133,21 +133,45 @@ class Transition:
 
 
 class Doorbell(NamedTuple):
-    """A doorbell to ring: the job's ID and the priority its message carries."""
+    """A doorbell to ring: the job's ID, the priority its message carries, the job's kind
+    (the task name its message carries, so Celery's tools show the kind) and its queue
+    (``None``: the default queue)."""
 
     job_id: str
     priority: int = 0
+    kind: str | None = None
+    queue: str | None = None
 
 
-def by_priority(doorbells: Sequence[Doorbell]) -> list[tuple[int, list[str]]]:
-    """``(priority, job ids)`` batches, the highest priority first, each keeping the order
-    it was given (a publisher sends one priority per batch)."""
-    batches: dict[int, list[str]] = {}
+class Batch(NamedTuple):
+    """Doorbells a publisher sends together: one priority, one kind, one queue."""
+
+    priority: int
+    kind: str | None
+    queue: str | None
+    job_ids: list[str]
+
+
+def in_batches(doorbells: Sequence[Doorbell]) -> list[Batch]:
+    """The doorbells grouped into batches of one priority, kind and queue, the highest
+    priority first, each keeping the order it was given."""
+    grouped: dict[tuple[int, str | None, str | None], list[str]] = {}
     for doorbell in doorbells:
-        batches.setdefault(doorbell.priority, []).append(doorbell.job_id)
-    return sorted(batches.items(), key=lambda batch: -batch[0])
+        key = (doorbell.priority, doorbell.kind, doorbell.queue)
+        grouped.setdefault(key, []).append(doorbell.job_id)
+    ordered = sorted(grouped.items(), key=lambda item: -item[0][0])
+    return [Batch(priority, kind, queue, job_ids) for (priority, kind, queue), job_ids in ordered]
 
 
-Publish = Callable[[Sequence[str], int], bool]
-"""How the sweeper rings: ``publish(job_ids, priority)`` sends one batch of doorbells of one
-priority after their QUEUED state committed, and says whether it could."""
+class Publish(Protocol):
+    """How the sweeper rings: sends one batch of doorbells of one priority, kind and queue
+    after their QUEUED state committed, and says whether it could."""
+
+    def __call__(
+        self,
+        job_ids: Sequence[str],
+        priority: int = 0,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> bool: ...

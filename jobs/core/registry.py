@@ -217,6 +217,11 @@ class Registry:
         self._ensure_imported()
         return [self._kinds[name] for name in sorted(self._kinds)]
 
+    def registered_names(self) -> list[str]:
+        """The names of the kinds registered so far, sorted, without importing
+        ``JOBS_IMPORTS`` (a Celery app adopting durable jobs at import time)."""
+        return sorted(self._kinds)
+
     def names(self) -> list[str]:
         """Every registered kind's name, sorted."""
         self._ensure_imported()

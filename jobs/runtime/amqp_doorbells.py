@@ -51,8 +51,8 @@ from jobs.runtime.doorbell_encoding import (
     fast_path_verified,
     plain_message,
 )
+from jobs.runtime.queues import TASK_NAME
 
-TASK_NAME = "jobs.run"
 CONFIRM_TIMEOUT_SECONDS = 30.0
 MAX_IN_FLIGHT = 10_000  # doorbells written and unconfirmed before a publish waits
 WATCH_SECONDS = 0.2  # how often the watcher reads confirmations while doorbells are in flight
@@ -131,8 +131,10 @@ class AmqpDoorbells:
         *bands: Any,
         wait_for_confirms: bool = True,
         on_lost: Callable[[list[str]], None] | None = None,
+        declare: Callable[[str], Any] | None = None,
     ) -> None:
         self.app = app
+        self.declare = declare  # the kombu Queue of a queue name first published to
         self.wait_for_confirms = wait_for_confirms
         self.on_lost = on_lost
         self.queue = queue  # the kombu Queue every process declares (celery_app.task_queue)
@@ -147,7 +149,7 @@ class AmqpDoorbells:
         self._in_flight_now = threading.Event()  # set by a publish: the watcher wakes
         self._stopping = False
         self._headers, self._properties = self._template()
-        self._encoders: dict[int, PropertiesEncoder] = {}  # by priority
+        self._encoders: dict[tuple[int, str], PropertiesEncoder] = {}  # by priority, task
         # The fast path (py-amqp's private parts: jobs.runtime.doorbell_encoding) once this
         # process checked it against py-amqp's own encoding; else py-amqp's basic_publish.
         self.fast = fast_path_verified(self._headers, {**self._properties, "priority": 0})
@@ -178,23 +180,32 @@ class AmqpDoorbells:
         )
         return dict(message.headers), properties
 
-    def message(self, job_id: str, priority: int = 0) -> Any:
-        """The doorbell of one job as an AMQP message of that priority."""
+    def message(self, job_id: str, priority: int = 0, task_name: str = TASK_NAME) -> Any:
+        """The doorbell of one job as an AMQP message of that priority and task name."""
         task_id = uuid.uuid4().hex
         body = json.dumps(
             [[job_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
         )
         properties = {**self._properties, "priority": priority}
+        headers = self._headers if task_name == TASK_NAME else {**self._headers, "task": task_name}
         if not self.fast:
-            return plain_message(body.encode(), task_id, repr((job_id,)), self._headers, properties)
-        encoder = self._encoders.get(priority)
+            return plain_message(body.encode(), task_id, repr((job_id,)), headers, properties)
+        encoder = self._encoders.get((priority, task_name))
         if encoder is None:
-            encoder = self._encoders[priority] = PropertiesEncoder(self._headers, properties)
+            encoder = PropertiesEncoder(headers, properties)
+            self._encoders[(priority, task_name)] = encoder
         return EncodedMessage(body.encode(), encoder.encode(task_id, repr((job_id,))))
 
-    def publish(self, job_ids: Sequence[str], priority: int = 0, queue: str | None = None) -> None:
-        """Publish one doorbell per job, of ``priority``, to ``queue`` (a name among the
-        declared ones; default the jobs queue).
+    def publish(
+        self,
+        job_ids: Sequence[str],
+        priority: int = 0,
+        queue: str | None = None,
+        task_name: str = TASK_NAME,
+    ) -> None:
+        """Publish one doorbell per job, of ``priority`` and named ``task_name``, to
+        ``queue`` (default the jobs queue; a queue not declared yet is declared first, as
+        ``declare`` makes it).
 
         With ``wait_for_confirms``, return once RabbitMQ confirmed them all, and raise
         :class:`DoorbellRefused` when it refused or could not route any of them, or
@@ -204,9 +215,9 @@ class AmqpDoorbells:
         broke, is handed to ``on_lost`` (the process marks its job unsent, and the sweeper
         sends it). Either way a connection that broke is reopened and the batch sent again
         once (a doorbell sent twice is harmless: the second finds its job claimed)."""
-        target = self.queue if queue is None else self.queues[queue]
-        messages = [(job_id, self.message(job_id, priority)) for job_id in job_ids]
+        messages = [(job_id, self.message(job_id, priority, task_name)) for job_id in job_ids]
         with self._lock:
+            target = self._target(queue)
             try:
                 self._publish(messages, target)
             except self._recoverable:
@@ -227,6 +238,23 @@ class AmqpDoorbells:
                 f"RabbitMQ refused or could not route {len(lost)} doorbell(s) to queue "
                 f"{target.name!r}"
             )
+
+    def _target(self, queue: str | None) -> Any:
+        """(Under the lock.) The kombu Queue of ``queue``: declared with the others when a
+        channel opens, and now on the open channel if it is new to this publisher."""
+        if queue is None:
+            return self.queue
+        target = self.queues.get(queue)
+        if target is None:
+            if self.declare is None:
+                raise KeyError(f"queue {queue!r} is not one this publisher declares")
+            target = self.queues[queue] = self.declare(queue)
+            if self._channel is not None:
+                try:
+                    target(self._channel).declare()
+                except self._recoverable:
+                    self._close()  # the next open declares every queue, this one included
+        return target
 
     def _watch(self) -> None:
         """(Under the lock.) Make sure this process's watcher runs, and wake it."""

@@ -32,19 +32,22 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, current_app, signals
+from celery.exceptions import Retry
 
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
-from jobs.runtime.queues import TASK_NAME, queue_names, task_queue
+from jobs.runtime.queues import TASK_NAME, kind_task_name, queue_names, task_queue
 from jobs.runtime.shared_flag import SharedFlag
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
+    from jobs.core.runner import RunResult
     from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
@@ -135,9 +138,33 @@ class Installed:
 
     ATTRIBUTE = "durable_jobs"
 
-    def __init__(self, host: JobsHost) -> None:
+    def __init__(self, host: JobsHost, dedicated: bool) -> None:
         self.host = host
+        self.dedicated = dedicated  # an app of durable jobs only (make_app), not a user's
         self.shutting_down = SharedFlag()
+
+        def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
+            """Claim the job through the core, run it, and let the message be acknowledged."""
+            return self.run_job(task, *args, **kwargs)
+
+        self.task_body = run_job  # a plain function: Celery binds the task to it
+
+    def run_job(self, task: Any, *args: Any, **kwargs: Any) -> str:
+        """The body of every job task: claim the job the doorbell names through the core,
+        run it, and report the outcome to Celery (:func:`outcome_for_celery`)."""
+        job_id = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
+            log.error(
+                "dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
+                args,
+                kwargs,
+            )
+            return "garbage"
+        from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
+
+        hostname = getattr(task.request, "hostname", None)
+        result, summary = deliver(self.host.runtime, job_id, hostname, self.shutting_down.is_set)
+        return outcome_for_celery(result, summary)
 
 
 def installed_on(celery: Any) -> Installed | None:
@@ -159,55 +186,125 @@ def make_app(settings: Settings, host: JobsHost | None = None) -> Celery:
     celery = Celery("jobs", set_as_current=False)
     celery.conf.update(celery_config(settings))
     if host is not None:
-        install_runner(celery, host)
+        install_runner(celery, host, dedicated=True)
     return celery
 
 
-def install_runner(celery: Celery, host: JobsHost, **task_options: Any) -> Installed:
-    """Register the job runner, the task every doorbell names, on ``celery`` for ``host``'s
-    jobs; ``task_options`` are Celery task options (late acknowledgement, JSON …) for a
-    user's app whose own defaults differ. Installing on the same app again is a no-op."""
+class JobFailed(Exception):
+    """The job ended FAILED in this delivery: Celery (and so Flower) records the delivery as
+    FAILURE with the job's error. Raised by the runner task after the outcome is written;
+    the message is acknowledged as for any task failure (``acks_on_failure_or_timeout``)."""
+
+
+class AttemptFailed(Exception):
+    """An attempt failed and the job will be retried after its backoff: the ``exc`` of the
+    ``Retry`` the runner task raises, so Flower shows the delivery as RETRY with the error."""
+
+
+JOB_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "ignore_result": True,
+    "shared": False,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "acks_on_failure_or_timeout": True,
+    "serializer": "json",
+    "throws": (JobFailed,),  # an expected outcome: logged in one line, no traceback
+}
+"""What durability needs of every job task, set on the task itself so a user's app keeps
+its own defaults for its other tasks: late acknowledgement (a worker that dies before the
+claim does not swallow the doorbell), rejection when the pool child is lost (the message is
+not acked and lost), JSON."""
+
+
+def install_runner(celery: Celery, host: JobsHost, *, dedicated: bool = False) -> Installed:
+    """Register the job runner on ``celery`` for ``host``'s jobs: ``jobs.run`` (the name of
+    a doorbell that names no kind) and one task per kind the registry knows now
+    (:func:`register_kind_tasks`; a worker adds those imported later at start-up).
+    Installing on the same app again is a no-op. ``dedicated``: the app runs durable jobs
+    only, so its consumer drops any message that is not a doorbell."""
     found = installed_on(celery)
     if found is not None:
         return found
-    installed = Installed(host)
+    installed = Installed(host, dedicated)
     setattr(celery, Installed.ATTRIBUTE, installed)
-
-    @celery.task(name=TASK_NAME, bind=True, ignore_result=True, shared=False, **task_options)
-    def run_job(self: Any, *args: Any, **kwargs: Any) -> str:
-        """Claim the job through the core, run it, and let the message be acknowledged."""
-        job_id = args[0] if len(args) == 1 and not kwargs else None
-        if not isinstance(job_id, str) or not 0 < len(job_id) <= NAME_LENGTH:
-            log.error(
-                "dropped a garbage message (expected one job id): args=%.200r kwargs=%.200r",
-                args,
-                kwargs,
-            )
-            return "garbage"
-        from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
-
-        hostname = getattr(self.request, "hostname", None)
-        return deliver(host.runtime, job_id, hostname, installed.shutting_down.is_set)
-
+    celery.task(name=TASK_NAME, **JOB_TASK_OPTIONS)(installed.task_body)
+    with contextlib.suppress(SettingsError):  # a broken JOBS_IMPORTS stops the worker later
+        register_kind_tasks(celery, installed, host.registry.registered_names())
     return installed
 
 
-@signals.worker_init.connect
-def _load_kinds(sender: Any = None, **_: Any) -> None:
-    """Import JOBS_IMPORTS at start-up so a bad module stops the worker with a clear error.
+def register_kind_tasks(celery: Celery, installed: Installed, kinds: Iterable[str]) -> list[str]:
+    """One Celery task per job kind, named ``jobs.<kind>`` and running the same runner, so
+    ``celery inspect registered`` lists the kinds and Flower shows each delivery by its
+    kind. Returns the names added."""
+    added = []
+    for kind in kinds:
+        name = kind_task_name(kind)
+        if name not in celery.tasks:
+            celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
+            added.append(name)
+    return added
+
+
+def outcome_for_celery(result: RunResult, summary: str) -> str:
+    """The delivery's Celery outcome for what the run did: SUCCESS (``summary`` its result)
+    when the job completed, was parked (approval, timer, hand-back) or was not this
+    worker's to run; RETRY when an attempt failed and the job will run again; FAILURE
+    (:class:`JobFailed`) when the job ended FAILED."""
+    from jobs.core.runner import Outcome  # noqa: PLC0415 - loaded with the delivery
+
+    job = result.job
+    if result.outcome is Outcome.FAILED:
+        error = result.error or (job.last_error if job is not None else None) or "failed"
+        raise JobFailed(f"job {result.job_id} FAILED: {error}")
+    if result.outcome is Outcome.RETRYING:
+        error = result.error or (job.last_error if job is not None else None) or "failed"
+        when = None if job is None else job.run_after
+        raise Retry(
+            f"job {result.job_id}: attempt failed, retried after its backoff",
+            exc=AttemptFailed(error),
+            when=when,
+        )
+    return summary
+
+
+def _load_kinds(celery: Any, installed: Installed) -> list[str]:
+    """Import JOBS_IMPORTS so a bad module stops the worker with a clear error, and register
+    a task for every kind (:func:`register_kind_tasks`).
 
     Celery logs and swallows an exception from a signal handler, and the worker would then
-    start with no kinds and FAIL every job it receives as an unknown kind: log one line and
-    exit instead (SystemExit is not swallowed)."""
-    installed = installed_on(getattr(sender, "app", None))
-    if installed is None:
-        return
+    start without the kinds: log one line and exit instead (SystemExit is not swallowed)."""
     try:
         set_up_for_job_modules()  # a Django project's job modules import its models
         names = installed.host.registry.names()
     except SettingsError as err:
         log.critical("%s; the worker will not start", err)
         raise SystemExit(1) from None
+    register_kind_tasks(celery, installed, names)
+    return names
+
+
+@signals.celeryd_init.connect
+def _before_the_queues(instance: Any = None, **_: Any) -> None:
+    """``celery worker`` (the program) before it selects its queues: the kinds and their
+    tasks, so the consumer knows every kind's task name from its first message."""
+    celery = getattr(instance, "app", None)
+    installed = installed_on(celery)
+    if installed is not None:
+        _load_kinds(celery, installed)
+
+
+@signals.worker_init.connect
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Any worker of an app with durable jobs (Celery's in-process test worker too): the
+    kinds, a word about the pool, and the code its pool children run loaded before the
+    pool forks."""
+    celery = getattr(sender, "app", None)
+    installed = installed_on(celery)
+    if installed is None:
+        return
+    names = _load_kinds(celery, installed)
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
     warn_about_the_pool(sender, installed.host.settings)
     _preload_for_the_pool(installed.host.settings)

@@ -17,17 +17,21 @@ log = logging.getLogger("jobs.worker")
 
 def deliver(
     runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
-) -> str:
-    """Run the job a doorbell names, if it is this worker's to run; returns a summary."""
+) -> tuple[RunResult, str]:
+    """Run the job a doorbell names, if it is this worker's to run; returns the run's
+    result and a one-line summary."""
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
         why = _why_not_claimed(runner, job_id)
         log.info("job %s: delivery dropped, %s", job_id, why)
-        return f"{job_id}: dropped ({why})"
+        return result, f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
-        priority = 0 if result.job is None else result.job.priority
-        runtime.dispatch([job_id], priority)
+        job = result.job
+        if job is None:
+            runtime.dispatch([job_id])
+        else:
+            runtime.dispatch([job_id], job.priority, kind=job.kind)
     _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
@@ -36,7 +40,7 @@ def deliver(
         list(result.ran_steps),
         list(result.replayed_steps),
     )
-    return f"{job_id}: {result.outcome.value}"
+    return result, f"{job_id}: {result.outcome.value}"
 
 
 def make_runner(

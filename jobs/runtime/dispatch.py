@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
-from jobs.runtime.queues import TASK_NAME, queue_for, queue_names, task_queue
+from jobs.runtime.queues import kind_task_name, queue_for, queue_names, task_queue
 
 
 class CeleryPublisher:
@@ -44,21 +44,30 @@ class CeleryPublisher:
             self._app = self._celery()
         return self._app
 
-    def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None:
-        """Publish one doorbell per job, each carrying ``priority`` (AMQP's message priority:
-        the classic queue is a priority queue, the embedded transport orders its files by
-        it; with quorum queues it picks the band, :func:`queue_for`). On RabbitMQ, return
+    def __call__(
+        self,
+        job_ids: Sequence[str],
+        priority: int = 0,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> None:
+        """Publish one doorbell per job to ``queue`` (default ``JOBS_QUEUE``), each named for
+        ``kind`` and carrying ``priority`` (AMQP's message priority: the classic queue is a
+        priority queue, the embedded transport orders its files by it; with quorum queues
+        it picks the band, :func:`queue_for`). On RabbitMQ, return
         once they are written (``JOBS_DOORBELL_CONFIRMS=background``: a doorbell found lost
         later goes to ``on_lost``) or once every one is confirmed (``wait``)."""
-        queue = queue_for(self.settings, priority)
+        target = queue_for(self.settings, priority, queue)
+        task_name = kind_task_name(kind)
         if self.settings.is_embedded_broker:
             app = self.app
             with app.producer_or_acquire() as producer:
                 for job_id in job_ids:
                     app.send_task(
-                        TASK_NAME,
+                        task_name,
                         args=(job_id,),
-                        queue=queue,
+                        queue=target,
                         producer=producer,
                         priority=priority,
                     )
@@ -71,9 +80,10 @@ class CeleryPublisher:
                     self.app,
                     *(task_queue(self.settings, name) for name in queue_names(self.settings)),
                     wait_for_confirms=self.settings.doorbell_confirms == "wait",
+                    declare=lambda name: task_queue(self.settings, name),
                     on_lost=self.on_lost,
                 )
-        self._amqp.publish(job_ids, priority, queue)
+        self._amqp.publish(job_ids, priority, target, task_name)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait up to ``timeout`` seconds for the confirmations of the doorbells in flight

@@ -23,7 +23,8 @@ from typing import Any
 from jobs.core.errors import InvalidInput
 from jobs.core.validate import NAME_LENGTH, check_name
 from jobs.runtime.broker_errors import RetryingConsumer
-from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.celery_app import installed_on
+from jobs.runtime.queues import KIND_TASK_PREFIX, is_job_task_name
 
 log = logging.getLogger("jobs.worker")
 
@@ -81,11 +82,15 @@ def _refuse_constant(name: str) -> Any:
 
 
 def doorbell_job_id(message: Any) -> str:
-    """The job ID of a well-formed ``jobs.run`` message (task protocol 2); raises
-    :class:`NotADoorbell` with a short reason for anything else."""
+    """The job ID of a well-formed doorbell (task protocol 2, named ``jobs.run`` or
+    ``jobs.<kind>``); raises :class:`NotADoorbell` with a short reason for anything else."""
     headers = message.headers
-    if not isinstance(headers, dict) or headers.get("task") != TASK_NAME:
-        raise NotADoorbell("not a jobs.run task message")
+    if not isinstance(headers, dict) or not is_job_task_name(headers.get("task")):
+        raise NotADoorbell("not a job doorbell's task name")
+    try:
+        check_name(headers["task"][len(KIND_TASK_PREFIX) :], "task name")
+    except InvalidInput:
+        raise NotADoorbell("task name is malformed") from None
     task_id = headers.get("id")
     if not isinstance(task_id, str) or not 0 < len(task_id) <= NAME_LENGTH:
         raise NotADoorbell("task id header is missing or malformed")
@@ -118,7 +123,7 @@ def _canonical_headers(headers: dict[str, Any], job_id: str) -> dict[str, Any]:
     task_id = headers["id"]
     return {
         "lang": "py",
-        "task": TASK_NAME,
+        "task": headers["task"],
         "id": task_id,
         "root_id": task_id,
         "parent_id": None,
@@ -133,9 +138,15 @@ def _canonical_headers(headers: dict[str, Any], job_id: str) -> dict[str, Any]:
     }
 
 
-def drop(message: Any, reason: str, ack: Callable[[], Any] | None = None) -> None:
-    """Log one bounded line and acknowledge ``message`` so it is never delivered again."""
-    log.error("dropped a message that is not a job doorbell (%s): %s", reason, describe(message))
+def drop(
+    message: Any, reason: str, ack: Callable[[], Any] | None = None, *, quiet: bool = False
+) -> None:
+    """Log one bounded line (unless the caller said why itself, ``quiet``) and acknowledge
+    ``message`` so it is never delivered again."""
+    if not quiet:
+        log.error(
+            "dropped a message that is not a job doorbell (%s): %s", reason, describe(message)
+        )
     if getattr(message, "acknowledged", False):
         return
     if ack is not None:
@@ -148,26 +159,45 @@ class GuardedConsumer(RetryingConsumer):
     """The worker's consumer (:class:`RetryingConsumer`: broker-side errors pause and retry)
     with a gate in front of its task handler.
 
-    ``jobs.run`` messages are checked (:func:`doorbell_job_id`) and their headers rebuilt
-    before Celery's own handler sees them; any other message on our queue is dropped; and
-    if Celery's handler still raises on a message (anything but a lost connection), the
-    message is dropped instead of stopping the worker.
+    Doorbells (``jobs.run`` and ``jobs.<kind>``) are checked (:func:`doorbell_job_id`) and
+    their headers rebuilt before Celery's own handler sees them; a doorbell of a kind this
+    worker does not know is dropped with one line and its job left QUEUED for a worker
+    that knows it; and if Celery's handler still raises on a message (anything but a lost
+    connection), the message is dropped instead of stopping the worker. Any other message
+    is dropped by an app of durable jobs only, and handed to Celery unchanged by a user's
+    app with durable jobs installed (its own tasks are its own).
     """
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         celery_handler: Callable[[Any], Any] = super().create_task_handler(*args, **kwargs)
-        if getattr(self.app, "main", None) != "jobs":
+        installed = installed_on(self.app)
+        if installed is None:
             return celery_handler  # another app on our settings (the bench's plain Celery)
+        tasks = self.app.tasks
         # Broker trouble is not the message's fault: let the consumer's own handling see it.
         connection_errors = tuple(self.connection_errors or ()) + tuple(self.channel_errors or ())
 
         def on_task_received(message: Any) -> Any:
+            headers = getattr(message, "headers", None)
+            name = headers.get("task") if isinstance(headers, dict) else None
+            if not installed.dedicated and not is_job_task_name(name):
+                return celery_handler(message)  # the user's own task: Celery's business
             try:
                 job_id = doorbell_job_id(message)
             except NotADoorbell as garbage:
                 return drop(message, str(garbage))
             except Exception as err:  # a shape no check foresaw: still one line, still acked
                 return drop(message, f"unreadable: {type(err).__name__}")
+            if message.headers["task"] not in tasks:
+                kind = message.headers["task"][len(KIND_TASK_PREFIX) :]
+                log.warning(
+                    "job %s: this worker does not know kind %.100r; the job stays QUEUED for a "
+                    "worker that does (jobctl explain %s)",
+                    job_id,
+                    kind,
+                    job_id,
+                )
+                return drop(message, "unknown kind", quiet=True)
             message.headers = _canonical_headers(message.headers, job_id)
             try:
                 return celery_handler(message)

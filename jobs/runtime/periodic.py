@@ -85,7 +85,7 @@ def _fire(
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome
         if created:
-            publish([job.id], job.priority)
+            publish([job.id], job.priority, kind=job.kind)
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

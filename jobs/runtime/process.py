@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
-from jobs.core.records import Doorbell, by_priority
+from jobs.core.records import Doorbell, in_batches
 from jobs.core.registry import JobKind, Registry
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
@@ -38,9 +38,17 @@ log = logging.getLogger("jobs")
 
 class Dispatcher(Protocol):
     """Publishes doorbells for job IDs whose QUEUED state has committed, each message with
-    ``priority`` (0 to 9; a broker without priorities ignores it); raises on failure."""
+    ``priority`` (0 to 9; a broker without priorities ignores it), named for the jobs'
+    ``kind`` and sent to their ``queue`` (``None``: the default); raises on failure."""
 
-    def __call__(self, job_ids: Sequence[str], priority: int = 0) -> None: ...
+    def __call__(
+        self,
+        job_ids: Sequence[str],
+        priority: int = 0,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> None: ...
 
 
 class ProcessRuntime:
@@ -189,17 +197,24 @@ class ProcessRuntime:
                 self._dispatcher_chosen = True
             return self._dispatcher
 
-    def dispatch(self, job_ids: Sequence[str], priority: int = 0) -> bool:
-        """Ring the doorbells of jobs whose QUEUED state committed, with their ``priority``.
-        A failure loses nothing: the jobs stay QUEUED, are marked unsent, and the sweeper
-        sends them."""
+    def dispatch(
+        self,
+        job_ids: Sequence[str],
+        priority: int = 0,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> bool:
+        """Ring the doorbells of jobs whose QUEUED state committed, with their ``priority``,
+        ``kind`` and ``queue``. A failure loses nothing: the jobs stay QUEUED, are marked
+        unsent, and the sweeper sends them."""
         if not job_ids:
             return True
         dispatcher = self.dispatcher
         if dispatcher is None:
             return False
         try:
-            dispatcher(job_ids, priority)
+            dispatcher(job_ids, priority, kind=kind, queue=queue)
         except Exception as err:
             self._mark_unsent(job_ids, f"publish failed ({err})")
             return False
@@ -227,9 +242,12 @@ class ProcessRuntime:
             log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
 
     def ring(self, doorbells: Sequence[Doorbell]) -> bool:
-        """:meth:`dispatch` doorbells of mixed priorities: one batch per priority, the
-        highest first. True if every batch went out."""
-        sent = [self.dispatch(job_ids, priority) for priority, job_ids in by_priority(doorbells)]
+        """:meth:`dispatch` doorbells of mixed priorities, kinds and queues: one batch per
+        priority, kind and queue, the highest priority first. True if every batch went out."""
+        sent = [
+            self.dispatch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+            for batch in in_batches(doorbells)
+        ]
         return all(sent)
 
     def waiting_doorbells(self) -> int | None:

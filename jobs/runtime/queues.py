@@ -23,23 +23,42 @@ and above go to a queue of their own, the high band (:func:`queue_for`)."""
 HIGH_BAND_SUFFIX = ".high"
 
 
-def queue_names(settings: Settings) -> list[str]:
-    """The queues a worker consumes: ``JOBS_QUEUE``, and with quorum queues its high band
-    ``<JOBS_QUEUE>.high`` too."""
+KIND_TASK_PREFIX = "jobs."
+"""A doorbell's task name is this and its job's kind (``jobs.send_email``), so Celery's tools
+(Flower's task list and filters, ``celery inspect registered``) show each kind by name.
+``jobs.run``, the name of doorbells that name no kind, is the same runner."""
+
+
+def kind_task_name(kind: str | None) -> str:
+    """The Celery task name of a doorbell for a job of ``kind`` (``None``: :data:`TASK_NAME`)."""
+    return TASK_NAME if kind is None else KIND_TASK_PREFIX + kind
+
+
+def is_job_task_name(name: object) -> bool:
+    """Whether a task name is a doorbell's (:data:`TASK_NAME` or a kind's)."""
+    return isinstance(name, str) and name.startswith(KIND_TASK_PREFIX)
+
+
+def queue_names(settings: Settings, queue: str | None = None) -> list[str]:
+    """The queues a worker of ``queue`` (default ``JOBS_QUEUE``) consumes: the queue, and
+    with quorum queues its high band ``<queue>.high`` too."""
+    name = settings.queue if queue is None else queue
     if settings.queue_type == "quorum":
-        return [settings.queue, settings.queue + HIGH_BAND_SUFFIX]
-    return [settings.queue]
+        return [name, name + HIGH_BAND_SUFFIX]
+    return [name]
 
 
-def queue_for(settings: Settings, priority: int) -> str:
-    """Where a doorbell of ``priority`` goes. A classic queue (and the embedded transport)
-    orders messages by priority itself; a quorum queue cannot, so priorities from
-    :data:`HIGH_BAND_PRIORITY` up go to the high band, which a worker consumes beside the
-    normal one: a high-band doorbell then waits behind at most the one normal doorbell
-    each worker process holds, not behind the whole normal backlog."""
+def queue_for(settings: Settings, priority: int, queue: str | None = None) -> str:
+    """Where a doorbell of ``priority`` for a job of ``queue`` (default ``JOBS_QUEUE``)
+    goes. A classic queue (and the embedded transport) orders messages by priority itself;
+    a quorum queue cannot, so priorities from :data:`HIGH_BAND_PRIORITY` up go to the high
+    band, which a worker consumes beside the normal one: a high-band doorbell then waits
+    behind at most the one normal doorbell each worker process holds, not behind the whole
+    normal backlog."""
+    name = settings.queue if queue is None else queue
     if settings.queue_type == "quorum" and priority >= HIGH_BAND_PRIORITY:
-        return settings.queue + HIGH_BAND_SUFFIX
-    return settings.queue
+        return name + HIGH_BAND_SUFFIX
+    return name
 
 
 QUORUM_DELIVERY_LIMIT = 20

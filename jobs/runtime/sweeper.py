@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
-from jobs.core.records import Doorbell, Publish, by_priority
+from jobs.core.records import Doorbell, Publish, in_batches
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import rescue_dead_owners
@@ -65,13 +65,14 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
 
 
 def ring(publish: Publish, doorbells: Sequence[Doorbell]) -> list[str]:
-    """Publish doorbells of mixed priorities, one batch per priority, the highest first;
-    returns the IDs of the batches that went out."""
+    """Publish doorbells of mixed priorities, kinds and queues, one batch per priority,
+    kind and queue, the highest priority first; returns the IDs of the batches that went
+    out."""
     return [
         job_id
-        for priority, job_ids in by_priority(doorbells)
-        if publish(job_ids, priority)
-        for job_id in job_ids
+        for batch in in_batches(doorbells)
+        if publish(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+        for job_id in batch.job_ids
     ]
 
 
