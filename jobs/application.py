@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import logging
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.registry import REGISTRY, JobKind, Registry
 from jobs.core.schedule import Schedule, normalize_spec
-from jobs.core.settings import Settings, from_env
+from jobs.core.settings import Settings, from_env, mask_url
 from jobs.core.states import State
 from jobs.core.validate import check_instant
 
@@ -106,9 +107,29 @@ class JobsApp:
             with self._guard:
                 if self._settings is None:
                     source = self._defaults_source
-                    self._settings = from_env({**(source() if source else {}), **os.environ})
+                    env = {**(source() if source else {}), **os.environ}
+                    self._settings = self._with_adopted_broker(from_env(env), env)
                 settings = self._settings
         return settings
+
+    def _with_adopted_broker(self, settings: Settings, env: Mapping[str, str]) -> Settings:
+        """With a user's Celery app adopted, its broker carries the doorbells: the settings
+        say so (whether the broker is RabbitMQ decides how doorbells are published), and a
+        ``JOBS_BROKER_URL`` that names another one gets a warning."""
+        adopted = self._adopted
+        if adopted is None:
+            return settings
+        broker = adopted.conf.broker_write_url or adopted.conf.broker_url or "amqp://"
+        if not isinstance(broker, str) or broker == settings.broker_url:
+            return settings
+        if env.get("JOBS_BROKER_URL"):
+            log.warning(
+                "JOBS_BROKER_URL (%s) differs from the broker of the Celery app durable jobs "
+                "are installed on (%s): doorbells go through the app's",
+                mask_url(settings.broker_url),
+                mask_url(broker),
+            )
+        return dataclasses.replace(settings, broker_url=broker)
 
     def set_defaults_source(self, source: DefaultsSource | None) -> None:
         """Read settings from ``source()`` (``JOBS_*`` names) wherever the process
@@ -207,6 +228,7 @@ class JobsApp:
         :func:`jobs.contrib.celery.install` calls once it has put the runner on it)."""
         with self._guard:
             self._adopted = celery
+            self.reset_settings()  # the app's broker carries the doorbells from now on
 
     # -- submitting ------------------------------------------------------------------------
 

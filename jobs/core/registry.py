@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
 from jobs.core.settings import from_env
-from jobs.core.validate import check_name, check_priority, check_timeout, clip
+from jobs.core.validate import check_name, check_priority, check_queue_name, check_timeout, clip
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -50,6 +50,9 @@ class JobKind:
     # The longest one run (attempt) of a job of this kind may take, in seconds (None: no
     # limit). Past it the run stops and the job is retried or FAILED with the reason.
     timeout: float | None = None
+    # The queue its doorbells go to (None: JOBS_QUEUE): workers that consume it run the
+    # kind (``jobctl worker --queues video``, ``celery -A proj worker -Q video``).
+    queue: str | None = None
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -90,6 +93,7 @@ class Registry:
         catch_up: str = "latest",
         priority: int = 0,
         timeout: float | None = None,
+        queue: str | None = None,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
@@ -97,6 +101,8 @@ class Registry:
         check_priority(priority, f"job kind {name!r}: priority")
         if timeout is not None:
             check_timeout(timeout, f"job kind {name!r}: timeout")
+        if queue is not None:
+            check_queue_name(queue, f"job kind {name!r}: queue")
         if schedule is not None:
             schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
@@ -116,6 +122,7 @@ class Registry:
             catch_up,
             priority,
             None if timeout is None else float(timeout),
+            queue,
         )
         if schedule is not None:
             try:
@@ -149,6 +156,7 @@ class Registry:
         catch_up: str = "latest",
         priority: int = 0,
         timeout: float | None = None,
+        queue: str | None = None,
     ) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
@@ -157,7 +165,9 @@ class Registry:
         higher first) is what a submit of the kind gets unless it names its own. ``timeout`` is the
         longest one run may take, in seconds: past it the run is stopped (a worker's pool
         child stuck in it is ended) and the job retried with backoff, or FAILED with the
-        reason once its attempts are used up."""
+        reason once its attempts are used up. ``queue`` is the queue its doorbells go to
+        (default ``JOBS_QUEUE``): only workers that consume it run the kind, so kinds go to
+        the worker pools meant for them."""
 
         def decorate(handler: F) -> F:
             self.register(
@@ -172,6 +182,7 @@ class Registry:
                 catch_up=catch_up,
                 priority=priority,
                 timeout=timeout,
+                queue=queue,
             )
             return handler
 

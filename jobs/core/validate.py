@@ -100,6 +100,24 @@ def check_name(value: object, what: str) -> None:
         raise InvalidInput(f"{what} {value!r} must not contain spaces or control characters")
 
 
+# RabbitMQ's limit on a queue name is 255 bytes; ".high" (a quorum queue's band) must fit too.
+QUEUE_NAME_LENGTH = 200
+
+
+def check_queue_name(value: object, what: str) -> None:
+    """A queue a kind's jobs go to: letters, digits and ``.-_:``, at most
+    :data:`QUEUE_NAME_LENGTH` characters (RabbitMQ, the embedded transport's file names and
+    Celery's ``-Q`` list all take it as it is), not starting with ``amq.`` (RabbitMQ's own)."""
+    if not isinstance(value, str) or not value or len(value) > QUEUE_NAME_LENGTH:
+        raise InvalidInput(
+            f"{what} must be a non-empty string of at most {QUEUE_NAME_LENGTH} characters"
+        )
+    if not all(ch.isascii() and (ch.isalnum() or ch in ".-_:") for ch in value):
+        raise InvalidInput(f"{what} {clip(value, 80)!r} may hold only letters, digits and . - _ :")
+    if value.startswith("amq."):
+        raise InvalidInput(f"{what} {clip(value, 80)!r}: names starting amq. are RabbitMQ's own")
+
+
 # Deeper JSON than this is refused at every write. Python's json module recurses once per
 # level, so a value nested about a thousand deep can be written but not read back (the
 # claim would fail on every delivery, forever); real inputs and outputs nest a few levels.

@@ -1,0 +1,1 @@
+"""An existing-style Celery project that adopted durable jobs (see ../README.md)."""
