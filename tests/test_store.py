@@ -1112,6 +1112,24 @@ def test_logical_timestamps_round_trip_exactly(store: JobStore, clock: LogicalCl
     assert claim.job.lease_until == job.lease_until
 
 
+def test_one_statement_built_once_reads_each_tick_of_a_logical_clock(engine: Engine) -> None:
+    """A logical clock is a bound parameter: a statement built once reads the instant of the
+    tick it runs at, and seconds given as a bound parameter or as a number agree."""
+    clock = LogicalClock(1.5)
+    statement = select(clock.now(), clock.after(bindparam("s", type_=Float())), clock.after(2.25))
+    with engine.connect() as conn:
+        for tick in (1.5, 7.25):
+            clock.tick = tick
+            now, bound, given = conn.execute(statement, {"s": 2.25}).one()
+            assert now == clock.instant(tick)
+            assert bound == given == clock.instant(tick + 2.25)
+            assert conn.execute(statement, {"s": 2.25, **clock.values()}).one() == (
+                now,
+                bound,
+                given,
+            )
+
+
 def test_naive_datetimes_are_refused() -> None:
     from jobs.core.clock import UtcDateTime  # noqa: PLC0415
 

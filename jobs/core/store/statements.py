@@ -223,7 +223,9 @@ class Statements:
         """The hot path's statements are built once per store with bound parameters and
         executed with a dict of values: building a CTE and its cache key costs far more
         Python than the statement costs PostgreSQL. Every clock is SQL or a bound
-        parameter, so one statement serves every execution."""
+        parameter, so one statement serves every execution: a reusable statement takes its
+        instants from ``clock.now()`` and :meth:`after_bound` only (a number of seconds
+        would be a constant of the statement)."""
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = build()
