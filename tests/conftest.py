@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,12 +165,31 @@ STORE_TABLES = (
 Snapshot = tuple[list[tuple[Any, ...]], ...]
 
 
-@pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
-)
+EXECUTORS = [
+    pytest.param("sqlite"),
+    # PostgreSQL's reusable statements through SQLAlchemy's execution...
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    # ...and the same statements on the driver's cursor (jobs/core/driver.py), as in production.
+    pytest.param("postgres-driver", marks=pytest.mark.postgres),
+]
+"""Every way the store runs its statements: the store contract runs over each (as River
+runs one conformance suite against every driver)."""
+
+
+@pytest.fixture(params=EXECUTORS)
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
-    """(URL, engine) of an empty database at head: a SQLite file, or the session's PostgreSQL."""
+    """(URL, engine) of an empty database at head: a SQLite file, or the session's PostgreSQL
+    (with the store's statements run through SQLAlchemy or on the driver: :func:`on_driver`)."""
     yield from empty_database(request, tmp_path)
+
+
+def on_driver(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's executor (its ``database`` parameter) runs PostgreSQL's reusable
+    statements on the driver: only ``postgres-driver…`` ones; plain ``postgres`` runs them
+    through SQLAlchemy."""
+    callspec = getattr(request.node, "callspec", None)
+    executor = "" if callspec is None else str(callspec.params.get("database", ""))
+    return not executor.startswith("postgres") or executor.startswith("postgres-driver")
 
 
 def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
@@ -198,8 +217,22 @@ def clock() -> LogicalClock:
 
 
 @pytest.fixture
-def store(engine: Engine, clock: LogicalClock) -> JobStore:
-    return JobStore(engine, clock=clock)
+def make_store(
+    request: pytest.FixtureRequest, engine: Engine, clock: LogicalClock
+) -> Callable[..., JobStore]:
+    """Makes a store on the test's database, executor and (unless given) clock; other
+    settings by keyword."""
+
+    def make(**settings: Any) -> JobStore:
+        settings.setdefault("clock", clock)
+        return JobStore(engine, on_driver=on_driver(request), **settings)
+
+    return make
+
+
+@pytest.fixture
+def store(make_store: Callable[..., JobStore]) -> JobStore:
+    return make_store()
 
 
 def snapshot(engine: Engine) -> Snapshot:

@@ -4,13 +4,14 @@ SQLAlchemy's execution, the same errors, and a dropped connection retried once."
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from jobs.core import store as store_module
+from jobs.core.clock import LogicalClock
 from jobs.core.db import make_engine
 from jobs.core.errors import LeaseLost, StepError
 from jobs.core.records import Job
@@ -23,12 +24,13 @@ TIMES = ("created_at", "updated_at", "run_after", "lease_until", "finished_at", 
 
 
 def comparable(job: Job) -> dict[str, Any]:
-    """A job's fields with its instants replaced by whether they are set and aware UTC."""
+    """A job's fields, each instant with its time zone: two jobs compare equal only if every
+    value is, and every instant is the same instant in UTC (an instant in another zone
+    equals its UTC twin as a datetime, so the zone is compared apart)."""
     fields = dataclasses.asdict(job)
     for name in TIMES:
         instant = fields[name]
-        fields[name] = None if instant is None else instant.utcoffset() is not None
-    fields.pop("id")
+        fields[name] = None if instant is None else (instant, instant.tzinfo)
     return fields
 
 
@@ -40,33 +42,74 @@ def one_connection_engine(pg_url: str, clean_pg_engine: Engine) -> Iterator[Engi
     engine.dispose()
 
 
-def test_the_driver_path_reads_the_rows_sqlalchemy_reads(
-    clean_pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A submit, claims, a step recorded mid-run and completions with a result and steps: the job
-    each returns is the same, field by field, whichever way the statement ran."""
-    driver = JobStore(clean_pg_engine)
-    plain = JobStore(clean_pg_engine)
+@pytest.fixture
+def tokyo_engine(
+    pg_url: str, clean_pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Engine]:
+    """A private engine whose sessions run in another time zone than UTC (``PGTZ``, read by
+    libpq when it connects): PostgreSQL then sends every instant in that zone."""
+    monkeypatch.setenv("PGTZ", "Asia/Tokyo")
+    engine = make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def test_the_driver_path_reads_the_rows_sqlalchemy_reads(tokyo_engine: Engine) -> None:
+    """A submit, claims, a step recorded mid-run and completions with a result and steps, on
+    one logical clock: the job each returns is the same, value by value and zone by zone
+    (aware UTC), whichever way the statement ran, and the same as SQLAlchemy reads back."""
+    with tokyo_engine.connect() as conn:
+        assert conn.execute(text("SHOW TIME ZONE")).scalar_one() == "Asia/Tokyo"
+    clock = LogicalClock()
     results: dict[str, list[dict[str, Any]]] = {}
-    for name, store in (("driver", driver), ("sqlalchemy", plain)):
-        if name == "sqlalchemy":
-            monkeypatch.setattr(store_module, "runs_on_driver", lambda _dialect: False)
+    stores = {
+        "driver": JobStore(tokyo_engine, clock=clock),
+        "sqlalchemy": JobStore(tokyo_engine, clock=clock, on_driver=False),
+    }
+    for name, store in stores.items():
+        job_id = "j1" if name == "driver" else "j2"
+        clock.tick = 0
         submitted, created = store.create(
-            "k", {"order": 42, "note": "ü"}, job_id=f"{name}-1", max_attempts=3
+            "k", {"order": 42, "note": "ü"}, job_id=job_id, max_attempts=3
         )
         assert created
-        claim = store.claim(f"{name}-1", "A", 30, liveness_key=7)
+        clock.advance(1)
+        claim = store.claim(job_id, "A", 30, liveness_key=7)
         assert claim is not None
         assert not claim.has_steps
+        clock.advance(1)
         store.record_step(claim, "fetch", {"rows": [1, 2]})
         done = store.complete(claim, {"total": 3.5}, steps=[store.pending_step("refund", None)])
-        assert done == store.get(f"{name}-1")
-        results[name] = [comparable(submitted), comparable(claim.job), comparable(done)]
-        assert [step.name for step in store.steps(f"{name}-1")] == ["fetch", "refund"]
+        assert comparable(done) == comparable(store.get(job_id))
+        results[name] = [{**comparable(job), "id": None} for job in (submitted, claim.job, done)]
+        assert [step.name for step in store.steps(job_id)] == ["fetch", "refund"]
     assert results["driver"] == results["sqlalchemy"]
+    for job in results["driver"]:
+        for name in TIMES:
+            if job[name] is not None:
+                assert job[name][1] is dt.UTC, f"{name} is not in UTC: {job[name][0]}"
     assert results["driver"][2]["state"] is State.COMPLETED
     assert results["driver"][2]["result"] == {"total": 3.5}
-    assert driver._driver_statements, "the driver path did not run"
+    assert stores["driver"].statements.driver_statements, "the driver path did not run"
+    assert not stores["sqlalchemy"].statements.driver_statements
+
+
+def test_the_driver_path_on_the_database_clock_reads_what_sqlalchemy_reads(
+    tokyo_engine: Engine,
+) -> None:
+    """Production's clock: each job the driver path returns is the row SQLAlchemy reads
+    back, value by value and zone by zone."""
+    store = JobStore(tokyo_engine)
+    submitted, _created = store.create("k", {}, job_id="j1", max_attempts=3)
+    assert comparable(submitted) == comparable(store.get("j1"))
+    claim = store.claim("j1", "A", 30)
+    assert claim is not None
+    assert comparable(claim.job) == comparable(store.get("j1"))
+    done = store.complete(claim, {"ok": True})
+    assert comparable(done) == comparable(store.get("j1"))
+    assert done.finished_at is not None
+    assert done.finished_at.tzinfo is dt.UTC
+    assert store.statements.driver_statements, "the driver path did not run"
 
 
 def test_a_step_recorded_twice_is_a_step_error_on_the_driver_path(

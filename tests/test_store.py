@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import ColumnElement, Engine, func, literal, select, text
+from sqlalchemy import ColumnElement, Engine, Float, bindparam, func, select, text
 
 from jobs.core.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
 from jobs.core.db import READ_ONLY, make_engine
@@ -31,7 +31,7 @@ from jobs.core.models import JobRecord
 from jobs.core.records import Job
 from jobs.core.states import TRANSITIONS, State
 from jobs.core.store import Claim, JobStore
-from tests.conftest import STORE_TABLES, empty_database, snapshot
+from tests.conftest import EXECUTORS, STORE_TABLES, empty_database, snapshot
 
 LEASE = 10.0
 INSTANT_SLACK = dt.timedelta(seconds=0.5)
@@ -53,7 +53,8 @@ class Near:
 class ServerClock:
     """The PostgreSQL server's own ``clock_timestamp()``, moved on by :meth:`advance` as the
     logical clock is: every statement compares leases and due times on the server's clock
-    (plus the seconds advanced), while real time runs on too. ``instant(tick)`` is the
+    plus the seconds advanced (a bound parameter, as a logical clock's instant is, so the
+    driver runs the same statements), while real time runs on too. ``instant(tick)`` is the
     server's reading now had ``tick`` seconds been advanced, within :data:`INSTANT_SLACK`."""
 
     def __init__(self) -> None:
@@ -63,23 +64,32 @@ class ServerClock:
         self.tick += ticks
         return self.tick
 
-    def now(self) -> ColumnElement[dt.datetime]:
-        return db_now_plus(literal(float(self.tick)))
+    def _advanced(self) -> ColumnElement[float]:
+        return bindparam("clock_advanced", type_=Float(), callable_=lambda: float(self.tick))
 
-    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
-        return db_now_plus(literal(float(self.tick + seconds)))
+    def now(self) -> ColumnElement[dt.datetime]:
+        return db_now_plus(self._advanced())
+
+    def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
+        return db_now_plus(self._advanced() + seconds)
+
+    def values(self) -> dict[str, Any]:
+        return {"clock_advanced": float(self.tick)}
 
     def instant(self, tick: float | None = None) -> Near:
         seconds = self.tick if tick is None else tick
         return Near(dt.datetime.now(UTC) + dt.timedelta(seconds=seconds))
 
 
+SERVER_CLOCK = "postgres-driver-clock_timestamp"
+
+
 @pytest.fixture(
     params=[
-        pytest.param("sqlite"),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        # The whole contract again on PostgreSQL's clock_timestamp(), not only a logical one.
-        pytest.param("postgres-clock_timestamp", marks=pytest.mark.postgres),
+        *EXECUTORS,
+        # The whole contract again on the driver, on PostgreSQL's clock_timestamp() (moved on
+        # by a bound offset), not only a logical clock: production's clock and executor.
+        pytest.param(SERVER_CLOCK, marks=pytest.mark.postgres),
     ]
 )
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
@@ -94,10 +104,10 @@ def margin(clock: LogicalClock) -> float:
 
 @pytest.fixture
 def clock(request: pytest.FixtureRequest) -> LogicalClock:
-    """The logical clock, or on ``postgres-clock_timestamp`` the server's clock moved on
+    """The logical clock, or on the server's clock executor the server's clock moved on
     the same way (typed as the logical clock it stands in for)."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("database") == "postgres-clock_timestamp":
+    if callspec is not None and callspec.params.get("database") == SERVER_CLOCK:
         return ServerClock()  # type: ignore[return-value]
     return LogicalClock()
 
@@ -201,8 +211,10 @@ BAD_CREATES: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("bad", list(BAD_CREATES), ids=list(BAD_CREATES))
-def test_bad_create_writes_nothing(engine: Engine, clock: LogicalClock, bad: str) -> None:
-    store = JobStore(engine, clock=clock, max_payload_bytes=1000)
+def test_bad_create_writes_nothing(
+    engine: Engine, make_store: Callable[..., JobStore], bad: str
+) -> None:
+    store = make_store(max_payload_bytes=1000)
     args: dict[str, Any] = {"kind": "kind", "inputs": {"n": 1}, "job_id": "j1", "max_attempts": 3}
     args.update(BAD_CREATES[bad])
     with pytest.raises(InvalidInput):
@@ -210,8 +222,8 @@ def test_bad_create_writes_nothing(engine: Engine, clock: LogicalClock, bad: str
     assert row_counts(engine) == (0, 0, 0, 0)
 
 
-def test_payload_limit_is_inclusive(engine: Engine, clock: LogicalClock) -> None:
-    store = JobStore(engine, clock=clock, max_payload_bytes=20)
+def test_payload_limit_is_inclusive(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(max_payload_bytes=20)
     store.create("kind", {"x": "a" * 12}, job_id="ok", max_attempts=1)  # exactly 20 bytes
     with pytest.raises(InvalidInput, match="21 bytes, over the limit of 20"):
         store.create("kind", {"x": "a" * 13}, job_id="big", max_attempts=1)
@@ -1100,6 +1112,24 @@ def test_logical_timestamps_round_trip_exactly(store: JobStore, clock: LogicalCl
     assert claim.job.lease_until == job.lease_until
 
 
+def test_one_statement_built_once_reads_each_tick_of_a_logical_clock(engine: Engine) -> None:
+    """A logical clock is a bound parameter: a statement built once reads the instant of the
+    tick it runs at, and seconds given as a bound parameter or as a number agree."""
+    clock = LogicalClock(1.5)
+    statement = select(clock.now(), clock.after(bindparam("s", type_=Float())), clock.after(2.25))
+    with engine.connect() as conn:
+        for tick in (1.5, 7.25):
+            clock.tick = tick
+            now, bound, given = conn.execute(statement, {"s": 2.25}).one()
+            assert now == clock.instant(tick)
+            assert bound == given == clock.instant(tick + 2.25)
+            assert conn.execute(statement, {"s": 2.25, **clock.values()}).one() == (
+                now,
+                bound,
+                given,
+            )
+
+
 def test_naive_datetimes_are_refused() -> None:
     from jobs.core.clock import UtcDateTime  # noqa: PLC0415
 
@@ -1110,8 +1140,8 @@ def test_naive_datetimes_are_refused() -> None:
 # -- the real database clock ---------------------------------------------------------------
 
 
-def test_real_clock_timestamps_are_aware_utc_and_now(engine: Engine) -> None:
-    store = JobStore(engine)
+def test_real_clock_timestamps_are_aware_utc_and_now(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(clock=DatabaseClock())
     before = dt.datetime.now(UTC)
     new(store)
     claim = claimed(store)
@@ -1129,8 +1159,8 @@ def test_real_clock_timestamps_are_aware_utc_and_now(engine: Engine) -> None:
     assert claim.job == job
 
 
-def test_real_clock_lease_expiry(engine: Engine) -> None:
-    store = JobStore(engine)
+def test_real_clock_lease_expiry(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(clock=DatabaseClock())
     new(store)
     first = store.claim("j1", "A", 0.5)
     assert first is not None
@@ -1149,8 +1179,8 @@ def test_real_clock_lease_expiry(engine: Engine) -> None:
     assert [s.name for s in store.steps("j1")] == ["s1"]
 
 
-def test_real_clock_sweep_and_dispatch(engine: Engine) -> None:
-    store = JobStore(engine)
+def test_real_clock_sweep_and_dispatch(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(clock=DatabaseClock())
     new(store, "a")
     new(store, "b")
     store.claim("a", "A", 0.2)
@@ -1163,8 +1193,8 @@ def test_real_clock_sweep_and_dispatch(engine: Engine) -> None:
     assert store.due_for_dispatch(0.2) == ["a"]
 
 
-def test_real_clock_oldest_queued(engine: Engine) -> None:
-    store = JobStore(engine)
+def test_real_clock_oldest_queued(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(clock=DatabaseClock())
     assert store.oldest_queued() is None
     new(store, "first")
     time.sleep(0.05)
@@ -1175,8 +1205,8 @@ def test_real_clock_oldest_queued(engine: Engine) -> None:
     assert 0.04 <= oldest[1] < 5
 
 
-def test_real_clock_history_is_ordered(engine: Engine) -> None:
-    store = JobStore(engine)
+def test_real_clock_history_is_ordered(make_store: Callable[..., JobStore]) -> None:
+    store = make_store(clock=DatabaseClock())
     new(store)
     claim = claimed(store)
     store.record_step(claim, "s", 1)

@@ -3,8 +3,14 @@
 Workers on different hosts never compare their own clocks. Every lease is set and
 checked with a SQL expression evaluated by the database inside the statement that
 uses it, so the only clock that matters is the server's. A :class:`LogicalClock`
-swaps that expression for a bound value, which makes lease tests and the seed
-simulation deterministic without sleeping.
+swaps that expression for a bound parameter whose value it supplies at each execution,
+which makes lease tests and the seed simulation deterministic without sleeping.
+
+Either way a statement built once runs on any clock: the database's clock is SQL, a
+logical clock is a bound parameter (``clock_now``), and :meth:`Clock.values` gives the
+values of a clock's parameters to pass with each execution of a reusable statement
+(``{}`` for the database's clock). So the store's hot path (:mod:`jobs.core.driver`) runs
+the same statement whichever clock a store has.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Protocol
 
-from sqlalchemy import DateTime, literal
+from sqlalchemy import DateTime, Float, bindparam, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement
@@ -69,6 +75,14 @@ class db_now_plus(FunctionElement[dt.datetime]):
     name = "db_now_plus"
 
 
+class instant_plus(FunctionElement[dt.datetime]):
+    """An instant (a SQL expression: a bound parameter) plus a number of seconds."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "instant_plus"
+
+
 # clock_timestamp(), not now(): now() is the start of the transaction, and a claim
 # that waited on a row lock must not see an instant from before it waited.
 @compiles(db_now, "postgresql")
@@ -79,6 +93,12 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(db_now_plus, "postgresql")
 def _pg_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
     return f"(clock_timestamp() + make_interval(secs => {compiler.process(element.clauses, **kw)}))"
+
+
+@compiles(instant_plus, "postgresql")
+def _pg_instant_plus(element: instant_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    instant, seconds = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"({instant} + make_interval(secs => {seconds}))"
 
 
 # SQLite's CURRENT_TIMESTAMP has one-second precision; strftime('%f') has milliseconds.
@@ -96,6 +116,19 @@ def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> 
     return f"strftime({_SQLITE_FORMAT}, 'now', printf('%+.6f seconds', {seconds}))"
 
 
+@compiles(instant_plus, "sqlite")
+def _sqlite_instant_plus(element: instant_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    instant, seconds = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"strftime({_SQLITE_FORMAT}, {instant}, printf('%+.6f seconds', {seconds}))"
+
+
+def seconds_of(seconds: float | ColumnElement[float]) -> ColumnElement[float]:
+    """A number of seconds as SQL: a bound parameter stays one, a number becomes a literal."""
+    if isinstance(seconds, ColumnElement):
+        return seconds
+    return literal(float(seconds), Float())
+
+
 class Clock(Protocol):
     """Where the store's instants come from, as SQL expressions: every lease, due time and
     history instant is computed by the database from one clock, never by a worker's."""
@@ -104,8 +137,14 @@ class Clock(Protocol):
         """The current instant."""
         ...
 
-    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
-        """``seconds`` from now (negative: in the past)."""
+    def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
+        """``seconds`` from now (negative: in the past); a bound parameter makes a
+        statement reusable for any number of seconds."""
+        ...
+
+    def values(self) -> dict[str, Any]:
+        """The current values of the clock's own bound parameters, to pass with each
+        execution of a statement built once (``{}`` when the clock is plain SQL)."""
         ...
 
 
@@ -118,9 +157,15 @@ class DatabaseClock:
 
     def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
         """``seconds`` from now; a bound parameter makes a statement reusable for any value."""
-        if isinstance(seconds, ColumnElement):
-            return db_now_plus(seconds)
-        return db_now_plus(literal(float(seconds)))
+        return db_now_plus(seconds_of(seconds))
+
+    def values(self) -> dict[str, Any]:
+        """None: the database's clock is SQL (``clock_timestamp()``)."""
+        return {}
+
+
+CLOCK_NOW = "clock_now"
+"""The name of a logical clock's bound parameter (no column has it)."""
 
 
 class LogicalClock:
@@ -147,9 +192,21 @@ class LogicalClock:
         return (instant - self.EPOCH).total_seconds()
 
     def now(self) -> ColumnElement[dt.datetime]:
-        """The current tick's instant, as a literal."""
-        return literal(self.instant(), UtcDateTime())
+        """The current tick's instant, as the bound parameter ``clock_now``: its value is
+        read at each execution (from :meth:`values`, or else from the clock itself)."""
+        return bindparam(CLOCK_NOW, type_=UtcDateTime(), callable_=self.instant)
 
-    def after(self, seconds: float) -> ColumnElement[dt.datetime]:
-        """``seconds`` past the current tick, as a literal."""
-        return literal(self.instant(self.tick + seconds), UtcDateTime())
+    def after(self, seconds: float | ColumnElement[float]) -> ColumnElement[dt.datetime]:
+        """``seconds`` past the current tick: a bound parameter's seconds added by the
+        database to ``clock_now`` (a statement built once), a number's added here, to the
+        microsecond (SQLite's own arithmetic keeps milliseconds), as a bound parameter of
+        its own whose value is read at each execution."""
+        if isinstance(seconds, ColumnElement):
+            return instant_plus(self.now(), seconds)
+        return bindparam(
+            None, type_=UtcDateTime(), callable_=lambda: self.instant(self.tick + seconds)
+        )
+
+    def values(self) -> dict[str, Any]:
+        """``clock_now``: the current tick's instant."""
+        return {CLOCK_NOW: self.instant()}

@@ -8,7 +8,7 @@ On a worker that runs two such statements per job, that overhead was a larger sh
 job's CPU than PostgreSQL's own work on the statement.
 
 :class:`DriverStatement` keeps the statement's SQLAlchemy definition (built in
-:mod:`jobs.core.store`, the only place job SQL is written) and compiles it once for the
+:mod:`jobs.core.store`, the only package that writes job SQL) and compiles it once for the
 engine's dialect: the SQL text, the values of its constant parameters (already processed),
 a processor per value that changes per call, and the result's column names and
 processors. :meth:`DriverStatement.first` runs it on the DBAPI connection behind a

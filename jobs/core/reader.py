@@ -1,4 +1,4 @@
-"""Reads of the job tables. Kept apart from :mod:`jobs.core.store` so that the module
+"""Reads of the job tables. Kept apart from :mod:`jobs.core.store` so that the package
 that changes state holds nothing else; reads take no write lock (plain ``BEGIN`` on
 SQLite) and never change a row."""
 
@@ -31,7 +31,8 @@ SCHEDULE_COLUMNS = tuple(ScheduleRecord.__table__.c)
 
 
 class JobReader:
-    """Reads over one engine and one clock; :class:`jobs.core.store.JobStore` adds the writes."""
+    """Reads over one engine and one clock; :class:`jobs.core.store.JobStore` composes one
+    (``store.reader``), exposes its reads and adds the writes."""
 
     def __init__(
         self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576

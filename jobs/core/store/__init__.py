@@ -1,0 +1,492 @@
+"""The job store: the one package that writes the job tables.
+
+:class:`JobStore` is the facade the rest of the code calls; each part behind it owns one
+concern, and all share one execution layer (one statement cache, one clock):
+
+- :mod:`~jobs.core.store.statements`: building, caching and running statements (through
+  SQLAlchemy, or PostgreSQL's driver for the hot path); the fenced predicate; the state
+  move with its history row; recording steps.
+- :mod:`~jobs.core.store.submissions`: new jobs, one or many; admission; kinds' limits.
+- :mod:`~jobs.core.store.ownership`: an owner's life, claim to outcome: renewals, steps,
+  complete, fail, retry, hand-back, sleep, waiting for approval.
+- :mod:`~jobs.core.store.operations`: what operators and the sweeper do to jobs they do
+  not own: approve, cancel, wake, expire, sweep.
+- :mod:`~jobs.core.store.dispatch`: which doorbells are due; forgetting failed ones.
+- :mod:`~jobs.core.store.schedules`: periodic ticks, retention, counters.
+
+Reads are :class:`jobs.core.reader.JobReader`'s, composed in (``store.reader``) and
+exposed here too. Every state change is a single compare-and-set UPDATE whose WHERE
+clause carries the allowed source states from :data:`jobs.core.states.TRANSITIONS` (and,
+for an owner's writes, the owner, the fence and an unexpired lease on the database
+clock). Zero rows matched means the change was not allowed; the store then reads the row
+once to say why (unknown job, illegal transition, lease lost) and has changed nothing.
+Each change appends a row to the history in the same transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from jobs.core.clock import Clock, DatabaseClock
+from jobs.core.errors import LeaseLost
+from jobs.core.reader import JobReader, Move, StepTiming
+from jobs.core.records import Claim, Doorbell, Job, KindLimits, PendingStep, Step, Transition
+from jobs.core.schedule import Schedule
+from jobs.core.states import State
+from jobs.core.store.dispatch import Dispatch
+from jobs.core.store.operations import Operations
+from jobs.core.store.ownership import Ownership
+from jobs.core.store.schedules import Schedules
+from jobs.core.store.statements import Statements
+from jobs.core.store.submissions import Submissions
+
+
+class JobStore:
+    """Every write to the job tables, and the reads (see the package's docstring).
+
+    **Unit of work.** Every write takes an optional ``conn``: a SQLAlchemy ``Connection``
+    inside the caller's transaction. Given one, the write joins that transaction (it
+    commits or rolls back with the caller's own work, and nothing is committed here);
+    without one, the store runs the write on its own engine. On PostgreSQL an owner's
+    write is one statement, sent in autocommit mode (no ``BEGIN``/``COMMIT`` round trips);
+    writes of several statements (admission, limited claims) run in one transaction.
+
+    **Executors.** ``on_driver`` (the default) runs the hot path's reusable statements on
+    PostgreSQL's driver (psycopg) directly; off, the same statements run through
+    SQLAlchemy's execution. The store contract suite runs over both, and SQLite.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock | None = None,
+        max_payload_bytes: int = 1_048_576,
+        *,
+        on_driver: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or DatabaseClock()
+        self.max_payload_bytes = max_payload_bytes
+        self.reader = JobReader(engine, self.clock, max_payload_bytes)
+        self.statements = Statements(engine, self.clock, on_driver=on_driver)
+        self.submissions = Submissions(self.statements, max_payload_bytes)
+        self.ownership = Ownership(self.statements, max_payload_bytes)
+        self.operations = Operations(self.statements, self.ownership)
+        self.dispatch = Dispatch(self.statements)
+        self.scheduling = Schedules(self.statements, self.submissions, self.reader)
+
+    # -- submissions and admission --------------------------------------------
+    def new_job_values(
+        self,
+        kind: str,
+        inputs: Any,
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float,
+        code_version: str | None,
+        run_at: dt.datetime | None = None,
+        priority: int = 0,
+    ) -> dict[str, Any]:
+        """Validate one submission and return its row; raises before anything is written.
+        (:meth:`Submissions.new_job_values`)"""
+        return self.submissions.new_job_values(
+            kind,
+            inputs,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay_seconds,
+            code_version=code_version,
+            run_at=run_at,
+            priority=priority,
+        )
+
+    def create(
+        self,
+        kind: str,
+        inputs: dict[str, Any],
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float = 0,
+        code_version: str | None = None,
+        priority: int = 0,
+        conn: Connection | None = None,
+        run_at: dt.datetime | None = None,
+    ) -> tuple[Job, bool]:
+        """Insert a QUEUED job. (:meth:`Submissions.create`)"""
+        return self.submissions.create(
+            kind,
+            inputs,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay_seconds,
+            code_version=code_version,
+            priority=priority,
+            conn=conn,
+            run_at=run_at,
+        )
+
+    def create_many(
+        self, kind: str, rows: Sequence[dict[str, Any]], *, conn: Connection | None = None
+    ) -> list[tuple[Job, bool]]:
+        """Insert validated job rows of one kind (from :meth:`new_job_values`) in one transaction.
+        (:meth:`Submissions.create_many`)"""
+        return self.submissions.create_many(kind, rows, conn=conn)
+
+    def check_admission(self, kind: str, adding: int = 1) -> None:
+        """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit in its
+        ``max_queued`` now; writes nothing (the check's transaction rolls back).
+        (:meth:`Submissions.check_admission`)"""
+        return self.submissions.check_admission(kind, adding)
+
+    def set_limits(
+        self,
+        kind: str,
+        *,
+        max_running: int | None,
+        max_queued: int | None,
+        only_if_absent: bool = False,
+        conn: Connection | None = None,
+    ) -> KindLimits:
+        """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit.
+        (:meth:`Submissions.set_limits`)"""
+        return self.submissions.set_limits(
+            kind,
+            max_running=max_running,
+            max_queued=max_queued,
+            only_if_absent=only_if_absent,
+            conn=conn,
+        )
+
+    # -- ownership: claim to outcome -------------------------------------------
+    def claim(
+        self,
+        job_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        liveness_key: int | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> Claim | None:
+        """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease that
+        expired or whose owner process is gone (its liveness lock was released).
+        (:meth:`Ownership.claim`)"""
+        return self.ownership.claim(
+            job_id, owner, lease_seconds, liveness_key=liveness_key, kinds=kinds
+        )
+
+    def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
+        """IDs of jobs a claim would take now, the highest priority first, then the longest due (for
+        in-process draining). (:meth:`Ownership.next_claimable`)"""
+        return self.ownership.next_claimable(kinds, limit)
+
+    def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
+        """Push one claim's lease out, only while it is still ours and unexpired.
+        (:meth:`Ownership.renew`)"""
+        return self.ownership.renew(claim, lease_seconds)
+
+    def renew_leases(
+        self, owner: str, claims: Sequence[tuple[str, int]], lease_seconds: float
+    ) -> set[str]:
+        """A process's heartbeat. (:meth:`Ownership.renew_leases`)"""
+        return self.ownership.renew_leases(owner, claims, lease_seconds)
+
+    def why_lost(self, claim: Claim) -> LeaseLost:
+        """Why ``claim`` no longer holds its job, read from the row after one of its fenced writes
+        (a renewal) matched nothing. (:meth:`Ownership.why_lost`)"""
+        return self.ownership.why_lost(claim)
+
+    def pending_step(self, name: str, output: Any) -> PendingStep:
+        """Check a step's name and output and return them ready to record.
+        (:meth:`Ownership.pending_step`)"""
+        return self.ownership.pending_step(name, output)
+
+    def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
+        """Record step outputs, fenced. (:meth:`Ownership.record_steps`)"""
+        return self.ownership.record_steps(claim, steps)
+
+    def record_step(self, claim: Claim, name: str, output: Any) -> None:
+        """Record one step's output now. (:meth:`Ownership.record_step`)"""
+        return self.ownership.record_step(claim, name, output)
+
+    def complete(
+        self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
+        (:meth:`Ownership.complete`)"""
+        return self.ownership.complete(claim, result, steps=steps)
+
+    def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
+        """The owner's FAILED, with the error as the reason and the pending steps recorded in the
+        same statement; refused (:class:`LeaseLost`) once the claim is no longer live.
+        (:meth:`Ownership.fail`)"""
+        return self.ownership.fail(claim, error, steps=steps)
+
+    def retry(
+        self, claim: Claim, error: str, delay_seconds: float, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once the
+        job's attempts are exhausted. (:meth:`Ownership.retry`)"""
+        return self.ownership.retry(claim, error, delay_seconds, steps=steps)
+
+    def release(self, claim: Claim, reason: str, *, steps: Sequence[PendingStep] = ()) -> Job:
+        """Give the job back to the queue without counting the attempt.
+        (:meth:`Ownership.release`)"""
+        return self.ownership.release(claim, reason, steps=steps)
+
+    def sleep(
+        self, claim: Claim, name: str, wake_at: dt.datetime, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        """A durable timer. (:meth:`Ownership.sleep`)"""
+        return self.ownership.sleep(claim, name, wake_at, steps=steps)
+
+    def wait_for_approval(
+        self, claim: Claim, reason: str, step_name: str, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        """Park the job and release the lease; the pause gives back its attempt.
+        (:meth:`Ownership.wait_for_approval`)"""
+        return self.ownership.wait_for_approval(claim, reason, step_name, steps=steps)
+
+    # -- operators and recovery ------------------------------------------------
+    def approve(
+        self, job_id: str, by: str, note: str | None = None, *, conn: Connection | None = None
+    ) -> Job:
+        """WAITING_APPROVAL -> QUEUED, recording who approved (and why) as the job's approval step
+        so the handler's re-run continues past the wait. (:meth:`Operations.approve`)"""
+        return self.operations.approve(job_id, by, note, conn=conn)
+
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by an operator",
+        *,
+        conn: Connection | None = None,
+    ) -> Job:
+        """Cancel a job that has not finished; a running owner finds out at its next fenced write
+        (refused), and writes nothing more. (:meth:`Operations.cancel`)"""
+        return self.operations.cancel(job_id, reason, conn=conn)
+
+    def wake_job(
+        self, job_id: str, reason: str = "woken by an operator", *, conn: Connection | None = None
+    ) -> Job:
+        """An operator's wake. (:meth:`Operations.wake_job`)"""
+        return self.operations.wake_job(job_id, reason, conn=conn)
+
+    def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
+        """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now.
+        (:meth:`Operations.wake`)"""
+        return self.operations.wake(job_ids)
+
+    def expire(
+        self, job_id: str, owner: str, fence: int, reason: str, *, only_if_expired: bool = False
+    ) -> Job | None:
+        """Take a RUNNING job from an owner that lost its lease or is known dead.
+        (:meth:`Operations.expire`)"""
+        return self.operations.expire(job_id, owner, fence, reason, only_if_expired=only_if_expired)
+
+    def sweep_expired(self, limit: int = 100) -> list[Job]:
+        """Move every RUNNING job whose lease ran out (``lease_until <= now``) back to QUEUED with
+        the attempt counted, or to FAILED when no attempts remain.
+        (:meth:`Operations.sweep_expired`)"""
+        return self.operations.sweep_expired(limit)
+
+    # -- dispatch bookkeeping --------------------------------------------------
+    def due_for_dispatch(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[str]:
+        """The IDs of :meth:`due_doorbells`, in the order they are to be rung.
+        (:meth:`Dispatch.due_for_dispatch`)"""
+        return self.dispatch.due_for_dispatch(stale_seconds, limit, stale_limit)
+
+    def due_doorbells(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[Doorbell]:
+        """QUEUED jobs that are due and were never published, or published more than
+        ``stale_seconds`` ago without being claimed (the message was lost).
+        (:meth:`Dispatch.due_doorbells`)"""
+        return self.dispatch.due_doorbells(stale_seconds, limit, stale_limit)
+
+    def forget_dispatch(self, job_ids: Sequence[str]) -> None:
+        """A publish failed. (:meth:`Dispatch.forget_dispatch`)"""
+        return self.dispatch.forget_dispatch(job_ids)
+
+    # -- schedules, retention, counters -----------------------------------------
+    def put_schedule(self, schedule: Schedule) -> Schedule:
+        """Create or update a schedule by name. (:meth:`Schedules.put_schedule`)"""
+        return self.scheduling.put_schedule(schedule)
+
+    def delete_schedule(self, name: str) -> bool:
+        """Stop a schedule; jobs it already submitted are left alone.
+        (:meth:`Schedules.delete_schedule`)"""
+        return self.scheduling.delete_schedule(name)
+
+    def advance_schedule(
+        self, name: str, tick: dt.datetime, *, conn: Connection | None = None
+    ) -> bool:
+        """Move ``last_tick`` to ``tick`` if it is behind. (:meth:`Schedules.advance_schedule`)"""
+        return self.scheduling.advance_schedule(name, tick, conn=conn)
+
+    def fire_tick(
+        self,
+        schedule: Schedule,
+        tick: dt.datetime,
+        *,
+        job_id: str,
+        max_attempts: int,
+        code_version: str | None = None,
+        priority: int = 0,
+    ) -> tuple[Job, bool] | None:
+        """Submit ``tick``'s job and move the schedule past it, in one transaction.
+        (:meth:`Schedules.fire_tick`)"""
+        return self.scheduling.fire_tick(
+            schedule,
+            tick,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            code_version=code_version,
+            priority=priority,
+        )
+
+    def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:
+        """Delete one batch of finished jobs (COMPLETED, FAILED, CANCELLED) that finished more than
+        ``older_than_seconds`` ago on the database clock, with their steps and history, oldest
+        first, in one short transaction; returns their IDs (fewer than ``batch_size`` means
+        nothing more is due). (:meth:`Schedules.prune_finished`)"""
+        return self.scheduling.prune_finished(older_than_seconds, batch_size)
+
+    def count_event(self, name: str, kind: str, amount: int = 1, *, wait: bool = True) -> None:
+        """Add ``amount`` to an operational counter (``recovery_dead_owner``, ``lost_message``,
+        ``admission_refused`` …) for a kind; never touches a job. (:meth:`Schedules.count_event`)"""
+        return self.scheduling.count_event(name, kind, amount, wait=wait)
+
+    # -- reads, by the composed reader ------------------------------------------------
+    def now(self) -> dt.datetime:
+        """The clock's current instant, as the database sees it. (:meth:`JobReader.now`)"""
+        return self.reader.now()
+
+    def get(self, job_id: str) -> Job:
+        """The job ``job_id``; raises :class:`UnknownJob`. (:meth:`JobReader.get`)"""
+        return self.reader.get(job_id)
+
+    def steps(self, job_id: str) -> builtins.list[Step]:
+        """The job's recorded steps, oldest first. (:meth:`JobReader.steps`)"""
+        return self.reader.steps(job_id)
+
+    def history(self, job_id: str) -> builtins.list[Transition]:
+        """The job's state changes, oldest first. (:meth:`JobReader.history`)"""
+        return self.reader.history(job_id)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Number of jobs by (kind, state). (:meth:`JobReader.counts`)"""
+        return self.reader.counts()
+
+    def counts_by_priority(self) -> dict[tuple[str, str, int], int]:
+        """Number of jobs by (kind, state, priority). (:meth:`JobReader.counts_by_priority`)"""
+        return self.reader.counts_by_priority()
+
+    def not_due(self) -> dict[str, int]:
+        """QUEUED jobs not due yet by kind. (:meth:`JobReader.not_due`)"""
+        return self.reader.not_due()
+
+    def oldest_queued(self) -> tuple[str, float] | None:
+        """(job id, seconds since it became due) of the longest-waiting due QUEUED job.
+        (:meth:`JobReader.oldest_queued`)"""
+        return self.reader.oldest_queued()
+
+    def stale_dispatches(self, stale_seconds: float) -> int:
+        """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that no
+        worker claimed since. (:meth:`JobReader.stale_dispatches`)"""
+        return self.reader.stale_dispatches(stale_seconds)
+
+    def limits(self) -> dict[str, KindLimits]:
+        """Every kind's limits row, by kind. (:meth:`JobReader.limits`)"""
+        return self.reader.limits()
+
+    def next_due(self, kind: str, limit: int = 1) -> builtins.list[str]:
+        """The due QUEUED jobs of a kind that get the next slot a finished job frees.
+        (:meth:`JobReader.next_due`)"""
+        return self.reader.next_due(kind, limit)
+
+    def next_due_doorbells(self, kind: str, limit: int = 1) -> builtins.list[Doorbell]:
+        """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on.
+        (:meth:`JobReader.next_due_doorbells`)"""
+        return self.reader.next_due_doorbells(kind, limit)
+
+    def running_with_liveness(self) -> builtins.list[tuple[str, str, int, int]]:
+        """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness lock,
+        for the sweeper to compare with the locks still held.
+        (:meth:`JobReader.running_with_liveness`)"""
+        return self.reader.running_with_liveness()
+
+    def list(
+        self, state: State | None = None, kind: str | None = None, limit: int = 100
+    ) -> builtins.list[Job]:
+        """The newest ``limit`` jobs, optionally of one state and one kind.
+        (:meth:`JobReader.list`)"""
+        return self.reader.list(state, kind, limit)
+
+    def schedules(self) -> builtins.list[Schedule]:
+        """Every periodic schedule, by name. (:meth:`JobReader.schedules`)"""
+        return self.reader.schedules()
+
+    def schedule(self, name: str) -> Schedule:
+        """One schedule by name; :class:`InvalidInput` names the known ones if it is unknown.
+        (:meth:`JobReader.schedule`)"""
+        return self.reader.schedule(name)
+
+    def count_prunable(self, older_than_seconds: float) -> int:
+        """How many finished jobs retention would delete now (``jobctl prune --dry-run``).
+        (:meth:`JobReader.count_prunable`)"""
+        return self.reader.count_prunable(older_than_seconds)
+
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Operational counters by (name, kind). (:meth:`JobReader.counters`)"""
+        return self.reader.counters()
+
+    def awaiting_redispatch(self, stale_seconds: float) -> dict[str, str]:
+        """{job id. (:meth:`JobReader.awaiting_redispatch`)"""
+        return self.reader.awaiting_redispatch(stale_seconds)
+
+    def liveness_key_of(self, job_id: str) -> int | None:
+        """The liveness key the job's current owner took (None if not RUNNING or none).
+        (:meth:`JobReader.liveness_key_of`)"""
+        return self.reader.liveness_key_of(job_id)
+
+    def leases_ending(self, within_seconds: float) -> builtins.list[tuple[str, bool, int]]:
+        """(kind, already expired, count) of RUNNING jobs whose lease ends within ``within_seconds``
+        (or has ended) on the database clock. (:meth:`JobReader.leases_ending`)"""
+        return self.reader.leases_ending(within_seconds)
+
+    def moves_after(
+        self, after_id: int | None, limit: int = 20000
+    ) -> tuple[builtins.list[Move], int]:
+        """The history rows after ``after_id`` that end a run or start one, oldest first, each with
+        its job's kind and the instant of the claim that began the run; and the watermark to pass
+        next time. (:meth:`JobReader.moves_after`)"""
+        return self.reader.moves_after(after_id, limit)
+
+    def steps_after(
+        self, after: dt.datetime | None, limit: int = 20000
+    ) -> tuple[builtins.list[StepTiming], dt.datetime]:
+        """Steps recorded after ``after`` by a run (not approvals), oldest first, each with the
+        instant its run's claim or previous step ended; and the watermark to pass next time
+        (:meth:`JobReader.steps_after`)"""
+        return self.reader.steps_after(after, limit)
+
+
+__all__ = [
+    "Claim",
+    "Job",
+    "JobReader",
+    "JobStore",
+    "KindLimits",
+    "PendingStep",
+    "Step",
+    "Transition",
+]

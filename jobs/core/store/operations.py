@@ -1,0 +1,210 @@
+"""What operators and the sweeper do to jobs they do not own: approve a job waiting for
+approval, cancel one, wake one waiting on a timer, and take a RUNNING job back from an
+owner whose lease ran out (expire, sweep). Each is a compare-and-set state move with its
+history row; a refusal changes nothing and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, insert, select, update
+
+from jobs.core.errors import NothingToWake, UnknownJob
+from jobs.core.models import JobRecord, StepRecord
+from jobs.core.records import Job
+from jobs.core.states import State
+from jobs.core.store.ownership import Ownership
+from jobs.core.store.statements import RowChanges, Statements
+from jobs.core.validate import check_person, check_text
+
+
+class Operations:
+    """Operators' and the sweeper's moves (see the module's docstring)."""
+
+    def __init__(self, statements: Statements, ownership: Ownership) -> None:
+        self.statements = statements
+        self.ownership = ownership
+        self.engine = statements.engine
+        self.clock = statements.clock
+
+    def _not_due(self) -> ColumnElement[bool]:
+        """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
+        (sleeping, delayed by ``delay``/``run_at``, or backing off after an error)."""
+        return JobRecord.run_after > self.clock.now()
+
+    # -- operators -----------------------------------------------------------------------
+
+    def approve(
+        self, job_id: str, by: str, note: str | None = None, *, conn: Connection | None = None
+    ) -> Job:
+        """WAITING_APPROVAL -> QUEUED, recording who approved (and why) as the job's
+        approval step so the handler's re-run continues past the wait."""
+        check_person(by, "approver")
+        if note is not None:
+            check_text(note, "approval note")
+        now = self.clock.now()
+        with self.statements.unit(conn) as unit:
+            row = self.statements.transition(
+                unit,
+                job_id,
+                State.QUEUED,
+                only_from=[State.WAITING_APPROVAL],
+                changes=RowChanges(run_after=now, dispatched_at=now),
+                reason=note or "approved",
+                approved_by=by,
+            )
+            if row is None:
+                raise self.statements.explain(unit, job_id, State.QUEUED)
+            job = Job.from_row(row)
+            waiting_for = row.waiting_for
+            if waiting_for is not None:
+                unit.execute(
+                    insert(StepRecord).values(
+                        job_id=job_id,
+                        name=waiting_for,
+                        output={"approved_by": by, "note": note},
+                        recorded_at=now,
+                        owner=by,
+                        fence=job.fence,
+                    )
+                )
+                unit.execute(
+                    update(JobRecord).where(JobRecord.id == job_id).values(waiting_for=None)
+                )
+                job = dataclasses.replace(job, waiting_for=None)
+            return job
+
+    def cancel(
+        self,
+        job_id: str,
+        reason: str = "cancelled by an operator",
+        *,
+        conn: Connection | None = None,
+    ) -> Job:
+        """Cancel a job that has not finished; a running owner finds out at its next fenced
+        write (refused), and writes nothing more."""
+        check_text(reason, "cancel reason")
+        with self.statements.unit(conn) as unit:
+            row = self.statements.transition(
+                unit,
+                job_id,
+                State.CANCELLED,
+                changes=RowChanges.finished(self.clock.now()),
+                reason=reason,
+            )
+            if row is None:
+                raise self.statements.explain(unit, job_id, State.CANCELLED)
+            return Job.from_row(row)
+
+    def wake_job(
+        self,
+        job_id: str,
+        reason: str = "woken by an operator",
+        *,
+        conn: Connection | None = None,
+    ) -> Job:
+        """An operator's wake: a QUEUED job waiting on a timer (``ctx.sleep``, a submit's
+        ``delay``/``run_at``, a retry's backoff) made due now. A compare-and-set on QUEUED
+        and not due yet, with a QUEUED → QUEUED history row giving ``reason``. Marked
+        dispatched, as an approval is: the caller rings the doorbell after the commit (a
+        failed ring is sent again by the sweeper). Any other job raises
+        :class:`NothingToWake` (or :class:`UnknownJob`) and nothing changes."""
+        check_text(reason, "wake reason")
+        with self.statements.unit(conn) as unit:
+            row = self.statements.transition(
+                unit,
+                job_id,
+                State.QUEUED,
+                only_from=[State.QUEUED],
+                where=[self._not_due()],
+                # A recorded timer does not sleep again, so the re-run continues past it.
+                changes=RowChanges(run_after=self.clock.now(), dispatched_at=self.clock.now()),
+                reason=reason,
+            )
+            if row is None:
+                state = unit.execute(
+                    select(JobRecord.state).where(JobRecord.id == job_id)
+                ).scalar_one_or_none()
+                if state is None:
+                    raise UnknownJob(job_id)
+                raise NothingToWake(job_id, State(state))
+            return Job.from_row(row)
+
+    def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
+        """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now:
+        all of them, or those of ``job_ids``. For tests (:func:`jobs.testing.wake`): a job
+        runs only once due, and a recorded timer does not sleep again. Not a state change
+        and no history row (an operator's wake is :meth:`wake_job`); ``dispatched_at`` is
+        cleared so a sweeper sends the doorbells."""
+        where = [JobRecord.state == State.QUEUED.value, self._not_due()]
+        if job_ids is not None:
+            where.append(JobRecord.id.in_(list(job_ids)))
+        with self.engine.begin() as conn:
+            return sorted(
+                conn.execute(
+                    update(JobRecord)
+                    .where(*where)
+                    .values(
+                        run_after=self.clock.now(),
+                        dispatched_at=None,
+                        updated_at=self.clock.now(),
+                    )
+                    .returning(JobRecord.id)
+                ).scalars()
+            )
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def expire(
+        self, job_id: str, owner: str, fence: int, reason: str, *, only_if_expired: bool = False
+    ) -> Job | None:
+        """Take a RUNNING job from an owner that lost its lease or is known dead: back to
+        QUEUED with the attempt counted, or FAILED once its attempts are exhausted. Fenced on
+        the owner and fence the caller saw, so of several sweepers exactly one moves the job;
+        ``only_if_expired`` re-checks the lease inside the same statement (the owner may have
+        renewed since the caller looked)."""
+        stale = [JobRecord.owner == owner, JobRecord.fence == fence]
+        if only_if_expired:
+            stale.append(JobRecord.lease_until <= self.clock.now())
+        with self.engine.begin() as conn:
+            row = self.ownership.requeue_or_fail(
+                conn,
+                job_id,
+                stale,
+                owner=owner,
+                fence=fence,
+                error=reason,
+                reason=reason,
+                run_after=self.clock.now(),
+            )
+            return None if row is None else Job.from_row(row)
+
+    def sweep_expired(self, limit: int = 100) -> list[Job]:
+        """Move every RUNNING job whose lease ran out (``lease_until <= now``) back to QUEUED
+        with the attempt counted, or to FAILED when no attempts remain."""
+        now = self.clock.now()
+        with self.statements.read() as conn:
+            candidates: Sequence[Any] = conn.execute(
+                select(JobRecord.id, JobRecord.owner, JobRecord.fence)
+                .where(JobRecord.state == State.RUNNING.value, JobRecord.lease_until <= now)
+                .order_by(JobRecord.lease_until)
+                .limit(limit)
+            ).all()
+        moved = []
+        for candidate in candidates:
+            job = self.expire(
+                candidate.id,
+                candidate.owner or "",
+                candidate.fence,
+                "lease expired",
+                only_if_expired=True,
+            )
+            if job is not None:
+                moved.append(job)
+        return moved
+
+
+__all__ = ["Operations"]
