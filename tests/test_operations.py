@@ -9,6 +9,7 @@ import datetime as dt
 import multiprocessing.pool
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -29,7 +30,7 @@ DAY = 86400.0
 
 
 def fire(store: JobStore, sent: list[str]) -> list[str]:
-    def publish(job_ids: Sequence[str], priority: int) -> bool:
+    def publish(job_ids: Sequence[str], priority: int, **_: Any) -> bool:
         sent.extend(job_ids)
         return True
 
@@ -62,7 +63,7 @@ def _racing_sweeper(
     fired: list[Fired] = []
     sent: list[str] = []
 
-    def publish(job_ids: Sequence[str], priority: int) -> bool:
+    def publish(job_ids: Sequence[str], priority: int, **_: Any) -> bool:
         sent.extend(job_ids)
         return True
 
@@ -277,7 +278,9 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     store.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(DAY + 10)
     sent: list[str] = []
-    report = sweep_once(store, settings, lambda job_ids, priority: sent.extend(job_ids) is None)
+    report = sweep_once(
+        store, settings, lambda job_ids, priority, **_: sent.extend(job_ids) is None
+    )
     assert report.pruned == 1
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
@@ -286,7 +289,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
-    assert sweep_once(store, kept, lambda job_ids, priority: True).pruned == 0
+    assert sweep_once(store, kept, lambda job_ids, priority, **_: True).pruned == 0
 
 
 def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
@@ -300,10 +303,10 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     store.create("k", {}, job_id="unsent", max_attempts=2)
     store.forget_dispatch(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
-    report = sweep_once(store, settings, lambda job_ids, priority: True)
+    report = sweep_once(store, settings, lambda job_ids, priority, **_: True)
     assert set(report.dispatched) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
-    assert sweep_once(store, settings, lambda job_ids, priority: True).lost_messages == ()
+    assert sweep_once(store, settings, lambda job_ids, priority, **_: True).lost_messages == ()
     assert store.counters() == {("recovery_lost_message", "k"): 1}
 
 
