@@ -243,6 +243,7 @@ class JobsApp:
         run_at: dt.datetime | None = None,
         delay_seconds: float | None = None,
         priority: int | None = None,
+        queue: str | None = None,
         connection: Connection | None = None,
         session: Session | scoped_session[Any] | None = None,
         unit: UnitOfWork | None = None,
@@ -266,9 +267,14 @@ class JobsApp:
         ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among
         due jobs, higher priorities are dispatched, delivered and claimed first. It orders
         waiting work; it never stops a running job (see the README's "Priorities").
+
+        ``queue`` (default the kind's ``@jobs.job(queue=…)``, else ``JOBS_QUEUE``): where
+        the job's doorbells go, so only workers consuming that queue run it.
         """
         wait, start = _start_time(delay, delay_seconds, run_at)
-        job_kind, row = self._prepare(kind, inputs, job_id, max_attempts, wait, start, priority)
+        job_kind, row = self._prepare(
+            kind, inputs, job_id, max_attempts, wait, start, priority, queue
+        )
         return self._insert(job_kind, [row], _unit_for(connection, session, unit))[0]
 
     def submit_many(
@@ -282,6 +288,7 @@ class JobsApp:
         run_at: dt.datetime | None = None,
         delay_seconds: float | None = None,
         priority: int | None = None,
+        queue: str | None = None,
         connection: Connection | None = None,
         session: Session | scoped_session[Any] | None = None,
         unit: UnitOfWork | None = None,
@@ -307,6 +314,7 @@ class JobsApp:
                     wait,
                     start,
                     priority,
+                    queue,
                 )
             except InvalidInput as err:
                 raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
@@ -337,6 +345,7 @@ class JobsApp:
         delay_seconds: float,
         run_at: dt.datetime | None = None,
         priority: int | None = None,
+        queue: str | None = None,
     ) -> tuple[JobKind, dict[str, Any]]:
         """Check one submission against its kind and return the row the store will insert."""
         inputs = {} if inputs is None else inputs
@@ -359,6 +368,7 @@ class JobsApp:
             code_version=job_kind.version,
             run_at=run_at,
             priority=job_kind.priority if priority is None else priority,
+            queue=job_kind.queue if queue is None else queue,
         )
         return job_kind, row
 
@@ -378,7 +388,10 @@ class JobsApp:
         to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
         if to_ring:
             ring = functools.partial(
-                runtime.dispatch, priority=rows[0]["priority"], kind=job_kind.name
+                runtime.dispatch,
+                priority=rows[0]["priority"],
+                kind=job_kind.name,
+                queue=rows[0]["queue"],
             )
             if unit is None:
                 ring(to_ring)
@@ -392,7 +405,7 @@ class JobsApp:
         it again."""
         runtime = self.runtime
         job = runtime.store.get(job_id)
-        return runtime.dispatch([job_id], job.priority, kind=job.kind)
+        return runtime.dispatch([job_id], job.priority, kind=job.kind, queue=job.queue)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -458,7 +471,9 @@ class JobsApp:
     def _ring_after_commit(self, job: Job, joined: UnitOfWork | None) -> Job:
         """Ring the doorbell of a job an operator queued: now when the write committed
         alone, else once the caller's transaction has."""
-        ring = functools.partial(self.runtime.dispatch, priority=job.priority, kind=job.kind)
+        ring = functools.partial(
+            self.runtime.dispatch, priority=job.priority, kind=job.kind, queue=job.queue
+        )
         if joined is None:
             ring([job.id])
         else:

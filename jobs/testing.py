@@ -59,7 +59,7 @@ def drain(max_runs: int = 1000) -> list[RunResult]:
     runner = make_runner()
     results: list[RunResult] = []
     while len(results) < max_runs:
-        ids = runner.store.next_claimable(limit=1)
+        ids = runner.store.next_claimable(runner.registry.names(), limit=1)
         if not ids:
             break
         result = runner.run(ids[0])

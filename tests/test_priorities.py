@@ -126,8 +126,14 @@ def test_due_doorbells_highest_priority_first_then_longest_due(
         clock.advance(1)
     new(store, "e-top-later", 9, delay_seconds=60)  # not due
     # Two of four fit: the highest priorities are taken, not the oldest.
-    assert store.due_doorbells(30, limit=2) == [Doorbell("d-top", 9), Doorbell("b-mid", 5)]
-    assert store.due_doorbells(30, limit=2) == [Doorbell("a-low", 0), Doorbell("c-low", 0)]
+    assert store.due_doorbells(30, limit=2) == [
+        Doorbell("d-top", 9, "kind"),
+        Doorbell("b-mid", 5, "kind"),
+    ]
+    assert store.due_doorbells(30, limit=2) == [
+        Doorbell("a-low", 0, "kind"),
+        Doorbell("c-low", 0, "kind"),
+    ]
     assert store.due_for_dispatch(30) == []
 
 
@@ -139,7 +145,7 @@ def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
         clock.advance(1)
     assert store.next_claimable() == ["new-top", "mid", "old-low"]
     assert store.next_due("kind", 3) == ["new-top", "mid", "old-low"]
-    assert store.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9)]
+    assert store.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9, "kind")]
 
 
 def test_batches_go_highest_priority_first_keeping_order() -> None:
@@ -261,7 +267,7 @@ def test_a_retry_keeps_the_priority(store: JobStore, clock: LogicalClock) -> Non
     store.retry(claim, "boom", delay_seconds=5)
     clock.advance(5)
     assert store.get("top").priority == 9
-    assert store.due_doorbells(30) == [Doorbell("top", 9)]  # "low" went out at submit
+    assert store.due_doorbells(30) == [Doorbell("top", 9, "kind")]  # "low" went out at submit
 
 
 @jobs.job("prio_approval", priority=8)
@@ -297,9 +303,9 @@ def test_of_stale_doorbells_the_ones_sent_longest_ago_go_first(
     new(store, "lost-low", 0)
     clock.advance(31)
     assert store.due_doorbells(30, stale_limit=3) == [
-        Doorbell("a", 9),
-        Doorbell("b", 9),
-        Doorbell("c", 9),
+        Doorbell("a", 9, "kind"),
+        Doorbell("b", 9, "kind"),
+        Doorbell("c", 9, "kind"),
     ]  # taken by age: the three high ones were submitted first
     clock.advance(31)  # all four stale: "lost-low" since t=0, the others since t=31
-    assert store.due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0)]
+    assert store.due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0, "kind")]

@@ -1034,7 +1034,7 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
     assert store.stale_dispatches(30) == 5
     sent: list[str] = []
 
-    def publish(job_ids: object, priority: int) -> bool:
+    def publish(job_ids: object, priority: int, **_: object) -> bool:
         sent.extend(job_ids)  # type: ignore[call-overload]
         return True
 

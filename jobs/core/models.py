@@ -30,7 +30,7 @@ from sqlalchemy import (
 
 from jobs.core.clock import UtcDateTime
 from jobs.core.states import State
-from jobs.core.validate import MAX_PRIORITY
+from jobs.core.validate import MAX_PRIORITY, QUEUE_NAME_LENGTH
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -48,7 +48,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -97,6 +97,9 @@ JobRecord = TableColumns(
         Column("run_after", UtcDateTime(), nullable=False),
         # 0 (default) to 9: higher is dispatched, delivered and claimed first (see the README).
         Column("priority", SmallInteger, nullable=False, default=0, server_default="0"),
+        # The queue its doorbells go to (NULL: JOBS_QUEUE), from @jobs.job(queue=…) or a
+        # submit's queue=: a hand-back, a freed slot and the sweeper ring it there too.
+        Column("queue", String(QUEUE_NAME_LENGTH)),
         Column("dispatched_at", UtcDateTime()),
         Column("code_version", String(ID_LENGTH)),
         # While WAITING_APPROVAL: the step name under which the approval will be recorded,

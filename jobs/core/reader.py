@@ -176,7 +176,7 @@ class JobReader:
         """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.id, JobRecord.priority)
+                select(JobRecord.id, JobRecord.priority, JobRecord.kind, JobRecord.queue)
                 .where(
                     JobRecord.kind == kind,
                     JobRecord.state == State.QUEUED.value,
@@ -185,7 +185,7 @@ class JobReader:
                 .order_by(JobRecord.priority.desc(), JobRecord.run_after, JobRecord.created_at)
                 .limit(limit)
             ).all()
-        return [Doorbell(row.id, row.priority) for row in rows]
+        return [Doorbell(row.id, row.priority, row.kind, row.queue) for row in rows]
 
     def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
         """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness

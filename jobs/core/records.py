@@ -16,7 +16,8 @@ from jobs.core.states import State
 @dataclasses.dataclass(frozen=True)
 class Job:
     """A job as the database holds it (``jobs.get``): state, inputs, result, owner, lease,
-    fence, attempts, due time, priority and instants, all on the database's clock."""
+    fence, attempts, due time, priority, queue (``None``: ``JOBS_QUEUE``) and instants, all
+    on the database's clock."""
 
     id: str
     kind: str
@@ -31,6 +32,7 @@ class Job:
     max_attempts: int
     run_after: dt.datetime
     priority: int
+    queue: str | None
     dispatched_at: dt.datetime | None
     code_version: str | None
     waiting_for: str | None
@@ -55,6 +57,7 @@ class Job:
             max_attempts=row.max_attempts,
             run_after=row.run_after,
             priority=row.priority,
+            queue=row.queue,
             dispatched_at=row.dispatched_at,
             code_version=row.code_version,
             waiting_for=row.waiting_for,

@@ -124,9 +124,15 @@ class Runner:
 
     def run(self, job_id: str) -> RunResult:
         """Claim ``job_id`` and run its handler to an outcome; ``NOT_CLAIMED`` when the job
-        is not due, not QUEUED, or held under a live lease (the doorbell is then dropped)."""
+        is not due, not QUEUED, held under a live lease, or of a kind this process does not
+        know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
+        process that knows it)."""
         claim = self.store.claim(
-            job_id, self.owner, self.lease_seconds, liveness_key=self.liveness_key
+            job_id,
+            self.owner,
+            self.lease_seconds,
+            liveness_key=self.liveness_key,
+            kinds=self.registry.names(),
         )
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)

@@ -31,7 +31,7 @@ def deliver(
         if job is None:
             runtime.dispatch([job_id])
         else:
-            runtime.dispatch([job_id], job.priority, kind=job.kind)
+            runtime.dispatch([job_id], job.priority, kind=job.kind, queue=job.queue)
     _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
@@ -77,6 +77,12 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
     if job.state is State.RUNNING:
         return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
     if job.state is State.QUEUED:
+        known = runner.registry.names()
+        if job.kind not in known:
+            return (
+                f"QUEUED, of kind {job.kind!r}, which this worker does not know "
+                f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
+            )
         if job.run_after > runner.store.now():
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.limits().get(job.kind)

@@ -67,9 +67,9 @@ def _fire(
     try:
         kind = registry.get(schedule.kind)
         max_attempts = kind.max_attempts or default_max_attempts
-        version, priority = kind.version, kind.priority
+        version, priority, queue = kind.version, kind.priority, kind.queue
     except UnknownKind:  # a sweeper need not import every kind; a worker will check it
-        max_attempts, version, priority = default_max_attempts, None, 0
+        max_attempts, version, priority, queue = default_max_attempts, None, 0, None
     fired = []
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
@@ -80,12 +80,13 @@ def _fire(
             max_attempts=max_attempts,
             code_version=version,
             priority=priority,
+            queue=queue,
         )
         if outcome is None:
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome
         if created:
-            publish([job.id], job.priority, kind=job.kind)
+            publish([job.id], job.priority, kind=job.kind, queue=job.queue)
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

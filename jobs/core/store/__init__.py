@@ -92,6 +92,7 @@ class JobStore:
         code_version: str | None,
         run_at: dt.datetime | None = None,
         priority: int = 0,
+        queue: str | None = None,
     ) -> dict[str, Any]:
         """Validate one submission and return its row; raises before anything is written.
         (:meth:`Submissions.new_job_values`)"""
@@ -104,6 +105,7 @@ class JobStore:
             code_version=code_version,
             run_at=run_at,
             priority=priority,
+            queue=queue,
         )
 
     def create(
@@ -118,6 +120,7 @@ class JobStore:
         priority: int = 0,
         conn: Connection | None = None,
         run_at: dt.datetime | None = None,
+        queue: str | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. (:meth:`Submissions.create`)"""
         return self.submissions.create(
@@ -130,6 +133,7 @@ class JobStore:
             priority=priority,
             conn=conn,
             run_at=run_at,
+            queue=queue,
         )
 
     def create_many(
@@ -341,6 +345,7 @@ class JobStore:
         max_attempts: int,
         code_version: str | None = None,
         priority: int = 0,
+        queue: str | None = None,
     ) -> tuple[Job, bool] | None:
         """Submit ``tick``'s job and move the schedule past it, in one transaction.
         (:meth:`Schedules.fire_tick`)"""
@@ -351,6 +356,7 @@ class JobStore:
             max_attempts=max_attempts,
             code_version=code_version,
             priority=priority,
+            queue=queue,
         )
 
     def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:

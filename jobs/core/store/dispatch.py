@@ -6,7 +6,6 @@ writes moves a job between states.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,10 +66,16 @@ class Dispatch:
                 )
             )
         with self.engine.begin() as conn:
-            taken: list[Row[str, int, dt.datetime]] = []
+            taken: list[Row[Any, Any, Any, Any, Any]] = []
             for unsent, take, order in kinds_of_unsent:
                 taken += conn.execute(
-                    select(JobRecord.id, JobRecord.priority, JobRecord.run_after)
+                    select(
+                        JobRecord.id,
+                        JobRecord.priority,
+                        JobRecord.run_after,
+                        JobRecord.kind,
+                        JobRecord.queue,
+                    )
                     .where(*queued_and_due, unsent)
                     .order_by(*order)
                     .limit(take)
@@ -90,7 +95,11 @@ class Dispatch:
                 ).scalars()
             )
         ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
-        return [Doorbell(row.id, row.priority) for row in ring_order if row.id in marked]
+        return [
+            Doorbell(row.id, row.priority, row.kind, row.queue)
+            for row in ring_order
+            if row.id in marked
+        ]
 
     def forget_dispatch(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells

@@ -95,6 +95,7 @@ class Schedules:
         max_attempts: int,
         code_version: str | None = None,
         priority: int = 0,
+        queue: str | None = None,
     ) -> tuple[Job, bool] | None:
         """Submit ``tick``'s job and move the schedule past it, in one transaction: the
         compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
@@ -112,6 +113,7 @@ class Schedules:
                 code_version=code_version,
                 priority=priority,
                 conn=conn,
+                queue=queue,
             )
 
     def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:

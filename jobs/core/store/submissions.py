@@ -45,6 +45,7 @@ from jobs.core.validate import (
     check_name,
     check_number,
     check_priority,
+    check_queue_name,
     encode_json,
 )
 
@@ -127,12 +128,16 @@ class Submissions:
         code_version: str | None,
         run_at: dt.datetime | None = None,
         priority: int = 0,
+        queue: str | None = None,
     ) -> dict[str, Any]:
         """Validate one submission and return its row; raises before anything is written.
         ``run_at`` (an aware instant) makes the job due then instead of ``delay_seconds``
-        from now; either way the database's clock decides when it is due."""
+        from now; either way the database's clock decides when it is due. ``queue`` is where
+        its doorbells go (``None``: ``JOBS_QUEUE``)."""
         check_name(job_id, "job id")
         check_priority(priority)
+        if queue is not None:
+            check_queue_name(queue, "queue")
         check_name(kind, "job kind")
         if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
             raise InvalidInput("inputs must be a JSON object with string keys")
@@ -161,6 +166,7 @@ class Submissions:
             "attempts": 0,
             "max_attempts": max_attempts,
             "priority": priority,
+            "queue": queue,
             "run_after": run_after,
             "code_version": code_version,
             "created_at": now,
@@ -182,6 +188,7 @@ class Submissions:
         priority: int = 0,
         conn: Connection | None = None,
         run_at: dt.datetime | None = None,
+        queue: str | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
@@ -196,6 +203,7 @@ class Submissions:
             code_version=code_version,
             run_at=run_at,
             priority=priority,
+            queue=queue,
         )
         [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created

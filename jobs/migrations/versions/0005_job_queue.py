@@ -1,0 +1,27 @@
+"""job queue
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01 16:30:00.000000
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0005"
+down_revision: str | None = "0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    # NULL is JOBS_QUEUE: existing jobs keep going where they went.
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("queue", sa.String(length=200), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("queue")
