@@ -23,7 +23,14 @@ from jobs.core.registry import REGISTRY, JobKind
 from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, KindLimits, Step, Transition
-from jobs.core.validate import check_instant
+from jobs.core.validate import (
+    MAX_LIST_LIMIT,
+    MAX_SUBMIT_MANY,
+    check_instant,
+    check_lookup_id,
+    check_user_job_id,
+    check_whole,
+)
 from jobs.runtime import process
 from jobs.transactions import UnitOfWork, unit_for
 
@@ -108,6 +115,8 @@ def _prepare(
         job_kind.check_inputs(inputs)
     if job_id is not None and not isinstance(job_id, str):
         raise InvalidInput("job_id must be a string")
+    if job_id is not None:
+        check_user_job_id(job_id)  # a schedule tick's form is reserved for its ticks
     attempts = (
         max_attempts
         if max_attempts is not None  # 0 is refused by the store, not replaced
@@ -208,6 +217,11 @@ def submit_many(
         raise InvalidInput("inputs must be a list of JSON objects, one per job")
     if job_ids is not None and len(job_ids) != len(inputs):
         raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+    if len(inputs) > MAX_SUBMIT_MANY:  # one transaction holds SQLite's write lock throughout
+        raise InvalidInput(
+            f"{len(inputs)} jobs in one submit_many: at most {MAX_SUBMIT_MANY}; "
+            "submit them in batches"
+        )
     wait, start = _start_time(delay, delay_seconds, run_at)
     rows = []
     job_kind = REGISTRY.get(kind)
@@ -244,11 +258,13 @@ def check_submit(kind: str, inputs: dict[str, Any] | None = None, *, count: int 
 
 def get(job_id: str) -> Job:
     """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
+    check_lookup_id(job_id)
     return _store().get(job_id)
 
 
 def steps(job_id: str) -> list[Step]:
     """The job's recorded steps, in the order they were recorded."""
+    check_lookup_id(job_id)
     store = _store()
     store.get(job_id)  # unknown IDs are an error, not an empty list
     return store.steps(job_id)
@@ -256,6 +272,7 @@ def steps(job_id: str) -> list[Step]:
 
 def history(job_id: str) -> list[Transition]:
     """Every state change of the job, oldest first, with who made it and why."""
+    check_lookup_id(job_id)
     store = _store()
     store.get(job_id)
     return store.history(job_id)
@@ -273,6 +290,7 @@ def approve(
     """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its steps.
     With ``connection=``/``session=``/``unit=`` the approval joins the caller's transaction
     (as :func:`submit` does) and the doorbell rings after its commit."""
+    check_lookup_id(job_id)
     joined = unit_for(connection, session, unit)
     job = _store().approve(job_id, by, note, conn=None if joined is None else joined.connection)
     return _ring_after_commit(job, joined)
@@ -291,6 +309,7 @@ def wake(
     Any other job raises :class:`jobs.NothingToWake` and nothing changes.
     ``connection=``/``session=``/``unit=`` join the caller's transaction, as for
     :func:`approve`."""
+    check_lookup_id(job_id)
     joined = unit_for(connection, session, unit)
     job = _store().wake_job(job_id, reason, conn=None if joined is None else joined.connection)
     return _ring_after_commit(job, joined)
@@ -317,6 +336,7 @@ def cancel(
 ) -> Job:
     """Stop a job that has not ended; a running owner is refused at its next fenced write.
     ``connection=``/``session=``/``unit=`` join the caller's transaction."""
+    check_lookup_id(job_id)
     joined = unit_for(connection, session, unit)
     return _store().cancel(job_id, reason, conn=None if joined is None else joined.connection)
 
@@ -338,7 +358,9 @@ def seed_limits() -> None:
 
 
 def list_jobs(state: State | None = None, kind: str | None = None, limit: int = 100) -> list[Job]:
-    """The newest jobs first, optionally of one state and/or kind."""
+    """The newest jobs first, optionally of one state and/or kind; at most
+    :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
+    check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
     return _store().list(state, kind, limit)
 
 
