@@ -371,7 +371,13 @@ def test_submit_with_a_broken_broker_url_is_one_line(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize(
-    "url", ["amqp://guest:guest@localhost:5672//", "amqps://u:p%40ss@mq/vhost", "memory://"]
+    "url",
+    [
+        "amqp://guest:guest@localhost:5672//",
+        "amqps://u:p%40ss@mq/vhost",
+        "memory://",
+        "amqp://u:p@rmq1:5672/jobs;amqp://u:p@rmq2:5672/jobs;amqp://u:p@rmq3:5672/jobs",
+    ],
 )
 def test_good_broker_urls_still_pass(url: str) -> None:
     assert from_env({"JOBS_BROKER_URL": url}).broker_url == url
@@ -441,6 +447,26 @@ def test_deeply_nested_json_bodies_on_the_blueprint_are_400() -> None:
     for path in ("/jobs/hostile_echo", "/jobs/x/approve"):
         answer = client.post(path, data=body, content_type="application/json")
         assert answer.status_code == 400, answer.data
+
+
+def test_a_body_over_the_input_limit_is_refused_before_it_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flask import Flask  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+
+    monkeypatch.setenv("JOBS_MAX_INPUT_BYTES", "1000")
+    reset_settings()
+    api.reset()
+    app = Flask(__name__)
+    app.register_blueprint(Jobs(app).blueprint())
+    answer = app.test_client().post(
+        "/jobs/hostile_echo", data='{"x": "' + "y" * 5000 + '"}', content_type="application/json"
+    )
+    assert answer.status_code == 400, answer.data
+    assert "request body is" in answer.get_json()["error"]
+    assert jobs.list_jobs() == []
 
 
 @pytest.mark.postgres

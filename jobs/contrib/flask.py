@@ -58,7 +58,16 @@ def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, st
 
 def request_json() -> Any:
     """The request's JSON body, or ``None`` when it is not JSON; a body nested too deeply
-    for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500."""
+    for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500, and one
+    larger than ``JOBS_MAX_INPUT_BYTES`` is refused before it is read."""
+    from jobs.runtime import process  # noqa: PLC0415 - the settings of the app's process
+
+    limit = process.current().settings.max_input_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise InvalidInput(
+            f"the request body is {request.content_length} bytes, over the limit of {limit} "
+            "bytes (JOBS_MAX_INPUT_BYTES)"
+        )
     try:
         return request.get_json(silent=True)
     except RecursionError:

@@ -378,7 +378,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             )
         _check_database_url(liveness_url, data_dir, given=True)
     broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
-    _check_broker_url(broker_url)
+    for one_url in broker_url.split(";"):  # several nodes to fail over between: amqp://…;amqp://…
+        _check_broker_url(one_url.strip())
     lease = _positive_float(env, "LEASE_SECONDS", 30.0)
     sweep = _positive_float(env, "SWEEP_INTERVAL_SECONDS", 2.0)
     imports = tuple(
