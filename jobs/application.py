@@ -42,7 +42,14 @@ from jobs.core.registry import REGISTRY, JobKind, Registry
 from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.settings import Settings, from_env, mask_url
 from jobs.core.states import State
-from jobs.core.validate import check_instant
+from jobs.core.validate import (
+    MAX_LIST_LIMIT,
+    MAX_SUBMIT_MANY,
+    check_instant,
+    check_lookup_id,
+    check_user_job_id,
+    check_whole,
+)
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
     # module that only defines jobs need neither
@@ -301,6 +308,11 @@ class JobsApp:
             raise InvalidInput("inputs must be a list of JSON objects, one per job")
         if job_ids is not None and len(job_ids) != len(inputs):
             raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
+        if len(inputs) > MAX_SUBMIT_MANY:  # one transaction holds SQLite's write lock throughout
+            raise InvalidInput(
+                f"{len(inputs)} jobs in one submit_many: at most {MAX_SUBMIT_MANY}; "
+                "submit them in batches"
+            )
         wait, start = _start_time(delay, delay_seconds, run_at)
         rows = []
         job_kind = self.registry.get(kind)
@@ -354,6 +366,8 @@ class JobsApp:
             job_kind.check_inputs(inputs)
         if job_id is not None and not isinstance(job_id, str):
             raise InvalidInput("job_id must be a string")
+        if job_id is not None:
+            check_user_job_id(job_id)  # a schedule tick's form is reserved for its ticks
         attempts = (
             max_attempts
             if max_attempts is not None  # 0 is refused by the store, not replaced
@@ -411,16 +425,19 @@ class JobsApp:
 
     def get(self, job_id: str) -> Job:
         """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
+        check_lookup_id(job_id)
         return self.store.get(job_id)
 
     def steps(self, job_id: str) -> list[Step]:
         """The job's recorded steps, in the order they were recorded."""
+        check_lookup_id(job_id)
         store = self.store
         store.get(job_id)  # unknown IDs are an error, not an empty list
         return store.steps(job_id)
 
     def history(self, job_id: str) -> list[Transition]:
         """Every state change of the job, oldest first, with who made it and why."""
+        check_lookup_id(job_id)
         store = self.store
         store.get(job_id)
         return store.history(job_id)
@@ -428,7 +445,9 @@ class JobsApp:
     def list_jobs(
         self, state: State | None = None, kind: str | None = None, limit: int = 100
     ) -> list[Job]:
-        """The newest jobs first, optionally of one state and/or kind."""
+        """The newest jobs first, optionally of one state and/or kind; at most
+        :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
+        check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
         return self.store.list(state, kind, limit)
 
     # -- operators -------------------------------------------------------------------------
@@ -446,6 +465,7 @@ class JobsApp:
         """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its
         steps. With ``connection=``/``session=``/``unit=`` the approval joins the caller's
         transaction (as :meth:`submit` does) and the doorbell rings after its commit."""
+        check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
         return self._ring_after_commit(self.store.approve(job_id, by, note, conn=conn), joined)
@@ -464,6 +484,7 @@ class JobsApp:
         doorbell. Any other job raises :class:`jobs.NothingToWake` and nothing changes.
         ``connection=``/``session=``/``unit=`` join the caller's transaction, as for
         :meth:`approve`."""
+        check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
         return self._ring_after_commit(self.store.wake_job(job_id, reason, conn=conn), joined)
@@ -491,6 +512,7 @@ class JobsApp:
     ) -> Job:
         """Stop a job that has not ended; a running owner is refused at its next fenced
         write. ``connection=``/``session=``/``unit=`` join the caller's transaction."""
+        check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
         return self.store.cancel(job_id, reason, conn=conn)

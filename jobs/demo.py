@@ -25,6 +25,7 @@ from pathlib import Path
 
 from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.errors import UnknownJob
+from jobs.core.settings import mask_url
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Transition
 from jobs.schema import upgrade
@@ -156,7 +157,7 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
         store = default_app().runtime.store
         job_id = _free_id(store, job_id)
         echo(f"database: {store.engine.url.render_as_string(hide_password=True)}")
-        echo(f"broker:   {settings.broker_url}   lease: {settings.lease_seconds:g}s")
+        echo(f"broker:   {mask_url(settings.broker_url)}   lease: {settings.lease_seconds:g}s")
         procs = Processes(env, data_dir / "logs")
         try:
             return _tell(store, procs, job_id, timeout, echo, data_dir)

@@ -54,12 +54,23 @@ def current_revision(engine: Engine) -> str | None:
             return None
 
 
+#: The PostgreSQL advisory lock key that serializes upgrades ("jobs" in ASCII, then 1).
+UPGRADE_LOCK_KEY = 0x6A6F627301
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the job tables to ``revision`` in one transaction (``jobctl db upgrade``)."""
+    """Bring the job tables to ``revision`` in one transaction (``jobctl db upgrade``).
+
+    Several at once (every pod of a deployment running it at start) take turns: on
+    PostgreSQL the transaction first takes an advisory lock, so the next one waits, then
+    finds the schema at ``revision`` and does nothing (SQLite's ``BEGIN IMMEDIATE`` already
+    serializes them)."""
     from alembic import command  # noqa: PLC0415
 
     config = alembic_config(engine)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK_KEY})
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -18,10 +19,23 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import click
 
 import jobs
-from jobs.cli.group import main
+from jobs.cli.group import Finite, main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
-from jobs.core.validate import MAX_ATTEMPTS, MAX_DELAY_SECONDS, MAX_DEPTH, MAX_PRIORITY, clip
+from jobs.core.validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    MAX_DEPTH,
+    MAX_KIND_LIMIT,
+    MAX_LIST_LIMIT,
+    MAX_PRIORITY,
+    MAX_SIMULATED_STEPS,
+    MAX_SUBMIT_MANY,
+    MAX_WAIT_SECONDS,
+    check_instant,
+    clip,
+    printable,
+)
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs.core.records import Job, Step, Transition
@@ -101,11 +115,7 @@ def shown(text: str | None) -> str:
     """Text from the ledger as one safe line: newlines, tabs, terminal escapes and other
     control characters are shown escaped (``\\n``, ``\\x1b``), so a note or reason can
     neither forge another line of output nor drive the terminal."""
-    if text is None:
-        return "-"
-    if all(ch.isprintable() for ch in text):
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return "-" if text is None else printable(text)
 
 
 def _echo_json(value: Any) -> None:
@@ -141,24 +151,37 @@ def parse_instant(text: str, what: str) -> dt.datetime:
     except ValueError:
         raise InvalidInput(f"{what} {clip(text, 60)!r} is not an ISO 8601 instant") from None
     if instant.tzinfo is None:
-        raise InvalidInput(f"{what} {text!r} has no offset; add Z or +HH:MM")
+        raise InvalidInput(f"{what} {clip(text, 60)!r} has no offset; add Z or +HH:MM")
+    check_instant(instant, what)
     return instant
 
 
 def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
     """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
     is reported with its number and nothing is submitted."""
-    inputs = []
-    for number, line in enumerate(lines, 1):
+    inputs: list[dict[str, Any]] = []
+    numbered = enumerate(lines, 1)
+    number = 0
+    while True:
+        try:
+            number, line = next(numbered)
+        except StopIteration:
+            return inputs
+        except UnicodeDecodeError:
+            raise InvalidInput(f"line {number + 1} is not valid UTF-8 text") from None
         if not line.strip():
             continue
+        if len(inputs) == MAX_SUBMIT_MANY:  # stop reading: the rest would be refused anyway
+            raise InvalidInput(
+                f"more than {MAX_SUBMIT_MANY} jobs in one file; split it (at most "
+                f"{MAX_SUBMIT_MANY} per submit)"
+            )
         try:
             inputs.append(parse_inputs(line))
         except InvalidInput as err:
             raise InvalidInput(
                 f"line {number}: {str(err).replace('--input', 'the line')}"
             ) from None
-    return inputs
 
 
 @main.command()
@@ -178,6 +201,7 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
 )
 @click.option(
     "--delay",
+    # NaN passes click's range; the store refuses it in one line naming the bounds.
     type=click.FloatRange(min=0, max=MAX_DELAY_SECONDS),
     help="Seconds before the job is due (on the database's clock).",
 )
@@ -193,7 +217,9 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
     help="0 to 9, higher first among due jobs (default: the kind's, else 0).",
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
-@click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after S seconds.")
+@click.option(
+    "--timeout", type=Finite(0, MAX_WAIT_SECONDS), help="Give up waiting after S seconds."
+)
 @click.option(
     "--from-file",
     "from_file",
@@ -286,7 +312,7 @@ def _ended(job: Job) -> int:
         click.echo(json.dumps(job.result))
         return 0
     if job.state is State.WAITING_APPROVAL:
-        click.echo(f"waiting for approval: jobctl approve {job.id} --by NAME")
+        click.echo(f"waiting for approval: jobctl approve {shlex.quote(job.id)} --by NAME")
         return 0
     if job.state is State.FAILED:
         click.echo(f"{job.id} failed: {shown(job.last_error)}", err=True)
@@ -369,7 +395,9 @@ def _history_line(move: Transition) -> str:
     help="Only jobs in this state.",
 )
 @click.option("--kind", help="Only jobs of this kind.")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1, max=MAX_LIST_LIMIT), default=100, show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
 def list_command(state: str | None, kind: str | None, limit: int, as_json: bool) -> None:
     """Jobs, newest first."""
@@ -520,15 +548,17 @@ def _limits_table(limits: dict[str, dict[str, int | None]]) -> None:
 def _limit_value(raw: str | None, name: str) -> int | None:
     if raw is None or raw.lower() == "none":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise click.BadParameter(
-            f"{raw!r} is not a whole number or 'none'", param_hint=name
-        ) from None
-    if value < 0:
-        raise click.BadParameter("must be at least 0", param_hint=name)
-    return value
+    text = raw.strip()
+    sign, digits = (text[0], text[1:]) if text[:1] in ("+", "-") else ("", text)
+    if not digits.isascii() or not digits.isdigit():
+        raise InvalidInput(f"{name} {clip(raw, 40)!r} is not a whole number or 'none'")
+    magnitude = digits.lstrip("0")
+    if sign == "-" and magnitude:
+        raise InvalidInput(f"{name} must be at least 0")
+    # Compared by length first: int() of more than 4,300 digits raises.
+    if len(magnitude) > len(str(MAX_KIND_LIMIT)) or int(digits) > MAX_KIND_LIMIT:
+        raise InvalidInput(f"{name} must be from 0 to {MAX_KIND_LIMIT}, or 'none'")
+    return int(digits)
 
 
 @main.group(invoke_without_command=True)
@@ -610,14 +640,14 @@ def current(as_json: bool) -> None:
 @main.command()
 @click.option(
     "--lease-steps",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_SIMULATED_STEPS),
     default=2,
     show_default=True,
     help="Lease length, in steps, both workers claim with.",
 )
 @click.option(
     "--steps",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_SIMULATED_STEPS),
     default=4,
     show_default=True,
     help="Worker B tries to take over at steps 1 … STEPS-1.",

@@ -26,6 +26,32 @@ def _database_failure(err: Exception) -> click.ClickException:
     return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
 
 
+class Finite(click.ParamType[float]):
+    """A finite number from ``low`` to ``high``: ``click.FloatRange`` lets NaN through
+    (every comparison with it is false) and infinity when there is no upper bound."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """The value as a float, or a usage error naming the bounds."""
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{str(value)[:40]!r} is not a number", param, ctx)
+        if not self.low <= number <= self.high:  # NaN fails both comparisons
+            self.fail(
+                f"{str(value)[:40]!r} must be a finite number from {self.low:g} to {self.high:g}",
+                param,
+                ctx,
+            )
+        return number
+
+
 class JobctlGroup(click.Group):
     """Every subcommand (and sub-group) runs inside this invoke, so one place turns user
     mistakes into one line."""

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobs.cli.group import main
+from jobs.cli.group import Finite, main
+from jobs.core.validate import MAX_RETENTION_DAYS
 
 if TYPE_CHECKING:
     from jobs.core.schedule import Schedule
@@ -33,7 +34,10 @@ def _iso(instant: Any) -> str | None:
 
 def _schedule_dict(schedule: Schedule, now: Any) -> dict[str, Any]:
     start = schedule.last_tick or schedule.created_at or now
-    upcoming = schedule.next_tick(start)
+    try:
+        upcoming = schedule.next_tick(start)
+    except Exception:  # a row no check lets in any more: listed, with no next tick
+        upcoming = None
     return {
         "name": schedule.name,
         "kind": schedule.kind,
@@ -44,7 +48,7 @@ def _schedule_dict(schedule: Schedule, now: Any) -> dict[str, Any]:
         "inputs": schedule.inputs,
         "last_tick": _iso(schedule.last_tick),
         "next_tick": _iso(upcoming),
-        "overdue": upcoming <= now,
+        "overdue": upcoming is not None and upcoming <= now,
     }
 
 
@@ -73,7 +77,8 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
             s["timezone"],
             s["catch_up"],
             s["last_tick"] or "-",
-            s["next_tick"] + (" (overdue: is a sweeper running?)" if s["overdue"] else ""),
+            (s["next_tick"] or "- (cannot be computed: jobctl schedules remove it)")
+            + (" (overdue: is a sweeper running?)" if s["overdue"] else ""),
         )
         for s in found
     ]
@@ -121,7 +126,7 @@ def remove_schedule(name: str) -> None:
     import jobs  # noqa: PLC0415
 
     if not jobs.unschedule(name):
-        raise click.ClickException(f"unknown schedule {name!r}")
+        raise click.ClickException(f"unknown schedule {name!r:.80}")
     click.echo(f"{name}: removed")
 
 
@@ -129,7 +134,7 @@ def remove_schedule(name: str) -> None:
 @click.option(
     "--older-than",
     "older_than",
-    type=click.FloatRange(min=0),
+    type=Finite(0, MAX_RETENTION_DAYS),
     help="Days since a job finished (default: JOBS_RETENTION_DAYS).",
 )
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
@@ -167,13 +172,14 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
 def explain(job_id: str, as_json: bool) -> None:
     """Why a job is where it is, and what an operator can do."""
     from jobs.application import get_settings  # noqa: PLC0415
+    from jobs.core.validate import printable  # noqa: PLC0415
     from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
 
     found = explain_job(_store(), get_settings(), job_id)
     if as_json:
         click.echo(json.dumps(found.as_dict(), indent=2))
         return
-    click.echo(found.paragraph)
+    click.echo(printable(found.paragraph))
     for action in found.actions:
         click.echo(f"  - {action}")
 

@@ -11,11 +11,17 @@ import sys
 import click
 
 from jobs.application import default_app, get_settings
-from jobs.cli.group import main
+from jobs.cli.group import Finite, main
+from jobs.core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--concurrency", "-c", type=click.IntRange(min=1), help="Worker processes.")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
+    help="Worker processes.",
+)
 @click.option(
     "--queues",
     "-Q",
@@ -105,7 +111,13 @@ def sweeper(once: bool, as_json: bool) -> None:
 
 @main.command()
 @click.option("--job-id", default="T-42", show_default=True)
-@click.option("--timeout", default=90.0, show_default=True, help="Seconds before giving up.")
+@click.option(
+    "--timeout",
+    type=Finite(1, MAX_WAIT_SECONDS),
+    default=90.0,
+    show_default=True,
+    help="Seconds before giving up.",
+)
 def demo(job_id: str, timeout: float) -> None:
     """The T-42 story with real processes: worker A is SIGKILLed mid-job, worker B finishes it."""
     from jobs.demo import run_demo  # noqa: PLC0415

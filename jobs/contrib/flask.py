@@ -33,6 +33,7 @@ from jobs.core.errors import (
 )
 from jobs.core.records import Job
 from jobs.core.settings import PREFIX, as_env
+from jobs.core.validate import MAX_DEPTH
 
 
 def config_env(config: Mapping[str, Any]) -> dict[str, str]:
@@ -53,6 +54,23 @@ def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, st
     """429 Too Many Requests with ``Retry-After`` (whole seconds) for a full queue."""
     retry = str(max(1, math.ceil(err.retry_after)))
     return jsonify(error="queue full", detail=str(err)), 429, {"Retry-After": retry}
+
+
+def request_json() -> Any:
+    """The request's JSON body, or ``None`` when it is not JSON; a body nested too deeply
+    for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500, and one
+    larger than ``JOBS_MAX_INPUT_BYTES`` is refused before it is read."""
+
+    limit = default_app().settings.max_input_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise InvalidInput(
+            f"the request body is {request.content_length} bytes, over the limit of {limit} "
+            "bytes (JOBS_MAX_INPUT_BYTES)"
+        )
+    try:
+        return request.get_json(silent=True)
+    except RecursionError:
+        raise InvalidInput(f"the request body nests deeper than {MAX_DEPTH} levels") from None
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -154,7 +172,7 @@ class Jobs:
 
         @routes.post("/<kind>")
         def submit(kind: str) -> tuple[Response, int, dict[str, str]]:
-            inputs = request.get_json(silent=True)
+            inputs = request_json()
             if not isinstance(inputs, dict):
                 raise InvalidInput("the request body must be a JSON object (the job's inputs)")
             job_id = self.submit(kind, inputs)
@@ -168,7 +186,7 @@ class Jobs:
 
         @routes.post("/<job_id>/approve")
         def approve(job_id: str) -> Response:
-            body = request.get_json(silent=True) or {}
+            body = request_json() or {}
             by = body.get("by") if isinstance(body, dict) else None
             if not isinstance(by, str) or not by:
                 raise InvalidInput('say who approves: {"by": "<name>"}')

@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 from jobs.core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs.core.schedule import check_schedule
 from jobs.core.settings import from_env
-from jobs.core.validate import check_name, check_priority, check_queue_name, check_timeout, clip
+from jobs.core.validate import (
+    MAX_ATTEMPTS,
+    MAX_KIND_LIMIT,
+    check_name,
+    check_priority,
+    check_queue_name,
+    check_timeout,
+    check_whole,
+    clip,
+)
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -76,6 +85,7 @@ class Registry:
         self._imports = tuple(imports) if imports is not None else None
         self._imports_source: Callable[[], Iterable[str]] | None = None
         self._imported = False
+        self._importing: int | None = None  # the thread importing JOBS_IMPORTS, if any
         self._lock = threading.RLock()
         self._scopes: list[JobScope] = []
 
@@ -107,9 +117,13 @@ class Registry:
             schedule = check_schedule(name, schedule, timezone, catch_up)
         if max_attempts is not None and max_attempts < 1:
             raise InvalidInput(f"job kind {name!r}: max_attempts must be at least 1")
+        if max_attempts is not None:
+            check_whole(max_attempts, f"job kind {name!r}: max_attempts", 1, MAX_ATTEMPTS)
         for what, value in (("max_running", max_running), ("max_queued", max_queued)):
             if value is not None and value < 0:
                 raise InvalidInput(f"job kind {name!r}: {what} must be at least 0")
+            if value is not None:
+                check_whole(value, f"job kind {name!r}: {what}", 0, MAX_KIND_LIMIT)
         kind = JobKind(
             name,
             handler,
@@ -189,28 +203,37 @@ class Registry:
         return decorate
 
     def _ensure_imported(self) -> None:
-        if self._imported:
+        """Import ``JOBS_IMPORTS`` once. Other threads wait under the lock until every
+        module is imported (``_imported`` turns true only then: a thread that saw it true
+        early would miss the kinds still being registered); the importing thread itself,
+        re-entering from a module that looks a kind up, goes on without waiting."""
+        if self._imported or self._importing == threading.get_ident():
             return
         with self._lock:
-            if self._imported:
+            if self._imported or self._importing is not None:
                 return
-            self._imported = True
-            names: Iterable[str]
-            if self._imports is not None:
-                names = self._imports
-            elif self._imports_source is not None:
-                names = self._imports_source()
-            else:
-                names = from_env().imports
-            for module in names:
-                try:
-                    importlib.import_module(module)
-                except Exception as err:  # whatever a user's module raises, not only ImportError
-                    self._imported = False  # the next call tries (and reports) again
-                    detail = clip(str(err).strip().splitlines()[0] if str(err).strip() else "", 300)
-                    raise SettingsError(
-                        f"JOBS_IMPORTS: cannot import {module!r}: {type(err).__name__}: {detail}"
-                    ) from err
+            self._importing = threading.get_ident()
+            try:
+                names: Iterable[str]
+                if self._imports is not None:
+                    names = self._imports
+                elif self._imports_source is not None:
+                    names = self._imports_source()
+                else:
+                    names = from_env().imports
+                for module in names:
+                    try:
+                        importlib.import_module(module)
+                    except Exception as err:  # whatever a user's module raises
+                        detail = str(err).strip()
+                        detail = clip(detail.splitlines()[0] if detail else "", 300)
+                        raise SettingsError(
+                            f"JOBS_IMPORTS: cannot import {module!r}: "
+                            f"{type(err).__name__}: {detail}"
+                        ) from err
+                self._imported = True  # only now: the next call tries (and reports) again
+            finally:
+                self._importing = None
 
     def get(self, name: str) -> JobKind:
         """The kind called ``name``, importing ``JOBS_IMPORTS`` first if needed; raises

@@ -19,7 +19,7 @@ from typing import Any
 from cronsim import CronSim, CronSimError
 
 from jobs.core.errors import InvalidInput
-from jobs.core.validate import NAME_LENGTH, check_name
+from jobs.core.validate import MAX_INTERVAL_SECONDS, NAME_LENGTH, check_name
 
 UTC = dt.UTC
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
@@ -80,33 +80,43 @@ def normalize_spec(spec: str | int | float | dt.timedelta) -> str:
     as seconds or a :class:`datetime.timedelta`. Raises :class:`InvalidInput` with the reason.
     """
     if isinstance(spec, bool):
-        raise InvalidInput(f"schedule {spec!r} is not a cron expression or an interval")
+        raise InvalidInput(f"schedule {spec!r:.80} is not a cron expression or an interval")
     if isinstance(spec, dt.timedelta):
         spec = spec.total_seconds()
     if isinstance(spec, int | float):
-        if spec != int(spec) or spec < 1:
-            raise InvalidInput(f"schedule interval {spec!r}: a whole number of seconds >= 1")
+        if not 1 <= spec <= MAX_INTERVAL_SECONDS or spec != int(spec):  # NaN fails too
+            raise _bad_interval(spec)
         return f"every {int(spec)}s"
     if not isinstance(spec, str):
-        raise InvalidInput(f"schedule {spec!r} is not a cron expression or an interval")
+        raise InvalidInput(f"schedule {spec!r:.80} is not a cron expression or an interval")
     text = " ".join(spec.strip().split())
     text = ALIASES.get(text.lower(), text)
     interval = _INTERVAL.match(text.lower())
     if interval is not None:
-        seconds = int(interval.group(1)) * _UNIT_SECONDS[interval.group(2)]
-        if seconds < 1:
-            raise InvalidInput(f"schedule {spec!r}: the interval must be at least 1s")
+        digits = interval.group(1).lstrip("0") or "0"
+        if len(digits) > 12:  # int() of 4,300 digits raises; no bound is that long anyway
+            raise _bad_interval(spec)
+        seconds = int(digits) * _UNIT_SECONDS[interval.group(2)]
+        if not 1 <= seconds <= MAX_INTERVAL_SECONDS:
+            raise _bad_interval(spec)
         return f"every {seconds}s"
     if len(text.split()) != 5:
         raise InvalidInput(
-            f"schedule {spec!r} is neither a five-field cron expression "
+            f"schedule {spec!r:.80} is neither a five-field cron expression "
             "(minute hour day-of-month month day-of-week) nor 'every <N><s|m|h|d>'"
         )
     try:
         next(CronSim(text, EPOCH))
     except (CronSimError, StopIteration) as err:
-        raise InvalidInput(f"schedule {spec!r} is not a valid cron expression: {err}") from None
+        raise InvalidInput(f"schedule {spec!r:.80} is not a valid cron expression: {err}") from None
     return text
+
+
+def _bad_interval(spec: object) -> InvalidInput:
+    return InvalidInput(
+        f"schedule {str(spec)[:60]!r}: the interval must be a whole number of seconds from 1s "
+        f"to at most {MAX_INTERVAL_SECONDS}s ({MAX_INTERVAL_SECONDS // 86400}d)"
+    )
 
 
 def check_timezone(name: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.core.errors import SettingsError
+from jobs.core.validate import MAX_RETENTION_DAYS
 
 PREFIX = "JOBS_"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
@@ -110,6 +111,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
     "RETRY_BACKOFF_SECONDS": (0.01, DAY),
     "RETRY_BACKOFF_MAX_SECONDS": (0.01, 7 * DAY),
     "DELIVERY_BUDGET_SECONDS": (1.0, DAY),
+    "RETENTION_DAYS": (0.0, MAX_RETENTION_DAYS),
 }
 INT_BOUNDS: dict[str, tuple[int, int]] = {
     "MAX_INPUT_BYTES": (1, 256 * 1024 * 1024),
@@ -126,12 +128,12 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     except ValueError:
         raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a number") from None
     if not math.isfinite(value):  # an infinite lease would be stored as NULL: never renewable
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a finite number")
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a finite number")
     if not value > 0:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} must be greater than 0")
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} must be greater than 0")
     low, high = FLOAT_BOUNDS.get(name, (0.0, math.inf))
     if not low <= value <= high:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low:g} and {high:g}")
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} must be between {low:g} and {high:g}")
     return value
 
 
@@ -152,10 +154,10 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:  # also a number of more than 4,300 digits
         raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a whole number") from None
     if value < 1:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} must be at least 1")
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} must be at least 1")
     low, high = INT_BOUNDS.get(name, (1, 2**31 - 1))
     if not low <= value <= high:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} must be between {low} and {high}")
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} must be between {low} and {high}")
     return value
 
 
@@ -170,13 +172,16 @@ def _port(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(PREFIX + name)
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a TCP port (1-65535)")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 5 or not 0 < int(raw) < 65536:
+        raise SettingsError(f"{PREFIX}{name}={raw[:40]!r} is not a TCP port (1-65535)")
     return int(raw)
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: what error messages and logs show."""
+    """``url`` with any password replaced by ``***``: what error messages and logs show.
+
+    Everything between the user's ``:`` and the URL's *last* ``@`` is hidden, so a password
+    with an unencoded ``@`` or ``/`` is hidden whole (a parser would end it at the first)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -184,7 +189,64 @@ def mask_url(url: str) -> str:
     if not at or ":" not in credentials:
         return url
     user = credentials.split(":", 1)[0]
+    if "/" in user:  # no user:password before the host (an '@' in a path): nothing to hide
+        return url
     return f"{scheme}://{user}:***@{host}"
+
+
+def _check_authority(url: str, variable: str) -> urllib.parse.SplitResult:
+    """Split a server URL (PostgreSQL, AMQP) and check its user, password, host and port,
+    never quoting any part of the password: a password holding an unencoded ``@``, ``/``,
+    ``?`` or ``#`` would be cut where a parser ends it, and its tail taken for the host."""
+    shown = mask_url(url)
+    rest = url.partition("://")[2]
+    authority = rest
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    if rest.count("@") > authority.count("@") or authority.count("@") > 1:
+        raise SettingsError(
+            f"{variable}={shown!r}: the user or password holds an unencoded '@', '/', '?' or "
+            "'#'; percent-encode it (@ as %40, / as %2F, ? as %3F, # as %23)"
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number in 0..65535
+    except ValueError:
+        raise SettingsError(
+            f"{variable}={shown!r} is not a valid URL: the port must be a number from 1 to 65535"
+        ) from None
+    host = parts.hostname or ""
+    if port == 0:
+        raise SettingsError(f"{variable}={shown!r}: port 0 is out of range")
+    if any(ch.isspace() or not ch.isprintable() for ch in host) or (port and not host):
+        raise SettingsError(f"{variable}={shown!r}: the host is not a valid host name")
+    return parts
+
+
+def _check_broker_url(url: str) -> None:
+    """Refuse a broker URL no doorbell could ever be sent to, at start-up (not at the first
+    publish, where a submit would succeed and the worker die with a traceback)."""
+    variable = f"{PREFIX}BROKER_URL"
+    shown = mask_url(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise SettingsError(f"{variable}={shown!r} is not a URL")
+    if scheme not in BROKER_SCHEMES:
+        raise SettingsError(
+            f"{variable}={shown!r}: use amqp:// (RabbitMQ) or filesystem:// (embedded)"
+        )
+    if scheme in ("filesystem", "memory"):
+        if rest.strip("/"):
+            raise SettingsError(
+                f"{variable}={shown!r}: {scheme}:// takes no host or path "
+                f"(the embedded broker lives in {PREFIX}DATA_DIR)"
+            )
+        return
+    parts = _check_authority(url, variable)
+    if not parts.hostname:
+        raise SettingsError(
+            f"{variable}={shown!r}: the host is missing (amqp://USER:PASSWORD@HOST:5672/VHOST)"
+        )
 
 
 def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
@@ -195,26 +257,23 @@ def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
         raise SettingsError(
             f"{PREFIX}DATABASE_URL={shown!r}: only sqlite:/// and postgresql:// URLs are supported"
         )
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port  # raises for a port that is not a number in 0..65535
-    except ValueError as err:
-        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r} is not a valid URL: {err}") from None
-    backend, _, driver = parts.scheme.partition("+")
+    backend, _, driver = url.partition("://")[0].partition("+")
     if backend == "postgresql":
         if driver != "psycopg":
             raise SettingsError(
-                f"{PREFIX}DATABASE_URL={shown!r}: the driver {driver!r} is not supported "
+                f"{PREFIX}DATABASE_URL={shown!r}: the driver {driver[:40]!r} is not supported "
                 "(use postgresql:// for psycopg 3)"
             )
-        if port == 0:
-            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: port 0 is out of range")
+        _check_authority(url, f"{PREFIX}DATABASE_URL")
         return
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r} is not a valid URL") from None
     if backend != "sqlite" or driver not in ("", "pysqlite"):
         raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: use sqlite:///PATH")
     database = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-    query = urllib.parse.parse_qs(parts.query)
-    if database in ("", ":memory:") or "memory" in query.get("mode", []):
+    if _in_memory_sqlite(database, parts.query):
         raise SettingsError(
             f"{PREFIX}DATABASE_URL={shown!r}: an in-memory database would lose every job "
             "when the process exits; use sqlite:///PATH"
@@ -224,6 +283,25 @@ def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
         raise SettingsError(
             f"{PREFIX}DATABASE_URL={shown!r}: the folder {str(folder)!r} does not exist"
         )
+
+
+def _in_memory_sqlite(database: str, query: str) -> bool:
+    """Whether SQLite would keep ``database`` in memory (or in a temporary file deleted on
+    close): ``:memory:``, an empty name, and the URI forms ``file::memory:``,
+    ``file:NAME?mode=memory``, ``vfs=memdb`` and ``file:`` with no name, whether their
+    options sit in the URL's query (SQLAlchemy passes them on) or in the file name."""
+    name, _, own_query = database.partition("?")
+    options = {
+        key.lower(): [value.lower() for value in values]
+        for key, values in {
+            **urllib.parse.parse_qs(own_query),
+            **urllib.parse.parse_qs(query),
+        }.items()
+    }
+    if "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []):
+        return True
+    bare = name.removeprefix("file:") if name.lower().startswith("file:") else name
+    return bare.strip("/") in ("", ":memory:") or name.lower() == ":memory:"
 
 
 def normalize_database_url(url: str) -> str:
@@ -256,6 +334,15 @@ def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:
     return env
 
 
+def _kubernetes_service_variable(name: str) -> bool:
+    """Whether ``name`` is one Kubernetes sets in every pod for a Service called ``jobs``
+    (``JOBS_PORT=tcp://10.0.0.1:80``, ``JOBS_SERVICE_HOST`` …): not a setting, and no reason
+    to stop the process."""
+    return name in ("JOBS_PORT", "JOBS_SERVICE_HOST", "JOBS_SERVICE_PORT") or name.startswith(
+        ("JOBS_PORT_", "JOBS_SERVICE_PORT_")
+    )
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Settings from ``env`` (default: the process environment). An application reads them
     from the environment over its framework's defaults
@@ -263,7 +350,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     if env is None:
         env = os.environ
     unknown = sorted(
-        key for key in env if key.startswith(PREFIX) and key[len(PREFIX) :] not in KNOWN
+        key
+        for key in env
+        if key.startswith(PREFIX)
+        and key[len(PREFIX) :] not in KNOWN
+        and not _kubernetes_service_variable(key)
     )
     if unknown:
         raise SettingsError(
@@ -288,14 +379,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             )
         _check_database_url(liveness_url, data_dir, given=True)
     broker_url = env.get(PREFIX + "BROKER_URL") or "filesystem://"
-    scheme = broker_url.partition("://")[0]
-    if "://" not in broker_url:
-        raise SettingsError(f"{PREFIX}BROKER_URL={mask_url(broker_url)!r} is not a URL")
-    if scheme not in BROKER_SCHEMES:
-        raise SettingsError(
-            f"{PREFIX}BROKER_URL={mask_url(broker_url)!r}: use amqp:// (RabbitMQ) "
-            "or filesystem:// (embedded)"
-        )
+    for one_url in broker_url.split(";"):  # several nodes to fail over between: amqp://…;amqp://…
+        _check_broker_url(one_url.strip())
     lease = _positive_float(env, "LEASE_SECONDS", 30.0)
     sweep = _positive_float(env, "SWEEP_INTERVAL_SECONDS", 2.0)
     imports = tuple(

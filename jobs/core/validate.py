@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from typing import Any
 
-from jobs.core.errors import InvalidInput
+from jobs.core.errors import InvalidInput, UnknownJob
 
 NAME_LENGTH = 200
 # A job may be tried at most this often, and delayed at most this long (a year).
@@ -18,6 +19,29 @@ MAX_DELAY_SECONDS = 366 * 86_400.0
 MAX_PRIORITY = 9
 MIN_TIMEOUT_SECONDS = 0.1
 MAX_TIMEOUT_SECONDS = 7 * 86_400.0
+
+# -- bounds on every number and instant a user can give (issue 16) ---------------------------
+# Each is checked where the value enters (the API, jobctl, a setting), so no value can reach
+# datetime arithmetic (OverflowError) or a column (PostgreSQL's int4) out of range, and the
+# message names the limit.
+
+#: A schedule's interval: from a second to a year (``every 366d``).
+MAX_INTERVAL_SECONDS = 366 * 86_400
+#: Days of retention (``JOBS_RETENTION_DAYS``, ``jobctl prune --older-than``): a century.
+MAX_RETENTION_DAYS = 36_500.0
+#: Rows one list may return (``jobctl list --limit``, ``jobs.list_jobs``).
+MAX_LIST_LIMIT = 100_000
+#: A kind's ``max_running``/``max_queued``: PostgreSQL's ``integer`` column holds no more.
+MAX_KIND_LIMIT = 2**31 - 1
+#: ``run_at`` and every other instant a user gives: from the Unix epoch to the year 3000.
+MIN_INSTANT = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+MAX_INSTANT = dt.datetime(3000, 1, 1, tzinfo=dt.UTC)
+#: Seconds a command may wait (``jobctl submit --wait --timeout``, ``jobctl demo --timeout``).
+MAX_WAIT_SECONDS = 7 * 86_400.0
+#: Processes or threads one worker may start (``jobctl worker --concurrency``).
+MAX_CONCURRENCY = 1024
+#: Steps of ``jobctl simulate`` (``--steps``, ``--lease-steps``): a story, not a benchmark.
+MAX_SIMULATED_STEPS = 1000
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
@@ -48,7 +72,30 @@ def check_number(value: object, what: str, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInput(f"{what} must be a number")
     if not low <= value <= high:  # NaN fails both comparisons
-        raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {value!r:.40}")
+        raise InvalidInput(f"{what} must be between {low:g} and {high:g}, got {_shown(value)}")
+
+
+def check_whole(value: object, what: str, low: int, high: int) -> int:
+    """A whole number (not a bool) from ``low`` to ``high``: limits, counts."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} must be a whole number")
+    if not low <= value <= high:
+        raise InvalidInput(f"{what} must be from {low} to {high}, got {_shown(value)}")
+    return value
+
+
+def check_days(value: object, what: str) -> float:
+    """Days of retention: a finite number from 0 to :data:`MAX_RETENTION_DAYS`."""
+    check_number(value, what, 0, MAX_RETENTION_DAYS)
+    assert isinstance(value, int | float)  # checked just above
+    return float(value)
+
+
+def _shown(value: object) -> str:
+    """A refused number as an error shows it: at most 40 characters (a 5,000-digit int too)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"a number of {len(str(abs(value)))} digits"
+    return f"{value!r:.40}"
 
 
 def check_priority(value: object, what: str = "priority") -> None:
@@ -83,7 +130,16 @@ def check_instant(value: object, what: str) -> dt.datetime:
             f"{what} {value.isoformat()} has no time zone; give an aware datetime "
             "(e.g. datetime.now(timezone.utc) + timedelta(hours=1))"
         )
-    return value.astimezone(dt.UTC)
+    try:
+        utc = value.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        utc = None
+    if utc is None or not MIN_INSTANT <= utc < MAX_INSTANT:
+        raise InvalidInput(
+            f"{what} {value.isoformat()} must be from {MIN_INSTANT:%Y-%m-%d} "
+            f"to before {MAX_INSTANT:%Y-%m-%d} (UTC)"
+        )
+    return utc
 
 
 def check_timeout(value: object, what: str) -> None:
@@ -204,3 +260,49 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:  # lone surrogates: undecodable bytes from a command line
         return False
     return True
+
+
+#: ``submit_many`` (and ``jobctl submit --from-file``) writes at most this many jobs in one
+#: call: one transaction holds SQLite's write lock for the whole batch.
+MAX_SUBMIT_MANY = 10_000
+
+
+#: The job IDs of schedule ticks (``report@2026-11-30T21:00:00Z``, see
+#: :func:`jobs.core.schedule.tick_job_id`): no caller may choose one, so no job can take a
+#: tick's place.
+TICK_ID = re.compile(r".*@\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", re.DOTALL)
+
+
+def check_user_job_id(value: object) -> None:
+    """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form."""
+    check_name(value, "job id")
+    if TICK_ID.fullmatch(str(value)):
+        raise InvalidInput(
+            f"job id {value!r}: IDs of the form NAME@YYYY-MM-DDTHH:MM:SSZ are reserved for "
+            "schedule ticks; choose another"
+        )
+
+
+def check_lookup_id(value: object) -> None:
+    """An ID to look a job up by: one no job can have (not a string, too long, a control
+    character such as NUL that PostgreSQL text refuses) is :class:`UnknownJob` at once."""
+    if not isinstance(value, str) or not value or len(value) > NAME_LENGTH:
+        raise UnknownJob(clip(str(value), 60))
+    value.encode()  # undecodable bytes from a command line: UnicodeEncodeError, as before
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise UnknownJob(value)
+
+
+def same_json(first: Any, second: Any) -> bool:
+    """Whether two JSON values are the same JSON: ``1``, ``1.0`` and ``True`` are equal in
+    Python but not to a handler reading them back (an idempotent submit compares so)."""
+    return json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def printable(text: str) -> str:
+    """Text from the ledger as one safe line: newlines, tabs, terminal escapes and other
+    control characters shown escaped (``\\n``, ``\\x1b``), so a stored error or reason can
+    neither forge another line of output nor drive the terminal."""
+    if all(ch.isprintable() for ch in text):
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import shlex
 from typing import Any
 
 from jobs.core.context import wake_at_of
@@ -17,6 +18,7 @@ from jobs.core.records import Job, Transition
 from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.core.validate import check_lookup_id, printable
 from jobs.runtime import liveness
 from jobs.runtime.queues import queue_for
 
@@ -76,8 +78,12 @@ def owner_alive(store: JobStore, liveness_key: int | None) -> bool | None:
 
 
 def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
-    """Explain one job (raises :class:`jobs.UnknownJob` for an unknown ID)."""
+    """Explain one job (raises :class:`jobs.UnknownJob` for an unknown ID). Stored text
+    (errors, reasons, owners) is shown escaped (:func:`printable`) and the IDs in suggested
+    commands are quoted for a shell."""
+    check_lookup_id(job_id)
     job = store.get(job_id)
+    quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
     now = store.now()
     history = store.history(job_id)
     recorded = store.steps(job_id)
@@ -92,7 +98,7 @@ def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
         reason, text, actions = _running(store, settings, job, now, attempts)
     elif job.state is State.WAITING_APPROVAL:
         since = _last_move_to(history, State.WAITING_APPROVAL)
-        why = since.reason if since is not None and since.reason else "no reason given"
+        why = printable(since.reason) if since is not None and since.reason else "no reason given"
         when = since.at if since is not None else job.updated_at
         reason = "waiting_approval"
         text = (
@@ -100,29 +106,30 @@ def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
             f"ago): {why}. It holds no worker, lease or message; approval records step "
             f"{job.waiting_for!r} and queues it again, to resume past its recorded steps."
         )
-        actions = (f"jobctl approve {job.id} --by NAME", f"jobctl cancel {job.id}")
+        actions = (f"jobctl approve {quoted} --by NAME", f"jobctl cancel {quoted}")
     elif job.state is State.COMPLETED:
         reason = "completed"
         text = f"It completed at {_at(job.finished_at)} on {attempts}."
-        actions = (f"jobctl show {job.id}",)
+        actions = (f"jobctl show {quoted}",)
     elif job.state is State.FAILED:
         reason = "failed"
         text = (
             f"It failed at {_at(job.finished_at)} after {job.attempts} of {job.max_attempts} "
-            f"attempts, with: {job.last_error or 'no error recorded'}. Nothing runs it again."
+            f"attempts, with: {printable(job.last_error or 'no error recorded')}. "
+            "Nothing runs it again."
         )
         actions = (
-            f"jobctl show {job.id} (the history has every attempt's error)",
-            f"jobctl submit {job.kind} --input '<inputs>' with a new ID once the cause is fixed",
+            f"jobctl show {quoted} (the history has every attempt's error)",
+            f"jobctl submit {kind} --input '<inputs>' with a new ID once the cause is fixed",
         )
     else:
         moved = _last_move_to(history, State.CANCELLED)
         reason = "cancelled"
         text = (
             f"It was cancelled at {_at(job.finished_at)}"
-            f"{': ' + moved.reason if moved is not None and moved.reason else ''}."
+            f"{': ' + printable(moved.reason) if moved is not None and moved.reason else ''}."
         )
-        actions = (f"jobctl show {job.id}",)
+        actions = (f"jobctl show {quoted}",)
     paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
     return Explanation(job.id, job.state, reason, paragraph, tuple(actions))
 
@@ -141,7 +148,8 @@ def _queued(
     now: dt.datetime,
     timers: dict[dt.datetime | None, str],
 ) -> tuple[str, str, tuple[str, ...]]:
-    after_error = f" after an error ({job.last_error})" if job.last_error else ""
+    after_error = f" after an error ({printable(job.last_error)})" if job.last_error else ""
+    quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
     timer = timers.get(job.run_after)
     if job.run_after > now and timer is not None:
         wait = _span((job.run_after - now).total_seconds())
@@ -150,7 +158,7 @@ def _queued(
             f"It is sleeping until {_at(job.run_after)} (timer {timer!r}), in {wait}. It "
             "holds no worker, lease or message; the sweeper sends its message when the timer "
             "is due, and it resumes past its recorded steps without sleeping again.",
-            (f"jobctl wake {job.id} to run it now", f"jobctl cancel {job.id} to stop it"),
+            (f"jobctl wake {quoted} to run it now", f"jobctl cancel {quoted} to stop it"),
         )
     if job.run_after > now:
         wait = _span((job.run_after - now).total_seconds())
@@ -158,7 +166,7 @@ def _queued(
             "not_due",
             f"It is not due until {_at(job.run_after)} (in {wait}){after_error}; the "
             "sweeper sends its message then. It holds no worker meanwhile.",
-            (f"jobctl wake {job.id} to run it now", f"jobctl cancel {job.id} to stop it"),
+            (f"jobctl wake {quoted} to run it now", f"jobctl cancel {quoted} to stop it"),
         )
     limits = store.limits().get(job.kind)
     running = store.counts().get((job.kind, State.RUNNING.value), 0)
@@ -167,7 +175,7 @@ def _queued(
             "waiting_for_slot",
             f"It is due but waiting for a slot of its kind: {running} of "
             f"{limits.max_running} allowed are running; a finishing job passes its slot on.",
-            (f"jobctl limits set {job.kind} --max-running N to allow more",),
+            (f"jobctl limits set {kind} --max-running N to allow more",),
         )
     dispatched = job.dispatched_at
     if dispatched is None:
@@ -204,12 +212,13 @@ def _running(
     store: JobStore, settings: Settings, job: Job, now: dt.datetime, attempts: str
 ) -> tuple[str, str, tuple[str, ...]]:
     lease = job.lease_until
+    owner = printable(job.owner or "-")
     alive = owner_alive(store, store.liveness_key_of(job.id))
     state_of_owner = {True: "alive", False: "gone", None: "of unknown liveness"}[alive]
     if lease is not None and lease <= now:
         return (
             "lease_expired",
-            f"It was running under owner {job.owner} ({attempts}), whose lease ended at "
+            f"It was running under owner {owner} ({attempts}), whose lease ended at "
             f"{_at(lease)} ({_span((now - lease).total_seconds())} ago); the owner is "
             f"{state_of_owner}. The next sweep re-queues it (or fails it when no attempt "
             "is left) and a new owner resumes past the recorded steps.",
@@ -218,7 +227,7 @@ def _running(
     if alive is False:
         return (
             "owner_dead",
-            f"It is running under owner {job.owner} ({attempts}), which is gone; its lease "
+            f"It is running under owner {owner} ({attempts}), which is gone; its lease "
             f"ends at {_at(lease)}. The next sweep re-queues it now, without waiting for the "
             "lease.",
             ("check that a sweeper runs: jobctl sweeper",),
@@ -226,7 +235,7 @@ def _running(
     left = "-" if lease is None else _span((lease - now).total_seconds())
     return (
         "running",
-        f"It is running under owner {job.owner} ({attempts}), which is {state_of_owner}; "
+        f"It is running under owner {owner} ({attempts}), which is {state_of_owner}; "
         f"its lease ends at {_at(lease)} (in {left}) and is renewed while the handler runs.",
-        (f"jobctl cancel {job.id} (the owner stops at its next step)",),
+        (f"jobctl cancel {shlex.quote(job.id)} (the owner stops at its next step)",),
     )

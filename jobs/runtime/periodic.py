@@ -6,6 +6,11 @@ compare-and-set and, in the same transaction, submits the job ``<schedule>@<tick
 Of several sweepers firing one tick, one moves ``last_tick`` and submits; the others find
 it moved and do nothing. The deterministic job ID is the second guard: even a tick fired
 twice (a schedule deleted and re-created) meets the existing row and adds no job.
+
+No caller can choose a tick's ID (:func:`jobs.core.validate.check_user_job_id`); a tick
+whose ID is nevertheless taken by another job (written before IDs were reserved) is skipped
+with a warning naming it, never retried forever. A schedule row that cannot be computed is
+logged and skipped: it never stops the other schedules or the rest of a sweeper's pass.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import dataclasses
 import datetime as dt
 import logging
 
-from jobs.core.errors import AdmissionRefused, JobError, UnknownKind
+from jobs.core.errors import AdmissionRefused, DuplicateJob, JobError, UnknownKind
 from jobs.core.records import Publish
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.schedule import Schedule, tick_job_id
@@ -53,6 +58,10 @@ def fire_due_ticks(
             store.count_event("admission_refused", schedule.kind)
         except JobError as err:  # a bad row must not stop the other schedules
             log.error("schedule %s: %s", schedule.name, err)
+        except Exception as err:  # a row no check lets in any more (OverflowError …)
+            log.error(
+                "schedule %s: skipped this pass: %s: %s", schedule.name, type(err).__name__, err
+            )
     return fired
 
 
@@ -73,15 +82,29 @@ def _fire(
     fired = []
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
-        outcome = store.fire_tick(
-            schedule,
-            tick,
-            job_id=job_id,
-            max_attempts=max_attempts,
-            code_version=version,
-            priority=priority,
-            queue=queue,
-        )
+        try:
+            outcome = store.fire_tick(
+                schedule,
+                tick,
+                job_id=job_id,
+                max_attempts=max_attempts,
+                code_version=version,
+                priority=priority,
+                queue=queue,
+            )
+        except DuplicateJob:
+            # The tick's ID is another job's: skip the tick, say so, and go on to the next.
+            if store.advance_schedule(schedule.name, tick):
+                log.warning(
+                    "schedule %s: tick %s skipped: its job ID %s is taken by another job "
+                    "(another kind or inputs); see jobctl show %s",
+                    schedule.name,
+                    tick.isoformat(),
+                    job_id,
+                    job_id,
+                )
+                store.count_event("tick_skipped", schedule.kind)
+            continue
         if outcome is None:
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome

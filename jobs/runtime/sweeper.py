@@ -30,6 +30,7 @@ from types import FrameType
 from jobs.core.records import Doorbell, Publish, in_batches
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
+from jobs.core.validate import check_days
 from jobs.runtime.liveness import rescue_dead_owners
 from jobs.runtime.periodic import fire_due_ticks
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
@@ -131,7 +132,11 @@ def sweep_once(
     dispatched += ring(publish, due)
     lost = [job_id for job_id in dispatched if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
-    ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
+    try:
+        ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
+    except Exception:  # ticks must not stop retention (each schedule is guarded already)
+        log.exception("sweeper: periodic ticks failed this pass")
+        ticks = []
     return SweepReport(
         tuple(job.id for job in dead),
         tuple(job.id for job in expired),
@@ -148,9 +153,10 @@ def prune(
     """Delete up to ``batches`` batches of finished jobs past retention; returns how many."""
     if retention_days is None:
         return 0
+    days = check_days(retention_days, "retention days")
     deleted = 0
     for _ in range(batches):
-        batch = store.prune_finished(retention_days * DAY_SECONDS, PRUNE_BATCH_SIZE)
+        batch = store.prune_finished(days * DAY_SECONDS, PRUNE_BATCH_SIZE)
         deleted += len(batch)
         if len(batch) < PRUNE_BATCH_SIZE:
             break

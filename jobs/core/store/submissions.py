@@ -41,12 +41,15 @@ from jobs.core.store.statements import Statements, insert_for
 from jobs.core.validate import (
     MAX_ATTEMPTS,
     MAX_DELAY_SECONDS,
+    MAX_KIND_LIMIT,
     check_instant,
     check_name,
     check_number,
     check_priority,
     check_queue_name,
+    check_whole,
     encode_json,
+    same_json,
 )
 
 
@@ -248,7 +251,7 @@ class Submissions:
                     results.append((Job.from_row(inserted[values["id"]]), True))
                     continue
                 job = Job.from_row(existing[values["id"]])
-                if job.kind != kind or job.inputs != values["inputs"]:
+                if job.kind != kind or not same_json(job.inputs, values["inputs"]):
                     # Raised inside the unit: a transaction of our own rolls back whatever
                     # this call inserted; a caller's transaction is the caller's to roll back.
                     raise DuplicateJob(job.id)
@@ -452,6 +455,8 @@ class Submissions:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise InvalidInput(f"{name} must be a whole number >= 0 or None")
+            if value is not None:
+                check_whole(value, name, 0, MAX_KIND_LIMIT)  # PostgreSQL's integer column
         values = {
             "kind": kind,
             "max_running": max_running,
