@@ -132,6 +132,23 @@ def test_queued_jobs_by_kind_and_priority(engine: Engine) -> None:
     assert value(samples, "jobs", state="COMPLETED", kind="mail") == 1
 
 
+def test_queued_jobs_by_queue(engine: Engine) -> None:
+    """The QUEUED jobs each queue holds, the default queue under its name (JOBS_QUEUE)."""
+    store = JobStore(engine)
+    registry = registry_for(store, lease_seconds=30, default_queue="jobs")
+    store.create("report", {}, job_id="r0", max_attempts=1)
+    store.create("transcode", {}, job_id="t1", max_attempts=1, queue="video")
+    store.create("transcode", {}, job_id="t2", max_attempts=1, queue="video", delay_seconds=600)
+    store.create("transcode", {}, job_id="t3", max_attempts=1, queue="video")
+    claim = store.claim("t3", "w", 30)
+    assert claim is not None
+    samples = scrape(registry)
+    by_queue = {
+        labels: count for (name, labels), count in samples.items() if name == "jobs_queued_by_queue"
+    }
+    assert by_queue == {(("queue", "jobs"),): 1, (("queue", "video"),): 2}
+
+
 def test_workers_do_not_import_the_metrics_library() -> None:
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415

@@ -177,9 +177,10 @@ def test_retention_days_setting(monkeypatch: pytest.MonkeyPatch, raw: str, days:
 
 
 def explained(job_id: str) -> dict[str, Any]:
-    result = jobctl("explain", job_id, "--json")
+    """``jobctl explain`` without asking the workers (none runs here)."""
+    result = jobctl("explain", job_id, "--json", "--no-workers")
     assert result.exit_code == 0, result.output
-    text = jobctl("explain", job_id)
+    text = jobctl("explain", job_id, "--no-workers")
     assert text.stdout.startswith(f"Job {job_id} ")
     found: dict[str, Any] = json.loads(result.stdout)
     return found
@@ -215,6 +216,33 @@ def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.M
     assert "the next sweep sends it again" in found["explanation"]
     the_store().forget_dispatch([sent])
     assert explained(sent)["reason"] == "not_sent"
+
+
+def test_explain_asks_the_workers_which_queue_and_kinds_they_serve() -> None:
+    """A due job whose queue no live worker consumes, or whose workers do not know its kind
+    (they leave it QUEUED): explain says which, from what the workers answered."""
+    from jobs.runtime.explain import explain  # noqa: PLC0415
+    from jobs.runtime.workers import WorkerSeen  # noqa: PLC0415
+
+    job_id = jobs.submit("ops_lookup", {"order_id": 1}, queue="video")
+    store, settings = the_store(), default_app().settings
+    mail = WorkerSeen("small@h", frozenset({"jobs", "mail"}), frozenset({"jobs.ops_lookup"}))
+    video = WorkerSeen("big@h", frozenset({"video"}), frozenset({"jobs.transcode"}))
+    found = explain(store, settings, job_id, [mail])
+    assert found.reason == "no_worker_on_queue"
+    assert "queue 'video'" in found.paragraph
+    assert found.actions[0].startswith("start one: jobctl worker --queues video")
+    found = explain(store, settings, job_id, [mail, video])
+    assert found.reason == "kind_unknown_to_workers"
+    assert "big@h" in found.paragraph
+    assert "do not know kind 'ops_lookup'" in found.paragraph
+    knowing = WorkerSeen("big@h", frozenset({"video"}), frozenset({"jobs.ops_lookup"}))
+    assert explain(store, settings, job_id, [knowing]).reason == "waiting_for_worker"
+    assert explain(store, settings, job_id).reason == "waiting_for_worker"  # not asked
+    # jobctl asks the workers over the broker: none runs here, so none consumes the queue.
+    asked = jobctl("explain", job_id, "--json")
+    assert asked.exit_code == 0, asked.output
+    assert json.loads(asked.stdout)["reason"] == "no_worker_on_queue"
 
 
 def test_explain_a_job_waiting_for_approval() -> None:

@@ -169,13 +169,26 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
 @main.command()
 @click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
-def explain(job_id: str, as_json: bool) -> None:
+@click.option(
+    "--no-workers",
+    is_flag=True,
+    help="Do not ask the live workers (over the broker) which queues and kinds they serve.",
+)
+def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
     """Why a job is where it is, and what an operator can do."""
-    from jobs.application import get_settings  # noqa: PLC0415
-    from jobs.core.validate import printable  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
+    from jobs.core.states import State  # noqa: PLC0415
+    from jobs.core.validate import check_lookup_id, printable  # noqa: PLC0415
     from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
+    from jobs.runtime.workers import live_workers  # noqa: PLC0415
 
-    found = explain_job(_store(), get_settings(), job_id)
+    app = default_app()
+    store = _store()
+    check_lookup_id(job_id)
+    workers = None
+    if not no_workers and store.get(job_id).state is State.QUEUED:
+        workers = live_workers(app.celery)
+    found = explain_job(store, app.settings, job_id, workers)
     if as_json:
         click.echo(json.dumps(found.as_dict(), indent=2))
         return
@@ -193,7 +206,8 @@ def metrics(port: int, addr: str) -> None:
     from jobs.runtime.metrics import serve  # noqa: PLC0415
 
     try:
-        serve(_store(), port, get_settings().lease_seconds, addr)
+        settings = get_settings()
+        serve(_store(), port, settings.lease_seconds, addr, default_queue=settings.queue)
     except OSError as err:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {err.strerror}") from None
     click.echo(f"serving metrics on http://{addr}:{port}/metrics (Ctrl-C stops)")

@@ -25,7 +25,8 @@ from jobs.core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
 @click.option(
     "--queues",
     "-Q",
-    help="Comma-separated queues (default: JOBS_QUEUE, and its high band with quorum queues).",
+    help="Comma-separated queues, each with its high band under quorum queues (default: "
+    "JOBS_QUEUE and every queue a kind names with @jobs.job(queue=...)).",
 )
 @click.option("--pool", "-P", help="Celery pool: prefork (default), threads, solo.")
 @click.option("--hostname", "-n", help="Node name, e.g. A@%h.")
@@ -45,10 +46,15 @@ def worker(
     """
     settings = get_settings()  # a bad setting stops here with a clear message
     from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
-    from jobs.runtime.queues import queue_names  # noqa: PLC0415
+    from jobs.runtime.queues import served_queues, with_bands  # noqa: PLC0415
 
     set_up_for_job_modules()  # a Django project's job modules import its models
-    default_app().registry.names()  # so does a bad JOBS_IMPORTS module
+    kinds = default_app().registry.kinds()  # so does a bad JOBS_IMPORTS module
+    consumed = (
+        served_queues(settings, kinds)
+        if not queues
+        else with_bands(settings, [name.strip() for name in queues.split(",") if name.strip()])
+    )
     # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
     # the same worker, without the REPL and plugin commands in every process's memory.
     argv = [
@@ -56,7 +62,7 @@ def worker(
         "-m",
         "jobs.runtime.worker_main",
         "-Q",
-        queues or ",".join(queue_names(settings)),
+        ",".join(consumed),
         "-l",
         loglevel,
         "-E",
@@ -105,7 +111,7 @@ def sweeper(once: bool, as_json: bool) -> None:
     if settings.metrics_port is not None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
-        serve(store, settings.metrics_port, settings.lease_seconds)
+        serve(store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue)
     run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
 
 

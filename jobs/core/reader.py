@@ -115,6 +115,17 @@ class JobReader:
             ).all()
         return {(row.kind, row.state, int(row.priority)): int(row.jobs) for row in rows}
 
+    def queued_by_queue(self) -> dict[str | None, int]:
+        """Number of QUEUED jobs (due or not) by the queue their doorbells go to (``None``:
+        the default queue, ``JOBS_QUEUE``)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(JobRecord.queue, func.count().label("jobs"))
+                .where(JobRecord.state == State.QUEUED.value)
+                .group_by(JobRecord.queue)
+            ).all()
+        return {row.queue: int(row.jobs) for row in rows}
+
     def not_due(self) -> dict[str, int]:
         """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
         with self._read() as conn:

@@ -43,7 +43,14 @@ from jobs.core.registry import Registry
 from jobs.core.settings import Settings
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
-from jobs.runtime.queues import TASK_NAME, kind_task_name, queue_names, task_queue
+from jobs.runtime.queues import (
+    TASK_NAME,
+    kind_task_name,
+    queue_names,
+    served_queues,
+    task_queue,
+    with_bands,
+)
 from jobs.runtime.shared_flag import SharedFlag
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
@@ -286,13 +293,32 @@ def _load_kinds(celery: Any, installed: Installed) -> list[str]:
 
 
 @signals.celeryd_init.connect
-def _before_the_queues(instance: Any = None, **_: Any) -> None:
+def _before_the_queues(instance: Any = None, options: Any = None, **_: Any) -> None:
     """``celery worker`` (the program) before it selects its queues: the kinds and their
-    tasks, so the consumer knows every kind's task name from its first message."""
-    celery = getattr(instance, "app", None)
+    tasks, so the consumer knows every kind's task name from its first message, and every
+    jobs queue declared as every process declares it, so ``-Q video`` consumes a priority
+    (or quorum) queue, not one Celery would make up with other arguments."""
+    celery: Any = getattr(instance, "app", None)
     installed = installed_on(celery)
-    if installed is not None:
-        _load_kinds(celery, installed)
+    if installed is None:
+        return
+    _load_kinds(celery, installed)
+    settings = installed.host.settings
+    names = served_queues(settings, installed.host.registry.kinds())
+    if installed.dedicated:  # every queue such a worker consumes is a jobs queue
+        names = with_bands(settings, [*names, *_queues_option(options)])
+    known = celery.amqp.queues
+    for name in names:
+        if name not in known:
+            known.add(task_queue(settings, name))
+
+
+def _queues_option(options: Any) -> list[str]:
+    """The queue names of ``celery worker -Q`` (a list, or one comma-separated string)."""
+    given = options.get("queues") if isinstance(options, dict) else None
+    if isinstance(given, str):
+        given = given.split(",")
+    return [name.strip() for name in given or () if isinstance(name, str) and name.strip()]
 
 
 @signals.worker_init.connect

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from jobs.core.context import wake_at_of
@@ -20,7 +21,8 @@ from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.validate import check_lookup_id, printable
 from jobs.runtime import liveness
-from jobs.runtime.queues import queue_for
+from jobs.runtime.queues import kind_task_name, queue_for
+from jobs.runtime.workers import WorkerSeen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +79,17 @@ def owner_alive(store: JobStore, liveness_key: int | None) -> bool | None:
     return None
 
 
-def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
+def explain(
+    store: JobStore,
+    settings: Settings,
+    job_id: str,
+    workers: Sequence[WorkerSeen] | None = None,
+) -> Explanation:
     """Explain one job (raises :class:`jobs.UnknownJob` for an unknown ID). Stored text
     (errors, reasons, owners) is shown escaped (:func:`printable`) and the IDs in suggested
-    commands are quoted for a shell."""
+    commands are quoted for a shell. ``workers``, the live workers as they answered
+    (:func:`jobs.runtime.workers.live_workers`; ``None``: not asked), tells a QUEUED job
+    whether any of them consumes its queue and knows its kind."""
     check_lookup_id(job_id)
     job = store.get(job_id)
     quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
@@ -93,7 +102,7 @@ def explain(store: JobStore, settings: Settings, job_id: str) -> Explanation:
     done = f"Recorded steps: {', '.join(steps)}." if steps else "No step is recorded yet."
     attempts = f"attempt {job.attempts} of {job.max_attempts}"
     if job.state is State.QUEUED:
-        reason, text, actions = _queued(store, settings, job, now, timers)
+        reason, text, actions = _queued(store, settings, job, now, timers, workers)
     elif job.state is State.RUNNING:
         reason, text, actions = _running(store, settings, job, now, attempts)
     elif job.state is State.WAITING_APPROVAL:
@@ -147,9 +156,11 @@ def _queued(
     job: Job,
     now: dt.datetime,
     timers: dict[dt.datetime | None, str],
+    workers: Sequence[WorkerSeen] | None = None,
 ) -> tuple[str, str, tuple[str, ...]]:
     after_error = f" after an error ({printable(job.last_error)})" if job.last_error else ""
     quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
+    queue = queue_for(settings, job.priority, job.queue)
     timer = timers.get(job.run_after)
     if job.run_after > now and timer is not None:
         wait = _span((job.run_after - now).total_seconds())
@@ -177,6 +188,9 @@ def _queued(
             f"{limits.max_running} allowed are running; a finishing job passes its slot on.",
             (f"jobctl limits set {kind} --max-running N to allow more",),
         )
+    unserved = _unserved(job, queue, workers)
+    if unserved is not None:
+        return unserved
     dispatched = job.dispatched_at
     if dispatched is None:
         return (
@@ -193,12 +207,11 @@ def _queued(
             "took it: it counts as lost, and the next sweep sends it again.",
             (
                 "check that a sweeper runs: jobctl sweeper",
-                f"check that workers consume queue {settings.queue!r}",
+                f"check that workers consume queue {queue!r} and know kind {job.kind!r}",
             ),
         )
     ahead = store.oldest_queued()
     backlog = "" if ahead is None else f" The oldest due job has waited {_span(ahead[1])}."
-    queue = queue_for(settings, job.priority)
     return (
         "waiting_for_worker",
         f"It is due{after_error}; its message (priority {job.priority}) was sent at "
@@ -206,6 +219,39 @@ def _queued(
         f"{queue!r}, behind any of higher priority.{backlog}",
         (f"add workers on queue {queue!r} if the queue keeps growing (jobctl stats)",),
     )
+
+
+def _unserved(
+    job: Job, queue: str, workers: Sequence[WorkerSeen] | None
+) -> tuple[str, str, tuple[str, ...]] | None:
+    """A due job that no live worker can run: none consumes its queue, or those that do
+    do not know its kind (they leave it QUEUED). ``None`` when one can, or when the workers
+    were not asked."""
+    if workers is None:
+        return None
+    serving = [worker for worker in workers if queue in worker.queues]
+    if not serving:
+        return (
+            "no_worker_on_queue",
+            f"It waits on queue {queue!r}, and no live worker consumes it"
+            f" ({len(workers)} answered). It runs once a worker consumes that queue.",
+            (
+                f"start one: jobctl worker --queues {shlex.quote(queue)}"
+                f" (or celery -A <your app> worker -Q {shlex.quote(queue)})",
+            ),
+        )
+    if not any(kind_task_name(job.kind) in worker.tasks for worker in serving):
+        names = ", ".join(worker.name for worker in serving)
+        return (
+            "kind_unknown_to_workers",
+            f"It waits on queue {queue!r}, whose live workers ({printable(names)}) do not know "
+            f"kind {job.kind!r}: they leave it QUEUED for a worker that does.",
+            (
+                f"import the module that defines {job.kind!r} in those workers (JOBS_IMPORTS, "
+                "or the Celery app's include)",
+            ),
+        )
+    return None
 
 
 def _running(

@@ -51,9 +51,10 @@ TAIL_LIMIT = 20_000
 class TableCollector(Collector):
     """Collects every series from the database at scrape time (thread-safe)."""
 
-    def __init__(self, store: JobStore, lease_seconds: float) -> None:
+    def __init__(self, store: JobStore, lease_seconds: float, default_queue: str = "jobs") -> None:
         self.store = store
         self.lease_seconds = lease_seconds
+        self.default_queue = default_queue  # the queue of jobs that name none (JOBS_QUEUE)
         self._lock = threading.Lock()
         self._tailed = CollectorRegistry(auto_describe=True)
         self.finished = Counter(
@@ -109,6 +110,18 @@ class TableCollector(Collector):
                 by_state.add_metric([state.value, kind], counts.get((kind, state.value), 0))
         yield by_state
         yield self._queued_by_priority(by_priority)
+        by_queue = GaugeMetricFamily(
+            "jobs_queued_by_queue",
+            "QUEUED jobs (due or not) by the queue their doorbells go to.",
+            labels=["queue"],
+        )
+        totals: dict[str, int] = {}
+        for queue, count in store.queued_by_queue().items():
+            name = self.default_queue if queue is None else queue
+            totals[name] = totals.get(name, 0) + count
+        for name, count in sorted(totals.items()):
+            by_queue.add_metric([name], count)
+        yield by_queue
         oldest = store.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
@@ -202,16 +215,25 @@ def _seconds(end: Any, start: Any) -> float:
     return max(0.0, float((end - start).total_seconds()))
 
 
-def registry_for(store: JobStore, lease_seconds: float) -> CollectorRegistry:
-    """A registry holding only the job metrics (no process metrics of the exporter)."""
+def registry_for(
+    store: JobStore, lease_seconds: float, default_queue: str = "jobs"
+) -> CollectorRegistry:
+    """A registry holding only the job metrics (no process metrics of the exporter);
+    ``default_queue`` names the queue of jobs that name none (``JOBS_QUEUE``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TableCollector(store, lease_seconds))
+    registry.register(TableCollector(store, lease_seconds, default_queue))
     return registry
 
 
-def serve(store: JobStore, port: int, lease_seconds: float = 30.0, addr: str = "0.0.0.0") -> Any:  # noqa: S104 - a metrics port is meant to be scraped
+def serve(
+    store: JobStore,
+    port: int,
+    lease_seconds: float = 30.0,
+    addr: str = "0.0.0.0",  # noqa: S104 - a metrics port is meant to be scraped
+    default_queue: str = "jobs",
+) -> Any:
     """Serve ``/metrics`` on ``port`` from a daemon thread; returns the server."""
     server, _thread = start_http_server(
-        port, addr=addr, registry=registry_for(store, lease_seconds)
+        port, addr=addr, registry=registry_for(store, lease_seconds, default_queue)
     )
     return server

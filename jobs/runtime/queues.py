@@ -7,10 +7,12 @@ submitters and Flower all declare each queue through :func:`task_queue`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kombu.entity import Queue
 
+from jobs.core.registry import JobKind
 from jobs.core.settings import Settings
 from jobs.core.validate import MAX_PRIORITY
 
@@ -46,6 +48,22 @@ def queue_names(settings: Settings, queue: str | None = None) -> list[str]:
     if settings.queue_type == "quorum":
         return [name, name + HIGH_BAND_SUFFIX]
     return [name]
+
+
+def served_queues(settings: Settings, kinds: Iterable[JobKind]) -> list[str]:
+    """Every queue the jobs of ``kinds`` go to: ``JOBS_QUEUE`` and each kind's own
+    (``@jobs.job(queue=…)``), each with its high band under quorum queues. What a worker
+    consumes when told no queues, and what every process declares."""
+    names = [settings.queue, *sorted({kind.queue for kind in kinds if kind.queue})]
+    return with_bands(settings, names)
+
+
+def with_bands(settings: Settings, names: Iterable[str]) -> list[str]:
+    """``names`` in order, each followed by its high band under quorum queues."""
+    served: list[str] = []
+    for name in names:
+        served += [band for band in queue_names(settings, name) if band not in served]
+    return served
 
 
 def queue_for(settings: Settings, priority: int, queue: str | None = None) -> str:

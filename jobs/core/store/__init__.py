@@ -396,6 +396,10 @@ class JobStore:
         """Number of jobs by (kind, state, priority). (:meth:`JobReader.counts_by_priority`)"""
         return self.reader.counts_by_priority()
 
+    def queued_by_queue(self) -> dict[str | None, int]:
+        """Number of QUEUED jobs by queue. (:meth:`JobReader.queued_by_queue`)"""
+        return self.reader.queued_by_queue()
+
     def not_due(self) -> dict[str, int]:
         """QUEUED jobs not due yet by kind. (:meth:`JobReader.not_due`)"""
         return self.reader.not_due()
