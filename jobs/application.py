@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jobs.core.errors import AdmissionRefused, InvalidInput
+from jobs.core.errors import AdmissionRefused, InvalidInput, SettingsError
 from jobs.core.registry import REGISTRY, JobKind, Registry
 from jobs.core.schedule import Schedule, normalize_spec
 from jobs.core.settings import Settings, from_env, mask_url
@@ -49,6 +49,7 @@ from jobs.core.validate import (
     check_lookup_id,
     check_user_job_id,
     check_whole,
+    clip,
 )
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
@@ -108,14 +109,19 @@ class JobsApp:
     @property
     def settings(self) -> Settings:
         """The settings in force: given, or read from the environment (over the defaults
-        source) on first use and cached until :meth:`reset_settings`."""
+        source) on first use and cached until :meth:`reset_settings`. ``JOBS_CELERY_APP``
+        is imported then, so its ``install(app)`` has adopted the project's Celery app (and
+        its broker) before anything publishes."""
         settings = self._settings
         if settings is None:
             with self._guard:
                 if self._settings is None:
                     source = self._defaults_source
                     env = {**(source() if source else {}), **os.environ}
-                    self._settings = self._with_adopted_broker(from_env(env), env)
+                    settings = from_env(env)
+                    if settings.celery_app is not None and self._adopted is None:
+                        self._import_celery_app(settings.celery_app)
+                    self._settings = self._with_adopted_broker(settings, env)
                 settings = self._settings
         return settings
 
@@ -220,6 +226,7 @@ class JobsApp:
         to :meth:`adopt_celery`, else one built from the settings (and built again when they
         changed)."""
         with self._guard:
+            self.settings  # noqa: B018 - reading them imports JOBS_CELERY_APP, which adopts it
             if self._adopted is not None:
                 return self._adopted
             settings = self.settings
@@ -229,6 +236,32 @@ class JobsApp:
                 self._celery = make_app(settings, self)
                 self._celery_settings = settings
             return self._celery
+
+    def _import_celery_app(self, name: str) -> None:
+        """(Under the guard.) Import the project's Celery app ``JOBS_CELERY_APP`` names, as
+        ``celery -A`` does (the working folder first on the path); its module's
+        ``install(app)`` adopts it, and its task modules are imported, as a worker of the app
+        imports them. One that does not install durable jobs is an error naming what to add."""
+        import sys  # noqa: PLC0415
+
+        from celery.app.utils import find_app  # noqa: PLC0415 - Celery on need
+
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            found = find_app(name)
+            # Its task modules (include=, imports=, autodiscovery), where the kinds live.
+            found.loader.import_default_modules()
+        except Exception as err:  # whatever the project's module raises
+            raise SettingsError(
+                f"JOBS_CELERY_APP={name!r}: cannot import it: {type(err).__name__}: "
+                f"{clip(str(err), 200)}"
+            ) from err
+        if self._adopted is not found:
+            raise SettingsError(
+                f"JOBS_CELERY_APP={name!r}: that Celery app does not run durable jobs: call "
+                "jobs.contrib.celery.install(app) in its module"
+            )
 
     def adopt_celery(self, celery: Celery) -> None:
         """Use a user's own Celery app for doorbells and workers (what

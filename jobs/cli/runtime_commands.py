@@ -57,10 +57,10 @@ def worker(
     )
     # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
     # the same worker, without the REPL and plugin commands in every process's memory.
-    argv = [
-        sys.executable,
-        "-m",
-        "jobs.runtime.worker_main",
+    argv = [sys.executable, "-m", "jobs.runtime.worker_main"]
+    if settings.celery_app is not None:  # the project's own app, with durable jobs installed
+        argv += ["-A", settings.celery_app]
+    argv += [
         "-Q",
         ",".join(consumed),
         "-l",

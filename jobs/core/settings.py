@@ -62,6 +62,9 @@ class Settings:
     retention_days: float | None = 14.0
     # The sweeper serves Prometheus metrics on this port when set (needs the metrics extra).
     metrics_port: int | None = None
+    # A project's own Celery app ("proj" or "proj.celery:app", as celery -A takes it), whose
+    # module calls jobs.contrib.celery.install(app): doorbells and workers then use it.
+    celery_app: str | None = None
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -94,6 +97,7 @@ KNOWN = {
     "LIVENESS_DATABASE_URL",
     "RETENTION_DAYS",
     "METRICS_PORT",
+    "CELERY_APP",
     # read by the test-suite and tools, not by the library:
     "TEST_POSTGRES_URL",
     "TEST_AMQP_URL",
@@ -419,4 +423,21 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         liveness_database_url=liveness_url,
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),
+        celery_app=_celery_app(env),
     )
+
+
+def _celery_app(env: Mapping[str, str]) -> str | None:
+    """``JOBS_CELERY_APP``: a module path, optionally ``:attribute``, as ``celery -A`` takes it
+    (checked for its form here; imported on first need by the application)."""
+    name = (env.get(PREFIX + "CELERY_APP") or "").strip()
+    if not name:
+        return None
+    module, _, attribute = name.partition(":")
+    if not all(part.isidentifier() for part in module.split(".")) or (
+        attribute and not all(part.isidentifier() for part in attribute.split("."))
+    ):
+        raise SettingsError(
+            f"{PREFIX}CELERY_APP={name[:80]!r} is not a module path (proj or proj.celery:app)"
+        )
+    return name

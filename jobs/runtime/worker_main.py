@@ -9,6 +9,7 @@ click command (same options, same start-up, same signals) with the context Celer
 would have made, and nothing else. ``celery -A jobs.celery_app worker`` keeps working.
 
     python -m jobs.runtime.worker_main -Q jobs -c 2 -l INFO   # what jobctl worker execs
+    python -m jobs.runtime.worker_main -A proj -Q video       # with JOBS_CELERY_APP=proj
 """
 
 from __future__ import annotations
@@ -40,4 +41,8 @@ def main(argv: list[str], app_name: str = DEFAULT_APP) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    given = sys.argv[1:]
+    if given[:1] == ["-A"] and len(given) > 1:  # a project's own app (JOBS_CELERY_APP)
+        main(given[2:], given[1])
+    else:
+        main(given)
