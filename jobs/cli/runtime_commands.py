@@ -157,7 +157,8 @@ def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[st
             "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
             "--insecure-no-auth starts it without credentials"
         )
-    argv = [sys.executable, "-m", "celery", "-A", "jobs.celery_app", "flower"]
+    celery_app = get_settings().celery_app or "jobs.celery_app"  # a project's own app, if set
+    argv = [sys.executable, "-m", "celery", "-A", celery_app, "flower"]
     if basic_auth is not None:
         pairs = [pair.strip() for pair in basic_auth.split(",")]
         if not all(user and password for user, _, password in (p.partition(":") for p in pairs)):

@@ -1,0 +1,144 @@
+"""``jobs.contrib.celery.install(app)`` on a user's own Celery app: what it adds (the runner
+and a task per kind, with what durability needs as task options; the doorbell gate where the
+app uses Celery's default consumer; the app's broker for the doorbells) and what it leaves
+exactly as the user set it. The same app with real workers, Flower and two queues:
+tests/acceptance/test_celery_project.py."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from jobs.application import JobsApp
+from jobs.contrib.celery import GATED_CONSUMER, install
+from jobs.core.registry import Registry
+from jobs.core.settings import from_env
+from jobs.runtime.celery_app import JOB_TASK_OPTIONS, installed_on, register_kind_tasks
+
+USER_CONF: dict[str, Any] = {
+    "task_serializer": "yaml",
+    "accept_content": ["json", "yaml"],
+    "task_acks_late": False,
+    "task_reject_on_worker_lost": False,
+    "result_backend": "redis://127.0.0.1:6379/9",
+    "task_routes": {"proj.tasks.*": {"queue": "default"}},
+    "task_default_queue": "default",
+    "worker_prefetch_multiplier": 4,
+}
+
+
+def user_app(**conf: Any) -> Celery:
+    app = Celery("proj", broker="amqp://guest:guest@127.0.0.1:5672/proj", set_as_current=False)
+    app.conf.update({**USER_CONF, **conf})
+
+    @app.task(name="proj.tasks.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    return app
+
+
+def jobs_app(tmp_path: Path) -> JobsApp:
+    """An application of the test's own: its settings given, one kind on its own queue."""
+    registry = Registry(imports=())
+    registry.register("transcode", lambda ctx, video_id: video_id, queue="video")
+    return JobsApp(from_env({"JOBS_DATA_DIR": str(tmp_path)}), registry=registry)
+
+
+def test_install_adds_the_runner_and_a_task_per_kind_with_durability_options(
+    tmp_path: Path,
+) -> None:
+    app = user_app()
+    installed = install(app, jobs_app=jobs_app(tmp_path))
+    tasks = app.tasks
+    for name in ("jobs.run", "jobs.transcode"):
+        task = tasks[name]
+        assert task.acks_late is True
+        assert task.reject_on_worker_lost is True
+        assert task.acks_on_failure_or_timeout is True
+        assert task.serializer == "json"
+        assert task.ignore_result is True
+    assert installed_on(app) is not None
+    assert installed_on(app).host is installed  # type: ignore[union-attr]
+    # A kind registered later gets its task when a worker starts (register_kind_tasks).
+    installed.registry.register("send_email", lambda ctx, to: to, queue="mail")
+    added = register_kind_tasks(app, installed_on(app), installed.registry.names())  # type: ignore[arg-type]
+    assert added == ["jobs.send_email"]
+    assert tasks["jobs.send_email"].acks_late is True
+
+
+def test_install_leaves_the_users_settings_and_tasks_as_they_were(tmp_path: Path) -> None:
+    app = user_app()
+    before = {key: app.conf[key] for key in USER_CONF}
+    install(app, jobs_app=jobs_app(tmp_path))
+    assert {key: app.conf[key] for key in USER_CONF} == before
+    add = app.tasks["proj.tasks.add"]
+    assert add.acks_late is False  # the app's own default, not ours
+    assert add.serializer == "yaml"
+    assert add.reject_on_worker_lost is False
+    assert app.conf.worker_consumer == GATED_CONSUMER  # it used Celery's default consumer
+    assert set(JOB_TASK_OPTIONS) >= {"acks_late", "reject_on_worker_lost", "serializer"}
+
+
+def test_a_custom_consumer_is_kept_and_said_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = user_app(worker_consumer="proj.consumer:Mine")
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        install(app, jobs_app=jobs_app(tmp_path))
+    assert app.conf.worker_consumer == "proj.consumer:Mine"
+    assert "without the gate" in caplog.text
+
+
+def test_installing_twice_is_a_no_op_and_another_jobs_app_is_refused(tmp_path: Path) -> None:
+    app = user_app()
+    first = jobs_app(tmp_path)
+    assert install(app, jobs_app=first) is first
+    assert install(app, jobs_app=first) is first
+    with pytest.raises(ValueError, match="another jobs application"):
+        install(app, jobs_app=jobs_app(tmp_path))
+
+
+def test_the_apps_broker_carries_the_doorbells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for key in ("JOBS_BROKER_URL", "JOBS_DATABASE_URL", "JOBS_CELERY_APP"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path))
+    registry = Registry(imports=())
+    quiet = JobsApp(registry=registry)
+    assert quiet.settings.is_embedded_broker  # the default, before the app is adopted
+    install(user_app(), jobs_app=quiet)
+    assert quiet.settings.broker_url == "amqp://guest:guest@127.0.0.1:5672/proj"
+    assert not quiet.settings.is_embedded_broker
+    monkeypatch.setenv("JOBS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/other")
+    quiet.reset_settings()
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        assert quiet.settings.broker_url == "amqp://guest:guest@127.0.0.1:5672/proj"
+    assert "differs from the broker of the Celery app" in caplog.text
+    assert "guest:guest" not in caplog.text  # the password is masked
+
+
+def test_jobs_celery_app_is_checked_and_must_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobs  # noqa: PLC0415
+
+    monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("JOBS_CELERY_APP", "not a module")
+    with pytest.raises(jobs.SettingsError, match="is not a module path"):
+        JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+    (tmp_path / "plainproj.py").write_text(
+        "from celery import Celery\napp = Celery('plain', set_as_current=False)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("JOBS_CELERY_APP", "plainproj")
+    with pytest.raises(jobs.SettingsError, match=r"call jobs.contrib.celery.install\(app\)"):
+        JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+    monkeypatch.setenv("JOBS_CELERY_APP", "no_such_project_module")
+    with pytest.raises(jobs.SettingsError, match="cannot import it"):
+        JobsApp(registry=Registry(imports=())).settings  # noqa: B018
