@@ -106,11 +106,22 @@ class Drain:
         self.run.procs.wait_ready(worker)
         return worker
 
-    def durable(self, kind: str, n: int) -> dict[str, float]:
+    def _stop_workers(self) -> None:
+        """Stop both sides' workers: a drain's queue is consumed by its own fresh one only."""
+        run = self.run
+        running = [w for w in (run.durable_worker, run.plain_worker) if w is not None]
+        run.procs.stop_many(running)
+        run.durable_worker = run.plain_worker = None
+
+    def durable(self, kind: str, n: int, side: str = "d") -> dict[str, float]:
+        """Fill the durable queue with ``n`` jobs, then time a fresh worker of ``side``
+        (``d``: ``jobs.celery_app``; ``u``: a user's app with durable jobs installed)."""
         run = self.run
         old = run.durable_worker
         if old is not None:
             run.procs.stop_many([old])
+        if side != "d" and run.plain_worker is not None:
+            self._stop_workers()
         tag = f"dr{uuid.uuid4().hex[:10]}"
         xid_before = transaction_id_horizon(run) if run.backend == PG_RABBITMQ else 0
         for start in range(0, n, FILL_BATCH):
@@ -118,7 +129,7 @@ class Drain:
             jobs.submit_many(
                 kind, [{}] * count, job_ids=[f"{tag}-{i:06d}" for i in range(start, start + count)]
             )
-        run.durable_worker = self._restart("d")
+        run.durable_worker = self._restart(side)
         finished: list[float] = []
 
         def drained() -> bool:
@@ -142,9 +153,14 @@ class Drain:
             result["writers"] = writers_per_job(run, tag)
         return result
 
-    def plain(self, n: int) -> dict[str, float]:
+    def plain(self, n: int, side: str = "p") -> dict[str, float]:
+        """Fill the plain queue with ``n`` no-op tasks, then time a fresh worker of ``side``
+        (``p``: the plain app; ``m``: a user's app with durable jobs, also consuming the
+        durable queue)."""
         run = self.run
         assert run.plain_client is not None
+        if side == "m":
+            self._stop_workers()
         old = run.plain_worker
         if old is not None:
             run.procs.stop_many([old])
@@ -154,7 +170,7 @@ class Drain:
                 run.plain_client.send_task(
                     plain_app.NOOP, args=(tag,), queue=run.plain_queue, producer=producer
                 )
-        run.plain_worker = self._restart("p")
+        run.plain_worker = self._restart(side)
 
         def drained() -> bool:
             run.reader.poll()

@@ -63,7 +63,7 @@ class Options:
     pg_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     recovery: bool = True
-    scenarios: tuple[str, ...] = ("drain", "throughput", "latency", "recovery")
+    scenarios: tuple[str, ...] = ("drain", "native", "throughput", "latency", "recovery")
 
 
 @dataclasses.dataclass
@@ -153,7 +153,7 @@ class BackendRun:
         self.marks_path = root / "plain-marks.log"
         self.reader = marks.MarkReader(self.marks_path)
         self.offset = 0.0
-        self._workers: dict[str, int] = {"d": 0, "p": 0}
+        self._workers: dict[str, int] = {"d": 0, "p": 0, "u": 0, "m": 0}
         self.durable_worker: Child | None = None
         self.plain_worker: Child | None = None
         self.plain_client: Celery | None = None
@@ -192,8 +192,23 @@ class BackendRun:
         self.plain_client = client
 
     def _start_worker(self, side: str) -> Child:
+        """A worker of one side: ``d`` durable (``jobs.celery_app``), ``p`` plain, ``u`` the
+        durable queue on a user's app with durable jobs installed (``bench.user_app``), ``m``
+        that app as a mixed worker on the plain queue and the durable one."""
         self._workers[side] += 1
         name = f"bench-{self.run_id}-{side}{self._workers[side]}"
+        if side in ("u", "m"):
+            queues = (
+                self.durable_queue if side == "u" else f"{self.plain_queue},{self.durable_queue}"
+            )
+            return self.procs.start_worker(
+                name,
+                "bench.user_app",
+                queues,
+                self.opts.concurrency,
+                {**self.plain_env, **self.durable_env},
+                self.opts.loglevel,
+            )
         if side == "d":
             env = {**_base_env(), **self.durable_env}
             return self.procs.start_worker(
@@ -449,6 +464,39 @@ class BackendRun:
         for part in ("claim", "record_steps", "complete", "runner python"):
             self._series(f"per job: {part} (ms)", "ms").add(profile[f"{part} ms"], nan)
 
+    def native(self, repeat: int) -> None:
+        """Durable jobs installed on a user's own Celery app (issue 14), back to back with
+        the same drains on the dedicated app: the 1-step drain on ``bench.user_app`` against
+        ``jobs.celery_app``, and plain no-op tasks on a mixed worker (the user's app
+        consuming the plain queue and the durable one) against the plain worker."""
+        from bench.drain import Drain  # noqa: PLC0415
+
+        if self.backend != PG_RABBITMQ:
+            return
+        n = self.opts.drain_jobs
+        drain = Drain(self)
+        own = drain.durable(kinds.STEP, n)
+        installed = drain.durable(kinds.STEP, n, side="u")
+        self._series("drain 1-step, user's app ÷ jobs.celery_app", "jobs/s").add(
+            installed["rate"], own["rate"]
+        )
+        plain = drain.plain(n)
+        mixed = drain.plain(n, side="m")
+        self._series("plain tasks, mixed worker ÷ plain worker", "tasks/s").add(
+            mixed["rate"], plain["rate"]
+        )
+        # The other scenarios run on the dedicated apps' workers again.
+        drain._stop_workers()
+        self.durable_worker = self._start_worker("d")
+        self.plain_worker = self._start_worker("p")
+        self.procs.wait_ready(self.durable_worker)
+        self.procs.wait_ready(self.plain_worker)
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: 1-step drain {installed['rate']:.0f}/s on a "
+            f"user's app vs {own['rate']:.0f}/s; plain tasks {mixed['rate']:.0f}/s on a mixed "
+            f"worker vs {plain['rate']:.0f}/s"
+        )
+
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
         d_e2e: list[float] = []
@@ -602,6 +650,8 @@ def run_backend(
         for r in range(opts.repeat):
             if "drain" in opts.scenarios:
                 run.drain(r)
+            if "native" in opts.scenarios:
+                run.native(r)
             if "throughput" in opts.scenarios:
                 run.throughput(r)
             if "latency" in opts.scenarios:
