@@ -21,6 +21,11 @@ from jobs.application import get_settings, set_defaults_source
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 
+@jobs.job("relative_echo")
+def relative_echo(ctx: jobs.JobContext, text: str) -> str:
+    return text
+
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
 KIND = "check_flask_order"
 
@@ -219,5 +224,39 @@ def test_settings_come_from_app_config_and_the_environment_wins(
         with pytest.raises(SettingsError, match=r"app\.config: unknown setting 'LEASE_SECOND'"):
             get_settings()
     finally:
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
+    jobs_isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///shop.db`` (Flask-SQLAlchemy's usual form) is resolved under the app's
+    ``instance/`` folder: the jobs use that file, not ``shop.db`` in the working folder."""
+    from flask import Flask  # noqa: PLC0415
+    from flask_sqlalchemy import SQLAlchemy  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+
+    jobs_isolated.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(jobs_isolated)
+    app = Flask("relative_shop", instance_path=str(jobs_isolated / "instance"))
+    app.config["SQLALCHEMY_DATABASE_URI"] = "sqlite:///shop.db"
+    db = SQLAlchemy()
+    db.init_app(app)
+    ext = Jobs(app, db)
+    app.register_blueprint(ext.blueprint(insecure_no_auth=True))
+    try:
+        ext.create_tables()
+        with app.app_context():
+            engine_url = db.engine.url.render_as_string(hide_password=False)
+        assert get_settings().database_url == engine_url
+        assert (jobs_isolated / "instance" / "shop.db").exists()
+        response = app.test_client().post("/jobs/relative_echo", json={"text": "hi"})
+        assert response.status_code == 202, response.data
+        assert not (jobs_isolated / "shop.db").exists()
+    finally:
+        with app.app_context():
+            db.engine.dispose()
         REGISTRY.remove_job_scope(app.app_context)
         set_defaults_source(None)

@@ -36,8 +36,10 @@ from jobs.core.settings import PREFIX, as_env
 from jobs.core.validate import MAX_DEPTH
 
 
-def config_env(config: Mapping[str, Any]) -> dict[str, str]:
-    """A Flask config's jobs settings as ``JOBS_*`` variables."""
+def config_env(config: Mapping[str, Any], engine_url: str | None = None) -> dict[str, str]:
+    """A Flask config's jobs settings as ``JOBS_*`` variables. Without a database URL of
+    their own the jobs use the app's: ``engine_url`` (the URL Flask-SQLAlchemy's engine
+    really connects to) when given, else ``SQLALCHEMY_DATABASE_URI`` as written."""
     env = as_env(config.get("JOBS") or {}, 'app.config["JOBS"]')
     prefixed = {
         name[len(PREFIX) :]: value
@@ -45,9 +47,25 @@ def config_env(config: Mapping[str, Any]) -> dict[str, str]:
         if name.startswith(PREFIX) and name != "JOBS"
     }
     env.update(as_env(prefixed, "app.config"))
-    if "JOBS_DATABASE_URL" not in env and config.get("SQLALCHEMY_DATABASE_URI"):
+    if "JOBS_DATABASE_URL" not in env and engine_url:
+        env["JOBS_DATABASE_URL"] = engine_url
+    elif "JOBS_DATABASE_URL" not in env and config.get("SQLALCHEMY_DATABASE_URI"):
         env["JOBS_DATABASE_URL"] = str(config["SQLALCHEMY_DATABASE_URI"])
     return env
+
+
+def engine_url(app: Flask, db: Any) -> str | None:
+    """The URL of Flask-SQLAlchemy's default engine for ``app``, password included: a
+    relative ``sqlite:///shop.db`` there means ``<app.instance_path>/shop.db``, and the
+    jobs must use that same file. ``None`` when ``db`` is not initialised on ``app``."""
+    if db is None or "sqlalchemy" not in app.extensions:
+        return None
+    with app.app_context():
+        try:
+            url = db.engine.url
+        except (KeyError, RuntimeError):  # no default bind
+            return None
+    return str(url.render_as_string(hide_password=False))
 
 
 def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, str]]:
@@ -107,7 +125,7 @@ class Jobs:
         self.app = app
         app.extensions["jobs"] = self
         config = app.config
-        set_defaults_source(lambda: config_env(config))
+        set_defaults_source(lambda: config_env(config, engine_url(app, self.db)))
         default_app().registry.add_job_scope(app.app_context)
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
