@@ -21,6 +21,7 @@ from jobs.application import get_settings, set_defaults_source
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 
+
 @jobs.job("relative_echo")
 def relative_echo(ctx: jobs.JobContext, text: str) -> str:
     return text
@@ -55,7 +56,9 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
         url = f"sqlite:///{jobs_isolated / 'shop.sqlite3'}"
     else:
         url = request.getfixturevalue("clean_pg_web_url")
-    app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True})
+    app = shop_flask.create_app(
+        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF_TOKEN": "s3cret"}
+    )
     try:
         with app.app_context():
             shop_flask.db.session.query(shop_flask.Order).delete()
@@ -128,21 +131,23 @@ def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
     }
 
 
+STAFF = {"Authorization": "Bearer s3cret", "X-Shop-User": "erin"}
+
+
 def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
-    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345})
+    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345}, headers=STAFF)
     assert created.status_code == 202
     job_id = created.get_json()["id"]
     assert created.headers["Location"] == f"/jobs/{job_id}"
     assert shop.rung == [job_id]
-    shown = shop.client.get(created.headers["Location"]).get_json()
+    shown = shop.client.get(created.headers["Location"], headers=STAFF).get_json()
     assert shown["state"] == "QUEUED"
-    assert shop.client.get("/jobs/no-such-job").status_code == 404
-    assert shop.client.post(f"/jobs/{job_id}/approve", json={"by": "x"}).status_code == 409
-    assert shop.client.post(f"/jobs/{job_id}/approve", json={}).status_code == 400
-    assert shop.client.post(f"/jobs/{KIND}", json=[1]).status_code == 400
-    assert shop.client.post("/jobs/no_such_kind", json={}).status_code == 400
+    assert shop.client.get("/jobs/no-such-job", headers=STAFF).status_code == 404
+    assert shop.client.post(f"/jobs/{job_id}/approve", headers=STAFF).status_code == 409
+    assert shop.client.post(f"/jobs/{KIND}", json=[1], headers=STAFF).status_code == 400
+    assert shop.client.post("/jobs/no_such_kind", json={}, headers=STAFF).status_code == 400
     jobs.set_limits(KIND, max_queued=1)
-    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1})
+    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1}, headers=STAFF)
     assert refused.status_code == 429
     assert "Retry-After" in refused.headers
 
@@ -258,5 +263,49 @@ def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
     finally:
         with app.app_context():
             db.engine.dispose()
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+def test_the_blueprint_refuses_whom_authorize_refuses_and_approves_as_whom_it_names(
+    shop: Shop,
+) -> None:
+    """Without the staff token: 403 for every action and nothing written; an approval is
+    recorded under the name the hook returns, not the body's ``by``."""
+    stranger = {"Authorization": "Bearer guess"}
+    assert shop.client.post(f"/jobs/{KIND}", json={"order_id": 7}).status_code == 403
+    assert (
+        shop.client.post(f"/jobs/{KIND}", json={"order_id": 7}, headers=stranger).status_code == 403
+    )
+    assert jobs.list_jobs() == []
+    order = shop.client.post("/orders", json={"customer": "al", "total_cents": 500_000}).get_json()
+    testing.drain()
+    job_id = order["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    assert shop.client.get(f"/jobs/{job_id}").status_code == 403
+    forged = shop.client.post(f"/jobs/{job_id}/approve", json={"by": "boss"})
+    assert forged.status_code == 403
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approved = shop.client.post(f"/jobs/{job_id}/approve", json={"by": "boss"}, headers=STAFF)
+    assert approved.status_code == 200, approved.data
+    testing.drain()
+    assert jobs.get(job_id).result["approved_by"] == "erin"
+
+
+def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path) -> None:
+    from flask import Flask  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+    from jobs.core.errors import SettingsError  # noqa: PLC0415
+
+    app = Flask("undecided")
+    ext = Jobs(app)
+    try:
+        with pytest.raises(SettingsError, match="authorize=.*insecure_no_auth=True"):
+            ext.blueprint()
+        with pytest.raises(SettingsError, match="exclude each other"):
+            ext.blueprint(authorize=lambda *_: "x", insecure_no_auth=True)
+        assert ext.blueprint(insecure_no_auth=True).name == "jobs"
+    finally:
         REGISTRY.remove_job_scope(app.app_context)
         set_defaults_source(None)

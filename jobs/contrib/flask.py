@@ -9,14 +9,18 @@
 - A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
-  approve; unknown IDs answer 404, illegal transitions 409.
+  approve; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
+  may use them: ``authorize=`` (see :data:`Authorize`; a refusal answers 403) or an
+  explicit ``insecure_no_auth=True``.
+- ``flask --app <app> jobs worker`` and ``flask --app <app> jobs sweeper`` run
+  ``jobctl worker``/``jobctl sweeper`` with the app's config.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Blueprint, Flask, Response, jsonify, request, url_for
@@ -28,12 +32,31 @@ from jobs.core.errors import (
     DuplicateJob,
     IllegalTransition,
     InvalidInput,
+    SettingsError,
     UnknownJob,
     UnknownKind,
 )
 from jobs.core.records import Job
 from jobs.core.settings import PREFIX, as_env
 from jobs.core.validate import MAX_DEPTH
+
+
+Authorize = Callable[[str, str, Job | None], str | None]
+"""The blueprint's ``authorize`` hook: ``authorize(action, kind, job)`` is called inside the
+request (so it can read ``flask.request`` or ``flask_login.current_user``) before the
+endpoint does anything, with ``action`` one of ``"submit"`` (``job`` is ``None``),
+``"show"`` and ``"approve"``. It returns the acting user's name (an approval is recorded
+under it, whatever the body says) or ``None`` to refuse: the request answers 403."""
+
+BLUEPRINT_NEEDS_A_DECISION = (
+    "Jobs.blueprint() lets its callers submit, read and approve jobs: give it "
+    "authorize=<callable (action, kind, job) -> user name or None> or, on a network you "
+    "trust, insecure_no_auth=True"
+)
+
+
+class NotAllowed(Exception):
+    """The ``authorize`` hook refused the request (answered 403)."""
 
 
 def config_env(config: Mapping[str, Any], engine_url: str | None = None) -> dict[str, str]:
@@ -168,11 +191,42 @@ class Jobs:
         if self.db is not None:
             self.db.session.commit()
 
-    def blueprint(self, name: str = "jobs", url_prefix: str = "/jobs") -> Blueprint:
+    def blueprint(
+        self,
+        name: str = "jobs",
+        url_prefix: str = "/jobs",
+        *,
+        authorize: Authorize | None = None,
+        insecure_no_auth: bool = False,
+    ) -> Blueprint:
         """JSON endpoints: ``POST <prefix>/<kind>`` (the body is the inputs) answers 202 with
         the job's URL in ``Location``; ``GET <prefix>/<id>``; ``POST <prefix>/<id>/approve``
-        with ``{"by": ...}``. Register it with ``app.register_blueprint(...)``."""
+        (recorded under the name ``authorize`` returns; with ``insecure_no_auth``, the
+        body's ``{"by": ...}``). Register it with ``app.register_blueprint(...)``.
+
+        Anyone who reaches these endpoints can queue work and read every job's inputs and
+        results, so one of ``authorize`` (:data:`Authorize`) and ``insecure_no_auth=True``
+        is required: without either this raises :class:`SettingsError`."""
+        if (authorize is None) == (not insecure_no_auth):
+            raise SettingsError(
+                BLUEPRINT_NEEDS_A_DECISION
+                if authorize is None
+                else "Jobs.blueprint(): authorize= and insecure_no_auth=True exclude each other"
+            )
         routes = Blueprint(name, __name__, url_prefix=url_prefix)
+
+        def acting_user(action: str, kind: str, job: Job | None) -> str | None:
+            """The name ``authorize`` gives the caller (``None`` without the hook)."""
+            if authorize is None:
+                return None
+            user = authorize(action, kind, job)
+            if not user:
+                raise NotAllowed(action)
+            return user
+
+        @routes.errorhandler(NotAllowed)
+        def not_allowed(err: NotAllowed) -> tuple[Response, int]:
+            return jsonify(error=f"not allowed to {err}"), 403
 
         @routes.errorhandler(UnknownJob)
         def unknown(err: UnknownJob) -> tuple[Response, int]:
@@ -190,6 +244,7 @@ class Jobs:
 
         @routes.post("/<kind>")
         def submit(kind: str) -> tuple[Response, int, dict[str, str]]:
+            acting_user("submit", kind, None)
             inputs = request_json()
             if not isinstance(inputs, dict):
                 raise InvalidInput("the request body must be a JSON object (the job's inputs)")
@@ -200,14 +255,23 @@ class Jobs:
 
         @routes.get("/<job_id>")
         def show(job_id: str) -> Response:
-            return jsonify(job_json(api.get(job_id)))
+            job = api.get(job_id)
+            acting_user("show", job.kind, job)
+            return jsonify(job_json(job))
 
         @routes.post("/<job_id>/approve")
         def approve(job_id: str) -> Response:
+            by = None
+            if authorize is not None:
+                job = api.get(job_id)
+                by = acting_user("approve", job.kind, job)
             body = request_json() or {}
-            by = body.get("by") if isinstance(body, dict) else None
+            if by is None:
+                by = body.get("by") if isinstance(body, dict) else None
             if not isinstance(by, str) or not by:
                 raise InvalidInput('say who approves: {"by": "<name>"}')
+            if not isinstance(body, dict):
+                body = {}
             job = self.approve(job_id, by=by, note=body.get("note"))
             self._commit()
             return jsonify(job_json(job))
