@@ -6,6 +6,7 @@ handler runs in the app's context, the blueprint answers 202/404/409/400."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,7 +302,7 @@ def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path
     app = Flask("undecided")
     ext = Jobs(app)
     try:
-        with pytest.raises(SettingsError, match="authorize=.*insecure_no_auth=True"):
+        with pytest.raises(SettingsError, match=r"authorize=.*insecure_no_auth=True"):
             ext.blueprint()
         with pytest.raises(SettingsError, match="exclude each other"):
             ext.blueprint(authorize=lambda *_: "x", insecure_no_auth=True)
@@ -309,3 +310,47 @@ def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path
     finally:
         REGISTRY.remove_job_scope(app.app_context)
         set_defaults_source(None)
+
+
+TINY_APP = """
+from flask import Flask
+from jobs.contrib.flask import Jobs
+
+app = Flask(__name__)
+app.config["JOBS"] = {"DATABASE_URL": "sqlite:///HERE/app-jobs.sqlite3", "DATA_DIR": "HERE/data"}
+Jobs(app).create_tables()
+"""
+
+
+def test_the_sweeper_uses_the_apps_config_and_says_when_settings_are_mixed(
+    tmp_path: Path,
+) -> None:
+    """``JOBS_IMPORTS=tiny_app jobctl sweeper`` and ``flask --app tiny_app jobs sweeper`` sweep
+    the app's database (they used to create their own empty one under jobs-data/), and say
+    in one line which setting came from where when the environment adds one."""
+    import subprocess  # noqa: PLC0415
+
+    (tmp_path / "tiny_app.py").write_text(TINY_APP.replace("HERE", str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    commands = {
+        "jobctl": [str(Path(sys.executable).parent / "jobctl"), "sweeper", "--once"],
+        "flask": [str(Path(sys.executable).parent / "flask"), "--app", "tiny_app", "jobs"]
+        + ["sweeper", "--once"],
+    }
+    for name, command in commands.items():
+        env_here = {**env, "JOBS_LEASE_SECONDS": "12"}
+        if name == "jobctl":
+            env_here["JOBS_IMPORTS"] = "tiny_app"
+        out = subprocess.run(
+            command, check=False, cwd=tmp_path, env=env_here, capture_output=True, text=True
+        )
+        assert out.returncode == 0, (name, out.stderr)
+        assert "dead owners re-queued: 0" in out.stdout
+        assert not (tmp_path / "jobs-data").exists(), name
+        assert not (tmp_path / "data" / "jobs.sqlite3").exists(), name
+        said = out.stderr.strip().splitlines()
+        assert said[0].startswith("settings from more than one place: "), (name, said)
+        assert "JOBS_LEASE_SECONDS from the environment" in said[0]
+        assert "JOBS_DATABASE_URL, JOBS_DATA_DIR, JOBS_IMPORTS from tiny_app's app.config" in (
+            said[0]
+        )

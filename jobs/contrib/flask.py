@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify, request, url_for
+import click
+from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
+from flask.cli import AppGroup
 
 from jobs import api
-from jobs.application import default_app, set_defaults_source
+from jobs.application import default_app, reset_settings, set_defaults_source
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -39,7 +42,6 @@ from jobs.core.errors import (
 from jobs.core.records import Job
 from jobs.core.settings import PREFIX, as_env
 from jobs.core.validate import MAX_DEPTH
-
 
 Authorize = Callable[[str, str, Job | None], str | None]
 """The blueprint's ``authorize`` hook: ``authorize(action, kind, job)`` is called inside the
@@ -59,10 +61,14 @@ class NotAllowed(Exception):
     """The ``authorize`` hook refused the request (answered 403)."""
 
 
-def config_env(config: Mapping[str, Any], engine_url: str | None = None) -> dict[str, str]:
+def config_env(
+    config: Mapping[str, Any], engine_url: str | None = None, app_module: str | None = None
+) -> dict[str, str]:
     """A Flask config's jobs settings as ``JOBS_*`` variables. Without a database URL of
     their own the jobs use the app's: ``engine_url`` (the URL Flask-SQLAlchemy's engine
-    really connects to) when given, else ``SQLALCHEMY_DATABASE_URI`` as written."""
+    really connects to) when given, else ``SQLALCHEMY_DATABASE_URI`` as written. Without
+    ``IMPORTS``, a worker imports ``app_module`` (the app's module, when it is one: its
+    import creates the app, so handlers run in the app's context)."""
     env = as_env(config.get("JOBS") or {}, 'app.config["JOBS"]')
     prefixed = {
         name[len(PREFIX) :]: value
@@ -74,6 +80,8 @@ def config_env(config: Mapping[str, Any], engine_url: str | None = None) -> dict
         env["JOBS_DATABASE_URL"] = engine_url
     elif "JOBS_DATABASE_URL" not in env and config.get("SQLALCHEMY_DATABASE_URI"):
         env["JOBS_DATABASE_URL"] = str(config["SQLALCHEMY_DATABASE_URI"])
+    if "JOBS_IMPORTS" not in env and app_module in sys.modules and app_module != "__main__":
+        env["JOBS_IMPORTS"] = app_module
     return env
 
 
@@ -89,6 +97,39 @@ def engine_url(app: Flask, db: Any) -> str | None:
         except (KeyError, RuntimeError):  # no default bind
             return None
     return str(url.render_as_string(hide_password=False))
+
+
+JOBCTL_COMMANDS = ("worker", "sweeper", "stats")
+"""The ``jobctl`` commands ``flask --app <app> jobs …`` runs with the app's config."""
+
+
+def export_app_settings(app: Flask, db: Any) -> None:
+    """The app's jobs settings into the environment (set variables win), for a ``jobctl``
+    command and the worker it execs: ``app.config["JOBS"]``, the database Flask-SQLAlchemy
+    really uses, and ``JOBS_IMPORTS`` defaulting to the app's module."""
+    for name, value in config_env(app.config, engine_url(app, db), app.import_name).items():
+        os.environ.setdefault(name, value)
+    reset_settings()
+
+
+def jobctl_command(command: str, ext: Jobs) -> click.Command:
+    """``flask jobs <command> [jobctl options …]``: ``jobctl <command>`` with the app's
+    settings (:func:`export_app_settings`)."""
+
+    @click.command(
+        command,
+        help=f"jobctl {command} with this app's config (JOBS_* variables win); "
+        f"jobctl {command}'s options pass through (flask jobs {command} -- --help).",
+        context_settings={"ignore_unknown_options": True},
+    )
+    @click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+    def run(arguments: tuple[str, ...]) -> None:
+        from jobs.cli import main  # noqa: PLC0415 - the command line on need
+
+        export_app_settings(current_app, ext.db)
+        main.main([command, *arguments], prog_name=f"flask jobs {command}")
+
+    return run
 
 
 def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, str]]:
@@ -148,11 +189,18 @@ class Jobs:
         self.app = app
         app.extensions["jobs"] = self
         config = app.config
-        set_defaults_source(lambda: config_env(config, engine_url(app, self.db)))
+        set_defaults_source(
+            lambda: config_env(config, engine_url(app, self.db), app.import_name),
+            f"{app.name}'s app.config",
+        )
         default_app().registry.add_job_scope(app.app_context)
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
+        commands = AppGroup("jobs", help="Durable jobs with this app's config.")
+        for command in JOBCTL_COMMANDS:
+            commands.add_command(jobctl_command(command, self))
+        app.cli.add_command(commands)
 
     def _abandon_pools(self) -> None:
         """In a forked worker child: drop the pooled connections Flask-SQLAlchemy's engines
