@@ -351,6 +351,6 @@ def test_the_sweeper_uses_the_apps_config_and_says_when_settings_are_mixed(
         said = out.stderr.strip().splitlines()
         assert said[0].startswith("settings from more than one place: "), (name, said)
         assert "JOBS_LEASE_SECONDS from the environment" in said[0]
-        assert "JOBS_DATABASE_URL, JOBS_DATA_DIR, JOBS_IMPORTS from tiny_app's app.config" in (
-            said[0]
+        assert (
+            "JOBS_DATABASE_URL, JOBS_DATA_DIR, JOBS_IMPORTS from tiny_app's app.config" in (said[0])
         )
