@@ -332,10 +332,10 @@ def test_the_sweeper_uses_the_apps_config_and_says_when_settings_are_mixed(
 
     (tmp_path / "tiny_app.py").write_text(TINY_APP.replace("HERE", str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    scripts = Path(sys.executable).parent
     commands = {
-        "jobctl": [str(Path(sys.executable).parent / "jobctl"), "sweeper", "--once"],
-        "flask": [str(Path(sys.executable).parent / "flask"), "--app", "tiny_app", "jobs"]
-        + ["sweeper", "--once"],
+        "jobctl": [str(scripts / "jobctl"), "sweeper", "--once"],
+        "flask": [str(scripts / "flask"), "--app", "tiny_app", "jobs", "sweeper", "--once"],
     }
     for name, command in commands.items():
         env_here = {**env, "JOBS_LEASE_SECONDS": "12"}
