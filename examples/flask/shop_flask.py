@@ -2,7 +2,10 @@
 
     flask --app shop_flask init-db        # once: the job tables and the shop's table
     flask --app shop_flask run            # the web app (SHOP_DATABASE_URL, JOBS_* as usual)
-    JOBS_IMPORTS=shop_flask jobctl worker  # a worker: the job runs in this app's context
+    flask --app shop_flask jobs worker    # a worker: the job runs in this app's context
+    flask --app shop_flask jobs sweeper   # recovery, timers, schedules, retention
+
+The jobs blueprint lets in requests with ``Authorization: Bearer $SHOP_STAFF_TOKEN``.
 
 An order and its check job are written in one transaction (the request's ``db.session``):
 both commit, or neither does. A full queue answers 429 with ``Retry-After``.
