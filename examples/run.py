@@ -41,7 +41,7 @@ def commands(shop: str, port: int) -> tuple[Path, list[list[str]], list[str]]:
         # ("table shop_orders already exists").
         [[*flask, "init-db"]],
         [
-            [python, "-m", "jobs", "worker"],
+            [*flask, "jobs", "worker"],
             [*flask, "run", "--port", str(port)],
         ],
     )
@@ -56,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     folder, setup, (worker_argv, web_argv) = commands(args.shop, port)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
-    if args.shop == "flask":
-        env.setdefault("JOBS_IMPORTS", "shop_flask")
     for command in setup:
         if subprocess.run(command, cwd=folder, env=env, check=False).returncode != 0:
             print(f"examples/run.py: {' '.join(command[1:])} failed", file=sys.stderr)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.core.errors import AdmissionRefused, InvalidInput, SettingsError
 from jobs.core.registry import REGISTRY, JobKind, Registry
 from jobs.core.schedule import Schedule, normalize_spec
-from jobs.core.settings import Settings, from_env, mask_url
+from jobs.core.settings import KNOWN, PREFIX, Settings, from_env, mask_url
 from jobs.core.states import State
 from jobs.core.validate import (
     MAX_LIST_LIMIT,
@@ -69,6 +69,8 @@ EXIT_FLUSH_SECONDS = 5.0
 
 DefaultsSource = Callable[[], Mapping[str, str]]
 
+FROM_THE_ENVIRONMENT = "the environment"
+
 
 def new_job_id() -> str:
     """A new random job ID (32 hex digits), for a submit that names none."""
@@ -86,6 +88,7 @@ class JobsApp:
         self._given_settings = settings
         self._settings = settings
         self._defaults_source: DefaultsSource | None = None
+        self._defaults_source_name = ""
         if registry is None:
             registry = Registry()
         registry.imports_from(lambda: self.settings.imports)
@@ -144,14 +147,52 @@ class JobsApp:
             )
         return dataclasses.replace(settings, broker_url=broker)
 
-    def set_defaults_source(self, source: DefaultsSource | None) -> None:
+    def set_defaults_source(
+        self, source: DefaultsSource | None, name: str = "the framework's settings"
+    ) -> None:
         """Read settings from ``source()`` (``JOBS_*`` names) wherever the process
         environment leaves them unset: the hook through which ``jobs.contrib.django`` and
         ``jobs.contrib.flask`` supply ``settings.JOBS`` and ``app.config``. Environment
-        variables still win. ``None`` removes the source. Forgets the cached settings."""
+        variables still win. ``None`` removes the source. ``name`` says where the values
+        come from in :meth:`settings_origins`. Forgets the cached settings."""
         with self._guard:
             self._defaults_source = source
+            self._defaults_source_name = name
             self.reset_settings()
+
+    def source_settings(self) -> dict[str, str]:
+        """The ``JOBS_*`` values the defaults source supplies (``{}`` without one): what a
+        command exports before it execs a worker, so the worker's Celery app, built before
+        the framework is imported there, reads the same settings."""
+        source = self._defaults_source
+        return dict(source()) if source is not None else {}
+
+    def settings_origins(self) -> dict[str, str]:
+        """Where each ``JOBS_*`` setting that is set comes from: ``"the environment"`` or the
+        defaults source's name (``app.config``, ``settings.JOBS``). Unset ones take their
+        defaults and are not listed."""
+        if self._given_settings is not None:
+            return {}
+        supplied = self.source_settings()
+        origins = dict.fromkeys(supplied, self._defaults_source_name)
+        for name, value in os.environ.items():
+            known = name.startswith(PREFIX) and name[len(PREFIX) :] in KNOWN
+            if known and value and supplied.get(name) != value:
+                origins[name] = FROM_THE_ENVIRONMENT
+        return origins
+
+    def mixed_settings_line(self) -> str | None:
+        """One line naming which setting came from where, when they came from more than one
+        place (a worker whose broker comes from the environment and whose database from
+        ``app.config`` must say so at start-up); ``None`` when they came from one."""
+        by_place: dict[str, list[str]] = {}
+        for name, place in sorted(self.settings_origins().items()):
+            by_place.setdefault(place, []).append(name)
+        if len(by_place) < 2:
+            return None
+        return "settings from more than one place: " + "; ".join(
+            f"{', '.join(names)} from {place}" for place, names in sorted(by_place.items())
+        )
 
     def set_settings(self, settings: Settings | None) -> None:
         """Fix the settings to ``settings`` (a test's short lease, the demo's own folder)
@@ -715,7 +756,9 @@ def reset_settings() -> None:
     default_app().reset_settings()
 
 
-def set_defaults_source(source: DefaultsSource | None) -> None:
+def set_defaults_source(
+    source: DefaultsSource | None, name: str = "the framework's settings"
+) -> None:
     """Set where the default app reads settings the environment leaves unset
     (:meth:`JobsApp.set_defaults_source`)."""
-    default_app().set_defaults_source(source)
+    default_app().set_defaults_source(source, name)

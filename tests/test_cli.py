@@ -756,3 +756,31 @@ def test_flower_refuses_to_start_without_credentials(
     """Issue 8: Flower lists every job ID and can shut workers down; it must not start open."""
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
     assert_one_line_error(jobctl("flower", *args), fragment)
+
+
+def test_jobctl_imports_job_modules_from_the_working_folder(tmp_path: Path) -> None:
+    """``JOBS_IMPORTS=shop jobctl ...`` in the shop's folder finds ``shop.py``, as
+    ``celery -A`` and ``flask --app`` do (the console script, unlike ``python -m``, does not
+    put the working folder on sys.path by itself)."""
+    (tmp_path / "cwd_shop.py").write_text(
+        "import jobs\n\n@jobs.job('cwd_kind')\ndef cwd_kind(ctx):\n    return 1\n"
+    )
+    jobctl_script = Path(sys.executable).parent / "jobctl"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("JOBS_")},
+        "JOBS_IMPORTS": "cwd_shop",
+        "JOBS_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": "",
+    }
+    env.pop("PYTHONSAFEPATH", None)
+    for command in (["db", "upgrade"], ["submit", "cwd_kind", "--id", "from-cwd"]):
+        out = subprocess.run(
+            [str(jobctl_script), *command],
+            check=False,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "from-cwd"

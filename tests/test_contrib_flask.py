@@ -6,6 +6,7 @@ handler runs in the app's context, the blueprint answers 202/404/409/400."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,12 @@ from jobs import testing
 from jobs.application import get_settings, set_defaults_source
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
+
+
+@jobs.job("relative_echo")
+def relative_echo(ctx: jobs.JobContext, text: str) -> str:
+    return text
+
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
 KIND = "check_flask_order"
@@ -50,7 +57,9 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
         url = f"sqlite:///{jobs_isolated / 'shop.sqlite3'}"
     else:
         url = request.getfixturevalue("clean_pg_web_url")
-    app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": url, "TESTING": True})
+    app = shop_flask.create_app(
+        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF_TOKEN": "s3cret"}
+    )
     try:
         with app.app_context():
             shop_flask.db.session.query(shop_flask.Order).delete()
@@ -123,21 +132,23 @@ def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
     }
 
 
+STAFF = {"Authorization": "Bearer s3cret", "X-Shop-User": "erin"}
+
+
 def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
-    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345})
+    created = shop.client.post(f"/jobs/{KIND}", json={"order_id": 12345}, headers=STAFF)
     assert created.status_code == 202
     job_id = created.get_json()["id"]
     assert created.headers["Location"] == f"/jobs/{job_id}"
     assert shop.rung == [job_id]
-    shown = shop.client.get(created.headers["Location"]).get_json()
+    shown = shop.client.get(created.headers["Location"], headers=STAFF).get_json()
     assert shown["state"] == "QUEUED"
-    assert shop.client.get("/jobs/no-such-job").status_code == 404
-    assert shop.client.post(f"/jobs/{job_id}/approve", json={"by": "x"}).status_code == 409
-    assert shop.client.post(f"/jobs/{job_id}/approve", json={}).status_code == 400
-    assert shop.client.post(f"/jobs/{KIND}", json=[1]).status_code == 400
-    assert shop.client.post("/jobs/no_such_kind", json={}).status_code == 400
+    assert shop.client.get("/jobs/no-such-job", headers=STAFF).status_code == 404
+    assert shop.client.post(f"/jobs/{job_id}/approve", headers=STAFF).status_code == 409
+    assert shop.client.post(f"/jobs/{KIND}", json=[1], headers=STAFF).status_code == 400
+    assert shop.client.post("/jobs/no_such_kind", json={}, headers=STAFF).status_code == 400
     jobs.set_limits(KIND, max_queued=1)
-    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1})
+    refused = shop.client.post(f"/jobs/{KIND}", json={"order_id": 1}, headers=STAFF)
     assert refused.status_code == 429
     assert "Retry-After" in refused.headers
 
@@ -221,3 +232,125 @@ def test_settings_come_from_app_config_and_the_environment_wins(
     finally:
         REGISTRY.remove_job_scope(app.app_context)
         set_defaults_source(None)
+
+
+def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
+    jobs_isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///shop.db`` (Flask-SQLAlchemy's usual form) is resolved under the app's
+    ``instance/`` folder: the jobs use that file, not ``shop.db`` in the working folder."""
+    from flask import Flask  # noqa: PLC0415
+    from flask_sqlalchemy import SQLAlchemy  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+
+    jobs_isolated.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(jobs_isolated)
+    app = Flask("relative_shop", instance_path=str(jobs_isolated / "instance"))
+    app.config["SQLALCHEMY_DATABASE_URI"] = "sqlite:///shop.db"
+    db = SQLAlchemy()
+    db.init_app(app)
+    ext = Jobs(app, db)
+    app.register_blueprint(ext.blueprint(insecure_no_auth=True))
+    try:
+        ext.create_tables()
+        with app.app_context():
+            engine_url = db.engine.url.render_as_string(hide_password=False)
+        assert get_settings().database_url == engine_url
+        assert (jobs_isolated / "instance" / "shop.db").exists()
+        response = app.test_client().post("/jobs/relative_echo", json={"text": "hi"})
+        assert response.status_code == 202, response.data
+        assert not (jobs_isolated / "shop.db").exists()
+    finally:
+        with app.app_context():
+            db.engine.dispose()
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+def test_the_blueprint_refuses_whom_authorize_refuses_and_approves_as_whom_it_names(
+    shop: Shop,
+) -> None:
+    """Without the staff token: 403 for every action and nothing written; an approval is
+    recorded under the name the hook returns, not the body's ``by``."""
+    stranger = {"Authorization": "Bearer guess"}
+    assert shop.client.post(f"/jobs/{KIND}", json={"order_id": 7}).status_code == 403
+    assert (
+        shop.client.post(f"/jobs/{KIND}", json={"order_id": 7}, headers=stranger).status_code == 403
+    )
+    assert jobs.list_jobs() == []
+    order = shop.client.post("/orders", json={"customer": "al", "total_cents": 500_000}).get_json()
+    testing.drain()
+    job_id = order["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    assert shop.client.get(f"/jobs/{job_id}").status_code == 403
+    forged = shop.client.post(f"/jobs/{job_id}/approve", json={"by": "boss"})
+    assert forged.status_code == 403
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approved = shop.client.post(f"/jobs/{job_id}/approve", json={"by": "boss"}, headers=STAFF)
+    assert approved.status_code == 200, approved.data
+    testing.drain()
+    assert jobs.get(job_id).result["approved_by"] == "erin"
+
+
+def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path) -> None:
+    from flask import Flask  # noqa: PLC0415
+
+    from jobs.contrib.flask import Jobs  # noqa: PLC0415
+    from jobs.core.errors import SettingsError  # noqa: PLC0415
+
+    app = Flask("undecided")
+    ext = Jobs(app)
+    try:
+        with pytest.raises(SettingsError, match=r"authorize=.*insecure_no_auth=True"):
+            ext.blueprint()
+        with pytest.raises(SettingsError, match="exclude each other"):
+            ext.blueprint(authorize=lambda *_: "x", insecure_no_auth=True)
+        assert ext.blueprint(insecure_no_auth=True).name == "jobs"
+    finally:
+        REGISTRY.remove_job_scope(app.app_context)
+        set_defaults_source(None)
+
+
+TINY_APP = """
+from flask import Flask
+from jobs.contrib.flask import Jobs
+
+app = Flask(__name__)
+app.config["JOBS"] = {"DATABASE_URL": "sqlite:///HERE/app-jobs.sqlite3", "DATA_DIR": "HERE/data"}
+Jobs(app).create_tables()
+"""
+
+
+def test_the_sweeper_uses_the_apps_config_and_says_when_settings_are_mixed(
+    tmp_path: Path,
+) -> None:
+    """``JOBS_IMPORTS=tiny_app jobctl sweeper`` and ``flask --app tiny_app jobs sweeper`` sweep
+    the app's database (they used to create their own empty one under jobs-data/), and say
+    in one line which setting came from where when the environment adds one."""
+    import subprocess  # noqa: PLC0415
+
+    (tmp_path / "tiny_app.py").write_text(TINY_APP.replace("HERE", str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    scripts = Path(sys.executable).parent
+    commands = {
+        "jobctl": [str(scripts / "jobctl"), "sweeper", "--once"],
+        "flask": [str(scripts / "flask"), "--app", "tiny_app", "jobs", "sweeper", "--once"],
+    }
+    for name, command in commands.items():
+        env_here = {**env, "JOBS_LEASE_SECONDS": "12"}
+        if name == "jobctl":
+            env_here["JOBS_IMPORTS"] = "tiny_app"
+        out = subprocess.run(
+            command, check=False, cwd=tmp_path, env=env_here, capture_output=True, text=True
+        )
+        assert out.returncode == 0, (name, out.stderr)
+        assert "dead owners re-queued: 0" in out.stdout
+        assert not (tmp_path / "jobs-data").exists(), name
+        assert not (tmp_path / "data" / "jobs.sqlite3").exists(), name
+        said = out.stderr.strip().splitlines()
+        assert said[0].startswith("settings from more than one place: "), (name, said)
+        assert "JOBS_LEASE_SECONDS from the environment" in said[0]
+        assert (
+            "JOBS_DATABASE_URL, JOBS_DATA_DIR, JOBS_IMPORTS from tiny_app's app.config" in (said[0])
+        )

@@ -441,7 +441,7 @@ def test_deeply_nested_json_bodies_on_the_blueprint_are_400() -> None:
 
     app = Flask(__name__)
     ext = Jobs(app)
-    app.register_blueprint(ext.blueprint())
+    app.register_blueprint(ext.blueprint(insecure_no_auth=True))
     client = app.test_client()
     body = "[" * 100_000 + "]" * 100_000
     for path in ("/jobs/hostile_echo", "/jobs/x/approve"):
@@ -460,7 +460,7 @@ def test_a_body_over_the_input_limit_is_refused_before_it_is_read(
     reset_settings()
     api.reset()
     app = Flask(__name__)
-    app.register_blueprint(Jobs(app).blueprint())
+    app.register_blueprint(Jobs(app).blueprint(insecure_no_auth=True))
     answer = app.test_client().post(
         "/jobs/hostile_echo", data='{"x": "' + "y" * 5000 + '"}', content_type="application/json"
     )

@@ -382,3 +382,22 @@ def test_a_periodic_kind_whose_handler_needs_inputs_is_refused_at_registration()
     with pytest.raises(InvalidInput, match="no inputs"):
         jobs.job("ops_needs_inputs", schedule="@daily")(needs_an_order)
     assert "ops_needs_inputs" not in REGISTRY.names()  # nothing was registered
+
+
+def test_explain_asks_about_the_broker_when_a_dispatched_job_is_never_claimed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker on another broker than the submitters' never claims anything: explain says
+    so, whether the message counts as lost or the sweeper has just sent it again."""
+    monkeypatch.setenv("JOBS_REDISPATCH_AFTER_SECONDS", "1")
+    reset_settings()
+    sent = jobs.submit("ops_lookup", {"order_id": 1})
+    time.sleep(1.1)
+    found = explained(sent)
+    assert found["reason"] == "message_lost"
+    assert "not claimed: is the worker on the same broker?" in found["explanation"]
+    assert "filesystem://" in found["explanation"]
+    assert sent in the_store().due_for_dispatch(1.0)  # the sweeper's re-dispatch
+    found = explained(sent)
+    assert found["reason"] == "not_claimed", found
+    assert "ago and not claimed: is the worker on the same broker?" in found["explanation"]

@@ -2,7 +2,10 @@
 
     flask --app shop_flask init-db        # once: the job tables and the shop's table
     flask --app shop_flask run            # the web app (SHOP_DATABASE_URL, JOBS_* as usual)
-    JOBS_IMPORTS=shop_flask jobctl worker  # a worker: the job runs in this app's context
+    flask --app shop_flask jobs worker    # a worker: the job runs in this app's context
+    flask --app shop_flask jobs sweeper   # recovery, timers, schedules, retention
+
+The jobs blueprint lets in requests with ``Authorization: Bearer $SHOP_STAFF_TOKEN``.
 
 An order and its check job are written in one transaction (the request's ``db.session``):
 both commit, or neither does. A full queue answers 429 with ``Retry-After``.
@@ -10,11 +13,12 @@ both commit, or neither does. A full queue answers 429 with ``Retry-After``.
 
 from __future__ import annotations
 
+import hmac
 import os
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -68,6 +72,17 @@ def check_order(ctx: jobs.JobContext, order_id: int) -> dict[str, Any]:
     return {"order_id": order_id, "approved_by": approved_by}
 
 
+def shop_staff(action: str, kind: str, job: jobs.Job | None) -> str | None:
+    """Who may use the jobs blueprint: a request carrying the staff token
+    (``Authorization: Bearer $SHOP_STAFF_TOKEN``), acting as the ``X-Shop-User`` header's
+    name. Without a token configured every request is refused (403)."""
+    token = current_app.config.get("SHOP_STAFF_TOKEN")
+    given = request.headers.get("Authorization", "")
+    if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return None
+    return request.headers.get("X-Shop-User") or "staff"
+
+
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__)
     data_dir = Path(os.environ.get("JOBS_DATA_DIR") or "jobs-data").absolute()
@@ -76,10 +91,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         os.environ.get("SHOP_DATABASE_URL") or f"sqlite:///{data_dir / 'shop.sqlite3'}"
     )
     app.config["JOBS"] = {"DATA_DIR": str(data_dir)}
+    app.config["SHOP_STAFF_TOKEN"] = os.environ.get("SHOP_STAFF_TOKEN")
     app.config.update(config or {})
     db.init_app(app)
     jobs_ext.init_app(app, db)
-    app.register_blueprint(jobs_ext.blueprint())
+    app.register_blueprint(jobs_ext.blueprint(authorize=shop_staff))
 
     @app.post("/orders")
     def create_order() -> tuple[Response, int]:

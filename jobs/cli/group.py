@@ -3,6 +3,7 @@ and one place turns user mistakes into one line on stderr and exit 1."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -69,6 +70,16 @@ class JobctlGroup(click.Group):
             raise
 
 
+def import_from_the_working_folder() -> None:
+    """Put the working folder first on ``sys.path``, as ``celery -A`` and ``flask --app``
+    do: ``JOBS_IMPORTS=shop jobctl worker`` in the shop's folder imports ``shop.py``. The
+    ``jobctl`` console script does not get it from Python (``python -m jobs`` does)."""
+    folder = os.getcwd()
+    if folder not in sys.path and "" not in sys.path:
+        sys.path.insert(0, folder)
+
+
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Durable jobs on Celery: the database is the ledger, the broker is a doorbell."""
+    import_from_the_working_folder()

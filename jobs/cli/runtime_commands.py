@@ -10,9 +10,41 @@ import sys
 
 import click
 
-from jobs.application import default_app, get_settings
+from jobs.application import default_app
 from jobs.cli.group import Finite, main
+from jobs.core.settings import Settings
 from jobs.core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
+
+
+def settings_after_the_job_modules() -> Settings:
+    """The settings in force once the job modules (``JOBS_IMPORTS``) are imported, a
+    Django project set up first: importing a Flask app or setting Django up supplies its
+    settings (``app.config``, ``settings.JOBS``), so reading them before would take the
+    database from one place and the broker from another. Says on stderr, in one line,
+    which setting came from where when they came from more than one place. A bad setting
+    or module stops here with one line."""
+    from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
+
+    app = default_app()
+    set_up_for_job_modules()  # a Django project's job modules import its models
+    app.registry.names()  # so does a bad JOBS_IMPORTS module
+    settings = app.settings
+    mixed = app.mixed_settings_line()
+    if mixed is not None:
+        click.echo(mixed, err=True)
+    return settings
+
+
+def export_for_the_worker() -> None:
+    """What the exec'd worker must see: the settings a framework supplied (set variables
+    win; the worker's Celery app is built before it imports the framework) and the working
+    folder on ``PYTHONPATH`` (``python -m`` adds it too, unless ``PYTHONSAFEPATH`` is set)."""
+    for name, value in default_app().source_settings().items():
+        os.environ.setdefault(name, value)
+    folder = os.getcwd()
+    paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if folder not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, folder])
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -44,12 +76,11 @@ def worker(
 
     Extra arguments are passed to Celery's `worker` command unchanged.
     """
-    settings = get_settings()  # a bad setting stops here with a clear message
-    from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
     from jobs.runtime.queues import served_queues, with_bands  # noqa: PLC0415
 
-    set_up_for_job_modules()  # a Django project's job modules import its models
-    kinds = default_app().registry.kinds()  # so does a bad JOBS_IMPORTS module
+    settings = settings_after_the_job_modules()
+    export_for_the_worker()
+    kinds = default_app().registry.kinds()
     consumed = (
         served_queues(settings, kinds)
         if not queues
@@ -85,11 +116,10 @@ def worker(
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
-    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
-    settings = get_settings()
+    settings = settings_after_the_job_modules()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     runtime = default_app().runtime
     store = runtime.store
@@ -157,7 +187,9 @@ def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[st
             "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
             "--insecure-no-auth starts it without credentials"
         )
-    celery_app = get_settings().celery_app or "jobs.celery_app"  # a project's own app, if set
+    celery_app = (
+        default_app().settings.celery_app or "jobs.celery_app"
+    )  # a project's own app, if set
     argv = [sys.executable, "-m", "celery", "-A", celery_app, "flower"]
     if basic_auth is not None:
         pairs = [pair.strip() for pair in basic_auth.split(",")]

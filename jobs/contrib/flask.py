@@ -9,25 +9,33 @@
 - A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
-  approve; unknown IDs answer 404, illegal transitions 409.
+  approve; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
+  may use them: ``authorize=`` (see :data:`Authorize`; a refusal answers 403) or an
+  explicit ``insecure_no_auth=True``.
+- ``flask --app <app> jobs worker`` and ``flask --app <app> jobs sweeper`` run
+  ``jobctl worker``/``jobctl sweeper`` with the app's config.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify, request, url_for
+import click
+from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
+from flask.cli import AppGroup
 
 from jobs import api
-from jobs.application import default_app, set_defaults_source
+from jobs.application import default_app, reset_settings, set_defaults_source
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
     IllegalTransition,
     InvalidInput,
+    SettingsError,
     UnknownJob,
     UnknownKind,
 )
@@ -35,9 +43,32 @@ from jobs.core.records import Job
 from jobs.core.settings import PREFIX, as_env
 from jobs.core.validate import MAX_DEPTH
 
+Authorize = Callable[[str, str, Job | None], str | None]
+"""The blueprint's ``authorize`` hook: ``authorize(action, kind, job)`` is called inside the
+request (so it can read ``flask.request`` or ``flask_login.current_user``) before the
+endpoint does anything, with ``action`` one of ``"submit"`` (``job`` is ``None``),
+``"show"`` and ``"approve"``. It returns the acting user's name (an approval is recorded
+under it, whatever the body says) or ``None`` to refuse: the request answers 403."""
 
-def config_env(config: Mapping[str, Any]) -> dict[str, str]:
-    """A Flask config's jobs settings as ``JOBS_*`` variables."""
+BLUEPRINT_NEEDS_A_DECISION = (
+    "Jobs.blueprint() lets its callers submit, read and approve jobs: give it "
+    "authorize=<callable (action, kind, job) -> user name or None> or, on a network you "
+    "trust, insecure_no_auth=True"
+)
+
+
+class NotAllowed(Exception):
+    """The ``authorize`` hook refused the request (answered 403)."""
+
+
+def config_env(
+    config: Mapping[str, Any], engine_url: str | None = None, app_module: str | None = None
+) -> dict[str, str]:
+    """A Flask config's jobs settings as ``JOBS_*`` variables. Without a database URL of
+    their own the jobs use the app's: ``engine_url`` (the URL Flask-SQLAlchemy's engine
+    really connects to) when given, else ``SQLALCHEMY_DATABASE_URI`` as written. Without
+    ``IMPORTS``, a worker imports ``app_module`` (the app's module, when it is one: its
+    import creates the app, so handlers run in the app's context)."""
     env = as_env(config.get("JOBS") or {}, 'app.config["JOBS"]')
     prefixed = {
         name[len(PREFIX) :]: value
@@ -45,9 +76,60 @@ def config_env(config: Mapping[str, Any]) -> dict[str, str]:
         if name.startswith(PREFIX) and name != "JOBS"
     }
     env.update(as_env(prefixed, "app.config"))
-    if "JOBS_DATABASE_URL" not in env and config.get("SQLALCHEMY_DATABASE_URI"):
+    if "JOBS_DATABASE_URL" not in env and engine_url:
+        env["JOBS_DATABASE_URL"] = engine_url
+    elif "JOBS_DATABASE_URL" not in env and config.get("SQLALCHEMY_DATABASE_URI"):
         env["JOBS_DATABASE_URL"] = str(config["SQLALCHEMY_DATABASE_URI"])
+    if "JOBS_IMPORTS" not in env and app_module in sys.modules and app_module != "__main__":
+        env["JOBS_IMPORTS"] = app_module
     return env
+
+
+def engine_url(app: Flask, db: Any) -> str | None:
+    """The URL of Flask-SQLAlchemy's default engine for ``app``, password included: a
+    relative ``sqlite:///shop.db`` there means ``<app.instance_path>/shop.db``, and the
+    jobs must use that same file. ``None`` when ``db`` is not initialised on ``app``."""
+    if db is None or "sqlalchemy" not in app.extensions:
+        return None
+    with app.app_context():
+        try:
+            url = db.engine.url
+        except (KeyError, RuntimeError):  # no default bind
+            return None
+    return str(url.render_as_string(hide_password=False))
+
+
+JOBCTL_COMMANDS = ("worker", "sweeper", "stats")
+"""The ``jobctl`` commands ``flask --app <app> jobs …`` runs with the app's config."""
+
+
+def export_app_settings(app: Flask, db: Any) -> None:
+    """The app's jobs settings into the environment (set variables win), for a ``jobctl``
+    command and the worker it execs: ``app.config["JOBS"]``, the database Flask-SQLAlchemy
+    really uses, and ``JOBS_IMPORTS`` defaulting to the app's module."""
+    for name, value in config_env(app.config, engine_url(app, db), app.import_name).items():
+        os.environ.setdefault(name, value)
+    reset_settings()
+
+
+def jobctl_command(command: str, ext: Jobs) -> click.Command:
+    """``flask jobs <command> [jobctl options …]``: ``jobctl <command>`` with the app's
+    settings (:func:`export_app_settings`)."""
+
+    @click.command(
+        command,
+        help=f"jobctl {command} with this app's config (JOBS_* variables win); "
+        f"jobctl {command}'s options pass through (flask jobs {command} -- --help).",
+        context_settings={"ignore_unknown_options": True},
+    )
+    @click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+    def run(arguments: tuple[str, ...]) -> None:
+        from jobs.cli import main  # noqa: PLC0415 - the command line on need
+
+        export_app_settings(current_app, ext.db)
+        main.main([command, *arguments], prog_name=f"flask jobs {command}")
+
+    return run
 
 
 def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, str]]:
@@ -107,11 +189,18 @@ class Jobs:
         self.app = app
         app.extensions["jobs"] = self
         config = app.config
-        set_defaults_source(lambda: config_env(config))
+        set_defaults_source(
+            lambda: config_env(config, engine_url(app, self.db), app.import_name),
+            f"{app.name}'s app.config",
+        )
         default_app().registry.add_job_scope(app.app_context)
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
+        commands = AppGroup("jobs", help="Durable jobs with this app's config.")
+        for command in JOBCTL_COMMANDS:
+            commands.add_command(jobctl_command(command, self))
+        app.cli.add_command(commands)
 
     def _abandon_pools(self) -> None:
         """In a forked worker child: drop the pooled connections Flask-SQLAlchemy's engines
@@ -150,11 +239,42 @@ class Jobs:
         if self.db is not None:
             self.db.session.commit()
 
-    def blueprint(self, name: str = "jobs", url_prefix: str = "/jobs") -> Blueprint:
+    def blueprint(
+        self,
+        name: str = "jobs",
+        url_prefix: str = "/jobs",
+        *,
+        authorize: Authorize | None = None,
+        insecure_no_auth: bool = False,
+    ) -> Blueprint:
         """JSON endpoints: ``POST <prefix>/<kind>`` (the body is the inputs) answers 202 with
         the job's URL in ``Location``; ``GET <prefix>/<id>``; ``POST <prefix>/<id>/approve``
-        with ``{"by": ...}``. Register it with ``app.register_blueprint(...)``."""
+        (recorded under the name ``authorize`` returns; with ``insecure_no_auth``, the
+        body's ``{"by": ...}``). Register it with ``app.register_blueprint(...)``.
+
+        Anyone who reaches these endpoints can queue work and read every job's inputs and
+        results, so one of ``authorize`` (:data:`Authorize`) and ``insecure_no_auth=True``
+        is required: without either this raises :class:`SettingsError`."""
+        if (authorize is None) == (not insecure_no_auth):
+            raise SettingsError(
+                BLUEPRINT_NEEDS_A_DECISION
+                if authorize is None
+                else "Jobs.blueprint(): authorize= and insecure_no_auth=True exclude each other"
+            )
         routes = Blueprint(name, __name__, url_prefix=url_prefix)
+
+        def acting_user(action: str, kind: str, job: Job | None) -> str | None:
+            """The name ``authorize`` gives the caller (``None`` without the hook)."""
+            if authorize is None:
+                return None
+            user = authorize(action, kind, job)
+            if not user:
+                raise NotAllowed(action)
+            return user
+
+        @routes.errorhandler(NotAllowed)
+        def not_allowed(err: NotAllowed) -> tuple[Response, int]:
+            return jsonify(error=f"not allowed to {err}"), 403
 
         @routes.errorhandler(UnknownJob)
         def unknown(err: UnknownJob) -> tuple[Response, int]:
@@ -172,6 +292,7 @@ class Jobs:
 
         @routes.post("/<kind>")
         def submit(kind: str) -> tuple[Response, int, dict[str, str]]:
+            acting_user("submit", kind, None)
             inputs = request_json()
             if not isinstance(inputs, dict):
                 raise InvalidInput("the request body must be a JSON object (the job's inputs)")
@@ -182,14 +303,23 @@ class Jobs:
 
         @routes.get("/<job_id>")
         def show(job_id: str) -> Response:
-            return jsonify(job_json(api.get(job_id)))
+            job = api.get(job_id)
+            acting_user("show", job.kind, job)
+            return jsonify(job_json(job))
 
         @routes.post("/<job_id>/approve")
         def approve(job_id: str) -> Response:
+            by = None
+            if authorize is not None:
+                job = api.get(job_id)
+                by = acting_user("approve", job.kind, job)
             body = request_json() or {}
-            by = body.get("by") if isinstance(body, dict) else None
+            if by is None:
+                by = body.get("by") if isinstance(body, dict) else None
             if not isinstance(by, str) or not by:
                 raise InvalidInput('say who approves: {"by": "<name>"}')
+            if not isinstance(body, dict):
+                body = {}
             job = self.approve(job_id, by=by, note=body.get("note"))
             self._commit()
             return jsonify(job_json(job))

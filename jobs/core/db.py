@@ -19,6 +19,7 @@ engine and makes a new one in a child.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +32,12 @@ from sqlalchemy.pool import StaticPool
 from jobs.core.validate import load_json
 
 T = TypeVar("T")
+
+log = logging.getLogger("jobs.db")
+
+OPTIONS_REFUSED = "unsupported startup parameter: options"
+"""What PgBouncer with its default ``ignore_startup_parameters`` answers a connection that
+carries the ``options`` start-up parameter (our session timeouts)."""
 
 READ_ONLY = "jobs_read_only"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -97,7 +104,36 @@ def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
     engine = create_engine(url, **kwargs)
     if not pooled:
         _unprepare_behind_a_proxy(engine, parsed.port or 5432)
+        _without_options_where_refused(engine)
     return engine
+
+
+def _without_options_where_refused(engine: Engine) -> None:
+    """A pooler that refuses the ``options`` start-up parameter (PgBouncer's default) gets
+    connections without it, and one warning naming ``JOBS_LIVENESS_DATABASE_URL``: the
+    session timeouts are then not set, and liveness falls back to lease expiry (see
+    :mod:`jobs.runtime.liveness`)."""
+    refused: list[bool] = []
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        if refused:
+            cparams.pop("options", None)
+            return None  # the dialect connects with the parameters as they are now
+        try:
+            return dialect.connect(*cargs, **cparams)
+        except Exception as err:
+            if OPTIONS_REFUSED not in str(err) or "options" not in cparams:
+                raise
+        refused.append(True)
+        log.warning(
+            "the database (a pooler such as PgBouncer) refuses the 'options' start-up "
+            "parameter: connecting without the session timeouts; set "
+            "JOBS_LIVENESS_DATABASE_URL to a direct PostgreSQL URL (deploy/README.md), or "
+            "ignore_startup_parameters = extra_float_digits, options in pgbouncer.ini"
+        )
+        cparams.pop("options", None)
+        return dialect.connect(*cargs, **cparams)
 
 
 def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:

@@ -40,7 +40,7 @@ from celery.exceptions import Retry
 
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
-from jobs.core.settings import Settings
+from jobs.core.settings import Settings, mask_url
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
 from jobs.runtime.queues import (
@@ -332,8 +332,35 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     names = _load_kinds(celery, installed)
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    say_where_the_worker_listens(celery, installed.host.settings)
     warn_about_the_pool(sender, installed.host.settings)
     _preload_for_the_pool(installed.host.settings)
+
+
+def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
+    """Log at start-up the broker, database and queues this worker uses (passwords masked),
+    so a worker on another broker than the submitters' can be seen; and an error when the
+    Celery app listens on another broker than the settings now name (the job modules
+    supplied settings after the app was built: ``celery -A jobs.celery_app worker`` with a
+    Flask app's ``app.config["JOBS"]["BROKER_URL"]``)."""
+    listening = str(celery.conf.broker_url or "")
+    queues = ", ".join(queue_names(settings))
+    log.info(
+        "worker: broker %s, database %s, queues %s",
+        mask_url(listening),
+        mask_url(settings.database_url),
+        queues,
+    )
+    split = celery.conf.broker_read_url or celery.conf.broker_write_url  # a user's own app
+    if listening and not split and listening != settings.broker_url:
+        log.error(
+            "this worker listens on broker %s but its settings name %s (set when the job "
+            "modules were imported): jobs submitted there are never claimed here; start "
+            "workers with jobctl worker (or flask jobs worker, manage.py jobs_worker), or "
+            "set JOBS_BROKER_URL",
+            mask_url(listening),
+            mask_url(settings.broker_url),
+        )
 
 
 SOLO_POOL_WARNING = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from jobs.core.context import wake_at_of
 from jobs.core.records import Job, Transition
-from jobs.core.settings import Settings
+from jobs.core.settings import Settings, mask_url
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.validate import check_lookup_id, printable
@@ -200,14 +200,36 @@ def _queued(
             ("check that a sweeper runs: jobctl sweeper",),
         )
     sent_ago = (now - dispatched).total_seconds()
+    on_the_broker = (
+        f"is the worker on the same broker? This process sends to {mask_url(settings.broker_url)} "
+        f"(database {mask_url(settings.database_url)}); a worker logs its own at start-up "
+        "('worker: broker …')"
+    )
     if sent_ago >= settings.redispatch_after_seconds:
         return (
             "message_lost",
-            f"Its message was sent at {_at(dispatched)} ({_span(sent_ago)} ago) and no worker "
-            "took it: it counts as lost, and the next sweep sends it again.",
+            f"Its message was sent at {_at(dispatched)}: dispatched {_span(sent_ago)} ago and "
+            f"not claimed: {on_the_broker}. It counts as lost, and the next sweep sends it again.",
             (
                 "check that a sweeper runs: jobctl sweeper",
-                f"check that workers consume queue {queue!r} and know kind {job.kind!r}",
+                f"check that workers consume queue {queue!r} on the same broker and know "
+                f"kind {job.kind!r}",
+            ),
+        )
+    due_for = (now - job.run_after).total_seconds()
+    nothing_running = not any(
+        state == State.RUNNING.value for (_, state), count in store.counts().items() if count
+    )
+    if due_for >= settings.redispatch_after_seconds and nothing_running:
+        return (
+            "not_claimed",
+            f"It has been due for {_span(due_for)}; its message was sent again at "
+            f"{_at(dispatched)}, yet no worker claimed it and no job is running anywhere: "
+            f"dispatched {_span(due_for)} ago and not claimed: {on_the_broker}.",
+            (
+                f"check that workers consume queue {queue!r} on the same broker and know "
+                f"kind {job.kind!r}",
+                "compare the 'worker: broker …' line of a worker's log with this one",
             ),
         )
     ahead = store.oldest_queued()

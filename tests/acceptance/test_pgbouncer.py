@@ -14,15 +14,38 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.core.db import make_engine
 from jobs.core.states import State
+from jobs.schema import upgrade
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     PgBouncer,
     Stack,
     assert_recorded_steps_ran_once,
 )
+from tests.conftest import private_pg_database
 
 pytestmark = pytest.mark.acceptance
+
+
+def test_pgbouncer_defaults_without_a_liveness_url_connect_and_say_what_to_do(
+    pgbouncer: PgBouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PgBouncer's default configuration refuses the ``options`` start-up parameter: the
+    engine connects without it (lease-expiry recovery, as documented) and says once what
+    to do, naming JOBS_LIVENESS_DATABASE_URL; it used to fail every connection."""
+    refuses_options = "options" not in (pgbouncer.root / "pgbouncer.ini").read_text()
+    with private_pg_database("jobs_bouncer") as direct:
+        engine = make_engine(pgbouncer.url_for(direct))
+        try:
+            upgrade(engine)
+            for _ in range(3):
+                with engine.connect() as conn:
+                    assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+        finally:
+            engine.dispose()
+    said = [r.getMessage() for r in caplog.records if "LIVENESS_DATABASE_URL" in r.getMessage()]
+    assert len(said) == (1 if refuses_options else 0), said
 
 
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)

@@ -78,7 +78,7 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        set_defaults_source(settings_env)
+        set_defaults_source(settings_env, "settings.JOBS")
         default_app().registry.add_job_scope(fresh_connections)
         post_migrate.connect(upgrade_job_tables, sender=self)
 
