@@ -74,4 +74,4 @@ def wake(job_id: str | None = None) -> list[str]:
     IDs; run them with :func:`drain`. A recorded timer does not sleep again, so the job
     continues past ``ctx.sleep``. For tests only: in production the wake-up is the
     database's clock reaching the timer's instant."""
-    return default_app().runtime.store.wake(None if job_id is None else [job_id])
+    return default_app().runtime.store.make_due(None if job_id is None else [job_id])

@@ -262,9 +262,9 @@ def test_store_wake_makes_only_waiting_queued_jobs_due(
     store.create("nap", {}, job_id="delayed", max_attempts=1, delay_seconds=50)
     store.create("nap", {}, job_id="due", max_attempts=1)
 
-    assert store.wake(["sleeping"]) == ["sleeping"]
+    assert store.make_due(["sleeping"]) == ["sleeping"]
     assert sorted(store.next_claimable()) == ["due", "sleeping"]
-    assert store.wake() == ["delayed"]
+    assert store.make_due() == ["delayed"]
     assert runner(store).run(sleeping).outcome is Outcome.COMPLETED
 
 

@@ -282,10 +282,10 @@ class JobStore:
         """An operator's wake. (:meth:`Operations.wake_job`)"""
         return self.operations.wake_job(job_id, reason, conn=conn)
 
-    def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
+    def make_due(self, job_ids: Sequence[str] | None = None) -> list[str]:
         """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now.
-        (:meth:`Operations.wake`)"""
-        return self.operations.wake(job_ids)
+        (:meth:`Operations.make_due`)"""
+        return self.operations.make_due(job_ids)
 
     def expire(
         self, job_id: str, owner: str, fence: int, reason: str, *, only_if_expired: bool = False

@@ -133,7 +133,7 @@ class Operations:
                 raise NothingToWake(job_id, State(state))
             return Job.from_row(row)
 
-    def wake(self, job_ids: Sequence[str] | None = None) -> list[str]:
+    def make_due(self, job_ids: Sequence[str] | None = None) -> list[str]:
         """Make QUEUED jobs that are not due yet (sleeping, delayed, backing off) due now:
         all of them, or those of ``job_ids``. For tests (:func:`jobs.testing.wake`): a job
         runs only once due, and a recorded timer does not sleep again. Not a state change
