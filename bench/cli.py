@@ -36,6 +36,12 @@ NOTES = [
     "jobs.submit_many, doorbells published), then a fresh worker drains them; rate from the "
     "20th completion to the last (the issue's method). worker memory: RSS and PSS of that "
     "worker's main process + pool children right after the 1-step drain.",
+    "native (issue 14): the same 1-step drain by a worker of a user's own Celery app with "
+    "durable jobs installed (bench.user_app: the plain side's app + install(app)) in the "
+    "'durable' column, by jobs.celery_app's worker in the 'plain-celery' column; and no-op "
+    "plain tasks drained by that user's app as a mixed worker (plain and durable queues) in "
+    "the 'durable' column, by the plain worker in the 'plain-celery' column. Target: ratios "
+    "within 5% of 1.",
     "write txns/job: distinct transaction IDs on the batch's history and step rows (exact, this "
     "database only; heartbeat renewals write no such row); xids/job (cluster): "
     "pg_snapshot_xmax before the fill and after the drain, divided by N, counting every "
