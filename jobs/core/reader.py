@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Row, func, select
@@ -221,10 +222,15 @@ class JobReader:
         with self._read() as conn:
             return [Job.from_row(r) for r in conn.execute(stmt)]
 
-    def select_jobs(self, where: JobFilter, limit: int) -> tuple[int, builtins.list[Selected]]:
-        """For a bulk action: how many jobs ``where`` matches, and the oldest ``limit`` of
+    def select_jobs(
+        self, where: JobFilter, limit: int, among: Sequence[State] | None = None
+    ) -> tuple[int, builtins.list[Selected]]:
+        """For a bulk action: how many jobs ``where`` matches (and, given ``among``, are in
+        one of those states: the ones the action applies to), and the oldest ``limit`` of
         them, each with the state and fence it is in now (the bulk write's condition)."""
         conditions = filtered(where)
+        if among is not None:
+            conditions.append(JobRecord.state.in_([state.value for state in among]))
         with self._read() as conn:
             count: int = conn.execute(
                 select(func.count()).select_from(JobRecord).where(*conditions)

@@ -493,10 +493,13 @@ class JobStore:
         filters them. (:meth:`JobReader.list`)"""
         return self.reader.list(state, kind, limit, where=where)
 
-    def select_jobs(self, where: JobFilter, limit: int) -> tuple[int, builtins.list[Selected]]:
-        """How many jobs ``where`` matches, and the oldest ``limit`` with their state and
-        fence, for a bulk action. (:meth:`JobReader.select_jobs`)"""
-        return self.reader.select_jobs(where, limit)
+    def select_jobs(
+        self, where: JobFilter, limit: int, among: Sequence[State] | None = None
+    ) -> tuple[int, builtins.list[Selected]]:
+        """How many jobs ``where`` matches (in one of the states ``among``), and the oldest
+        ``limit`` with their state and fence, for a bulk action.
+        (:meth:`JobReader.select_jobs`)"""
+        return self.reader.select_jobs(where, limit, among)
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name. (:meth:`JobReader.schedules`)"""
