@@ -9,7 +9,7 @@
 - A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
-  approve; unknown IDs answer 404, illegal transitions 409.
+  approve, retry; unknown IDs answer 404, illegal transitions 409.
 """
 
 from __future__ import annotations
@@ -146,6 +146,21 @@ class Jobs:
             return api.approve(job_id, by=by, note=note)
         return api.approve(job_id, by=by, note=note, session=self.db.session)
 
+    def retry(
+        self,
+        job_id: str,
+        *,
+        by: str,
+        reason: str = "retried by an operator",
+        from_start: bool = False,
+    ) -> Job:
+        """:func:`jobs.retry` in the request's ``db.session`` transaction."""
+        if self.db is None:
+            return api.retry(job_id, by=by, reason=reason, from_start=from_start)
+        return api.retry(
+            job_id, by=by, reason=reason, from_start=from_start, session=self.db.session
+        )
+
     def _commit(self) -> None:
         if self.db is not None:
             self.db.session.commit()
@@ -153,7 +168,10 @@ class Jobs:
     def blueprint(self, name: str = "jobs", url_prefix: str = "/jobs") -> Blueprint:
         """JSON endpoints: ``POST <prefix>/<kind>`` (the body is the inputs) answers 202 with
         the job's URL in ``Location``; ``GET <prefix>/<id>``; ``POST <prefix>/<id>/approve``
-        with ``{"by": ...}``. Register it with ``app.register_blueprint(...)``."""
+        with ``{"by": ...}``; ``POST <prefix>/<id>/retry`` with ``{"by": ..., "reason": ...,
+        "from_start": false}`` (a FAILED or CANCELLED job, from the step that failed).
+        Register it with ``app.register_blueprint(...)``. The endpoints trust their caller:
+        put them behind the app's own authentication."""
         routes = Blueprint(name, __name__, url_prefix=url_prefix)
 
         @routes.errorhandler(UnknownJob)
@@ -191,6 +209,22 @@ class Jobs:
             if not isinstance(by, str) or not by:
                 raise InvalidInput('say who approves: {"by": "<name>"}')
             job = self.approve(job_id, by=by, note=body.get("note"))
+            self._commit()
+            return jsonify(job_json(job))
+
+        @routes.post("/<job_id>/retry")
+        def retry(job_id: str) -> Response:
+            body = request_json() or {}
+            if not isinstance(body, dict):
+                raise InvalidInput('the body must be a JSON object: {"by": "<name>"}')
+            by = body.get("by")
+            if not isinstance(by, str) or not by:
+                raise InvalidInput('say who retries: {"by": "<name>"}')
+            reason = body.get("reason", "retried by an operator")
+            from_start = body.get("from_start", False)
+            if not isinstance(from_start, bool):
+                raise InvalidInput("from_start must be true or false")
+            job = self.retry(job_id, by=by, reason=reason, from_start=from_start)
             self._commit()
             return jsonify(job_json(job))
 
