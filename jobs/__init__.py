@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         get,
         history,
         list_jobs,
+        retry,
         schedule,
         schedules,
         seed_limits,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
         wake,
     )
     from jobs.application import JobsApp, default_app
-    from jobs.core.records import Job, KindLimits, Step, Transition
+    from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
 
 _LAZY = {
@@ -73,6 +74,7 @@ _LAZY = {
             "get",
             "history",
             "list_jobs",
+            "retry",
             "schedule",
             "schedules",
             "seed_limits",
@@ -86,7 +88,7 @@ _LAZY = {
         ),
         "jobs.api",
     ),
-    **dict.fromkeys(("Job", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+    **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
     "Schedule": "jobs.core.schedule",
 }
@@ -112,6 +114,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobFilter",
     "JobsApp",
     "KindLimits",
     "LeaseLost",
@@ -132,6 +135,7 @@ __all__ = [
     "history",
     "job",
     "list_jobs",
+    "retry",
     "schedule",
     "schedules",
     "seed_limits",

@@ -26,6 +26,7 @@ __all__ = [
     "list_jobs",
     "new_job_id",
     "reset",
+    "retry",
     "schedule",
     "schedules",
     "seed_limits",
@@ -62,6 +63,7 @@ list_jobs = _on_default_app(JobsApp.list_jobs)
 approve = _on_default_app(JobsApp.approve)
 wake = _on_default_app(JobsApp.wake)
 cancel = _on_default_app(JobsApp.cancel)
+retry = _on_default_app(JobsApp.retry)
 set_limits = _on_default_app(JobsApp.set_limits)
 seed_limits = _on_default_app(JobsApp.seed_limits)
 schedule = _on_default_app(JobsApp.schedule)

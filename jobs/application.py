@@ -58,7 +58,15 @@ if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main pr
     from sqlalchemy import Connection
     from sqlalchemy.orm import Session, scoped_session
 
-    from jobs.core.records import Job, KindLimits, Step, Transition
+    from jobs.core.records import (
+        BulkOutcome,
+        Job,
+        JobFilter,
+        KindLimits,
+        Selected,
+        Step,
+        Transition,
+    )
     from jobs.core.store import JobStore
     from jobs.runtime.process import Dispatcher, ProcessRuntime
     from jobs.transactions import UnitOfWork
@@ -517,12 +525,31 @@ class JobsApp:
         return store.history(job_id)
 
     def list_jobs(
-        self, state: State | None = None, kind: str | None = None, limit: int = 100
+        self,
+        state: State | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        *,
+        since: dt.datetime | None = None,
+        error_like: str | None = None,
     ) -> list[Job]:
-        """The newest jobs first, optionally of one state and/or kind; at most
-        :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
+        """The newest jobs first, optionally of one state and/or kind, changed at or after
+        ``since``, whose last error matches ``error_like`` (see :class:`jobs.JobFilter`); at
+        most :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
         check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
-        return self.store.list(state, kind, limit)
+        return self.store.list(limit=limit, where=_job_filter(state, kind, since, error_like))
+
+    def select_jobs(
+        self, where: JobFilter, limit: int, *, among: Sequence[State] | None = None
+    ) -> tuple[int, list[Selected]]:
+        """For acting on many jobs (``jobctl retry|cancel|approve --kind … --state …``): how
+        many jobs ``where`` matches, and the oldest ``limit`` of them with the state and
+        fence each is in now. Hand them, in short batches, to :meth:`retry_selected`,
+        :meth:`cancel_selected` or :meth:`approve_selected`: each touches a job only while
+        it is still as selected. ``among``: only jobs in one of these states (the ones the
+        action applies to)."""
+        check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
+        return self.store.select_jobs(where, limit, among)
 
     # -- operators -------------------------------------------------------------------------
 
@@ -562,6 +589,72 @@ class JobsApp:
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
         return self._ring_after_commit(self.store.wake_job(job_id, reason, conn=conn), joined)
+
+    def retry(
+        self,
+        job_id: str,
+        *,
+        by: str,
+        reason: str = "retried by an operator",
+        from_start: bool = False,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> Job:
+        """Run a FAILED or CANCELLED job again, from the step that failed: back to QUEUED
+        with a fresh budget of attempts (``attempts`` reset to 0, ``max_attempts`` as it
+        was), its fence bumped so nothing from an earlier run can write, and its recorded
+        steps kept, so the re-run replays them and runs again only from the step that
+        failed. ``from_start=True`` drops the recorded steps instead (every step runs
+        again). The history records ``by``, ``reason`` and which of the two. A job that is
+        queued, running or waiting raises :class:`jobs.IllegalTransition` and nothing
+        changes. The doorbell rings after the commit; ``connection=``/``session=``/
+        ``unit=`` join the caller's transaction, as for :meth:`approve`."""
+        check_lookup_id(job_id)
+        joined = _unit_for(connection, session, unit)
+        conn = None if joined is None else joined.connection
+        job = self.store.retry_job(job_id, by, reason, from_start=from_start, conn=conn)
+        return self._ring_after_commit(job, joined)
+
+    def retry_selected(
+        self,
+        selected: Sequence[Selected],
+        *,
+        by: str,
+        reason: str = "retried by an operator",
+        from_start: bool = False,
+    ) -> BulkOutcome:
+        """:meth:`retry` for one batch from :meth:`select_jobs`, in one transaction; a job
+        no longer in the state and fence it was selected with is skipped, untouched. The
+        retried jobs' doorbells ring after the commit."""
+        outcome = self.store.retry_selected(selected, by, reason, from_start=from_start)
+        self._ring_many(outcome.done)
+        return outcome
+
+    def cancel_selected(
+        self, selected: Sequence[Selected], *, reason: str = "cancelled by an operator"
+    ) -> BulkOutcome:
+        """:meth:`cancel` for one batch from :meth:`select_jobs`, as :meth:`retry_selected`."""
+        return self.store.cancel_selected(selected, reason)
+
+    def approve_selected(
+        self, selected: Sequence[Selected], *, by: str, note: str | None = None
+    ) -> BulkOutcome:
+        """:meth:`approve` for one batch from :meth:`select_jobs`, as :meth:`retry_selected`
+        (a selected job not WAITING_APPROVAL is skipped)."""
+        outcome = self.store.approve_selected(selected, by, note)
+        self._ring_many(outcome.done)
+        return outcome
+
+    def _ring_many(self, queued: Sequence[Job]) -> None:
+        """Ring the doorbells of jobs an operator queued in bulk, one publish per priority,
+        kind and queue."""
+        from jobs.core.records import Doorbell, in_batches  # noqa: PLC0415
+
+        runtime = self.runtime
+        doorbells = [Doorbell(job.id, job.priority, job.kind, job.queue) for job in queued]
+        for batch in in_batches(doorbells):
+            runtime.dispatch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
 
     def _ring_after_commit(self, job: Job, joined: UnitOfWork | None) -> Job:
         """Ring the doorbell of a job an operator queued: now when the write committed
@@ -705,6 +798,16 @@ def _unit_for(
     from jobs.transactions import unit_for  # noqa: PLC0415
 
     return unit_for(connection, session, unit)
+
+
+def _job_filter(
+    state: State | None, kind: str | None, since: dt.datetime | None, error_like: str | None
+) -> JobFilter:
+    from jobs.core.records import JobFilter  # noqa: PLC0415 - SQLAlchemy on first use
+
+    if since is not None:
+        check_instant(since, "since")
+    return JobFilter(state=state, kind=kind, since=since, error_like=error_like)
 
 
 def _start_time(

@@ -81,4 +81,7 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
     assert parser().parse_args([]).only == ("drain", "native", "throughput", "latency", "recovery")
     with pytest.raises(SystemExit):
         parser().parse_args(["--only", "drains"])
-    assert "unknown scenario 'drains'; choose from drain, native, throughput" in capsys.readouterr().err
+    assert (
+        "unknown scenario 'drains'; choose from drain, native, throughput"
+        in capsys.readouterr().err
+    )

@@ -194,6 +194,16 @@ def test_the_admin_lists_shows_approves_as_the_user_and_cancels(shop: Doorbell) 
     assert jobs.get(other["job_id"]).state is State.CANCELLED
     testing.drain()
     assert jobs.get(big["job_id"]).state is State.COMPLETED
+    # Retry the cancelled one from its failed step, as the admin user; a completed job is
+    # refused with a warning and left alone.
+    client.post(
+        changelist,
+        {"action": "retry_jobs", "_selected_action": [other["job_id"], big["job_id"]]},
+    )
+    assert jobs.get(other["job_id"]).state is State.QUEUED
+    assert shop.rung[-1] == other["job_id"]
+    assert "retried by admin:boss" in (jobs.history(other["job_id"])[-1].reason or "")
+    assert jobs.get(big["job_id"]).state is State.COMPLETED
 
 
 def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rollback(

@@ -153,6 +153,25 @@ def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
     assert "Retry-After" in refused.headers
 
 
+def test_the_blueprint_retries_a_cancelled_job(shop: Shop) -> None:
+    """As the name ``authorize`` gives (the body's ``by`` is not asked for), and refused
+    without the staff token like every endpoint."""
+    job_id = shop.client.post(f"/jobs/{KIND}", json={"order_id": 7}, headers=STAFF).get_json()["id"]
+    assert shop.client.post(f"/jobs/{job_id}/retry", json={}, headers=STAFF).status_code == 409
+    jobs.cancel(job_id, "by mistake")
+    assert shop.client.post(f"/jobs/{job_id}/retry", json={}).status_code == 403
+    bad = shop.client.post(f"/jobs/{job_id}/retry", json={"from_start": "yes"}, headers=STAFF)
+    assert bad.status_code == 400
+    assert shop.client.post("/jobs/no-such-job/retry", json={}, headers=STAFF).status_code == 404
+    retried = shop.client.post(
+        f"/jobs/{job_id}/retry", json={"by": "mallory", "reason": "oops"}, headers=STAFF
+    )
+    assert retried.status_code == 200, retried.get_data(as_text=True)
+    assert retried.get_json()["state"] == "QUEUED"
+    assert shop.rung[-1] == job_id
+    assert "retried by erin: oops" in (jobs.history(job_id)[-1].reason or "")
+
+
 def test_a_scoped_session_rings_once_per_commit(shop: Shop) -> None:
     """db.session is a scoped_session: the submit joins this request's session, and a
     later commit of another session rings nothing more."""

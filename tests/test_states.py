@@ -24,6 +24,8 @@ LEGAL = {
     (S.QUEUED, S.CANCELLED),
     (S.WAITING_APPROVAL, S.CANCELLED),
     (S.RUNNING, S.CANCELLED),
+    (S.FAILED, S.QUEUED),  # an operator's retry
+    (S.CANCELLED, S.QUEUED),  # an operator's retry
 }
 ALL_PAIRS = list(itertools.product([None, *State], list(State)))
 
@@ -55,11 +57,19 @@ def test_waiting_approval_cannot_complete() -> None:
 
 
 @pytest.mark.parametrize("source", sorted(TERMINAL))
-def test_nothing_leaves_a_terminal_state(source: State) -> None:
+def test_nothing_leaves_a_terminal_state_but_an_operators_retry(source: State) -> None:
     for target in State:
+        if source in states.RETRYABLE and target is S.QUEUED:
+            assert states.is_legal(source, target)
+            assert "retry" in TRANSITIONS[(source, target)]
+            continue
         assert not states.is_legal(source, target)
         with pytest.raises(IllegalTransition):
             states.check(source, target)
+
+
+def test_only_failed_and_cancelled_jobs_are_retryable() -> None:
+    assert states.RETRYABLE == (S.FAILED, S.CANCELLED)
 
 
 def test_terminal_states() -> None:
@@ -76,7 +86,7 @@ def test_birth_is_only_into_queued() -> None:
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (S.QUEUED, {S.QUEUED, S.WAITING_APPROVAL, S.RUNNING}),
+        (S.QUEUED, {S.QUEUED, S.WAITING_APPROVAL, S.RUNNING, S.FAILED, S.CANCELLED}),
         (S.RUNNING, {S.QUEUED, S.RUNNING}),
         (S.WAITING_APPROVAL, {S.RUNNING}),
         (S.COMPLETED, {S.RUNNING}),

@@ -19,6 +19,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import click
 
 import jobs
+from jobs.cli.bulk_commands import (
+    Bulk,
+    bulk_approve,
+    bulk_cancel,
+    bulk_options,
+    filter_options,
+    job_filter,
+)
 from jobs.cli.group import Finite, main
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
@@ -398,10 +406,21 @@ def _history_line(move: Transition) -> str:
 @click.option(
     "--limit", type=click.IntRange(min=1, max=MAX_LIST_LIMIT), default=100, show_default=True
 )
+@filter_options
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
-def list_command(state: str | None, kind: str | None, limit: int, as_json: bool) -> None:
+def list_command(
+    state: str | None,
+    kind: str | None,
+    limit: int,
+    as_json: bool,
+    since: str | None = None,
+    error_like: str | None = None,
+) -> None:
     """Jobs, newest first."""
-    found = jobs.list_jobs(State(state.upper()) if state else None, kind, limit)
+    where = job_filter(state, kind, since, error_like)
+    found = jobs.list_jobs(
+        where.state, where.kind, limit, since=where.since, error_like=where.error_like
+    )
     if as_json:
         _echo_json([job_dict(job) for job in found])
         return
@@ -429,11 +448,16 @@ def list_command(state: str | None, kind: str | None, limit: int, as_json: bool)
 
 
 @main.command()
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="[ID]", required=False)
 @click.option("--by", required=True, help="Who approves; recorded in the history.")
 @click.option("--note", help="Why; recorded with the approval.")
-def approve(job_id: str, by: str, note: str | None) -> None:
-    """Let a job waiting for approval continue past its wait."""
+@bulk_options
+def approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> None:
+    """Let a job waiting for approval continue past its wait; or many, selected by filter
+    (see jobctl retry)."""
+    if bulk_approve(job_id, by, note, bulk):
+        return
+    assert job_id is not None  # bulk_approve refuses neither an ID nor a filter
     try:
         job = jobs.approve(job_id, by=by, note=note)
     except IllegalTransition as err:
@@ -445,10 +469,15 @@ def approve(job_id: str, by: str, note: str | None) -> None:
 
 
 @main.command()
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="[ID]", required=False)
 @click.option("--reason", default="cancelled by an operator", show_default=True)
-def cancel(job_id: str, reason: str) -> None:
-    """Stop a job that has not ended; a running owner stops at its next write."""
+@bulk_options
+def cancel(job_id: str | None, reason: str, bulk: Bulk) -> None:
+    """Stop a job that has not ended (a running owner stops at its next write); or many,
+    selected by filter (see jobctl retry)."""
+    if bulk_cancel(job_id, reason, bulk):
+        return
+    assert job_id is not None
     job = jobs.cancel(job_id, reason)
     click.echo(f"{job.id} {job.state.value}")
 

@@ -9,7 +9,7 @@
 - A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
-  approve; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
+  approve, retry; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
   may use them: ``authorize=`` (see :data:`Authorize`; a refusal answers 403) or an
   explicit ``insecure_no_auth=True``.
 - ``flask --app <app> jobs worker`` and ``flask --app <app> jobs sweeper`` run
@@ -59,6 +59,10 @@ BLUEPRINT_NEEDS_A_DECISION = (
 
 class NotAllowed(Exception):
     """The ``authorize`` hook refused the request (answered 403)."""
+
+
+ACTING = {"approve": "approves", "retry": "retries"}
+"""How the blueprint's one-line refusals name who acts, by action."""
 
 
 def config_env(
@@ -235,6 +239,21 @@ class Jobs:
             return api.approve(job_id, by=by, note=note)
         return api.approve(job_id, by=by, note=note, session=self.db.session)
 
+    def retry(
+        self,
+        job_id: str,
+        *,
+        by: str,
+        reason: str = "retried by an operator",
+        from_start: bool = False,
+    ) -> Job:
+        """:func:`jobs.retry` in the request's ``db.session`` transaction."""
+        if self.db is None:
+            return api.retry(job_id, by=by, reason=reason, from_start=from_start)
+        return api.retry(
+            job_id, by=by, reason=reason, from_start=from_start, session=self.db.session
+        )
+
     def _commit(self) -> None:
         if self.db is not None:
             self.db.session.commit()
@@ -250,7 +269,9 @@ class Jobs:
         """JSON endpoints: ``POST <prefix>/<kind>`` (the body is the inputs) answers 202 with
         the job's URL in ``Location``; ``GET <prefix>/<id>``; ``POST <prefix>/<id>/approve``
         (recorded under the name ``authorize`` returns; with ``insecure_no_auth``, the
-        body's ``{"by": ...}``). Register it with ``app.register_blueprint(...)``.
+        body's ``{"by": ...}``); ``POST <prefix>/<id>/retry`` with ``{"reason": ...,
+        "from_start": false}`` (a FAILED or CANCELLED job, from the step that failed; who
+        retries is named as for an approval). Register it with ``app.register_blueprint(...)``.
 
         Anyone who reaches these endpoints can queue work and read every job's inputs and
         results, so one of ``authorize`` (:data:`Authorize`) and ``insecure_no_auth=True``
@@ -307,20 +328,37 @@ class Jobs:
             acting_user("show", job.kind, job)
             return jsonify(job_json(job))
 
-        @routes.post("/<job_id>/approve")
-        def approve(job_id: str) -> Response:
+        def actor_and_body(action: str, job_id: str) -> tuple[str, dict[str, Any]]:
+            """Who acts on ``job_id`` (the name ``authorize`` gives; without the hook, the
+            body's ``by``) and the request's JSON object, checked before anything is read."""
             by = None
             if authorize is not None:
                 job = api.get(job_id)
-                by = acting_user("approve", job.kind, job)
+                by = acting_user(action, job.kind, job)
             body = request_json() or {}
-            if by is None:
-                by = body.get("by") if isinstance(body, dict) else None
-            if not isinstance(by, str) or not by:
-                raise InvalidInput('say who approves: {"by": "<name>"}')
             if not isinstance(body, dict):
                 body = {}
+            if by is None:
+                by = body.get("by")
+            if not isinstance(by, str) or not by:
+                raise InvalidInput(f'say who {ACTING[action]}: {{"by": "<name>"}}')
+            return by, body
+
+        @routes.post("/<job_id>/approve")
+        def approve(job_id: str) -> Response:
+            by, body = actor_and_body("approve", job_id)
             job = self.approve(job_id, by=by, note=body.get("note"))
+            self._commit()
+            return jsonify(job_json(job))
+
+        @routes.post("/<job_id>/retry")
+        def retry(job_id: str) -> Response:
+            by, body = actor_and_body("retry", job_id)
+            reason = body.get("reason", "retried by an operator")
+            from_start = body.get("from_start", False)
+            if not isinstance(from_start, bool):
+                raise InvalidInput("from_start must be true or false")
+            job = self.retry(job_id, by=by, reason=reason, from_start=from_start)
             self._commit()
             return jsonify(job_json(job))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, select
+from sqlalchemy import ColumnElement, Connection, Engine, Row, func, select
 
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import READ_ONLY
@@ -22,7 +23,7 @@ from jobs.core.models import (
     StepRecord,
     TransitionRecord,
 )
-from jobs.core.records import Doorbell, Job, KindLimits, Step, Transition
+from jobs.core.records import Doorbell, Job, JobFilter, KindLimits, Selected, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import TERMINAL, State
 
@@ -213,16 +214,45 @@ class JobReader:
         return self.engine.connect().execution_options(**{READ_ONLY: True})
 
     def list(
-        self, state: State | None = None, kind: str | None = None, limit: int = 100
+        self,
+        state: State | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        *,
+        where: JobFilter | None = None,
     ) -> list[Job]:
-        """The newest ``limit`` jobs, optionally of one state and one kind."""
-        stmt = select(*JOB_COLUMNS).order_by(JobRecord.created_at.desc(), JobRecord.id).limit(limit)
-        if state is not None:
-            stmt = stmt.where(JobRecord.state == state.value)
-        if kind is not None:
-            stmt = stmt.where(JobRecord.kind == kind)
+        """The newest ``limit`` jobs, optionally of one state and one kind, or as ``where``
+        filters them (``since``, ``error_like`` too)."""
+        chosen = where if where is not None else JobFilter(state=state, kind=kind)
+        stmt = (
+            select(*JOB_COLUMNS)
+            .where(*filtered(chosen))
+            .order_by(JobRecord.created_at.desc(), JobRecord.id)
+            .limit(limit)
+        )
         with self._read() as conn:
             return [Job.from_row(r) for r in conn.execute(stmt)]
+
+    def select_jobs(
+        self, where: JobFilter, limit: int, among: Sequence[State] | None = None
+    ) -> tuple[int, builtins.list[Selected]]:
+        """For a bulk action: how many jobs ``where`` matches (and, given ``among``, are in
+        one of those states: the ones the action applies to), and the oldest ``limit`` of
+        them, each with the state and fence it is in now (the bulk write's condition)."""
+        conditions = filtered(where)
+        if among is not None:
+            conditions.append(JobRecord.state.in_([state.value for state in among]))
+        with self._read() as conn:
+            count: int = conn.execute(
+                select(func.count()).select_from(JobRecord).where(*conditions)
+            ).scalar_one()
+            rows = conn.execute(
+                select(JobRecord.id, JobRecord.state, JobRecord.fence)
+                .where(*conditions)
+                .order_by(JobRecord.created_at, JobRecord.id)
+                .limit(limit)
+            ).all()
+        return count, [Selected(row.id, State(row.state), row.fence) for row in rows]
 
     # == time and operations (issue 9): schedules, retention, counters, explain =============
 
@@ -428,6 +458,21 @@ class StepTiming:
     kind: str
     recorded_at: dt.datetime
     began_at: dt.datetime
+
+
+def filtered(where: JobFilter) -> builtins.list[ColumnElement[bool]]:
+    """The WHERE conditions of a :class:`JobFilter`."""
+    conditions: builtins.list[ColumnElement[bool]] = []
+    if where.state is not None:
+        conditions.append(JobRecord.state == where.state.value)
+    if where.kind is not None:
+        conditions.append(JobRecord.kind == where.kind)
+    if where.since is not None:
+        conditions.append(JobRecord.updated_at >= where.since)
+    if where.error_like is not None:
+        pattern = where.error_like if "%" in where.error_like else f"%{where.error_like}%"
+        conditions.append(JobRecord.last_error.ilike(pattern))
+    return conditions
 
 
 def without_priority(by_priority: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], int]:

@@ -146,6 +146,57 @@ class Doorbell(NamedTuple):
     queue: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class JobFilter:
+    """Which jobs ``jobctl list`` shows and a bulk action selects: of one ``state``, one
+    ``kind``, changed (``updated_at``) at or after ``since``, and whose last error matches
+    ``error_like`` (case-insensitive; SQL ``LIKE`` with ``%`` and ``_``, a pattern without
+    ``%`` matching anywhere in the error). ``None`` leaves a filter out."""
+
+    state: State | None = None
+    kind: str | None = None
+    since: dt.datetime | None = None
+    error_like: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        """No filter at all: every job (a bulk action refuses that)."""
+        return self == JobFilter()
+
+    def described(self) -> str:
+        """The filters given, as options (``--kind sync --state FAILED``), for messages."""
+        parts = []
+        if self.kind is not None:
+            parts.append(f"--kind {self.kind}")
+        if self.state is not None:
+            parts.append(f"--state {self.state.value}")
+        if self.since is not None:
+            parts.append(f"--since {self.since.isoformat(timespec='seconds')}")
+        if self.error_like is not None:
+            parts.append(f"--error-like {self.error_like!r}")
+        return " ".join(parts) or "(no filter)"
+
+
+class Selected(NamedTuple):
+    """A job as an operator's selection saw it (``jobctl retry --kind K --state FAILED``):
+    its ID, state and fence. A bulk write matches the job only while it is still in that
+    state under that fence, so a job that moved on since the selection is skipped, never
+    touched."""
+
+    id: str
+    state: State
+    fence: int
+
+
+class BulkOutcome(NamedTuple):
+    """What one batch of a bulk action did: the jobs it changed, as they are now, and the
+    IDs it skipped (they changed state since the selection, or the action does not apply
+    to the state they were selected in)."""
+
+    done: list[Job]
+    skipped: list[str]
+
+
 class Batch(NamedTuple):
     """Doorbells a publisher sends together: one priority, one kind, one queue."""
 

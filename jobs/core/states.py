@@ -12,8 +12,10 @@ from jobs.core.errors import IllegalTransition
 
 
 class State(enum.StrEnum):
-    """A job's state. COMPLETED, FAILED and CANCELLED are final; every move between states
-    is one entry of :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from."""
+    """A job's state. COMPLETED, FAILED and CANCELLED are final for the system (no worker,
+    sweeper or timer moves a job out of them); only an operator's retry takes a FAILED or
+    CANCELLED job back to QUEUED. Every move between states is one entry of
+    :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -39,9 +41,17 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.QUEUED, State.CANCELLED): "an operator",
     (State.WAITING_APPROVAL, State.CANCELLED): "an operator",
     (State.RUNNING, State.CANCELLED): "an operator; the owner notices at its next fenced write",
+    (State.FAILED, State.QUEUED): (
+        "an operator's retry: a fresh budget of attempts, the fence bumped, the recorded "
+        "steps kept (the re-run starts at the step that failed) or, from the start, dropped"
+    ),
+    (State.CANCELLED, State.QUEUED): "an operator's retry, as from FAILED",
 }
 
 TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
+
+#: The states an operator's retry takes a job from (``jobs.retry``, ``jobctl retry``).
+RETRYABLE: tuple[State, ...] = (State.FAILED, State.CANCELLED)
 
 
 def is_legal(source: State | None, target: State) -> bool:

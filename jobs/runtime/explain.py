@@ -92,7 +92,7 @@ def explain(
     whether any of them consumes its queue and knows its kind."""
     check_lookup_id(job_id)
     job = store.get(job_id)
-    quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
+    quoted = shlex.quote(job.id)
     now = store.now()
     history = store.history(job_id)
     recorded = store.steps(job_id)
@@ -125,11 +125,12 @@ def explain(
         text = (
             f"It failed at {_at(job.finished_at)} after {job.attempts} of {job.max_attempts} "
             f"attempts, with: {printable(job.last_error or 'no error recorded')}. "
-            "Nothing runs it again."
+            "Nothing runs it again until an operator retries it."
         )
         actions = (
             f"jobctl show {quoted} (the history has every attempt's error)",
-            f"jobctl submit {kind} --input '<inputs>' with a new ID once the cause is fixed",
+            f"jobctl retry {quoted} once the cause is fixed (resumes at the failed step; "
+            "--from-start runs every step again)",
         )
     else:
         moved = _last_move_to(history, State.CANCELLED)
@@ -138,7 +139,7 @@ def explain(
             f"It was cancelled at {_at(job.finished_at)}"
             f"{': ' + printable(moved.reason) if moved is not None and moved.reason else ''}."
         )
-        actions = (f"jobctl show {quoted}",)
+        actions = (f"jobctl show {quoted}", f"jobctl retry {quoted} to run it after all")
     paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
     return Explanation(job.id, job.state, reason, paragraph, tuple(actions))
 

@@ -13,7 +13,8 @@
   with Django set up; job handlers may use the ORM (stale connections are closed around
   each job, as Celery's Django fix-up does).
 - The admin lists jobs (filters by state and kind, search by ID), shows a job's steps and
-  history, and approves (recording the admin user) or cancels through :mod:`jobs.api`.
+  history, and approves (recording the admin user), cancels, or retries a FAILED or
+  CANCELLED job from the step that failed, through :mod:`jobs.api`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from jobs.contrib.django.submit import (
     AdmissionRefusedMiddleware,
     approve,
     cancel,
+    retry,
     submit,
     submit_many,
     submit_on_commit,
@@ -33,6 +35,7 @@ __all__ = [
     "DjangoUnit",
     "approve",
     "cancel",
+    "retry",
     "submit",
     "submit_many",
     "submit_on_commit",

@@ -1,5 +1,6 @@
 """The jobs admin: list (filters by state and kind, search by ID), a job's steps and
-history, approve (recording the admin user) and cancel. Rows are read through the
+history, approve (recording the admin user), cancel, and retry a FAILED or CANCELLED job
+from the step that failed (recording the admin user). Rows are read through the
 unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
 
 from __future__ import annotations
@@ -7,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import router
+from django.db import router, transaction
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from jobs import api
 from jobs.contrib.django.models import JobRow
-from jobs.contrib.django.submit import approve, cancel
+from jobs.contrib.django.submit import approve, cancel, retry
 from jobs.core.errors import JobError
 
 
@@ -22,7 +23,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ("id", "kind", "state", "attempts", "created_at", "finished_at")
     list_filter = ("state", "kind")
     search_fields = ("=id",)
-    actions = ("approve_jobs", "cancel_jobs")
+    actions = ("approve_jobs", "cancel_jobs", "retry_jobs")
     readonly_fields = (
         "id",
         "kind",
@@ -90,11 +91,26 @@ class JobAdmin(admin.ModelAdmin):
         using = router.db_for_write(JobRow)
         self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why, using=using))
 
+    @admin.action(description="Retry selected failed or cancelled jobs from the failed step")
+    def retry_jobs(self, request: HttpRequest, queryset: Any) -> None:
+        by = f"admin:{request.user.get_username()}"
+        using = router.db_for_write(JobRow)
+        self._each(
+            request,
+            queryset,
+            "retried",
+            lambda job_id: retry(job_id, by=by, reason="retried in the admin", using=using),
+        )
+
     def _each(self, request: HttpRequest, queryset: Any, done: str, change: Any) -> None:
+        # Each job in a savepoint of its own: with ATOMIC_REQUESTS a refused job (a completed
+        # one in the selection) must not roll back the request's changes to the others.
+        using = router.db_for_write(JobRow)
         changed = 0
         for job_id in queryset.values_list("id", flat=True):
             try:
-                change(job_id)
+                with transaction.atomic(using=using):
+                    change(job_id)
                 changed += 1
             except JobError as err:
                 self.message_user(request, f"{job_id}: {err}", messages.WARNING)

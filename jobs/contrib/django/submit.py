@@ -95,6 +95,22 @@ def cancel(
         return api.cancel(job_id, reason, unit=unit)
 
 
+def retry(
+    job_id: str,
+    *,
+    by: str,
+    reason: str = "retried by an operator",
+    from_start: bool = False,
+    using: str | None = None,
+) -> Job:
+    """:func:`jobs.retry`, joining the current ``atomic()`` block like :func:`approve`."""
+    alias = using or "default"
+    if not _shared(alias):
+        return api.retry(job_id, by=by, reason=reason, from_start=from_start)
+    with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
+        return api.retry(job_id, by=by, reason=reason, from_start=from_start, unit=unit)
+
+
 def submit_on_commit(
     kind: str,
     inputs: dict[str, Any] | None = None,

@@ -10,7 +10,7 @@ concern, and all share one execution layer (one statement cache, one clock):
 - :mod:`~jobs.core.store.ownership`: an owner's life, claim to outcome: renewals, steps,
   complete, fail, retry, hand-back, sleep, waiting for approval.
 - :mod:`~jobs.core.store.operations`: what operators and the sweeper do to jobs they do
-  not own: approve, cancel, wake, expire, sweep.
+  not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs.core.store.dispatch`: which doorbells are due; forgetting failed ones.
 - :mod:`~jobs.core.store.schedules`: periodic ticks, retention, counters.
 
@@ -35,7 +35,18 @@ from sqlalchemy import Connection, Engine
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.errors import LeaseLost
 from jobs.core.reader import JobReader, Move, StepTiming
-from jobs.core.records import Claim, Doorbell, Job, KindLimits, PendingStep, Step, Transition
+from jobs.core.records import (
+    BulkOutcome,
+    Claim,
+    Doorbell,
+    Job,
+    JobFilter,
+    KindLimits,
+    PendingStep,
+    Selected,
+    Step,
+    Transition,
+)
 from jobs.core.schedule import Schedule
 from jobs.core.states import State
 from jobs.core.store.dispatch import Dispatch
@@ -276,6 +287,46 @@ class JobStore:
         (refused), and writes nothing more. (:meth:`Operations.cancel`)"""
         return self.operations.cancel(job_id, reason, conn=conn)
 
+    def retry_job(
+        self,
+        job_id: str,
+        by: str,
+        reason: str = "retried by an operator",
+        *,
+        from_start: bool = False,
+        conn: Connection | None = None,
+    ) -> Job:
+        """An operator's retry: FAILED or CANCELLED -> QUEUED with a fresh budget of attempts
+        and the fence bumped, the recorded steps kept (or, ``from_start``, dropped).
+        (:meth:`Operations.retry`)"""
+        return self.operations.retry(job_id, by, reason, from_start=from_start, conn=conn)
+
+    def retry_selected(
+        self,
+        selected: Sequence[Selected],
+        by: str,
+        reason: str = "retried by an operator",
+        *,
+        from_start: bool = False,
+    ) -> BulkOutcome:
+        """An operator's retry of one batch of selected jobs, each only while still as
+        selected. (:meth:`Operations.retry_selected`)"""
+        return self.operations.retry_selected(selected, by, reason, from_start=from_start)
+
+    def cancel_selected(
+        self, selected: Sequence[Selected], reason: str = "cancelled by an operator"
+    ) -> BulkOutcome:
+        """Cancel one batch of selected jobs, each only while still as selected.
+        (:meth:`Operations.cancel_selected`)"""
+        return self.operations.cancel_selected(selected, reason)
+
+    def approve_selected(
+        self, selected: Sequence[Selected], by: str, note: str | None = None
+    ) -> BulkOutcome:
+        """Approve one batch of selected jobs, each only while still as selected.
+        (:meth:`Operations.approve_selected`)"""
+        return self.operations.approve_selected(selected, by, note)
+
     def wake_job(
         self, job_id: str, reason: str = "woken by an operator", *, conn: Connection | None = None
     ) -> Job:
@@ -435,11 +486,24 @@ class JobStore:
         return self.reader.running_with_liveness()
 
     def list(
-        self, state: State | None = None, kind: str | None = None, limit: int = 100
+        self,
+        state: State | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        *,
+        where: JobFilter | None = None,
     ) -> builtins.list[Job]:
-        """The newest ``limit`` jobs, optionally of one state and one kind.
-        (:meth:`JobReader.list`)"""
-        return self.reader.list(state, kind, limit)
+        """The newest ``limit`` jobs, optionally of one state and one kind, or as ``where``
+        filters them. (:meth:`JobReader.list`)"""
+        return self.reader.list(state, kind, limit, where=where)
+
+    def select_jobs(
+        self, where: JobFilter, limit: int, among: Sequence[State] | None = None
+    ) -> tuple[int, builtins.list[Selected]]:
+        """How many jobs ``where`` matches (in one of the states ``among``), and the oldest
+        ``limit`` with their state and fence, for a bulk action.
+        (:meth:`JobReader.select_jobs`)"""
+        return self.reader.select_jobs(where, limit, among)
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name. (:meth:`JobReader.schedules`)"""
@@ -491,6 +555,7 @@ class JobStore:
 
 
 __all__ = [
+    "BulkOutcome",
     "Claim",
     "Job",
     "JobReader",

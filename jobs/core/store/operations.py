@@ -1,24 +1,39 @@
 """What operators and the sweeper do to jobs they do not own: approve a job waiting for
-approval, cancel one, wake one waiting on a timer, and take a RUNNING job back from an
-owner whose lease ran out (expire, sweep). Each is a compare-and-set state move with its
-history row; a refusal changes nothing and says why.
+approval, cancel one, wake one waiting on a timer, retry a FAILED or CANCELLED one, act on
+many selected jobs at once, and take a RUNNING job back from an owner whose lease ran out
+(expire, sweep). Each is a compare-and-set state move with its history row; a refusal
+changes nothing and says why.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, delete, insert, select, update
 
 from jobs.core.errors import NothingToWake, UnknownJob
 from jobs.core.models import JobRecord, StepRecord
-from jobs.core.records import Job
-from jobs.core.states import State
+from jobs.core.records import BulkOutcome, Job, Selected
+from jobs.core.states import RETRYABLE, State
 from jobs.core.store.ownership import Ownership
 from jobs.core.store.statements import RowChanges, Statements
 from jobs.core.validate import check_person, check_text
+
+Write = Callable[[Connection, str, Sequence[State], list[ColumnElement[bool]]], Job | None]
+"""One job's operator move inside a unit of work: (connection, job id, the states it may
+move from, extra WHERE conditions) -> the job as it is now, or ``None`` if nothing matched."""
+
+
+def retry_reason(by: str, reason: str, *, from_start: bool) -> str:
+    """The history row of an operator's retry: who, why, and what happens to the steps."""
+    steps = (
+        "from the start: its recorded steps were dropped"
+        if from_start
+        else "from the failed step: its recorded steps are kept and replayed"
+    )
+    return f"retried by {by}: {reason} ({steps})"
 
 
 class Operations:
@@ -42,40 +57,57 @@ class Operations:
     ) -> Job:
         """WAITING_APPROVAL -> QUEUED, recording who approved (and why) as the job's
         approval step so the handler's re-run continues past the wait."""
+        self._check_approval(by, note)
+        with self.statements.unit(conn) as unit:
+            job = self._approve(unit, job_id, by, note, [State.WAITING_APPROVAL], [])
+            if job is None:
+                raise self.statements.explain(unit, job_id, State.QUEUED)
+            return job
+
+    @staticmethod
+    def _check_approval(by: str, note: str | None) -> None:
         check_person(by, "approver")
         if note is not None:
             check_text(note, "approval note")
+
+    def _approve(
+        self,
+        unit: Connection,
+        job_id: str,
+        by: str,
+        note: str | None,
+        sources: Sequence[State],
+        where: list[ColumnElement[bool]],
+    ) -> Job | None:
         now = self.clock.now()
-        with self.statements.unit(conn) as unit:
-            row = self.statements.transition(
-                unit,
-                job_id,
-                State.QUEUED,
-                only_from=[State.WAITING_APPROVAL],
-                changes=RowChanges(run_after=now, dispatched_at=now),
-                reason=note or "approved",
-                approved_by=by,
+        row = self.statements.transition(
+            unit,
+            job_id,
+            State.QUEUED,
+            only_from=sources,
+            where=where,
+            changes=RowChanges(run_after=now, dispatched_at=now),
+            reason=note or "approved",
+            approved_by=by,
+        )
+        if row is None:
+            return None
+        job = Job.from_row(row)
+        waiting_for = row.waiting_for
+        if waiting_for is not None:
+            unit.execute(
+                insert(StepRecord).values(
+                    job_id=job_id,
+                    name=waiting_for,
+                    output={"approved_by": by, "note": note},
+                    recorded_at=now,
+                    owner=by,
+                    fence=job.fence,
+                )
             )
-            if row is None:
-                raise self.statements.explain(unit, job_id, State.QUEUED)
-            job = Job.from_row(row)
-            waiting_for = row.waiting_for
-            if waiting_for is not None:
-                unit.execute(
-                    insert(StepRecord).values(
-                        job_id=job_id,
-                        name=waiting_for,
-                        output={"approved_by": by, "note": note},
-                        recorded_at=now,
-                        owner=by,
-                        fence=job.fence,
-                    )
-                )
-                unit.execute(
-                    update(JobRecord).where(JobRecord.id == job_id).values(waiting_for=None)
-                )
-                job = dataclasses.replace(job, waiting_for=None)
-            return job
+            unit.execute(update(JobRecord).where(JobRecord.id == job_id).values(waiting_for=None))
+            job = dataclasses.replace(job, waiting_for=None)
+        return job
 
     def cancel(
         self,
@@ -88,16 +120,159 @@ class Operations:
         write (refused), and writes nothing more."""
         check_text(reason, "cancel reason")
         with self.statements.unit(conn) as unit:
-            row = self.statements.transition(
-                unit,
-                job_id,
-                State.CANCELLED,
-                changes=RowChanges.finished(self.clock.now()),
-                reason=reason,
-            )
-            if row is None:
+            job = self._cancel(unit, job_id, reason, None, [])
+            if job is None:
                 raise self.statements.explain(unit, job_id, State.CANCELLED)
-            return Job.from_row(row)
+            return job
+
+    def _cancel(
+        self,
+        unit: Connection,
+        job_id: str,
+        reason: str,
+        sources: Sequence[State] | None,
+        where: list[ColumnElement[bool]],
+    ) -> Job | None:
+        row = self.statements.transition(
+            unit,
+            job_id,
+            State.CANCELLED,
+            only_from=sources,
+            where=where,
+            changes=RowChanges.finished(self.clock.now()),
+            reason=reason,
+        )
+        return None if row is None else Job.from_row(row)
+
+    def retry(
+        self,
+        job_id: str,
+        by: str,
+        reason: str = "retried by an operator",
+        *,
+        from_start: bool = False,
+        conn: Connection | None = None,
+    ) -> Job:
+        """An operator's retry: a FAILED or CANCELLED job back to QUEUED, due now, with a
+        fresh budget of attempts (``attempts`` reset to 0; ``max_attempts`` unchanged) and
+        its fence bumped, so nothing written under an earlier claim can land. Its recorded
+        steps are kept, so the next run replays them and starts at the step that failed;
+        ``from_start`` deletes them instead, in the same transaction. The history row says
+        who, why, and which of the two. Marked dispatched: the caller rings the doorbell
+        after the commit. Any other state raises :class:`IllegalTransition` (or
+        :class:`UnknownJob`) and nothing changes."""
+        self._check_retry(by, reason)
+        with self.statements.unit(conn) as unit:
+            job = self._retry(unit, job_id, by, reason, from_start, RETRYABLE, [])
+            if job is None:
+                raise self.statements.explain(unit, job_id, State.QUEUED)
+            return job
+
+    @staticmethod
+    def _check_retry(by: str, reason: str) -> None:
+        check_person(by, "retrier")
+        check_text(reason, "retry reason")
+
+    def _retry(
+        self,
+        unit: Connection,
+        job_id: str,
+        by: str,
+        reason: str,
+        from_start: bool,
+        sources: Sequence[State],
+        where: list[ColumnElement[bool]],
+    ) -> Job | None:
+        now = self.clock.now()
+        row: Row[Any] | None = self.statements.transition(
+            unit,
+            job_id,
+            State.QUEUED,
+            only_from=sources,
+            where=where,
+            changes=RowChanges(
+                owner=None,
+                fence=JobRecord.fence + 1,
+                lease_until=None,
+                liveness_key=None,
+                attempts=0,
+                run_after=now,
+                dispatched_at=now,
+                finished_at=None,
+                waiting_for=None,
+            ),
+            reason=retry_reason(by, reason, from_start=from_start),
+        )
+        if row is None:
+            return None
+        if from_start:
+            unit.execute(delete(StepRecord).where(StepRecord.job_id == job_id))
+        return Job.from_row(row)
+
+    # -- many jobs at once -----------------------------------------------------------------
+
+    def retry_selected(
+        self,
+        selected: Sequence[Selected],
+        by: str,
+        reason: str = "retried by an operator",
+        *,
+        from_start: bool = False,
+    ) -> BulkOutcome:
+        """:meth:`retry` for one batch of selected jobs, in one transaction: each only while
+        still in the state and under the fence it was selected with."""
+        self._check_retry(by, reason)
+        return self._on_selected(
+            selected,
+            RETRYABLE,
+            lambda unit, job_id, sources, where: self._retry(
+                unit, job_id, by, reason, from_start, sources, where
+            ),
+        )
+
+    def cancel_selected(
+        self, selected: Sequence[Selected], reason: str = "cancelled by an operator"
+    ) -> BulkOutcome:
+        """:meth:`cancel` for one batch of selected jobs, as :meth:`retry_selected`."""
+        check_text(reason, "cancel reason")
+        return self._on_selected(
+            selected,
+            (State.QUEUED, State.WAITING_APPROVAL, State.RUNNING),
+            lambda unit, job_id, sources, where: self._cancel(unit, job_id, reason, sources, where),
+        )
+
+    def approve_selected(
+        self, selected: Sequence[Selected], by: str, note: str | None = None
+    ) -> BulkOutcome:
+        """:meth:`approve` for one batch of selected jobs, as :meth:`retry_selected`."""
+        self._check_approval(by, note)
+        return self._on_selected(
+            selected,
+            (State.WAITING_APPROVAL,),
+            lambda unit, job_id, sources, where: self._approve(
+                unit, job_id, by, note, sources, where
+            ),
+        )
+
+    def _on_selected(
+        self, selected: Sequence[Selected], sources: Sequence[State], write: Write
+    ) -> BulkOutcome:
+        """One short transaction over a batch: each job moves only from the state it was
+        selected in (if the action applies to that state at all) and only under the fence
+        it was selected with; any other is skipped, untouched."""
+        done: list[Job] = []
+        skipped: list[str] = []
+        with self.engine.begin() as unit:
+            for seen in selected:
+                if seen.state not in sources:
+                    skipped.append(seen.id)
+                    continue
+                job = write(unit, seen.id, [seen.state], [JobRecord.fence == seen.fence])
+                if job is None:
+                    skipped.append(seen.id)
+                else:
+                    done.append(job)
+        return BulkOutcome(done, skipped)
 
     def wake_job(
         self,

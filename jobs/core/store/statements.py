@@ -124,10 +124,10 @@ class RowChanges:
     fence: ColumnElement[Any] | _Keep = KEEP
     lease_until: dt.datetime | ColumnElement[Any] | _Keep | None = KEEP
     liveness_key: int | ColumnElement[Any] | _Keep | None = KEEP
-    attempts: ColumnElement[Any] | _Keep = KEEP
+    attempts: int | ColumnElement[Any] | _Keep = KEEP
     run_after: dt.datetime | ColumnElement[Any] | _Keep = KEEP
     dispatched_at: dt.datetime | ColumnElement[Any] | _Keep | None = KEEP
-    finished_at: ColumnElement[Any] | _Keep = KEEP
+    finished_at: ColumnElement[Any] | _Keep | None = KEEP
     last_error: str | _Keep = KEEP
     result: Any = KEEP
     waiting_for: str | _Keep | None = KEEP
