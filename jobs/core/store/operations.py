@@ -18,6 +18,7 @@ from jobs.core.records import Job
 from jobs.core.states import State
 from jobs.core.store.ownership import Ownership
 from jobs.core.store.statements import RowChanges, Statements
+from jobs.core.store.workflows import Workflows, settle_parent
 from jobs.core.validate import check_person, check_text
 
 
@@ -29,6 +30,7 @@ class Operations:
         self.ownership = ownership
         self.engine = statements.engine
         self.clock = statements.clock
+        self.workflows: Workflows | None = None  # set by the store (cancel's cascade)
 
     def _not_due(self) -> ColumnElement[bool]:
         """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
@@ -52,7 +54,7 @@ class Operations:
                 job_id,
                 State.QUEUED,
                 only_from=[State.WAITING_APPROVAL],
-                changes=RowChanges(run_after=now, dispatched_at=now),
+                changes=RowChanges(run_after=now, dispatched_at=now, wait_deadline=None),
                 reason=note or "approved",
                 approved_by=by,
             )
@@ -97,6 +99,11 @@ class Operations:
             )
             if row is None:
                 raise self.statements.explain(unit, job_id, State.CANCELLED)
+            # Workflows: its unfinished children are cancelled with it, and a child counts
+            # itself down in its waiting parent (left unsent, for the sweeper's dispatch).
+            if self.workflows is not None:
+                self.workflows.cancel_children(unit, job_id, reason)
+            settle_parent(self.statements, unit, row, ringing=False)
             return Job.from_row(row)
 
     def wake_job(

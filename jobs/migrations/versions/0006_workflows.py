@@ -36,7 +36,9 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("children_pending", sa.Integer(), nullable=False, server_default="0")
         )
-        batch.add_column(sa.Column("awaited", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(
+            sa.Column("awaited", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
         batch.add_column(sa.Column("wait_event", sa.String(length=200), nullable=True))
         batch.add_column(sa.Column("wait_deadline", UtcDateTime(timezone=True), nullable=True))
         batch.create_index("ix_jobs_parent_id", ["parent_id"])
