@@ -130,7 +130,8 @@ def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> N
     result = runner(store).run("p")
     assert result.outcome is Outcome.COMPLETED
     assert store.get("p").result == 1 + 4 + 9
-    assert RAN["fan"] == 2 and claims_of(store, "p") == 2
+    assert RAN["fan"] == 2
+    assert claims_of(store, "p") == 2
     assert [RAN[f"square-{n}"] for n in (1, 2, 3)] == [1, 1, 1]
 
 
@@ -148,7 +149,12 @@ def test_children_that_ended_while_the_parent_parked_queue_it_at_once(store: Job
     assert claim is not None
     for key, n in (("a", 2), ("b", 3)):
         row = store.new_job_values(
-            "square", {"n": n}, job_id=f"p.{key}", max_attempts=1, delay_seconds=0, code_version=None
+            "square",
+            {"n": n},
+            job_id=f"p.{key}",
+            max_attempts=1,
+            delay_seconds=0,
+            code_version=None,
         )
         store.spawn(claim, "square", [row], [store.pending_step(f"spawn:{key}", {})])
     run_children(store, "p")
@@ -205,7 +211,9 @@ def test_a_failed_child_raises_child_failed_in_the_parent(store: JobStore) -> No
 
     assert result.outcome is Outcome.FAILED
     error = store.get("p").last_error or ""
-    assert "ChildFailed" in error and "p.map.1" in error and "no square for -1" in error
+    assert "ChildFailed" in error
+    assert "p.map.1" in error
+    assert "no square for -1" in error
 
 
 def test_a_parent_may_catch_child_failed(store: JobStore) -> None:
@@ -270,7 +278,8 @@ def test_an_event_wakes_the_job_waiting_for_it(store: JobStore) -> None:
 
     woken = store.send_event("j", "paid", {"amount": 12})
 
-    assert woken is not None and woken.state is State.QUEUED
+    assert woken is not None
+    assert woken.state is State.QUEUED
     assert runner(store).run("j").outcome is Outcome.COMPLETED
     assert store.get("j").result == {"amount": 12}
     assert RAN["listener"] == 2
