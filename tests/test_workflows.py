@@ -9,8 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import delete, select, update
 
+import jobs
+from jobs import testing
+from jobs.application import default_app
+from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
@@ -20,6 +25,7 @@ from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.runtime import explain
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -344,3 +350,70 @@ def test_an_approval_before_its_deadline_clears_it(store: JobStore, clock: Logic
     assert store.fire_deadlines() == []
     assert runner(store).run("j").outcome is Outcome.COMPLETED
     assert store.get("j").result == "approved"
+
+
+# -- the public API, jobs.testing, explain and jobctl on the embedded default ---------------
+
+
+@jobs.job("wf_square")
+def wf_square(ctx: JobContext, n: int) -> int:
+    return n * n
+
+
+@jobs.job("wf_sum")
+def wf_sum(ctx: JobContext, numbers: list[int]) -> int:
+    return sum(ctx.map("wf_square", [{"n": n} for n in numbers]))
+
+
+@jobs.job("wf_listen")
+def wf_listen(ctx: JobContext) -> Any:
+    return ctx.wait_for_event("go")
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_drain_runs_a_fan_out_to_completion_and_show_links_both_ways() -> None:
+    rung: list[str] = []
+    jobs.set_dispatcher(rung.append)
+    parent = jobs.submit("wf_sum", {"numbers": [1, 2, 3]})
+    testing.drain()
+    runtime = default_app().runtime
+
+    assert jobs.get(parent).state is State.COMPLETED
+    assert jobs.get(parent).result == 14
+    assert [child.parent_id for child in jobs.children(parent)] == [parent] * 3
+    assert f"{parent}.map.0" in rung  # children and the woken parent were rung
+    shown = cli("show", parent)
+    assert f"{parent}.map.2 COMPLETED" in shown.output
+    assert f"parent:      {parent}" in cli("show", f"{parent}.map.0").output
+    assert explain.explain(runtime.store, runtime.settings, parent).reason == "completed"
+
+
+def test_explain_counts_the_children_a_parked_parent_waits_for() -> None:
+    parent = testing.perform_job("wf_sum", {"numbers": [1, 2]})
+    runtime = default_app().runtime
+    assert parent.state is State.WAITING
+    testing.run(f"{parent.id}.map.0")
+
+    found = explain.explain(runtime.store, runtime.settings, parent.id)
+
+    assert found.reason == "waiting_children"
+    assert "waiting for 1 of 2 children" in found.paragraph
+
+
+def test_jobctl_send_event_wakes_the_waiting_job() -> None:
+    job = testing.perform_job("wf_listen")
+    assert job.state is State.WAITING
+
+    result = cli("send-event", job.id, "go", '{"x": 1}')
+
+    assert result.exit_code == 0, result.output
+    assert "delivered" in result.output
+    [run] = testing.drain()
+    assert run.outcome is Outcome.COMPLETED
+    assert jobs.get(job.id).result == {"x": 1}
+    bad = cli("send-event", job.id, "go", "{not json")
+    assert bad.exit_code == 1
+    assert "PAYLOAD is not JSON" in bad.output
