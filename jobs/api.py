@@ -20,6 +20,7 @@ __all__ = [
     "approve",
     "cancel",
     "check_submit",
+    "children",
     "dispatch",
     "get",
     "history",
@@ -30,6 +31,7 @@ __all__ = [
     "schedule",
     "schedules",
     "seed_limits",
+    "send_event",
     "set_dispatcher",
     "set_limits",
     "steps",
@@ -64,6 +66,8 @@ approve = _on_default_app(JobsApp.approve)
 wake = _on_default_app(JobsApp.wake)
 cancel = _on_default_app(JobsApp.cancel)
 retry = _on_default_app(JobsApp.retry)
+send_event = _on_default_app(JobsApp.send_event)
+children = _on_default_app(JobsApp.children)
 set_limits = _on_default_app(JobsApp.set_limits)
 seed_limits = _on_default_app(JobsApp.seed_limits)
 schedule = _on_default_app(JobsApp.schedule)

@@ -684,6 +684,34 @@ class JobsApp:
         conn = None if joined is None else joined.connection
         return self.store.cancel(job_id, reason, conn=conn)
 
+    def send_event(
+        self,
+        job_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> bool:
+        """Send event ``name`` (with a JSON ``payload``) to an unfinished job. A job parked
+        in ``ctx.wait_for_event(name)`` is queued now and its wait returns the payload; to
+        any other job the event is kept, and its next wait of that name consumes it, once.
+        Returns whether a waiting job was woken. ``connection=``/``session=``/``unit=``
+        join the caller's transaction, as for :meth:`approve`."""
+        check_lookup_id(job_id)
+        joined = _unit_for(connection, session, unit)
+        conn = None if joined is None else joined.connection
+        woken = self.store.send_event(job_id, name, payload, conn=conn)
+        if woken is not None:
+            self._ring_after_commit(woken, joined)
+        return woken is not None
+
+    def children(self, job_id: str) -> list[Job]:
+        """The jobs ``job_id`` spawned (``ctx.spawn``/``ctx.map``), oldest first."""
+        check_lookup_id(job_id)
+        return self.store.children(job_id)
+
     # -- backpressure ----------------------------------------------------------------------
 
     def set_limits(

@@ -453,6 +453,7 @@ def test_stats_counts_by_state_and_kind_and_shows_the_oldest_queued() -> None:
         "QUEUED": 2,
         "RUNNING": 0,
         "WAITING_APPROVAL": 0,
+        "WAITING": 0,
         "COMPLETED": 1,
         "FAILED": 0,
         "CANCELLED": 0,

@@ -423,7 +423,7 @@ def test_explain_escapes_stored_errors_and_reasons() -> None:
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.stdout
     assert "\\x1b[2J" in result.stdout
-    assert len(result.stdout.strip().splitlines()) == 2  # the paragraph and one action
+    assert len(result.stdout.strip().splitlines()) == 3  # the paragraph and two actions
 
 
 def test_suggested_commands_quote_ids() -> None:

@@ -27,6 +27,7 @@ TABLES = {
     "job_kind_limits",
     "job_schedules",
     "job_counters",
+    "job_events",
 }
 
 

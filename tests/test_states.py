@@ -26,6 +26,10 @@ LEGAL = {
     (S.RUNNING, S.CANCELLED),
     (S.FAILED, S.QUEUED),  # an operator's retry
     (S.CANCELLED, S.QUEUED),  # an operator's retry
+    # Workflows: a parent parked for its children, a job parked for an event.
+    (S.RUNNING, S.WAITING),
+    (S.WAITING, S.QUEUED),
+    (S.WAITING, S.CANCELLED),
 }
 ALL_PAIRS = list(itertools.product([None, *State], list(State)))
 
@@ -86,12 +90,13 @@ def test_birth_is_only_into_queued() -> None:
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (S.QUEUED, {S.QUEUED, S.WAITING_APPROVAL, S.RUNNING, S.FAILED, S.CANCELLED}),
+        (S.QUEUED, {S.QUEUED, S.WAITING_APPROVAL, S.WAITING, S.RUNNING, S.FAILED, S.CANCELLED}),
         (S.RUNNING, {S.QUEUED, S.RUNNING}),
         (S.WAITING_APPROVAL, {S.RUNNING}),
+        (S.WAITING, {S.RUNNING}),
         (S.COMPLETED, {S.RUNNING}),
         (S.FAILED, {S.RUNNING}),
-        (S.CANCELLED, {S.QUEUED, S.WAITING_APPROVAL, S.RUNNING}),
+        (S.CANCELLED, {S.QUEUED, S.WAITING_APPROVAL, S.WAITING, S.RUNNING}),
     ],
 )
 def test_sources_of(target: State, expected: set[State]) -> None:

@@ -665,6 +665,10 @@ def _to_waiting(store: JobStore) -> None:
     store.wait_for_approval(claimed(store), "why", "approval-1")
 
 
+def _to_parked(store: JobStore) -> None:
+    store.wait_for_event(claimed(store), "go", "event:go", None)
+
+
 def _to_completed(store: JobStore) -> None:
     store.complete(claimed(store))
 
@@ -681,13 +685,16 @@ INTO: dict[State, Callable[[JobStore], None]] = {
     State.QUEUED: _to_queued,
     State.RUNNING: _to_running,
     State.WAITING_APPROVAL: _to_waiting,
+    State.WAITING: _to_parked,
     State.COMPLETED: _to_completed,
     State.FAILED: _to_failed,
     State.CANCELLED: _to_cancelled,
 }
 
 
-@pytest.mark.parametrize("source", [State.QUEUED, State.WAITING_APPROVAL, State.RUNNING])
+@pytest.mark.parametrize(
+    "source", [State.QUEUED, State.WAITING_APPROVAL, State.WAITING, State.RUNNING]
+)
 def test_cancel(store: JobStore, clock: LogicalClock, source: State) -> None:
     new(store)
     INTO[source](store)

@@ -9,7 +9,20 @@ modules, which add their commands to it.
 
 from __future__ import annotations
 
-from jobs.cli import bulk_commands, core_commands, ops_commands, runtime_commands
+from jobs.cli import (
+    bulk_commands,
+    core_commands,
+    ops_commands,
+    runtime_commands,
+    workflow_commands,
+)
 from jobs.cli.group import main
 
-__all__ = ["bulk_commands", "core_commands", "main", "ops_commands", "runtime_commands"]
+__all__ = [
+    "bulk_commands",
+    "core_commands",
+    "main",
+    "ops_commands",
+    "runtime_commands",
+    "workflow_commands",
+]

@@ -86,6 +86,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "result": job.result,
         "last_error": job.last_error,
         "waiting_for": job.waiting_for,
+        "parent_id": job.parent_id,
         "run_after": iso(job.run_after),
         "created_at": iso(job.created_at),
         "updated_at": iso(job.updated_at),
@@ -347,6 +348,7 @@ def show(job_id: str, as_json: bool) -> None:
         _echo_json(
             {
                 **job_dict(job),
+                "children": [child.id for child in jobs.children(job_id)],
                 "steps": [step_dict(s) for s in steps],
                 "history": [transition_dict(t) for t in history],
             }
@@ -371,6 +373,13 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
     ]
     if job.waiting_for:
         fields.append(("waiting_for", job.waiting_for))
+    if job.parent_id is not None:  # workflows: links both ways
+        fields.append(("parent", job.parent_id))
+    children = jobs.children(job.id)
+    if children:
+        unfinished = sum(1 for child in children if child.state not in TERMINAL)
+        fields.append(("children", f"{len(children)} ({unfinished} unfinished)"))
+        fields.extend(("", f"{child.id} {child.state.value}") for child in children[:20])
     for name, value in fields:
         click.echo(f"{name + ':':<13}{value}")
     click.echo("steps:" + ("" if steps else " -"))

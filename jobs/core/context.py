@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs.core.errors import InvalidInput, LeaseLost, StepError
+from jobs.core.errors import EventTimedOut, InvalidInput, LeaseLost, StepError
 from jobs.core.validate import check_instant, check_name, check_text, check_timeout, seconds_of
+from jobs.core.waits import TIMED_OUT, Workflow
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
@@ -34,10 +35,11 @@ class WaitingForApproval(JobInterrupt):
     """Raised by :meth:`JobContext.wait_for_approval` on a first run: the runner parks the
     job in WAITING_APPROVAL (lease released) until ``jobs.approve`` or a cancel."""
 
-    def __init__(self, reason: str, step_name: str) -> None:
+    def __init__(self, reason: str, step_name: str, timeout: float | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.step_name = step_name
+        self.timeout = timeout
 
 
 class Sleeping(JobInterrupt):
@@ -86,13 +88,15 @@ def _storable(check: Callable[[], T]) -> T:
         raise Unstorable(str(err)) from None
 
 
-class JobContext:
+class JobContext(Workflow):
     """What a handler gets as its first argument: the claimed job and its recorded steps.
 
     ``ctx.step(name, fn, *args)`` runs ``fn`` once per job: its output is recorded under
     ``name`` and a later run (after a crash, a retry, a sleep or an approval) returns the
     recorded output instead of calling ``fn`` again. ``ctx.wait_for_approval(...)``,
-    ``ctx.sleep(...)`` and ``ctx.sleep_until(...)`` park the job without holding a worker.
+    ``ctx.sleep(...)`` and ``ctx.sleep_until(...)`` park the job without holding a worker;
+    so do ``ctx.wait_for(...)``/``ctx.map(...)`` (children) and ``ctx.wait_for_event(...)``
+    (:class:`jobs.core.waits.Workflow`).
     Every write the context makes is fenced by the claim: once the lease is lost, the next
     step stops the handler and nothing more is written.
     """
@@ -276,23 +280,31 @@ class JobContext:
         self._check_time(limit)
         return output
 
-    def wait_for_approval(self, reason: str, *, key: str | None = None) -> dict[str, Any]:
+    def wait_for_approval(
+        self, reason: str, *, key: str | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Park the job in WAITING_APPROVAL until :func:`jobs.approve`; returns who approved.
 
         The approval is recorded as a step (``key``, by default ``approval-1``, ``approval-2``
-        … in call order), so the re-run after approval continues past this call.
+        … in call order), so the re-run after approval continues past this call. With
+        ``timeout`` (seconds, on the database clock) the sweeper ends the wait then, and
+        this call raises :class:`jobs.EventTimedOut` (catch it to escalate).
         """
         self._approvals += 1
         name = key or f"approval-{self._approvals}"
         _storable(lambda: check_name(name, "approval key"))
         _storable(lambda: check_text(reason, "approval reason"))
         self._use(name)
+        if timeout is not None:
+            _storable(lambda: check_timeout(timeout, "approval timeout"))
         if name in self._recorded:
             self.replayed_steps.append(name)
             approval: dict[str, Any] = self._recorded[name]
+            if isinstance(approval, dict) and approval.get(TIMED_OUT):
+                raise EventTimedOut(self.job_id, f"approval {name!r}")
             return approval
         self.check_lease()
-        raise WaitingForApproval(reason, name)
+        raise WaitingForApproval(reason, name, timeout)
 
     def sleep(self, name: str, seconds: float | dt.timedelta) -> None:
         """Sleep durably for ``seconds`` (a number or a ``timedelta``), holding no worker,

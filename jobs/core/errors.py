@@ -106,3 +106,26 @@ class AdmissionRefused(JobError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(f"{message}; retry in {retry_after:.0f}s")
         self.retry_after = retry_after
+
+
+class ChildFailed(JobError):
+    """Raised by ``ctx.wait_for``/``ctx.map`` in a parent when a child it waits for ended
+    FAILED or CANCELLED: names the child and its error. The parent may catch it; if it
+    does not, the parent's attempt fails like any handler error."""
+
+    def __init__(self, child_id: str, state: str, error: str | None) -> None:
+        super().__init__(f"child job {child_id!r} ended {state}: {error or 'no error recorded'}")
+        self.child_id = child_id
+        self.state = state
+        self.error = error
+
+
+class EventTimedOut(JobError):
+    """Raised by ``ctx.wait_for_event`` (and ``ctx.wait_for_approval`` with a ``timeout``)
+    when the wait's deadline passed, on the database clock, before the event (or the
+    approval) came. The handler may catch it and escalate."""
+
+    def __init__(self, job_id: str, waited_for: str) -> None:
+        super().__init__(f"job {job_id!r}: {waited_for} did not come before its deadline")
+        self.job_id = job_id
+        self.waited_for = waited_for

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     ForeignKey,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 from jobs.core.clock import UtcDateTime
@@ -48,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -105,6 +107,19 @@ JobRecord = TableColumns(
         # While WAITING_APPROVAL: the step name under which the approval will be recorded,
         # so the handler's re-run finds it and continues past the wait.
         Column("waiting_for", String(ID_LENGTH)),
+        # Workflows (migration 0006). A child knows its parent (``ctx.spawn``/``ctx.map``).
+        Column("parent_id", String(ID_LENGTH), index=True),
+        # A parent WAITING for children: how many of the awaited ones are unfinished. The
+        # child that finishes decrements it in its own finishing write; the one that brings
+        # it to 0 moves the parent back to QUEUED (a counter, never a count of children).
+        Column("children_pending", Integer, nullable=False, server_default="0"),
+        # A child its parent waits for (set when the parent parks): its finish counts down.
+        Column("awaited", Boolean, nullable=False, server_default=false()),
+        # A job WAITING for an event: the event's name (``ctx.wait_for_event``).
+        Column("wait_event", String(ID_LENGTH)),
+        # When a wait (an event, an approval) gives up, on the database clock; the
+        # sweeper fires it. NULL: no deadline.
+        Column("wait_deadline", UtcDateTime()),
         Column("created_at", UtcDateTime(), nullable=False),
         Column("updated_at", UtcDateTime(), nullable=False),
         # Indexed for retention, which deletes finished jobs oldest first in small batches.
@@ -120,6 +135,8 @@ JobRecord = TableColumns(
         # Due dispatch and the next due job of a kind: the QUEUED rows of each priority
         # by due time (a plain index: Alembic cannot compare a DESC expression index).
         Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
+        Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),
+        CheckConstraint("children_pending >= 0", name="children_pending"),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
@@ -165,6 +182,28 @@ TransitionRecord = TableColumns(
     )
 )
 """Append-only: rows are inserted beside each state change and never updated."""
+
+EventRecord = TableColumns(
+    Table(
+        "job_events",
+        metadata,
+        Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+        Column(
+            "job_id",
+            String(ID_LENGTH),
+            ForeignKey("jobs.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("name", String(ID_LENGTH), nullable=False),
+        Column("payload", JSON),
+        Column("sent_at", UtcDateTime(), nullable=False),
+        # Set once, in the write that records the event as the waiting job's step.
+        Column("consumed_at", UtcDateTime()),
+        Index("ix_job_events_job_id_name", "job_id", "name"),
+    )
+)
+"""Events sent to a job (``jobs.send_event``): one sent before the job waits is kept
+here until a ``ctx.wait_for_event`` of its name consumes it, exactly once."""
 
 KindLimitRecord = TableColumns(
     Table(

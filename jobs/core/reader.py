@@ -56,6 +56,27 @@ class JobReader:
             raise UnknownJob(job_id)
         return Job.from_row(row)
 
+    def children(self, parent_id: str) -> list[Job]:
+        """The children a job spawned (``ctx.spawn``/``ctx.map``), oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(*JOB_COLUMNS)
+                .where(JobRecord.parent_id == parent_id)
+                .order_by(JobRecord.created_at, JobRecord.id)
+            ).all()
+        return [Job.from_row(row) for row in rows]
+
+    def jobs_by_id(self, job_ids: Sequence[str]) -> list[Job]:
+        """The jobs ``job_ids`` that exist, in the order given (one read)."""
+        with self._read() as conn:
+            rows = {
+                row.id: row
+                for row in conn.execute(
+                    select(*JOB_COLUMNS).where(JobRecord.id.in_(list(job_ids)))
+                ).all()
+            }
+        return [Job.from_row(rows[job_id]) for job_id in job_ids if job_id in rows]
+
     def steps(self, job_id: str) -> list[Step]:
         """The job's recorded steps, oldest first."""
         with self._read() as conn:

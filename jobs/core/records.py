@@ -39,6 +39,12 @@ class Job:
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+    # Workflows: the job's parent (``ctx.spawn``/``ctx.map``), how many awaited children
+    # are unfinished while it is WAITING, the event it waits for, and when the wait ends.
+    parent_id: str | None = None
+    children_pending: int = 0
+    wait_event: str | None = None
+    wait_deadline: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -64,6 +70,10 @@ class Job:
             created_at=row.created_at,
             updated_at=row.updated_at,
             finished_at=row.finished_at,
+            parent_id=row.parent_id,
+            children_pending=row.children_pending,
+            wait_event=row.wait_event,
+            wait_deadline=row.wait_deadline,
         )
 
 

@@ -35,8 +35,10 @@ from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
+from jobs.core.states import State
 from jobs.core.store import Claim, Job, JobStore
 from jobs.core.validate import check_loaded, clip
+from jobs.core.waits import WaitingForChildren, WaitingForEvent
 
 log = logging.getLogger("jobs.runner")
 
@@ -50,6 +52,7 @@ class Outcome(enum.StrEnum):
     WAITING_APPROVAL = "waiting_approval"
     SLEEPING = "sleeping"
     HANDED_BACK = "handed_back"
+    WAITING = "waiting"  # parked WAITING for children or an event
     NOT_CLAIMED = "not_claimed"
     LEASE_LOST = "lease_lost"
 
@@ -92,8 +95,11 @@ class Runner:
         retry_backoff_seconds: float = 1.0,
         retry_backoff_max_seconds: float = 300.0,
         stopping: Callable[[], bool] | None = None,
+        default_max_attempts: int = 5,
     ) -> None:
         self.store = store
+        # A child spawned without max_attempts, of a kind without one, gets this.
+        self.default_max_attempts = default_max_attempts
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.registry = registry
@@ -119,6 +125,7 @@ class Runner:
             lease_seconds=settings.lease_seconds,
             retry_backoff_seconds=settings.retry_backoff_seconds,
             retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
+            default_max_attempts=settings.default_max_attempts,
             **options,
         )
 
@@ -176,6 +183,8 @@ class Runner:
             heartbeat=self.heartbeat,
             run_deadline=run_deadline,
         )
+        ctx.registry = self.registry  # children take their kinds' defaults
+        ctx.default_max_attempts = self.default_max_attempts
         if self.heartbeat is not None:
 
             def timed_out(why: str) -> None:
@@ -198,9 +207,19 @@ class Runner:
                 result = handler(ctx, **job.inputs)
         except WaitingForApproval as wait:
             parked = self.store.wait_for_approval(
-                claim, wait.reason, wait.step_name, steps=ctx.take_pending()
+                claim, wait.reason, wait.step_name, steps=ctx.take_pending(), timeout=wait.timeout
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+        except WaitingForChildren as children:
+            parked = self.store.wait_for_children(
+                claim, children.child_ids, children.step_name, steps=ctx.take_pending()
+            )
+            return self._result(parked, self._parked_or_back(parked), ctx)
+        except WaitingForEvent as event:
+            parked = self.store.wait_for_event(
+                claim, event.name, event.step_name, event.timeout, steps=ctx.take_pending()
+            )
+            return self._result(parked, self._parked_or_back(parked), ctx)
         except Sleeping as sleep:
             slept = self.store.sleep(claim, sleep.name, sleep.wake_at, steps=ctx.take_pending())
             return self._result(slept, Outcome.SLEEPING, ctx)
@@ -249,6 +268,12 @@ class Runner:
             )
             return self.store.retry(claim, error, delay, steps=ctx.take_pending()), Outcome.RETRYING
         return self.store.fail(claim, error, steps=ctx.take_pending()), Outcome.FAILED
+
+    @staticmethod
+    def _parked_or_back(job: Job) -> Outcome:
+        """WAITING, or HANDED_BACK when the wait ended as it began (its children ended, or
+        its event came, meanwhile): the job is QUEUED, due now, for its doorbell to ring."""
+        return Outcome.WAITING if job.state is State.WAITING else Outcome.HANDED_BACK
 
     @staticmethod
     def _result(job: Job, outcome: Outcome, ctx: JobContext, error: str | None = None) -> RunResult:

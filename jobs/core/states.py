@@ -15,11 +15,14 @@ class State(enum.StrEnum):
     """A job's state. COMPLETED, FAILED and CANCELLED are final for the system (no worker,
     sweeper or timer moves a job out of them); only an operator's retry takes a FAILED or
     CANCELLED job back to QUEUED. Every move between states is one entry of
-    :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from."""
+    :data:`TRANSITIONS`, which every UPDATE's WHERE clause is built from. WAITING is a parked
+    job (``ctx.wait_for``, ``ctx.map``, ``ctx.wait_for_event``): it holds no worker, lease or
+    message until its last child finishes, its event arrives or its deadline passes."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     WAITING_APPROVAL = "WAITING_APPROVAL"
+    WAITING = "WAITING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -31,7 +34,16 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.QUEUED, State.RUNNING): "a worker's claim",
     (State.RUNNING, State.RUNNING): "a new owner's claim after the old lease expired",
     (State.RUNNING, State.WAITING_APPROVAL): "the owner; the lease is released while waiting",
-    (State.WAITING_APPROVAL, State.QUEUED): "an approval, recording who approved",
+    (State.WAITING_APPROVAL, State.QUEUED): (
+        "an approval, recording who approved, or its deadline passing (the sweeper)"
+    ),
+    (State.RUNNING, State.WAITING): (
+        "the owner, parked for its children or an event; the lease is released while waiting"
+    ),
+    (State.WAITING, State.QUEUED): (
+        "the last awaited child finishing (in its own finishing write), the awaited event "
+        "arriving, or the wait's deadline passing (the sweeper)"
+    ),
     (State.QUEUED, State.QUEUED): "an operator's wake: a job waiting on a timer made due now",
     (State.RUNNING, State.QUEUED): (
         "the sweeper after an expired lease, or the owner's retry, hand-back or sleep"
@@ -40,6 +52,7 @@ TRANSITIONS: dict[tuple[State | None, State], str] = {
     (State.RUNNING, State.FAILED): "the owner, or the sweeper once attempts are exhausted",
     (State.QUEUED, State.CANCELLED): "an operator",
     (State.WAITING_APPROVAL, State.CANCELLED): "an operator",
+    (State.WAITING, State.CANCELLED): "an operator, or the cancel of its parent",
     (State.RUNNING, State.CANCELLED): "an operator; the owner notices at its next fenced write",
     (State.FAILED, State.QUEUED): (
         "an operator's retry: a fresh budget of attempts, the fence bumped, the recorded "

@@ -61,6 +61,37 @@ def _span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def _waiting(
+    store: JobStore, job: Job, now: dt.datetime, quoted: str
+) -> tuple[str, str, tuple[str, ...]]:
+    """A job parked WAITING: for its children (how many of how many), or for an event
+    (until when)."""
+    if job.wait_event is not None:
+        until = (
+            "with no deadline"
+            if job.wait_deadline is None
+            else f"until {_at(job.wait_deadline)} (in "
+            f"{_span(max(0.0, (job.wait_deadline - now).total_seconds()))})"
+        )
+        text = (
+            f"It is waiting for event {printable(job.wait_event)!r} {until}. It holds no "
+            "worker, lease or message; the event queues it again (an event sent earlier "
+            "would have been consumed already), the deadline ends the wait with EventTimedOut."
+        )
+        name = shlex.quote(job.wait_event)
+        return (
+            "waiting_event",
+            text,
+            (f"jobctl send-event {quoted} {name}", f"jobctl cancel {quoted}"),
+        )
+    awaited = [child for child in store.children(job.id)]
+    text = (
+        f"It is waiting for {job.children_pending} of {len(awaited)} children. It holds no "
+        "worker, lease or message; the last of them to finish queues it again."
+    )
+    return "waiting_children", text, (f"jobctl show {quoted}", f"jobctl cancel {quoted}")
+
+
 def _last_move_to(history: list[Transition], state: State) -> Transition | None:
     for move in reversed(history):
         if move.to_state is state:
@@ -116,6 +147,8 @@ def explain(
             f"{job.waiting_for!r} and queues it again, to resume past its recorded steps."
         )
         actions = (f"jobctl approve {quoted} --by NAME", f"jobctl cancel {quoted}")
+    elif job.state is State.WAITING:
+        reason, text, actions = _waiting(store, job, now, quoted)
     elif job.state is State.COMPLETED:
         reason = "completed"
         text = f"It completed at {_at(job.finished_at)} on {attempts}."

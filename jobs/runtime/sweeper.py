@@ -2,9 +2,12 @@
 
 Each pass (1) takes back jobs whose owner is known dead (PostgreSQL liveness locks),
 (2) re-queues RUNNING jobs whose lease ran out on the database clock, or fails them
-when out of attempts, and (3) re-sends the doorbell for QUEUED jobs that are due and
-were never published (a failed publish, a retry whose backoff ended) or whose message
-seems lost (published longer ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It then
+when out of attempts, ends the waits whose deadline passed (``ctx.wait_for_event``,
+``ctx.wait_for_approval(timeout=)``) and queues a parent parked for children none of
+which is unfinished (a safety net: the last child's own write queues it), and (3)
+re-sends the doorbell for QUEUED jobs that are due and were never published (a failed
+publish, a retry whose backoff ended) or whose message seems lost (published longer
+ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It then
 (4) submits one job per due tick of each periodic schedule (:mod:`jobs.runtime.periodic`)
 and (5) deletes a few batches of finished jobs past ``JOBS_RETENTION_DAYS``. Every move is
 a fenced compare-and-set and every tick a deterministic job ID, so any number of sweepers
@@ -119,6 +122,12 @@ def sweep_once(
     doorbell it held: then every due one is rung at once, however recently it was sent."""
     dead = rescue_dead_owners(store)
     expired = store.sweep_expired()
+    # Workflows: waits whose deadline passed, and (the safety net) parents no unfinished
+    # child will wake; both are left QUEUED and unsent, so the dispatch below rings them.
+    timed_out = store.fire_deadlines()
+    stranded = store.wake_stranded_parents()
+    _count_by_kind(store, "wait_deadline", (job.kind for job in timed_out))
+    _count_by_kind(store, "recovery_stranded_parent", (job.kind for job in stranded))
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
     stale = store.awaiting_redispatch(settings.redispatch_after_seconds)

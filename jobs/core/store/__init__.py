@@ -13,6 +13,7 @@ concern, and all share one execution layer (one statement cache, one clock):
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs.core.store.dispatch`: which doorbells are due; forgetting failed ones.
 - :mod:`~jobs.core.store.schedules`: periodic ticks, retention, counters.
+- :mod:`~jobs.core.store.workflows`: children (spawn, fan-in), events, wait deadlines.
 
 Reads are :class:`jobs.core.reader.JobReader`'s, composed in (``store.reader``) and
 exposed here too. Every state change is a single compare-and-set UPDATE whose WHERE
@@ -55,6 +56,7 @@ from jobs.core.store.ownership import Ownership
 from jobs.core.store.schedules import Schedules
 from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import Submissions
+from jobs.core.store.workflows import Workflows
 
 
 class JobStore:
@@ -90,6 +92,9 @@ class JobStore:
         self.operations = Operations(self.statements, self.ownership)
         self.dispatch = Dispatch(self.statements)
         self.scheduling = Schedules(self.statements, self.submissions, self.reader)
+        self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
+        self.ownership.finish_child = self.workflows.finish_child
+        self.operations.workflows = self.workflows
 
     # -- submissions and admission --------------------------------------------
     def new_job_values(
@@ -262,11 +267,86 @@ class JobStore:
         return self.ownership.sleep(claim, name, wake_at, steps=steps)
 
     def wait_for_approval(
-        self, claim: Claim, reason: str, step_name: str, *, steps: Sequence[PendingStep] = ()
+        self,
+        claim: Claim,
+        reason: str,
+        step_name: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+        timeout: float | None = None,
     ) -> Job:
-        """Park the job and release the lease; the pause gives back its attempt.
-        (:meth:`Ownership.wait_for_approval`)"""
-        return self.ownership.wait_for_approval(claim, reason, step_name, steps=steps)
+        """Park the job and release the lease; the pause gives back its attempt; ``timeout``
+        gives the wait a deadline. (:meth:`Ownership.wait_for_approval`)"""
+        return self.ownership.wait_for_approval(
+            claim, reason, step_name, steps=steps, timeout=timeout
+        )
+
+    # -- workflows: children, events, deadlines ------------------------------------------
+    def spawn(
+        self,
+        claim: Claim,
+        kind: str,
+        rows: Sequence[dict[str, Any]],
+        records: Sequence[PendingStep],
+    ) -> builtins.list[tuple[Job, bool]]:
+        """Insert children and record the spawn, fenced, in one transaction.
+        (:meth:`Workflows.spawn`)"""
+        return self.workflows.spawn(claim, kind, rows, records)
+
+    def wait_for_children(
+        self,
+        claim: Claim,
+        child_ids: Sequence[str],
+        step_name: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
+        """Park the claimed job WAITING until its unfinished children among ``child_ids`` end.
+        (:meth:`Workflows.wait_for_children`)"""
+        return self.workflows.wait_for_children(claim, child_ids, step_name, steps=steps)
+
+    def consume_event(self, claim: Claim, name: str, step_name: str) -> PendingStep | None:
+        """Consume a kept event ``name`` and record it as step ``step_name``, fenced.
+        (:meth:`Workflows.consume_event`)"""
+        return self.workflows.consume_event(claim, name, step_name)
+
+    def wait_for_event(
+        self,
+        claim: Claim,
+        name: str,
+        step_name: str,
+        timeout: float | None,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
+        """Park the claimed job WAITING for event ``name`` until ``timeout``.
+        (:meth:`Workflows.wait_for_event`)"""
+        return self.workflows.wait_for_event(claim, name, step_name, timeout, steps=steps)
+
+    def send_event(
+        self, job_id: str, name: str, payload: Any = None, *, conn: Connection | None = None
+    ) -> Job | None:
+        """Send an event to a job; returns the job if it was waiting for it (now QUEUED).
+        (:meth:`Workflows.send_event`)"""
+        return self.workflows.send_event(job_id, name, payload, conn=conn)
+
+    def fire_deadlines(self, limit: int = 100) -> builtins.list[Job]:
+        """Waits whose deadline passed back to QUEUED, timed out.
+        (:meth:`Workflows.fire_deadlines`)"""
+        return self.workflows.fire_deadlines(limit)
+
+    def wake_stranded_parents(self, limit: int = 100) -> builtins.list[Job]:
+        """The sweeper's safety net for parents no unfinished child will wake.
+        (:meth:`Workflows.wake_stranded_parents`)"""
+        return self.workflows.wake_stranded_parents(limit)
+
+    def children(self, parent_id: str) -> builtins.list[Job]:
+        """The job's children, oldest first. (:meth:`JobReader.children`)"""
+        return self.reader.children(parent_id)
+
+    def jobs_by_id(self, job_ids: Sequence[str]) -> builtins.list[Job]:
+        """The jobs ``job_ids`` that exist, in that order. (:meth:`JobReader.jobs_by_id`)"""
+        return self.reader.jobs_by_id(job_ids)
 
     # -- operators and recovery ------------------------------------------------
     def approve(

@@ -19,6 +19,7 @@ from jobs.core.records import BulkOutcome, Job, Selected
 from jobs.core.states import RETRYABLE, State
 from jobs.core.store.ownership import Ownership
 from jobs.core.store.statements import RowChanges, Statements
+from jobs.core.store.workflows import Workflows, settle_parent
 from jobs.core.validate import check_person, check_text
 
 Write = Callable[[Connection, str, Sequence[State], list[ColumnElement[bool]]], Job | None]
@@ -44,6 +45,7 @@ class Operations:
         self.ownership = ownership
         self.engine = statements.engine
         self.clock = statements.clock
+        self.workflows: Workflows | None = None  # set by the store (cancel's cascade)
 
     def _not_due(self) -> ColumnElement[bool]:
         """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
@@ -86,7 +88,7 @@ class Operations:
             State.QUEUED,
             only_from=sources,
             where=where,
-            changes=RowChanges(run_after=now, dispatched_at=now),
+            changes=RowChanges(run_after=now, dispatched_at=now, wait_deadline=None),
             reason=note or "approved",
             approved_by=by,
         )
@@ -142,7 +144,14 @@ class Operations:
             changes=RowChanges.finished(self.clock.now()),
             reason=reason,
         )
-        return None if row is None else Job.from_row(row)
+        if row is None:
+            return None
+        # Workflows: its unfinished children are cancelled with it, and a child counts
+        # itself down in its waiting parent (left unsent, for the sweeper's dispatch).
+        if self.workflows is not None:
+            self.workflows.cancel_children(unit, job_id, reason)
+        settle_parent(self.statements, unit, row, ringing=False)
+        return Job.from_row(row)
 
     def retry(
         self,
@@ -200,6 +209,7 @@ class Operations:
                 dispatched_at=now,
                 finished_at=None,
                 waiting_for=None,
+                wait_deadline=None,
             ),
             reason=retry_reason(by, reason, from_start=from_start),
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -37,6 +37,7 @@ from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.statements import RowChanges, Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
+from jobs.core.store.workflows import settle_parent
 from jobs.core.validate import check_name, encode_json
 
 
@@ -48,6 +49,9 @@ class Ownership:
         self.engine = statements.engine
         self.clock = statements.clock
         self.max_payload_bytes = max_payload_bytes
+        # A child's end, which also counts it down in its waiting parent (set by the
+        # store to :meth:`jobs.core.store.workflows.Workflows.finish_child`).
+        self.finish_child: Callable[..., Job] | None = None
 
     # -- the claim -------------------------------------------------------------------------
 
@@ -274,6 +278,14 @@ class Ownership:
     ) -> Job:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement."""
         encode_json(result, "result", self.max_payload_bytes)
+        if claim.job.parent_id is not None and self.finish_child is not None:
+            return self.finish_child(
+                claim,
+                State.COMPLETED,
+                RowChanges.finished(self.clock.now(), result=result),
+                "completed",
+                steps,
+            )
         return self.statements.owner_move(
             claim,
             State.COMPLETED,
@@ -285,6 +297,14 @@ class Ownership:
     def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         """The owner's FAILED, with the error as the reason and the pending steps recorded
         in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live."""
+        if claim.job.parent_id is not None and self.finish_child is not None:
+            return self.finish_child(
+                claim,
+                State.FAILED,
+                RowChanges.finished(self.clock.now(), last_error=error),
+                error,
+                steps,
+            )
         return self.statements.owner_move(
             claim,
             State.FAILED,
@@ -323,6 +343,10 @@ class Ownership:
             reason=exhausted,
             steps=steps,
         )
+        if row is not None:
+            # A child out of attempts counts itself down in its waiting parent; the parent
+            # is left unsent here, for the sweeper's dispatch (or the owner's ring).
+            settle_parent(self.statements, conn, row, ringing=False)
         if row is None:
             row = self.statements.transition(
                 conn,
@@ -409,10 +433,17 @@ class Ownership:
         )
 
     def wait_for_approval(
-        self, claim: Claim, reason: str, step_name: str, *, steps: Sequence[PendingStep] = ()
+        self,
+        claim: Claim,
+        reason: str,
+        step_name: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+        timeout: float | None = None,
     ) -> Job:
         """Park the job and release the lease; the pause gives back its attempt. The approval
-        will be recorded as step ``step_name``."""
+        will be recorded as step ``step_name``. With ``timeout`` (seconds, database clock)
+        the sweeper gives up the wait then (:meth:`Workflows.fire_deadlines`)."""
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
             row = self.statements.transition(
@@ -427,6 +458,7 @@ class Ownership:
                     liveness_key=None,
                     attempts=JobRecord.attempts - 1,
                     waiting_for=step_name,
+                    wait_deadline=None if timeout is None else self.clock.after(timeout),
                 ),
                 owner=claim.owner,
                 fence=claim.fence,

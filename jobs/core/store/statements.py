@@ -51,7 +51,7 @@ from jobs.core.driver import DriverStatement, runs_on_driver
 from jobs.core.errors import IllegalTransition, LeaseLost, StepError, UnknownJob
 from jobs.core.models import JobRecord, StepRecord, TableColumns, TransitionRecord
 from jobs.core.reader import JOB_COLUMNS
-from jobs.core.records import Claim, Job, PendingStep
+from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
@@ -131,6 +131,11 @@ class RowChanges:
     last_error: str | _Keep = KEEP
     result: Any = KEEP
     waiting_for: str | _Keep | None = KEEP
+    # Workflows: a parked parent's count of unfinished awaited children, the event a job
+    # waits for, and when its wait ends.
+    children_pending: int | ColumnElement[Any] | _Keep = KEEP
+    wait_event: str | _Keep | None = KEEP
+    wait_deadline: dt.datetime | ColumnElement[Any] | _Keep | None = KEEP
 
     @classmethod
     def finished(cls, now: ColumnElement[Any], **changes: Any) -> RowChanges:
@@ -174,6 +179,10 @@ class Statements:
         self.clock = clock
         self.on_driver = on_driver
         self._statements: dict[tuple[Any, ...], Executable] = {}
+        # Rings the doorbells of jobs a write moved to QUEUED (a parent whose last child
+        # finished, a job whose event came), after that write committed; set by the
+        # process runtime. ``None``: such jobs are left unsent, for the sweeper to ring.
+        self.ring: Callable[[Sequence[Doorbell]], object] | None = None
         self.driver_statements: dict[tuple[Any, ...], DriverStatement] = {}
 
     # -- connections and units of work ---------------------------------------------------
