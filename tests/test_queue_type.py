@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +157,20 @@ class FakeWatch:
     def __init__(self, health: QueueHealth) -> None:
         self.health = health
         self.ready: int | None = None  # the broker could not say how many wait
+        self.asked: list[list[str] | None] = []
 
-    def check(self) -> QueueHealth:
+    def check(self, queues: Sequence[str] | None = None) -> QueueHealth:
+        self.asked.append(None if queues is None else list(queues))
         return self.health
+
+
+def test_the_sweeper_watches_every_queue_queued_jobs_wait_on(store: JobStore) -> None:
+    """A kind of its own queue: the sweeper's look at the broker covers that queue too, so
+    a lost one of those is found as a lost JOBS_QUEUE is."""
+    store.create("transcode", {}, job_id="v1", max_attempts=1, queue="video")
+    watch = FakeWatch(QueueHealth.OK)
+    sweep_once(store, settings_with(), lambda _ids, _priority, **_: True, watch=watch)  # type: ignore[arg-type]
+    assert watch.asked == [[settings_with().queue, "video"]]
 
 
 @pytest.mark.parametrize("health", list(QueueHealth))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
@@ -82,10 +83,11 @@ class QueueWatch:
             except Exception as err:  # a dead socket may fail to close: it is gone anyway
                 log.debug("sweeper: closing the broker connection failed: %s", err)
 
-    def check(self) -> QueueHealth:
-        """Ask the broker about each queue once (``JOBS_QUEUE``, and with quorum queues its
-        high band), declaring one that is gone; never raises. Any queue that may have lost
-        its doorbells makes the pass ring them all."""
+    def check(self, queues: Sequence[str] | None = None) -> QueueHealth:
+        """Ask the broker about each of ``queues`` once (default ``JOBS_QUEUE``, and with
+        quorum queues its high band; the sweeper adds every queue QUEUED jobs wait on),
+        declaring one that is gone; never raises. Any queue that may have lost its doorbells
+        makes the pass ring them all."""
         from jobs.runtime.queues import queue_names, task_queue  # noqa: PLC0415 - kombu
 
         self.ready = None
@@ -97,7 +99,7 @@ class QueueWatch:
             return QueueHealth.UNREACHABLE
         found = []
         ready: int | None = 0
-        for name in queue_names(self.settings):
+        for name in queue_names(self.settings) if queues is None else queues:
             health, count = self._check_one(connection, task_queue(self.settings, name))
             if health is QueueHealth.UNREACHABLE:
                 return health

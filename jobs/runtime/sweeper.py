@@ -37,6 +37,7 @@ from jobs.core.validate import check_days
 from jobs.runtime.liveness import rescue_dead_owners
 from jobs.runtime.periodic import fire_due_ticks
 from jobs.runtime.queue_watch import QueueHealth, QueueWatch
+from jobs.runtime.queues import with_bands
 
 log = logging.getLogger("jobs.sweeper")
 
@@ -131,7 +132,10 @@ def sweep_once(
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
     stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
-    health = watch.check() if watch is not None else QueueHealth.OK
+    health = QueueHealth.OK
+    if watch is not None:  # every queue a QUEUED job waits on, JOBS_QUEUE always
+        waited_on = sorted(queue for queue in store.queued_by_queue() if queue is not None)
+        health = watch.check(with_bands(settings, [settings.queue, *waited_on]))
     dispatched = ring_all_due(store, publish) if health.ring_all else []
     stale_limit = None
     ready = watch.ready if watch is not None else waiting()
