@@ -11,7 +11,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from jobs.application import JobsApp, default_app, new_job_id
+from jobs.application import JobsApp, default_app
+from jobs.operations import new_job_id
 
 P = ParamSpec("P")
 R = TypeVar("R")

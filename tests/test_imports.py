@@ -115,8 +115,22 @@ def test_the_check_finds_a_circle() -> None:
 
 LAYERS = {
     # A module of the key's layer may not import one of these.
-    "jobs.core": ("jobs.runtime", "jobs.application", "jobs.api", "jobs.cli", "jobs.contrib"),
-    "jobs.runtime": ("jobs.application", "jobs.api", "jobs.cli", "jobs.contrib", "jobs.testing"),
+    "jobs.core": (
+        "jobs.runtime",
+        "jobs.application",
+        "jobs.operations",
+        "jobs.api",
+        "jobs.cli",
+        "jobs.contrib",
+    ),
+    "jobs.runtime": (
+        "jobs.application",
+        "jobs.operations",
+        "jobs.api",
+        "jobs.cli",
+        "jobs.contrib",
+        "jobs.testing",
+    ),
 }
 
 
