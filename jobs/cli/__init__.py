@@ -10,6 +10,7 @@ modules, which add their commands to it.
 from __future__ import annotations
 
 from jobs.cli import (
+    backpressure_commands,
     bulk_commands,
     core_commands,
     ops_commands,
@@ -19,6 +20,7 @@ from jobs.cli import (
 from jobs.cli.group import main
 
 __all__ = [
+    "backpressure_commands",
     "bulk_commands",
     "core_commands",
     "main",

@@ -1,5 +1,5 @@
-"""jobctl commands over the core alone: submit, show, list, approve, cancel, wake, stats, db,
-simulate.
+"""jobctl commands over the core alone: submit, show, list, approve, cancel, wake, db,
+simulate (stats and limits: :mod:`jobs.cli.backpressure_commands`).
 
 Every command reads the ledger through :mod:`jobs.api` (or the store), never through a
 broker, so what it prints is what a recovering worker would see. Output meant for
@@ -28,13 +28,23 @@ from jobs.cli.bulk_commands import (
     job_filter,
 )
 from jobs.cli.group import Finite, main
+from jobs.cli.render import (
+    compact,
+    echo_json,
+    iso,
+    job_dict,
+    runtime,
+    shown,
+    step_dict,
+    table,
+    transition_dict,
+)
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import (
     MAX_ATTEMPTS,
     MAX_DELAY_SECONDS,
     MAX_DEPTH,
-    MAX_KIND_LIMIT,
     MAX_LIST_LIMIT,
     MAX_PRIORITY,
     MAX_SIMULATED_STEPS,
@@ -42,100 +52,17 @@ from jobs.core.validate import (
     MAX_WAIT_SECONDS,
     check_instant,
     clip,
-    printable,
 )
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs.core.records import Job, Step, Transition
-    from jobs.runtime.process import ProcessRuntime
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75
 
 
-def _runtime() -> ProcessRuntime:
-    """The process's runtime, imported on first use so ``--help`` stays fast."""
-    from jobs.application import default_app  # noqa: PLC0415
-
-    return default_app().runtime
-
-
 #: How often ``submit --wait`` re-reads the job; tests shorten it.
 POLL_SECONDS = 0.3
-
-# -- rendering -----------------------------------------------------------------------------
-
-
-def iso(instant: dt.datetime | None) -> str | None:
-    """Always with microseconds and offset, so every value parses the same way."""
-    return None if instant is None else instant.isoformat(timespec="microseconds")
-
-
-def job_dict(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "kind": job.kind,
-        "state": job.state.value,
-        "owner": job.owner,
-        "lease_until": iso(job.lease_until),
-        "fence": job.fence,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "priority": job.priority,
-        "inputs": job.inputs,
-        "result": job.result,
-        "last_error": job.last_error,
-        "waiting_for": job.waiting_for,
-        "parent_id": job.parent_id,
-        "run_after": iso(job.run_after),
-        "created_at": iso(job.created_at),
-        "updated_at": iso(job.updated_at),
-        "finished_at": iso(job.finished_at),
-    }
-
-
-def step_dict(step: Step) -> dict[str, Any]:
-    return {
-        "name": step.name,
-        "output": step.output,
-        "recorded_at": iso(step.recorded_at),
-        "owner": step.owner,
-        "fence": step.fence,
-    }
-
-
-def transition_dict(move: Transition) -> dict[str, Any]:
-    return {
-        "from": move.from_state.value if move.from_state is not None else None,
-        "to": move.to_state.value,
-        "owner": move.owner,
-        "fence": move.fence,
-        "at": iso(move.at),
-        "reason": move.reason,
-        "approved_by": move.approved_by,
-    }
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(", ", ": "), sort_keys=True, default=repr)
-
-
-def shown(text: str | None) -> str:
-    """Text from the ledger as one safe line: newlines, tabs, terminal escapes and other
-    control characters are shown escaped (``\\n``, ``\\x1b``), so a note or reason can
-    neither forge another line of output nor drive the terminal."""
-    return "-" if text is None else printable(text)
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2))
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
 
 # -- submit --------------------------------------------------------------------------------
 
@@ -345,7 +272,7 @@ def show(job_id: str, as_json: bool) -> None:
     """A job's record, recorded steps and history of moves."""
     job, steps, history = jobs.get(job_id), jobs.steps(job_id), jobs.history(job_id)
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 **job_dict(job),
                 "children": [child.id for child in jobs.children(job_id)],
@@ -367,8 +294,8 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
         ("fence", str(job.fence)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("priority", str(job.priority)),
-        ("inputs", _compact(job.inputs)),
-        ("result", _compact(job.result)),
+        ("inputs", compact(job.inputs)),
+        ("result", compact(job.result)),
         ("last_error", shown(job.last_error)),
     ]
     if job.waiting_for:
@@ -385,7 +312,7 @@ def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -
     click.echo("steps:" + ("" if steps else " -"))
     for step in steps:
         click.echo(
-            f"  {step.name}  {_compact(step.output)}  "
+            f"  {step.name}  {compact(step.output)}  "
             f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
         )
     click.echo("history:")
@@ -431,12 +358,12 @@ def list_command(
         where.state, where.kind, limit, since=where.since, error_like=where.error_like
     )
     if as_json:
-        _echo_json([job_dict(job) for job in found])
+        echo_json([job_dict(job) for job in found])
         return
     if not found:
         click.echo("no jobs")
         return
-    _table(
+    table(
         ("ID", "KIND", "STATE", "PRIORITY", "OWNER", "ATTEMPTS", "UPDATED"),
         [
             (
@@ -501,143 +428,6 @@ def wake(job_id: str, reason: str) -> None:
     click.echo(f"{job.id} {job.state.value}, due now")
 
 
-# -- stats ---------------------------------------------------------------------------------
-
-
-def stats_dict() -> dict[str, Any]:
-    """Counts with every state present (zeros too), so dashboards need no defaults."""
-    store = _runtime().store
-    by_state = {state.value: 0 for state in State}
-    by_kind: dict[str, int] = {}
-    for (kind, state), count in sorted(store.counts().items()):
-        by_state[state] = by_state.get(state, 0) + count
-        by_kind[kind] = by_kind.get(kind, 0) + count
-    oldest = store.oldest_queued()
-    counts = store.counts()
-    limits = {
-        kind: {
-            "max_running": limit.max_running,
-            "running": counts.get((kind, State.RUNNING.value), 0),
-            "max_queued": limit.max_queued,
-            "queued": counts.get((kind, State.QUEUED.value), 0),
-        }
-        for kind, limit in sorted(store.limits().items())
-    }
-    return {
-        "total": sum(by_state.values()),
-        "limits": limits,
-        "by_state": by_state,
-        "by_kind": by_kind,
-        "queue_depth": by_state[State.QUEUED.value],
-        "oldest_queued": None
-        if oldest is None
-        else {
-            "id": oldest[0],
-            "age_seconds": round(oldest[1], 3),
-        },
-    }
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
-def stats(as_json: bool) -> None:
-    """Jobs by state and kind, and how long the oldest due job has waited."""
-    figures = stats_dict()
-    if as_json:
-        _echo_json(figures)
-        return
-    click.echo(f"jobs: {figures['total']}")
-    _table(("STATE", "COUNT"), [(s, str(n)) for s, n in figures["by_state"].items()])
-    if figures["by_kind"]:
-        _table(("KIND", "COUNT"), [(k, str(n)) for k, n in figures["by_kind"].items()])
-    oldest = figures["oldest_queued"]
-    waiting = (
-        "none due"
-        if oldest is None
-        else (f"oldest due {oldest['id']} waiting {oldest['age_seconds']:.1f}s")
-    )
-    click.echo(f"queue depth: {figures['queue_depth']} QUEUED; {waiting}")
-    if figures["limits"]:
-        _limits_table(figures["limits"])
-
-
-def _limits_table(limits: dict[str, dict[str, int | None]]) -> None:
-    def show(value: int | None) -> str:
-        return "-" if value is None else str(value)
-
-    _table(
-        ("KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED"),
-        [
-            (
-                kind,
-                str(v["running"]),
-                show(v["max_running"]),
-                str(v["queued"]),
-                show(v["max_queued"]),
-            )
-            for kind, v in limits.items()
-        ],
-    )
-
-
-# -- limits --------------------------------------------------------------------------------
-
-
-def _limit_value(raw: str | None, name: str) -> int | None:
-    if raw is None or raw.lower() == "none":
-        return None
-    text = raw.strip()
-    sign, digits = (text[0], text[1:]) if text[:1] in ("+", "-") else ("", text)
-    if not digits.isascii() or not digits.isdigit():
-        raise InvalidInput(f"{name} {clip(raw, 40)!r} is not a whole number or 'none'")
-    magnitude = digits.lstrip("0")
-    if sign == "-" and magnitude:
-        raise InvalidInput(f"{name} must be at least 0")
-    # Compared by length first: int() of more than 4,300 digits raises.
-    if len(magnitude) > len(str(MAX_KIND_LIMIT)) or int(digits) > MAX_KIND_LIMIT:
-        raise InvalidInput(f"{name} must be from 0 to {MAX_KIND_LIMIT}, or 'none'")
-    return int(digits)
-
-
-@main.group(invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object by kind, for scripts.")
-@click.pass_context
-def limits(ctx: click.Context, as_json: bool) -> None:
-    """Backpressure per kind: how many may run and wait at once (held in the database)."""
-    if ctx.invoked_subcommand is None:
-        figures = stats_dict()["limits"]
-        if as_json:
-            _echo_json(figures)
-        elif figures:
-            _limits_table(figures)
-        else:
-            click.echo("no limits set (jobctl limits set KIND --max-running N --max-queued M)")
-
-
-@limits.command("set")
-@click.argument("kind")
-@click.option(
-    "--max-running", help="At most N RUNNING at once, all workers together; 'none' lifts it."
-)
-@click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
-def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
-    """Set a kind's limits; an option left out keeps its current value."""
-    store = _runtime().store
-    current = store.limits().get(kind)
-    running = (
-        (current.max_running if current else None)
-        if max_running is None
-        else (_limit_value(max_running, "--max-running"))
-    )
-    queued = (
-        (current.max_queued if current else None)
-        if max_queued is None
-        else (_limit_value(max_queued, "--max-queued"))
-    )
-    result = store.set_limits(kind, max_running=running, max_queued=queued)
-    click.echo(f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}")
-
-
 # -- db ------------------------------------------------------------------------------------
 
 
@@ -651,7 +441,7 @@ def upgrade() -> None:
     """Bring the schema to the version this code needs."""
     from jobs import schema  # noqa: PLC0415 - Alembic only for the db commands
 
-    engine = _runtime().engine
+    engine = runtime().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
 
@@ -662,10 +452,10 @@ def current(as_json: bool) -> None:
     """Show the schema's revision and whether it is the one this code needs."""
     from jobs import schema  # noqa: PLC0415
 
-    engine = _runtime().engine
+    engine = runtime().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if as_json:
-        _echo_json({"revision": revision, "head": head, "at_head": revision == head})
+        echo_json({"revision": revision, "head": head, "at_head": revision == head})
     elif revision == head:
         click.echo(f"{revision} (head)")
     else:
