@@ -27,7 +27,7 @@ from tests.acceptance.conftest import (
 
 pytestmark = pytest.mark.acceptance
 
-RECEIVED = re.compile(r"Task jobs\.run\[([0-9a-f-]+)\] received")
+RECEIVED = re.compile(r"Task jobs\.[\w.:-]+\[([0-9a-f-]+)\] received")
 CHILD_EXITED = re.compile(
     r"^\[([0-9-]+ [0-9:,]+): ERROR/MainProcess\] Process 'ForkPoolWorker-1' "
     r"pid:\d+ exited with 'signal 9",
