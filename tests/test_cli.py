@@ -521,6 +521,18 @@ def test_an_unreachable_database_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
     assert_one_line_error(jobctl("db", "upgrade"), "database error")
 
 
+def test_an_unreachable_host_list_names_every_host_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq's first line names only the last host it tried (issue 20)."""
+    monkeypatch.setenv(
+        "JOBS_DATABASE_URL", "postgresql://nobody:s3cret@127.0.0.1:1,127.0.0.1:2/jobs"
+    )
+    reset_settings()
+
+    result = jobctl("stats")
+    assert_one_line_error(result, "every host tried", "127.0.0.1:1:", "127.0.0.1:2:")
+    assert "s3cret" not in result.output
+
+
 # -- the installed entry points ------------------------------------------------------------
 
 

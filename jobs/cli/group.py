@@ -4,6 +4,7 @@ and one place turns user mistakes into one line on stderr and exit 1."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -21,9 +22,19 @@ def _is_database_error(err: Exception) -> bool:
     )
 
 
+# How libpq lists each host it tried when every one of a host list failed.
+_TRIED = re.compile(r"^- host: '([^']*)', port: '([^']*)'.*failed: (.*)$")
+
+
 def _database_failure(err: Exception) -> click.ClickException:
+    """One line for a database error; for a host list, every host tried and why it failed
+    (libpq's own first line names only the last)."""
     orig = getattr(err, "orig", None)
     detail = str(orig if orig is not None else err).strip().splitlines()
+    tried = [found.groups() for found in map(_TRIED.match, detail) if found is not None]
+    if len(tried) > 1:
+        hosts = "; ".join(f"{host}:{port}: {why.strip()}" for host, port, why in tried)
+        return click.ClickException(f"database unreachable, every host tried failed ({hosts})")
     return click.ClickException(f"database error: {detail[0] if detail else type(err).__name__}")
 
 

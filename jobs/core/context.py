@@ -22,6 +22,7 @@ from jobs.core.waits import TIMED_OUT, Workflow
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
+    from jobs.core.outage import LeaseHold
     from jobs.core.store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
@@ -112,6 +113,7 @@ class JobContext(Workflow):
         stopping: Callable[[], bool] | None = None,
         heartbeat: LeaseHeartbeat | None = None,
         run_deadline: tuple[float, str] | None = None,
+        hold: LeaseHold | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -133,6 +135,9 @@ class JobContext(Workflow):
         # The run's time limit as (monotonic deadline, why); enforced here at step
         # boundaries, and by the heartbeat (which can stop a stuck step) when there is one.
         self._run_deadline = run_deadline
+        # Holds this thread's writes through a database outage while the lease can be live
+        # (jobs.core.outage); None writes once and lets the error go.
+        self.hold = hold
 
     @property
     def job_id(self) -> str:
@@ -185,16 +190,24 @@ class JobContext(Workflow):
         """Record the pending steps now, in this thread (the start of the next step)."""
         if self._heartbeat is not None:
             self._heartbeat.cancel_flush(id(self))
-        self.flush()
+        self.flush(held=True)
 
-    def flush(self) -> None:
+    def flush(self, *, held: bool = False) -> None:
         """Record the steps that ran and wait for the job's next write: before another
         step starts (a step never begins while an earlier one is unrecorded), or from the
-        heartbeat thread when the handler runs on for long without a step."""
+        heartbeat thread when the handler runs on for long without a step. ``held`` (the
+        handler's own thread): through a database outage, keep the outputs and try again
+        while the lease can be live (:class:`jobs.core.outage.LeaseHold`)."""
         with self._pending_lock:
             if self._pending:
+                pending = self._pending
                 try:
-                    self.store.record_steps(self.claim, self._pending)
+                    if held and self.hold is not None:
+                        self.hold.write(
+                            lambda: self.store.record_steps(self.claim, pending), renew_after=True
+                        )
+                    else:
+                        self.store.record_steps(self.claim, pending)
                 except LeaseLost as lost:  # refused by the fence: the handler stops too
                     self.lease_lost(lost)
                     raise
@@ -257,7 +270,7 @@ class JobContext(Workflow):
         if self._heartbeat is not None:
             self._heartbeat.flush_later(id(self), self.flush)
         else:
-            self.flush()  # no heartbeat thread to bound the wait: record at once
+            self.flush(held=True)  # no heartbeat thread to bound the wait: record at once
         self._recorded[name] = pending.output
         self.ran_steps.append(name)
         result: T = json.loads(pending.text)  # the handler's copy: mutating it changes no record

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
+from jobs.core.settings import database_hosts
 from jobs.core.validate import load_json
 
 T = TypeVar("T")
@@ -103,7 +104,7 @@ def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
     kwargs.setdefault("connect_args", connect_args)
     engine = create_engine(url, **kwargs)
     if not pooled:
-        _unprepare_behind_a_proxy(engine, parsed.port or 5432)
+        _unprepare_behind_a_proxy(engine, url_ports_of(url))
         _without_options_where_refused(engine)
     return engine
 
@@ -136,7 +137,16 @@ def _without_options_where_refused(engine: Engine) -> None:
         return dialect.connect(*cargs, **cparams)
 
 
-def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:
+def url_ports_of(url: str) -> set[int]:
+    """Every port a PostgreSQL URL names (a libpq host list names several; 5432 when one
+    is left out): a server listening on one of them is reached directly, not via a proxy."""
+    try:
+        return {port or 5432 for _host, port in database_hosts(url)}
+    except ValueError:
+        return {5432}
+
+
+def _unprepare_behind_a_proxy(engine: Engine, url_ports: set[int]) -> None:
     """A connection that reaches a server listening on another port than the URL's goes
     through a proxy, maybe a pooler in transaction mode, which (before PgBouncer 1.21)
     loses psycopg's prepared statements between transactions: prepare nothing there."""
@@ -151,7 +161,7 @@ def _unprepare_behind_a_proxy(engine: Engine, url_port: int) -> None:
             cursor.close()
         dbapi_connection.rollback()
         server_port = None if row is None else row[0]  # a DBAPI row: a tuple, one column
-        if server_port is not None and int(server_port) != url_port:
+        if server_port is not None and int(server_port) not in url_ports:
             dbapi_connection.prepare_threshold = None
 
 

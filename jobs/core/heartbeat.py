@@ -7,7 +7,11 @@ threaded pool runs many. :class:`LeaseHeartbeat` keeps the process's live claims
 table; every third of a lease it renews all of them with
 :meth:`jobs.core.store.JobStore.renew_leases`, and tells each claim missing from the
 answer that its lease is lost (the handler then stops at its next step, writing nothing).
-A database error skips one beat: the lease still has two thirds left.
+A database error skips one beat: the lease still has two thirds left. When the database
+cannot be reached at all (:func:`jobs.core.outage.is_disconnect`), the thread tries again
+every :data:`OUTAGE_RETRY_SECONDS` instead of a third of a lease, so the leases are renewed
+as soon as the database answers, and the outage is logged once
+(:data:`jobs.core.outage.OUTAGES`), not with a traceback per beat.
 
 The same thread writes a step's record that waited too long for the job's next write
 (:meth:`JobContext.step` defers it so that the last step is recorded with the outcome):
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from jobs.core.errors import LeaseLost
+from jobs.core.outage import OUTAGES, is_disconnect
 
 if TYPE_CHECKING:
     from jobs.core.records import Claim
@@ -49,7 +54,10 @@ OnLost = Callable[[LeaseLost], None]
 OnTimeout = Callable[[str], None]
 StopProcess = Callable[[str], None]
 Backstop = Callable[[float | None], None]
+Renewed = Callable[[float], None]
 FLUSH_AFTER_SECONDS = 0.05
+# How often renewals are tried while the database is unreachable.
+OUTAGE_RETRY_SECONDS = 0.25
 
 
 @dataclass
@@ -57,6 +65,8 @@ class _Watched:
     claim: Claim
     on_lost: OnLost
     on_timeout: OnTimeout | None = None
+    # Told the monotonic instant a successful renewal was sent (the run's LeaseHold).
+    renewed: Renewed | None = None
     # (monotonic deadline, why) of the run as a whole and of the step running now.
     run_deadline: tuple[float, str] | None = None
     step_deadline: tuple[float, str] | None = None
@@ -115,10 +125,12 @@ class LeaseHeartbeat:
         *,
         timeout: float | None = None,
         on_timeout: OnTimeout | None = None,
+        renewed: Renewed | None = None,
     ) -> None:
         """Renew ``claim``'s lease until :meth:`unwatch`; past ``timeout`` seconds (the
-        run's time limit) stop renewing it and call ``on_timeout`` with the reason."""
-        entry = _Watched(claim, on_lost, on_timeout)
+        run's time limit) stop renewing it and call ``on_timeout`` with the reason.
+        ``renewed`` is told when each successful renewal was sent (monotonic seconds)."""
+        entry = _Watched(claim, on_lost, on_timeout, renewed)
         if timeout is not None:
             entry.run_deadline = (
                 self.monotonic() + timeout,
@@ -213,6 +225,7 @@ class LeaseHeartbeat:
         for entry in entries:
             by_owner.setdefault(entry.claim.owner, []).append(entry)
         for owner, owned in by_owner.items():
+            sent = time.monotonic()
             renewed = self.store.renew_leases(
                 owner,
                 [(entry.claim.job_id, entry.claim.fence) for entry in owned],
@@ -220,6 +233,8 @@ class LeaseHeartbeat:
             )
             for entry in owned:
                 if entry.claim.job_id in renewed:
+                    if entry.renewed is not None:
+                        entry.renewed(sent)
                     continue
                 with self._lock:
                     still_watched = self._watched.pop((entry.claim.job_id, entry.claim.fence), None)
@@ -298,12 +313,27 @@ class LeaseHeartbeat:
                     flush()
                 except LeaseLost as lost:  # the handler was told (JobContext.flush)
                     log.warning("step record refused by the database: %s", lost)
-                except Exception:  # the job's next write will try again, or learn the lease
-                    log.exception("writing a waiting step record failed")
+                except Exception as err:  # the job's next write tries again, or learns the lease
+                    if is_disconnect(err):
+                        OUTAGES.unreachable(err)
+                    else:
+                        log.exception("writing a waiting step record failed")
             self.check_deadlines()
             if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.interval
-                try:
-                    self.beat()
-                except Exception:  # a database blip: the leases still have two thirds left
-                    log.exception("lease renewal failed; will retry at the next beat")
+                next_beat = time.monotonic() + self._beat_logged()
+
+    def _beat_logged(self) -> float:
+        """One beat from the thread; returns the seconds to the next. A database blip costs
+        a beat (the leases still have two thirds left); an outage is logged once, and
+        renewals are tried often until the database answers."""
+        try:
+            self.beat()
+        except Exception as err:
+            if is_disconnect(err):
+                OUTAGES.unreachable(err)
+                return min(self.interval, OUTAGE_RETRY_SECONDS)
+            log.exception("lease renewal failed; will retry at the next beat")
+        else:
+            if OUTAGES.down:
+                OUTAGES.reachable()
+        return self.interval

@@ -6,8 +6,9 @@ question inside their own statements, so a job whose owner process died can be t
 the moment a redelivered message or a sweep reaches it, without waiting for the lease. Off
 PostgreSQL there are no such locks and the answer is always "not released".
 
-A server restart drops every session's locks at once, the live workers' too; they take
-theirs again within a second or so of reconnecting. So for :data:`RESTART_GRACE_SECONDS`
+A server restart drops every session's locks at once, the live workers' too, and a
+failover lands on a server that never had them; live workers take theirs again within a
+second or so of reconnecting. So for :data:`RESTART_GRACE_SECONDS`
 after the server (re)started, a missing lock proves nothing and is not treated as a death:
 those jobs are recovered by their lease if their owner really is gone.
 """
@@ -34,12 +35,14 @@ HELD_KEYS_SQL = (
 # second, and connects with a timeout well below this).
 RESTART_GRACE_SECONDS = 15
 
-# When the server's shared lock table was last (re)initialised: the postmaster's start, or
-# a crash restart (the checkpointer is restarted with it; its start is visible to roles
-# with pg_read_all_stats, and NULL, so ignored, for others).
+# When this server last began to serve writes with an empty lock table: the postmaster's
+# start, a crash restart (the checkpointer is restarted with it), or the promotion of a
+# standby (a failover: no lock taken on the old primary exists here, and the WAL writer
+# starts only once recovery has ended). Those starts are visible to roles with
+# pg_read_all_stats, and NULL, so ignored, for others.
 SERVER_SINCE_SQL = (
-    "GREATEST(pg_postmaster_start_time(), COALESCE((SELECT a.backend_start "
-    "FROM pg_stat_activity a WHERE a.backend_type = 'checkpointer' LIMIT 1), "
+    "GREATEST(pg_postmaster_start_time(), COALESCE((SELECT max(a.backend_start) "
+    "FROM pg_stat_activity a WHERE a.backend_type IN ('checkpointer', 'walwriter')), "
     "pg_postmaster_start_time()))"
 )
 # True once locks missing on this server can mean dead owners again.

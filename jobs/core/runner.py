@@ -19,8 +19,9 @@ import enum
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from jobs.core.context import (
@@ -33,10 +34,11 @@ from jobs.core.context import (
 )
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
+from jobs.core.outage import LeaseHold
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
 from jobs.core.states import State
-from jobs.core.store import Claim, Job, JobStore
+from jobs.core.store import Claim, Job, JobStore, PendingStep
 from jobs.core.validate import check_loaded, clip
 from jobs.core.waits import WaitingForChildren, WaitingForEvent
 
@@ -134,6 +136,7 @@ class Runner:
         is not due, not QUEUED, held under a live lease, or of a kind this process does not
         know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
         process that knows it)."""
+        sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
         claim = self.store.claim(
             job_id,
             self.owner,
@@ -144,14 +147,20 @@ class Runner:
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
         try:
-            result = self._run_claimed(claim)
+            result = self._run_claimed(claim, sent)
         except LeaseLost as lost:
             log.warning("%s; stopped without writing", lost)
             result = RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
         return dataclasses.replace(result, max_running=claim.max_running)
 
-    def _run_claimed(self, claim: Claim) -> RunResult:
+    def _run_claimed(self, claim: Claim, sent: float) -> RunResult:
         job = claim.job
+        hold = LeaseHold(
+            claim,
+            self.lease_seconds,
+            sent,
+            renew=lambda: self.store.renew(claim, self.lease_seconds),
+        )
         try:
             kind = self.registry.get(job.kind)
             check_loaded(job.inputs, "inputs")
@@ -182,6 +191,7 @@ class Runner:
             stopping=self.stopping,
             heartbeat=self.heartbeat,
             run_deadline=run_deadline,
+            hold=hold,
         )
         ctx.registry = self.registry  # children take their kinds' defaults
         ctx.default_max_attempts = self.default_max_attempts
@@ -193,7 +203,13 @@ class Runner:
                 ctx.lease_lost(LeaseLost(job.id, claim.owner, claim.fence, why))
                 self._retry_or_fail(claim, why, ctx)
 
-            self.heartbeat.watch(claim, ctx.lease_lost, timeout=kind.timeout, on_timeout=timed_out)
+            self.heartbeat.watch(
+                claim,
+                ctx.lease_lost,
+                timeout=kind.timeout,
+                on_timeout=timed_out,
+                renewed=hold.renewed,
+            )
         try:
             return self._run_handler(claim, kind.handler, ctx)
         finally:
@@ -206,8 +222,15 @@ class Runner:
             with self.registry.job_scope():
                 result = handler(ctx, **job.inputs)
         except WaitingForApproval as wait:
-            parked = self.store.wait_for_approval(
-                claim, wait.reason, wait.step_name, steps=ctx.take_pending(), timeout=wait.timeout
+            parked = self._held(
+                ctx,
+                partial(
+                    self.store.wait_for_approval,
+                    claim,
+                    wait.reason,
+                    wait.step_name,
+                    timeout=wait.timeout,
+                ),
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
         except WaitingForChildren as children:
@@ -221,13 +244,13 @@ class Runner:
             )
             return self._result(parked, self._parked_or_back(parked), ctx)
         except Sleeping as sleep:
-            slept = self.store.sleep(claim, sleep.name, sleep.wake_at, steps=ctx.take_pending())
+            slept = self._held(ctx, partial(self.store.sleep, claim, sleep.name, sleep.wake_at))
             return self._result(slept, Outcome.SLEEPING, ctx)
         except HandBack as hand_back:
-            released = self.store.release(claim, str(hand_back), steps=ctx.take_pending())
+            released = self._held(ctx, partial(self.store.release, claim, str(hand_back)))
             return self._result(released, Outcome.HANDED_BACK, ctx)
         except Unstorable as unstorable:
-            failed = self.store.fail(claim, str(unstorable), steps=ctx.take_pending())
+            failed = self._held(ctx, partial(self.store.fail, claim, str(unstorable)))
             return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
         except TimedOut as timed_out:
             ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
@@ -250,11 +273,11 @@ class Runner:
         ctx.check_lease()
         pending = ctx.take_pending()
         try:
-            completed = self.store.complete(claim, result, steps=pending)
+            completed = self._held(ctx, partial(self.store.complete, claim, result), pending)
         except InvalidInput as err:
             # The return value cannot be stored (not JSON, too big): no retry would change it,
             # and letting it escape would leave the job RUNNING until its lease ran out.
-            failed = self.store.fail(claim, str(err), steps=pending)
+            failed = self._held(ctx, partial(self.store.fail, claim, str(err)), pending)
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
 
@@ -266,8 +289,21 @@ class Runner:
             delay = backoff_seconds(
                 job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
             )
-            return self.store.retry(claim, error, delay, steps=ctx.take_pending()), Outcome.RETRYING
-        return self.store.fail(claim, error, steps=ctx.take_pending()), Outcome.FAILED
+            retried = self._held(ctx, partial(self.store.retry, claim, error, delay))
+            return retried, Outcome.RETRYING
+        return self._held(ctx, partial(self.store.fail, claim, error)), Outcome.FAILED
+
+    @staticmethod
+    def _held(
+        ctx: JobContext, write: Callable[..., Job], steps: Sequence[PendingStep] | None = None
+    ) -> Job:
+        """``write(steps=…)``, an outcome write with the run's pending steps (taken from
+        ``ctx`` unless given), held through a database outage while the lease can be live
+        (:class:`jobs.core.outage.LeaseHold`): the outcome is kept, not re-rolled."""
+        pending = ctx.take_pending() if steps is None else steps
+        if ctx.hold is None:
+            return write(steps=pending)
+        return ctx.hold.write(partial(write, steps=pending))
 
     @staticmethod
     def _parked_or_back(job: Job) -> Outcome:

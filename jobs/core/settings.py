@@ -269,6 +269,13 @@ def _check_database_url(url: str, data_dir: Path, given: bool) -> None:
                 "(use postgresql:// for psycopg 3)"
             )
         _check_authority(url, f"{PREFIX}DATABASE_URL")
+        try:
+            hosts = database_hosts(url)
+        except ValueError as err:
+            raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: {err}") from None
+        for host, _port in hosts:
+            if any(ch.isspace() or not ch.isprintable() for ch in host):
+                raise SettingsError(f"{PREFIX}DATABASE_URL={shown!r}: the host is not valid")
         return
     try:
         parts = urllib.parse.urlsplit(url)
@@ -309,11 +316,90 @@ def _in_memory_sqlite(database: str, query: str) -> bool:
 
 
 def normalize_database_url(url: str) -> str:
-    """Send plain ``postgresql://`` URLs to psycopg 3, the driver we install."""
+    """Send plain ``postgresql://`` URLs to psycopg 3, the driver we install, and write
+    libpq's URI host list (``postgresql://u@h1:5441,h2:5442/db``, which no URL parser reads)
+    in libpq's query form (``postgresql://u@/db?host=h1,h2&port=5441,5442``), which psycopg
+    and SQLAlchemy take as it is."""
     for plain in ("postgres://", "postgresql://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain) :]
+            url = "postgresql+psycopg://" + url[len(plain) :]
+    if url.startswith("postgresql"):
+        url = _host_list_as_query(url)
     return url
+
+
+def _split_authority(url: str) -> tuple[str, str, str, str]:
+    """``scheme://``, ``user:password@`` (or ""), ``host:port`` and the rest of ``url``."""
+    scheme, sep, rest = url.partition("://")
+    ends = [index for index in (rest.find(end) for end in "/?#") if index >= 0]
+    end = min(ends, default=len(rest))
+    # A password holding '/' is refused by the checks (it must be percent-encoded).
+    authority, tail = rest[:end], rest[end:]
+    userinfo, at, hostport = authority.rpartition("@")
+    return scheme + sep, userinfo + at, hostport, tail
+
+
+def _host_and_port(item: str) -> tuple[str, str]:
+    """``host:port`` (or ``[v6]:port``, or a bare host) as (host, port or "")."""
+    if item.startswith("["):
+        host, _, after = item[1:].partition("]")
+        return host, after.removeprefix(":")
+    host, _, port = item.partition(":")
+    return host, port
+
+
+def _host_list_as_query(url: str) -> str:
+    scheme, userinfo, hostport, tail = _split_authority(url)
+    if "," not in hostport:
+        return url
+    pairs = [_host_and_port(item) for item in hostport.split(",")]
+    path, _, query = tail.partition("?")
+    fields = [("host", ",".join(host for host, _ in pairs))]
+    if any(port for _, port in pairs):
+        fields.append(("port", ",".join(port or "5432" for _, port in pairs)))
+    listed = "&".join(f"{key}={value}" for key, value in fields)
+    return f"{scheme}{userinfo}{path or '/'}?{listed}{'&' + query if query else ''}"
+
+
+def database_hosts(url: str) -> list[tuple[str, int | None]]:
+    """The servers a PostgreSQL URL names, in the order libpq tries them: the URL's own
+    host and port, or libpq's ``host=``/``port=`` lists (comma-separated, or SQLAlchemy's
+    repeated ``host=h:p``). A port of None is libpq's default (5432). Raises ValueError for
+    a port that is not a number or lists of mismatched lengths."""
+    url = normalize_database_url(url)
+    _scheme, _userinfo, hostport, tail = _split_authority(url)
+    query = urllib.parse.parse_qs(tail.partition("?")[2].partition("#")[0])
+    hosts = [host for value in query.get("host", []) for host in value.split(",")]
+    ports = [port for value in query.get("port", []) for port in value.split(",")]
+    if not hosts:
+        host, port = _host_and_port(hostport)
+        hosts, ports = [host], [port] if port else ports
+    pairs = [_host_and_port(host) if ":" in host and not ports else (host, "") for host in hosts]
+    if ports:
+        if len(ports) not in (1, len(hosts)):
+            raise ValueError(f"{len(hosts)} hosts but {len(ports)} ports")
+        ports = ports * len(hosts) if len(ports) == 1 else ports
+        pairs = [(host, port) for (host, _), port in zip(pairs, ports, strict=True)]
+    found: list[tuple[str, int | None]] = []
+    for host, port in pairs:
+        number = None
+        if port:
+            number = int(port) if port.isdigit() else -1
+            if not 0 < number < 65536:
+                raise ValueError(f"port {port[:20]!r} is not a number from 1 to 65535")
+        found.append((host, number))
+    return found
+
+
+def describe_hosts(url: str) -> str:
+    """The servers of a database URL for a log line or an error (``h1:5441, h2:5442``),
+    never its password; the masked URL when it names no server (SQLite, a socket)."""
+    try:
+        hosts = database_hosts(url) if url.startswith("postgres") else []
+    except ValueError:
+        hosts = []
+    named = [f"{host or 'localhost'}:{port or 5432}" for host, port in hosts]
+    return ", ".join(named) if named else mask_url(url)
 
 
 def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:

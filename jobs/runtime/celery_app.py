@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, current_app, signals
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
@@ -167,10 +167,16 @@ class Installed:
                 kwargs,
             )
             return "garbage"
-        from jobs.runtime.delivery import deliver  # noqa: PLC0415 - the database on first use
+        from jobs.runtime.delivery import DatabaseUnreachable, deliver  # noqa: PLC0415
 
         hostname = getattr(task.request, "hostname", None)
-        result, summary = deliver(self.host.runtime, job_id, hostname, self.shutting_down.is_set)
+        try:
+            result, summary = deliver(
+                self.host.runtime, job_id, hostname, self.shutting_down.is_set
+            )
+        except DatabaseUnreachable as unreachable:
+            # Not done: back to the queue (acks_late), after the pause deliver() took.
+            raise Reject(str(unreachable), requeue=True) from None
         return outcome_for_celery(result, summary)
 
 

@@ -5,21 +5,52 @@ process (which only consumes and hands messages to the pool) never loads SQLAlch
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from jobs.core.errors import UnknownJob
+from jobs.core.outage import OUTAGES, is_disconnect
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
 from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
 
+# A delivery that cannot reach the database waits this long before its doorbell goes back
+# to the queue, so that a worker does not spin through the queue during an outage.
+REQUEUE_PAUSE_SECONDS = 1.0
+
+
+class DatabaseUnreachable(Exception):
+    """A delivery could not reach the database (:func:`jobs.core.outage.is_disconnect`):
+    nothing was claimed or written, and the doorbell must go back to the queue, not be
+    acknowledged as done. Raised after :data:`REQUEUE_PAUSE_SECONDS`; the Celery task turns
+    it into a requeue. The outage itself is logged once per process, not per delivery."""
+
 
 def deliver(
     runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
 ) -> tuple[RunResult, str]:
     """Run the job a doorbell names, if it is this worker's to run; returns the run's
-    result and a one-line summary."""
+    result and a one-line summary. Raises :class:`DatabaseUnreachable` (after a pause) when
+    the database cannot be reached; a write held through an outage by the run itself
+    (:class:`jobs.core.outage.LeaseHold`) does not end up here."""
+    try:
+        result, summary = _deliver(runtime, job_id, hostname, stopping)
+    except Exception as err:
+        if not is_disconnect(err):
+            raise
+        OUTAGES.unreachable(err)
+        time.sleep(REQUEUE_PAUSE_SECONDS)
+        raise DatabaseUnreachable(f"{job_id}: database unreachable; doorbell requeued") from None
+    if OUTAGES.down:
+        OUTAGES.reachable()
+    return result, summary
+
+
+def _deliver(
+    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+) -> tuple[RunResult, str]:
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:

@@ -36,9 +36,9 @@ import threading
 import time
 
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from jobs.core.db import url_ports_of
 from jobs.core.liveness import HELD_KEYS_SQL, RESTART_GRACE_SECONDS, SERVER_UPTIME_SQL
 from jobs.core.settings import Settings, mask_url, normalize_database_url
 from jobs.core.store import Job, JobStore
@@ -141,13 +141,15 @@ class LivenessLock:
 
 
 def through_proxy(conn: Connection, url: str) -> str | None:
-    """Why ``conn`` seems to reach PostgreSQL through a proxy (the server listens on another
-    port than the URL names), or None. A Unix socket or an unknown port says nothing."""
+    """Why ``conn`` seems to reach PostgreSQL through a proxy (the server listens on none of
+    the ports the URL names: its own, or any of a libpq host list's), or None. A Unix socket
+    or an unknown port says nothing."""
     server_port = conn.execute(text("SELECT inet_server_port()")).scalar()
-    url_port = make_url(normalize_database_url(url)).port or 5432
-    if server_port is None or int(server_port) == url_port:
+    url_ports = url_ports_of(url)
+    if server_port is None or int(server_port) in url_ports:
         return None
-    return f"the URL names port {url_port} but the server listens on {server_port}"
+    named = ", ".join(str(port) for port in sorted(url_ports))
+    return f"the URL names port {named} but the server listens on {server_port}"
 
 
 def lock_url_for(settings: Settings) -> str | None:

@@ -26,9 +26,10 @@ from sqlalchemy import Connection, Engine
 
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
+from jobs.core.outage import OUTAGES
 from jobs.core.records import Doorbell, in_batches
 from jobs.core.registry import JobKind, Registry
-from jobs.core.settings import Settings
+from jobs.core.settings import Settings, database_hosts, describe_hosts
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import LivenessLock, lock_for
 from jobs.schema import ensure_schema
@@ -79,10 +80,19 @@ class ProcessRuntime:
         """This process's engine for ``JOBS_DATABASE_URL``."""
         with self._lock:
             if self._engine is None:
-                # JOBS_LIVENESS_DATABASE_URL says JOBS_DATABASE_URL goes through a pooler.
-                pooled = self.settings.liveness_database_url is not None
-                self._engine = make_engine(self.settings.database_url, pooled=pooled)
+                self._engine = make_engine(self.settings.database_url, pooled=self.pooled)
+                OUTAGES.target = describe_hosts(self.settings.database_url)
             return self._engine
+
+    @property
+    def pooled(self) -> bool:
+        """Whether ``JOBS_DATABASE_URL`` goes through a pooler: a liveness URL is set and
+        names other servers (the same URL, or the same host list, is a direct one: its
+        connections keep their time-outs and prepared statements)."""
+        liveness_url = self.settings.liveness_database_url
+        if liveness_url is None:
+            return False
+        return _servers(liveness_url) != _servers(self.settings.database_url)
 
     @property
     def store(self) -> JobStore:
@@ -287,3 +297,11 @@ class ProcessRuntime:
         sockets (closing would end the parent's sessions, and with them its locks)."""
         if self._engine is not None:
             self._engine.dispose(close=False)
+
+
+def _servers(url: str) -> set[tuple[str, int]]:
+    """The (host, port) pairs a PostgreSQL URL names, defaults filled in."""
+    try:
+        return {(host or "localhost", port or 5432) for host, port in database_hosts(url)}
+    except ValueError:
+        return set()

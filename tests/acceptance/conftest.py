@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -226,6 +227,26 @@ class PrivatePostgres:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._ctl("stop", "-m", "immediate")
+
+    def accepting(self) -> bool:
+        """Whether the server accepts connections now."""
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    def start_if_stopped(self) -> None:
+        """Start the server if it is not running (a test that stopped it, however it ends)."""
+        if (self.data / "postmaster.pid").exists():
+            return
+        with contextlib.suppress(Exception):
+            self.start()
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     @property
     def admin_url(self) -> str:
