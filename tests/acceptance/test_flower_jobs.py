@@ -138,9 +138,7 @@ def test_operator_approves_retries_and_reads_hostile_jobs_in_flower(
     # 1. Find the job waiting for approval, open it, approve it, see it completed.
     browser.get(f"{base}/jobs")
     assert "check_order" in _text(browser, "#counts")
-    assert stack.queue in _text(browser, "#queues") or "no queued jobs" in _text(
-        browser, "#queues"
-    )
+    assert stack.queue in _text(browser, "#queues") or "no queued jobs" in _text(browser, "#queues")
     Select(browser.find_element(By.ID, "f-state")).select_by_value("WAITING_APPROVAL")
     _click_and_load(browser, browser.find_element(By.ID, "filter-go"))
     links = browser.find_elements(By.CSS_SELECTOR, "#job-list a.job-link")

@@ -22,7 +22,17 @@ from tornado import template
 from tornado.escape import url_escape
 from tornado.ioloop import IOLoop
 
-from jobs.contrib.flower_jobs import pages
+from jobs.contrib.flower_jobs.pages import (
+    DEFAULT_LIMIT,
+    Filters,
+    act,
+    as_json,
+    instant,
+    job_filter,
+    job_page,
+    one_line,
+    overview,
+)
 from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
 from jobs.core.records import JobFilter
 
@@ -91,9 +101,9 @@ class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hin
             prefix=self.prefix,
             job_url=self.job_url,
             user=self.operator(),
-            one_line=pages.one_line,
-            as_json=pages.as_json,
-            instant=pages.instant,
+            one_line=one_line,
+            as_json=as_json,
+            instant=instant,
             urlencode=urlencode,
         )
         namespace.update(values)
@@ -125,7 +135,7 @@ class JobsView(JobsHandler):
         if job_id:
             self.redirect(self.job_url(job_id), status=303)
             return
-        filters = pages.Filters(
+        filters = Filters(
             state=self.text("state"),
             kind=self.text("kind"),
             since=self.text("since"),
@@ -135,10 +145,10 @@ class JobsView(JobsHandler):
         app = self.jobs_app
         problem: str | None = None
         try:
-            where, limit = await self.off_loop(pages.job_filter, app, filters)
+            where, limit = await self.off_loop(job_filter, app, filters)
         except InvalidInput as err:
-            where, limit, problem = JobFilter(), pages.DEFAULT_LIMIT, str(err)
-        view = await self.off_loop(pages.overview, app, where, limit)
+            where, limit, problem = JobFilter(), DEFAULT_LIMIT, str(err)
+        view = await self.off_loop(overview, app, where, limit)
         self.page(
             "jobs.html", status=400 if problem else 200, view=view, filters=filters, problem=problem
         )
@@ -160,7 +170,7 @@ class JobView(JobsHandler):
         from_start = self.text("from_start") == "yes"
         try:
             await self.off_loop(
-                pages.act, self.jobs_app, job_id, action, self.operator(), note, from_start
+                act, self.jobs_app, job_id, action, self.operator(), note, from_start
             )
         except (IllegalTransition, NothingToWake, InvalidInput) as err:
             await self._show(job_id, problem=str(err), status=409)
@@ -174,7 +184,7 @@ class JobView(JobsHandler):
         self, job_id: str, *, done: str | None = None, problem: str | None = None, status: int = 200
     ) -> None:
         try:
-            view = await self.off_loop(pages.job_page, self.jobs_app, job_id)
+            view = await self.off_loop(job_page, self.jobs_app, job_id)
         except UnknownJob:
             self.page("unknown.html", status=404, job_id=job_id)
             return
