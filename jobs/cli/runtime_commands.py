@@ -177,25 +177,29 @@ def demo(job_id: str, timeout: float) -> None:
 )
 @click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
 def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[str, ...]) -> None:
-    """Run Flower on this app; refuses to start without --basic-auth unless told otherwise.
+    """Run Flower on this app, with the Jobs pages under /jobs; refuses to start without
+    --basic-auth unless told otherwise.
 
-    Flower shows every job ID and can revoke tasks and shut workers down: never expose it
-    without credentials. Extra arguments go to `celery flower` unchanged.
+    Flower shows every job ID, can revoke tasks and shut workers down, and its Jobs pages
+    approve, wake, retry and cancel jobs: never expose it without credentials. Extra
+    arguments go to Flower's command unchanged (`celery flower`'s options).
     """
     if basic_auth is None and not insecure_no_auth:
         raise click.ClickException(
             "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
             "--insecure-no-auth starts it without credentials"
         )
-    celery_app = (
-        default_app().settings.celery_app or "jobs.celery_app"
-    )  # a project's own app, if set
-    argv = [sys.executable, "-m", "celery", "-A", celery_app, "flower"]
+    flower_options = []
     if basic_auth is not None:
         pairs = [pair.strip() for pair in basic_auth.split(",")]
         if not all(user and password for user, _, password in (p.partition(":") for p in pairs)):
             raise click.ClickException("--basic-auth must be user:password (comma-separated)")
-        argv.append(f"--basic-auth={basic_auth}")
+        flower_options.append(f"--basic-auth={basic_auth}")
+    settings = settings_after_the_job_modules()
+    export_for_the_worker()  # the Jobs pages read the settings a framework supplied
+    celery_app = settings.celery_app or "jobs.celery_app"  # a project's own app, if set
+    # Flower's own command, starting Flower with the Jobs pages (jobs/contrib/flower_jobs).
+    argv = [sys.executable, "-m", "jobs.contrib.flower_jobs", "-A", celery_app, *flower_options]
     argv += list(flower_args)
     sys.stdout.flush()
     sys.stderr.flush()

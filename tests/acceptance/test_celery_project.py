@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -179,6 +180,13 @@ def test_an_existing_celery_project_runs_durable_jobs_routed_by_kind_and_flower_
         *(sys.executable, "-m", "celery", "-A", "proj", "flower"),
         *(f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"),
     )
+    # jobctl flower: the same Flower on the project's app (JOBS_CELERY_APP), with the Jobs view.
+    jobs_port = free_port()
+    project.start(
+        "jobctl-flower",
+        *(sys.executable, "-m", "jobs", "flower", f"--port={jobs_port}", "--address=127.0.0.1"),
+        f"--basic-auth={AUTH[0]}:{AUTH[1]}",
+    )
     sweeper = project.start(
         "sweeper",
         sys.executable,
@@ -264,10 +272,37 @@ def test_an_existing_celery_project_runs_durable_jobs_routed_by_kind_and_flower_
     assert by_type
     assert {task["name"] for task in by_type.values()} == {"jobs.transcode"}
 
-    # Approved, the parked job resumes on the e-mail pool.
-    project.run(f"import proj.tasks, jobs; jobs.approve({parked!r}, by='ops')")
+    # Approved in jobctl flower's Jobs view, the parked job resumes on the e-mail pool.
+    jobs_base = f"http://127.0.0.1:{jobs_port}"
+
+    def jobs_flower_up() -> bool:
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(f"{jobs_base}/healthcheck", timeout=2).ok
+        return False
+
+    wait_until(jobs_flower_up, 45, "jobctl flower to answer", interval=0.3)
+    session = requests.Session()
+    session.auth = AUTH
+    overview = session.get(f"{jobs_base}/jobs", timeout=10)
+    assert overview.status_code == 200
+    assert "transcode" in overview.text
+    assert "send_email" in overview.text
+    page = session.get(f"{jobs_base}/jobs/job/{parked}", timeout=10)
+    assert "WAITING_APPROVAL" in page.text
+    token = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    assert token is not None, page.text
+    approved = session.post(
+        f"{jobs_base}/jobs/job/{parked}",
+        data={"_xsrf": token.group(1), "action": "approve"},
+        timeout=10,
+    )
+    assert approved.status_code == 200, approved.text
+    assert "Approved" in approved.text
     resumed = project.wait_state(parked, State.COMPLETED)
     assert small.owns(resumed.owner), resumed.owner
+    assert [move.approved_by for move in project.store.history(parked) if move.approved_by] == [
+        f"{AUTH[0]} (Flower)"
+    ]
 
     # A kind no worker knows is never failed: it stays QUEUED, and explain says why.
     orphan = project.run(

@@ -1,0 +1,219 @@
+"""What the Flower Jobs pages show and do, without Tornado: the reads (through the store's
+read methods: no SQL here) gathered into one value per page, and the operator's actions
+(through :class:`jobs.application.JobsApp`'s operations), each recorded with the Flower
+user's name. The handlers (:mod:`jobs.contrib.flower_jobs.views`) run these in Flower's
+thread pool and render them; stored text reaches the page only through the templates'
+autoescape, after :func:`jobs.core.validate.printable` for one-line fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Any
+
+from jobs.core.errors import InvalidInput
+from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
+from jobs.core.states import TERMINAL, State
+from jobs.core.validate import MAX_LIST_LIMIT, printable
+from jobs.runtime.explain import Explanation, explain
+
+if TYPE_CHECKING:
+    from jobs.application import JobsApp
+    from jobs.core.schedule import Schedule
+
+#: Jobs the list shows unless the form asks for another number.
+DEFAULT_LIMIT = 50
+
+#: The buttons on a job's page, in the order shown, and the states each applies to.
+ACTIONS: dict[str, tuple[State, ...]] = {
+    "approve": (State.WAITING_APPROVAL,),
+    "wake": (State.QUEUED,),
+    "retry": (State.FAILED, State.CANCELLED),
+    "cancel": tuple(state for state in State if state not in TERMINAL),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleRow:
+    """A schedule with its next tick (``None``: it cannot be computed any more)."""
+
+    schedule: Schedule
+    next_tick: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitRow:
+    """A kind's limits next to how many of its jobs run and wait now."""
+
+    limits: KindLimits
+    running: int
+    queued: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    """The Jobs page: counts by kind and state, queue depths, the oldest due job, the jobs
+    the filters select, the schedules and the limits per kind."""
+
+    where: JobFilter
+    limit: int
+    jobs: list[Job]
+    states: list[str]
+    counts: dict[str, dict[str, int]]  # kind -> state -> jobs
+    state_totals: dict[str, int]
+    queues: list[tuple[str, int]]  # (queue name, QUEUED jobs)
+    oldest: tuple[str, float] | None  # (job id, seconds waited) of the oldest due job
+    schedules: list[ScheduleRow]
+    limits: list[LimitRow]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPage:
+    """One job's page: its record, steps, history, parent, children, the ``explain``
+    paragraph and the actions its state allows."""
+
+    job: Job
+    steps: list[Step]
+    history: list[Transition]
+    parent: Job | None
+    children: list[Job]
+    explanation: Explanation
+    actions: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """The list's filters as the form sent them (text, unparsed), shown back in the form."""
+
+    state: str = ""
+    kind: str = ""
+    since: str = ""
+    error_like: str = ""
+    limit: str = ""
+
+
+def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
+    """The form's filters as ``jobctl list`` reads its options (the same parser: ``since``
+    is an ISO 8601 instant or a span such as ``2h``); :class:`InvalidInput` says what is
+    wrong in one line."""
+    from jobs.cli.bulk_commands import parse_since  # noqa: PLC0415 - jobctl list's parser
+
+    state = filters.state.strip().upper()
+    if state and state not in {s.value for s in State}:
+        raise InvalidInput(f"unknown state {printable(state[:40])!r}")
+    error_like = filters.error_like.strip()
+    if error_like and not error_like.strip("% "):
+        raise InvalidInput("error contains needs some text to match, not only % or blanks")
+    text = filters.limit.strip()
+    if text and (not text.isascii() or not text.isdigit() or len(text) > 6):
+        raise InvalidInput(f"limit {printable(text[:40])!r} is not a whole number")
+    limit = int(text) if text else DEFAULT_LIMIT
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidInput(f"limit must be from 1 to {MAX_LIST_LIMIT}")
+    since = filters.since.strip()
+    where = JobFilter(
+        state=State(state) if state else None,
+        kind=filters.kind.strip() or None,
+        since=parse_since(since, app.store.now) if since else None,
+        error_like=error_like or None,
+    )
+    return where, limit
+
+
+def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
+    """Everything the Jobs page shows, read now."""
+    store = app.store
+    by_kind_state = store.counts()
+    states = [state.value for state in State]
+    counts: dict[str, dict[str, int]] = {}
+    totals = dict.fromkeys(states, 0)
+    for (kind, state), jobs in sorted(by_kind_state.items()):
+        counts.setdefault(kind, dict.fromkeys(states, 0))[state] = jobs
+        totals[state] = totals.get(state, 0) + jobs
+    default_queue = app.settings.queue
+    queues: dict[str, int] = {}
+    for queue, jobs in store.queued_by_queue().items():
+        name = queue or default_queue
+        queues[name] = queues.get(name, 0) + jobs
+    now = store.now()
+    schedules = [ScheduleRow(schedule, _next_tick(schedule, now)) for schedule in store.schedules()]
+    limits = [
+        LimitRow(
+            limit_row,
+            by_kind_state.get((kind, State.RUNNING.value), 0),
+            by_kind_state.get((kind, State.QUEUED.value), 0),
+        )
+        for kind, limit_row in sorted(store.limits().items())
+    ]
+    return Overview(
+        where=where,
+        limit=limit,
+        jobs=store.list(limit=limit, where=where),
+        states=states,
+        counts=counts,
+        state_totals=totals,
+        queues=sorted(queues.items()),
+        oldest=store.oldest_queued(),
+        schedules=schedules,
+        limits=limits,
+    )
+
+
+def _next_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime | None:
+    try:
+        return schedule.next_tick(schedule.last_tick or schedule.created_at or now)
+    except Exception:  # a row no check lets in any more: shown, with no next tick
+        return None
+
+
+def job_page(app: JobsApp, job_id: str) -> JobPage:
+    """One job's page (raises :class:`jobs.UnknownJob` for an unknown ID)."""
+    job = app.get(job_id)
+    store = app.store
+    parent = None
+    if job.parent_id is not None:
+        parent = next(iter(store.jobs_by_id([job.parent_id])), None)
+    return JobPage(
+        job=job,
+        steps=store.steps(job.id),
+        history=store.history(job.id),
+        parent=parent,
+        children=app.children(job.id),
+        explanation=explain(store, app.settings, job.id),
+        actions=[name for name, states in ACTIONS.items() if job.state in states],
+    )
+
+
+def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start: bool) -> Job:
+    """Approve, wake, retry or cancel ``job_id`` for the Flower user ``user``, with the
+    operator's ``note`` (may be empty). The store refuses a move the job's state does not
+    allow (:class:`jobs.IllegalTransition`, :class:`jobs.NothingToWake`)."""
+    note = note.strip()
+    by = f"{user} (Flower)"
+    if action == "approve":
+        return app.approve(job_id, by=by, note=note or None)
+    if action == "wake":
+        return app.wake(job_id, f"woken by {by}" + (f": {note}" if note else ""))
+    if action == "retry":
+        reason = note or "retried in Flower"
+        return app.retry(job_id, by=by, reason=reason, from_start=from_start)
+    if action == "cancel":
+        return app.cancel(job_id, f"cancelled by {by}" + (f": {note}" if note else ""))
+    raise InvalidInput(f"unknown action {printable(action[:40])!r}")
+
+
+def as_json(value: Any) -> str:
+    """A stored JSON value, indented for reading (the template escapes it)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def one_line(text: str | None) -> str:
+    """Stored text (an error, a reason, an owner) as one line: control characters and
+    terminal escapes shown escaped (the template then escapes the HTML)."""
+    return "" if text is None else printable(text)
+
+
+def instant(value: dt.datetime | None) -> str:
+    """An instant as the pages show it (the database's clock, to the second)."""
+    return "-" if value is None else value.isoformat(timespec="seconds")

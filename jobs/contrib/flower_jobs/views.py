@@ -1,0 +1,200 @@
+"""The Tornado handlers of Flower's Jobs pages, derived from Flower's own ``BaseHandler``
+so Flower's authentication applies to them as to its own pages (``--basic-auth``, or its
+OAuth ``--auth``; ``@web.authenticated``).
+
+Every write is a POST that must carry Tornado's XSRF token (``_xsrf``, from the cookie
+Flower's ``cookie_secret`` signs), on top of Flower's refusal of cross-site requests;
+Flower itself checks only the latter under basic auth. The pages are rendered on the
+server with autoescaping templates and need no JavaScript."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import tornado.web
+from flower.views import BaseHandler
+from tornado import template
+from tornado.escape import url_escape
+from tornado.ioloop import IOLoop
+
+from jobs.contrib.flower_jobs.pages import (
+    DEFAULT_LIMIT,
+    Filters,
+    act,
+    as_json,
+    instant,
+    job_filter,
+    job_page,
+    one_line,
+    overview,
+)
+from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
+from jobs.core.records import JobFilter
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+#: What a finished action says on the job's page (the redirect carries only the key).
+DONE = {
+    "approve": "Approved: the job is queued and resumes past its recorded steps.",
+    "wake": "Woken: the job is due now.",
+    "retry": "Retried: the job is queued and runs again from the step that failed.",
+    "cancel": "Cancelled.",
+}
+
+
+@functools.cache
+def _loader() -> template.Loader:
+    return template.Loader(str(TEMPLATES), autoescape="xhtml_escape")
+
+
+class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hints
+    """What the Jobs pages share: the prefix of their links, the Flower user's name, the
+    XSRF check, the jobs application, and rendering with the package's own templates."""
+
+    @property
+    def jobs_app(self) -> Any:
+        """The :class:`jobs.application.JobsApp` the pages read and act through."""
+        return self.application.jobs_app
+
+    @property
+    def prefix(self) -> str:
+        """Flower's ``--url_prefix`` as the start of an absolute path (``""`` if none)."""
+        url_prefix = (self.application.options.url_prefix or "").strip("/")
+        return f"/{url_prefix}" if url_prefix else ""
+
+    def job_url(self, job_id: str) -> str:
+        """The path of a job's page (the ID escaped for a path segment)."""
+        return f"{self.prefix}/jobs/job/{url_escape(job_id, plus=False)}"
+
+    def operator(self) -> str:
+        """The Flower user's name, recorded with each action: the basic-auth user (Flower
+        checked the password before the handler ran), the OAuth user's e-mail address, or
+        ``anonymous`` when Flower runs without authentication."""
+        options = self.application.options
+        if options.auth and isinstance(self.current_user, str):
+            return self.current_user
+        header = self.request.headers.get("Authorization", "")
+        scheme, _, encoded = header.partition(" ")
+        if scheme == "Basic" and options.basic_auth:
+            try:
+                user = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")[0]
+            except (binascii.Error, UnicodeDecodeError):
+                user = ""
+            if user:
+                return user
+        return "anonymous"
+
+    def check_xsrf_cookie(self) -> None:
+        """Flower's check (no cross-site request), then Tornado's token, always."""
+        super().check_xsrf_cookie()
+        tornado.web.RequestHandler.check_xsrf_cookie(self)
+
+    def page(self, name: str, status: int = 200, **values: Any) -> None:
+        """Render template ``name`` (autoescaped) with ``values`` and Tornado's helpers."""
+        namespace = self.get_template_namespace()
+        namespace.update(
+            prefix=self.prefix,
+            job_url=self.job_url,
+            user=self.operator(),
+            one_line=one_line,
+            as_json=as_json,
+            instant=instant,
+            urlencode=urlencode,
+        )
+        namespace.update(values)
+        self.set_status(status)
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Content-Security-Policy", "default-src 'self'; script-src 'none'")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(_loader().load(name).generate(**namespace))
+
+    async def off_loop(self, function: Any, *args: Any) -> Any:
+        """Run a blocking read or write in Flower's thread pool, off its event loop."""
+        return await IOLoop.current().run_in_executor(None, function, *args)
+
+    def text(self, name: str) -> str:
+        """A form or query field as given (Flower's ``get_argument`` escapes HTML; the
+        templates escape on output instead, once)."""
+        value = tornado.web.RequestHandler.get_argument(self, name, "", strip=False)
+        return str(value)
+
+
+class JobsView(JobsHandler):
+    """``/jobs``: counts by kind and state, queue depths, the filtered list, schedules and
+    limits; ``?id=`` jumps to a job's page."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        """The page, or a redirect to the job searched by ID."""
+        job_id = self.text("id").strip()
+        if job_id:
+            self.redirect(self.job_url(job_id), status=303)
+            return
+        filters = Filters(
+            state=self.text("state"),
+            kind=self.text("kind"),
+            since=self.text("since"),
+            error_like=self.text("error_like"),
+            limit=self.text("limit"),
+        )
+        app = self.jobs_app
+        problem: str | None = None
+        try:
+            where, limit = await self.off_loop(job_filter, app, filters)
+        except InvalidInput as err:
+            where, limit, problem = JobFilter(), DEFAULT_LIMIT, str(err)
+        view = await self.off_loop(overview, app, where, limit)
+        self.page(
+            "jobs.html", status=400 if problem else 200, view=view, filters=filters, problem=problem
+        )
+
+
+class JobView(JobsHandler):
+    """``/jobs/job/<id>``: one job, and its buttons (POST to the same path)."""
+
+    @tornado.web.authenticated
+    async def get(self, job_id: str) -> None:
+        """The job's page (404 with one line for an unknown ID)."""
+        await self._show(job_id, done=DONE.get(self.text("done")))
+
+    @tornado.web.authenticated
+    async def post(self, job_id: str) -> None:
+        """Approve, wake, retry or cancel, for the Flower user; then back to the page."""
+        action = self.text("action")
+        note = self.text("note")[:500]
+        from_start = self.text("from_start") == "yes"
+        try:
+            await self.off_loop(
+                act, self.jobs_app, job_id, action, self.operator(), note, from_start
+            )
+        except (IllegalTransition, NothingToWake, InvalidInput) as err:
+            await self._show(job_id, problem=str(err), status=409)
+            return
+        except UnknownJob:
+            await self._show(job_id)
+            return
+        self.redirect(f"{self.job_url(job_id)}?done={url_escape(action)}", status=303)
+
+    async def _show(
+        self, job_id: str, *, done: str | None = None, problem: str | None = None, status: int = 200
+    ) -> None:
+        try:
+            view = await self.off_loop(job_page, self.jobs_app, job_id)
+        except UnknownJob:
+            self.page("unknown.html", status=404, job_id=job_id)
+            return
+        self.page("job.html", status=status, view=view, done=done, problem=problem)
+
+
+def jobs_handlers(url_prefix: str | None) -> list[tuple[str, type[JobsHandler]]]:
+    """The routes of the Jobs pages under Flower's ``url_prefix`` (``None``: none)."""
+    start = f"/{url_prefix.strip('/')}" if url_prefix and url_prefix.strip("/") else ""
+    return [
+        (rf"{start}/jobs/?", JobsView),
+        (rf"{start}/jobs/job/(.+)", JobView),
+    ]

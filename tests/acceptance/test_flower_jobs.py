@@ -1,0 +1,198 @@
+"""The Jobs view in Flower, driven in a real browser (Debian's Chromium, headless, through
+selenium and the system chromedriver) against a real Celery worker on PostgreSQL and
+RabbitMQ: a job waiting for approval is found, opened and approved, then seen completed; a
+job that failed at its third step is retried from the page and completes without its first
+two steps running again; a hostile job's inputs and error render inert. A screenshot of a
+job's page is saved under the test's tmp folder (its path is printed)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from jobs.core.states import State
+from tests.acceptance.conftest import KINDS, PG_RABBITMQ, Stack, free_port
+from tests.conftest import IN_CI
+
+IMPORTS = f"{KINDS},jobs.examples.ship_order"
+AUTH = ("oncall", "s3cret-pw")
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+#: Inputs and an error a hostile client could store: HTML that would run script, and
+#: terminal escapes (colour, window title, bell).
+HOSTILE = (
+    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    "\x1b[31mred\x1b]0;owned\x07</pre><b>bold</b>"
+)
+
+
+def _browser() -> Any:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        message = "Chromium and chromedriver are not installed (.ci/run installs them)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver  # noqa: PLC0415
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1400,1800")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # Flower's basic auth, on every request the browser makes (form posts too).
+    token = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    )
+    return driver
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    driver = _browser()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except Exception:  # a page still loading; Flower still starting
+            found = None
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _click_and_load(driver: Any, element: Any) -> None:
+    """Click a link or button that loads a page, and wait until the new page replaced
+    the old one (else the old page's elements answer) and has loaded."""
+    from selenium.common.exceptions import WebDriverException  # noqa: PLC0415
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+
+    def replaced() -> bool:
+        try:
+            old.tag_name  # noqa: B018 - asks the browser about the old page's root
+        except WebDriverException:  # stale, or "does not belong to the document"
+            return driver.execute_script("return document.readyState") == "complete"
+        return False
+
+    _until(replaced, 20, "the next page")
+
+
+def _text(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_operator_approves_retries_and_reads_hostile_jobs_in_flower(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.support.ui import Select  # noqa: PLC0415
+
+    stack.configure(JOBS_IMPORTS=IMPORTS)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    stack.start(
+        "flower",
+        ["flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"],
+    )
+    stack.worker("w1")
+    waiting = stack.submit("check_order", {"order_id": 1, "check_seconds": 0.1, "approval": True})
+    broken = stack.submit("ship_order", {"order_id": 7})
+    hostile = stack.submit("ship_order", {"order_id": HOSTILE})
+    stack.wait_state(waiting, (State.WAITING_APPROVAL,))
+    stack.wait_state(broken, (State.FAILED,))
+    stack.wait_state(hostile, (State.FAILED,))
+    _until(lambda: requests.get(f"{base}/healthcheck", timeout=2).ok, 30, "Flower to start")
+
+    # Flower's authentication covers the pages, and a write needs the XSRF token.
+    assert requests.get(f"{base}/jobs", timeout=5).status_code == 401
+    assert requests.get(f"{base}/jobs", auth=AUTH, timeout=10).status_code == 200
+    forged = requests.post(
+        f"{base}/jobs/job/{waiting}", data={"action": "approve"}, auth=AUTH, timeout=10
+    )
+    assert forged.status_code == 403
+    assert stack.job(waiting).state is State.WAITING_APPROVAL
+
+    # 1. Find the job waiting for approval, open it, approve it, see it completed.
+    browser.get(f"{base}/jobs")
+    assert "check_order" in _text(browser, "#counts")
+    assert stack.queue in _text(browser, "#queues") or "no queued jobs" in _text(browser, "#queues")
+    Select(browser.find_element(By.ID, "f-state")).select_by_value("WAITING_APPROVAL")
+    _click_and_load(browser, browser.find_element(By.ID, "filter-go"))
+    links = browser.find_elements(By.CSS_SELECTOR, "#job-list a.job-link")
+    assert [link.text for link in links] == [waiting]
+    _click_and_load(browser, links[0])
+    assert _text(browser, "#job-state") == "WAITING_APPROVAL"
+    assert "waiting for approval" in _text(browser, "#explain")
+    _click_and_load(browser, browser.find_element(By.ID, "do-approve"))
+    assert "Approved" in _text(browser, "#done")
+
+    def completed() -> bool:
+        browser.refresh()
+        return _text(browser, "#job-state") == "COMPLETED"
+
+    _until(completed, 60, f"{waiting} to complete")
+    assert stack.job(waiting).result["approved_by"] == "oncall (Flower)"
+    assert "oncall (Flower)" in _text(browser, "#history")
+
+    # 2. Open the failed job by its ID, keep a screenshot, fix the bug, retry from the page.
+    browser.get(f"{base}/jobs")
+    browser.find_element(By.ID, "search-id").send_keys(broken)
+    _click_and_load(browser, browser.find_element(By.ID, "search-go"))
+    assert _text(browser, "#job-id") == broken
+    assert _text(browser, "#job-state") == "FAILED"
+    assert [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#steps .step-name")] == [
+        "charge",
+        "ship",
+    ]
+    assert "ConnectionTimeout" in _text(browser, "#last-error")
+    assert "parcel-7" in _text(browser, "#steps")
+    screenshot = tmp_path / "flower-job-page.png"
+    assert browser.save_screenshot(str(screenshot))
+    print(f"screenshot of the job page: {screenshot}")
+    (stack.data_dir / "mailer.fixed").write_text("deployed\n")
+    browser.find_element(By.CSS_SELECTOR, "#actions input[name=note]").send_keys("mailer fixed")
+    _click_and_load(browser, browser.find_element(By.ID, "do-retry"))
+    assert "Retried" in _text(browser, "#done")
+    _until(completed, 60, f"{broken} to complete")
+    assert stack.effect_count(broken, "charge") == 1  # not charged again
+    assert stack.effect_count(broken, "ship") == 1
+    assert stack.effect_count(broken, "email") == 2
+    [retry] = [move for move in stack.history(broken) if move.from_state is State.FAILED]
+    assert "oncall (Flower)" in (retry.reason or "")
+    assert "mailer fixed" in (retry.reason or "")
+
+    # 3. A hostile job: its HTML shows as text, nothing in it runs, escapes show escaped.
+    for page in (f"{base}/jobs?state=FAILED", f"{base}/jobs/job/{hostile}"):
+        browser.get(page)
+        assert browser.find_elements(By.TAG_NAME, "script") == []
+        assert browser.find_elements(By.TAG_NAME, "img") == []
+        assert browser.find_elements(By.TAG_NAME, "b") == []
+        assert browser.execute_script("return window.__pwned === undefined") is True
+        assert "\x1b" not in browser.page_source
+    assert "<script>window.__pwned = 1</script>" in _text(browser, "#inputs")
+    assert '<img src=x onerror="window.__pwned = 2">' in _text(browser, "#last-error")
+    assert "\\x1b[31mred" in _text(browser, "#last-error")
+    assert browser.title.startswith("Job ")
