@@ -34,14 +34,20 @@ def expected_children(parent_id: str, inputs: dict[str, Any]) -> list[str]:
     return [child_id_of(parent_id, f"c{n}") for n in range(count)]
 
 
-def fan_out_problems(stack: Stack, parent_id: str, inputs: dict[str, Any]) -> list[str]:
-    """What went wrong with one finished ``fan_out`` parent and its children (empty: none)."""
+def fan_out_problems(
+    stack: Stack, parent_id: str, inputs: dict[str, Any], *, strict: bool = True
+) -> list[str]:
+    """What went wrong with one finished ``fan_out`` parent and its children (empty: none).
+    Not ``strict`` (a chaos run where one of them used up its attempts): only the
+    children's creation is checked."""
     problems: list[str] = []
     parent = stack.job(parent_id)
     expected = expected_children(parent_id, inputs)
     children = stack.store.children(parent_id)
     ids = [child.id for child in children]
-    if sorted(ids) != sorted(expected):
+    if not set(ids) <= set(expected) or len(ids) != len(set(ids)):
+        problems.append(f"{parent_id}: children {sorted(ids)} not among {sorted(expected)}")
+    elif strict and sorted(ids) != sorted(expected):
         problems.append(f"{parent_id}: children {sorted(ids)} != expected {sorted(expected)}")
     last_finish = None
     for child in children:
@@ -56,6 +62,8 @@ def fan_out_problems(stack: Stack, parent_id: str, inputs: dict[str, Any]) -> li
             problems.append(f"{child.id}: {len(ends)} finishing writes")
         elif last_finish is None or ends[0] > last_finish:
             last_finish = ends[0]
+    if not strict:
+        return [problem for problem in problems if "created" in problem or "among" in problem]
     steps = {step.name: step for step in stack.steps(parent_id)}
     spawns = [name for name in steps if name.startswith("spawn:")]
     wanted_spawns = 1 if inputs.get("bulk") else int(inputs["children"])
