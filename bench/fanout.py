@@ -63,6 +63,34 @@ def touches_while_parked(run: BackendRun, parent_id: str, worker: Child) -> dict
     }
 
 
+def phases(run: BackendRun, parent_id: str, started: float) -> dict[str, float]:
+    """Where the durable fan-out's time went, in seconds, from the parent's history and its
+    children's rows (database clock): submit → the parent's claim, its run up to the park
+    (the spawn: one bulk insert and N doorbells), the park → the last child's finish (the
+    children's runs), that finish → the parent's second claim (its wake and delivery), and
+    that claim → the parent's completion."""
+    history = jobs.history(parent_id)
+    claims = [run._db_time(move.at) for move in history if move.to_state is State.RUNNING]
+    park = next(run._db_time(m.at) for m in history if m.to_state is State.WAITING)
+    done = next(run._db_time(m.at) for m in history if m.to_state is State.COMPLETED)
+    with run.store.engine.connect() as conn:
+        first_claim, last_finish = conn.execute(
+            text(
+                "SELECT min(t.at), max(j.finished_at) FROM jobs AS j JOIN job_transitions AS t "
+                "ON t.job_id = j.id AND t.to_state = 'RUNNING' WHERE j.parent_id = :parent"
+            ),
+            {"parent": parent_id},
+        ).one()
+    return {
+        "to claim": claims[0] - started,
+        "spawn": park - claims[0],
+        "first child": run._db_time(first_claim) - claims[0],
+        "children": run._db_time(last_finish) - park,
+        "wake": claims[-1] - run._db_time(last_finish),
+        "finish": done - claims[-1],
+    }
+
+
 class FanOut:
     """The fan-out measurements of one backend run (PostgreSQL and RabbitMQ only)."""
 
@@ -88,6 +116,8 @@ class FanOut:
         parent = run.store.get(parent_id)
         seconds = run._db_time(parent.finished_at) - started
         touched = touches_while_parked(run, parent_id, worker)
+        split = phases(run, parent_id, started)
+        run.say("    durable fan-out: " + ", ".join(f"{k} {v:.3f} s" for k, v in split.items()))
         return {
             "seconds": seconds,
             "writes": writes_per_child(run, parent_id, n),
