@@ -1,8 +1,8 @@
 """The jobs admin: list (filters by state and kind, WAITING included; search by ID), a
 job's steps and history, its parent and children as links (a parked parent shows how many
 children it still waits for), approve (recording the admin user), cancel, and retry a
-FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are read through the
-unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
+FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are
+read through the unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ class JobAdmin(admin.ModelAdmin):
 
     def _link(self, job_id: str) -> str:
         meta = JobRow._meta
-        return reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[quote(job_id)])
+        return str(
+            reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[quote(job_id)])
+        )
 
     @admin.display(description="parent")
     def parent(self, row: JobRow) -> Any:
