@@ -55,6 +55,14 @@ NOTES = [
     "round trips/job and per job: parts: N 1-step jobs run in-process by the worker's Runner "
     "(libpq trace: ReadyForQuery messages; wall time per store call); per job: worker time = "
     "concurrency / drain rate (durable) vs concurrency / plain drain rate (Celery itself).",
+    "fan-out (issue 17): a bench_fanout parent that maps N one-step children (ctx.map: one "
+    "bulk insert, then parked WAITING until the last child's finishing transaction queues it), "
+    "from its jobs.submit to its finished_at, vs a Celery chord of N no-op tasks with a Redis "
+    "result backend (its own database number), from the chord's apply to its callback. write "
+    "txns/child: distinct transaction IDs on the family's job, history and step rows, / N. "
+    "polls while parked: the parent's moves, claims and dropped deliveries between its park "
+    "and its wake (the children's countdowns of its counter are its only writes then; the "
+    "sweeper's pass runs its fixed statements whether or not a parent waits).",
     "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
     "sides back to back); durable and plain-celery columns are medians over repeats.",
     "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "
@@ -179,6 +187,18 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.submit_jobs,
         help="jobs per submit-rate run, single and bulk (default %(default)s)",
     )
+    p.add_argument(
+        "--fanout-children",
+        type=_positive(int),
+        default=defaults.fanout_children,
+        help="children of the fan-out parent and members of the chord (default %(default)s)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL") or defaults.redis_url,
+        help="the chord's Redis result backend, a database number of the bench's own "
+        "(default %(default)s; env BENCH_REDIS_URL)",
+    )
     p.add_argument("--no-recovery", action="store_true", help="skip the SIGKILL recovery runs")
     p.add_argument(
         "--only",
@@ -297,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         amqp_url=args.amqp_url,
         recovery=not args.no_recovery,
         scenarios=args.only,
+        fanout_children=args.fanout_children,
+        redis_url=args.redis_url,
     )
 
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]

@@ -47,3 +47,13 @@ def zero_steps(ctx: jobs.JobContext) -> None:
 def hold(ctx: jobs.JobContext, release: str, limit: float = 120.0) -> None:
     """Stays RUNNING inside a step until ``release`` exists (recovery runs)."""
     ctx.step("hold", _wait_for, release, limit)
+
+
+FANOUT = "bench_fanout"
+
+
+@jobs.job(FANOUT)
+def fan_out(ctx: jobs.JobContext, children: int) -> int:
+    """A parent that maps ``children`` one-step children (one bulk insert) and waits for
+    them all, parked: the fan-out scenario (bench.fanout)."""
+    return len(ctx.map(STEP, [{}] * children))

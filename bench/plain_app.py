@@ -19,8 +19,12 @@ from celery import Celery
 from bench import marks
 
 CONFIG_ENV = "BENCH_PLAIN_CONFIG"
+# A result backend for the chord of the fan-out scenario (bench.fanout); unset elsewhere.
+RESULT_BACKEND_ENV = "BENCH_RESULT_BACKEND"
 NOOP = "bench.noop"
 HOLD = "bench.hold"
+CHORD_MEMBER = "bench.chord_member"
+CHORD_DONE = "bench.chord_done"
 
 QUEUES_KEY = "bench_task_queues"
 
@@ -57,6 +61,8 @@ def from_json(config: dict[str, Any]) -> dict[str, Any]:
 
 app = Celery("bench_plain", set_as_current=False)
 app.conf.update(from_json(json.loads(os.environ.get(CONFIG_ENV) or "{}")))
+if os.environ.get(RESULT_BACKEND_ENV):
+    app.conf.update(result_backend=os.environ[RESULT_BACKEND_ENV], result_expires=600)
 
 
 @app.task(name=NOOP, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
@@ -74,3 +80,15 @@ def hold(self: Any, tag: str, release: str, limit: float = 120.0) -> None:
     while not Path(release).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     marks.record("done", tag, host)
+
+
+@app.task(name=CHORD_MEMBER)  # type: ignore[untyped-decorator]
+def chord_member() -> None:
+    """A chord's no-op member: its (empty) result is stored in the result backend."""
+
+
+@app.task(name=CHORD_DONE, bind=True)  # type: ignore[untyped-decorator]
+def chord_done(self: Any, results: list[Any], tag: str) -> int:
+    """A chord's callback: marks the chord's end once every member's result is in."""
+    marks.record("done", tag, getattr(self.request, "hostname", None) or "-")
+    return len(results)

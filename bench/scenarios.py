@@ -63,7 +63,16 @@ class Options:
     pg_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     recovery: bool = True
-    scenarios: tuple[str, ...] = ("drain", "native", "throughput", "latency", "recovery")
+    fanout_children: int = 1000
+    redis_url: str = "redis://127.0.0.1:6379/7"
+    scenarios: tuple[str, ...] = (
+        "drain",
+        "native",
+        "throughput",
+        "latency",
+        "recovery",
+        "fanout",
+    )
 
 
 @dataclasses.dataclass
@@ -497,6 +506,26 @@ class BackendRun:
             f"worker vs {plain['rate']:.0f}/s"
         )
 
+    def fanout(self, repeat: int) -> None:
+        """A parent mapping N one-step children vs a chord of N no-op tasks (bench.fanout;
+        PostgreSQL and RabbitMQ only: the chord needs its Redis result backend)."""
+        from bench.fanout import FanOut  # noqa: PLC0415
+
+        if self.backend != PG_RABBITMQ:
+            return
+        n = self.opts.fanout_children
+        got = FanOut(self, self.opts.redis_url).measure(n, repeat)
+        nan = float("nan")
+        self._series(f"fan-out {n} children (s)", "s").add(got["seconds"], got["plain"])
+        self._series("fan-out write txns/child", "n").add(got["writes"], nan)
+        self._series("fan-out polls while parked", "n").add(got["polls"], nan)
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: fan-out of {n}: durable "
+            f"{got['seconds']:.2f} s vs chord {got['plain']:.2f} s; "
+            f"{got['writes']:.2f} write txns/child; parent claimed {got['claims']:.0f} times, "
+            f"touched {got['polls']:.0f} times while parked"
+        )
+
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
         d_e2e: list[float] = []
@@ -656,6 +685,8 @@ def run_backend(
                 run.throughput(r)
             if "latency" in opts.scenarios:
                 run.latency(r)
+            if "fanout" in opts.scenarios:
+                run.fanout(r)
         if opts.recovery and "recovery" in opts.scenarios and backend == PG_RABBITMQ:
             for r in range(max(opts.repeat, opts.recovery_samples)):
                 run.recovery(r)

@@ -315,3 +315,41 @@ def test_management_commands_wrap_jobctl_with_the_projects_settings(tmp_path: Pa
     assert wrong.returncode != 0
     assert b"Traceback" not in wrong.stderr
     assert b"--bogus" in wrong.stderr
+
+
+@jobs.job("shop_square")
+def shop_square(ctx: jobs.JobContext, n: int) -> int:
+    return n * n
+
+
+@jobs.job("shop_fan_out")
+def shop_fan_out(ctx: jobs.JobContext, numbers: list[int]) -> int:
+    return sum(ctx.map("shop_square", [{"n": n} for n in numbers]))
+
+
+def test_the_admin_shows_a_waiting_parent_its_children_and_a_childs_parent(
+    shop: Doorbell,
+) -> None:
+    from django.contrib.auth.models import User  # noqa: PLC0415
+    from django.test import Client  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    User.objects.db_manager(ROUTER.alias).filter(username="boss").delete()
+    User.objects.db_manager(ROUTER.alias).create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(User.objects.db_manager(ROUTER.alias).get(username="boss"))
+    parent = testing.perform_job("shop_fan_out", {"numbers": [1, 2]})
+    assert parent.state is State.WAITING
+    first, second = f"{parent.id}.map.0", f"{parent.id}.map.1"
+    testing.run(first)
+
+    listing = client.get("/admin/durable_jobs/jobrow/", {"state__exact": "WAITING"})
+    assert listing.status_code == 200
+    assert parent.id in listing.content.decode()
+    page = client.get(f"/admin/durable_jobs/jobrow/{parent.id}/change/").content.decode()
+    assert "waiting for 1 of them" in page
+    assert f'<a href="/admin/durable_jobs/jobrow/{first}/change/">{first}</a> COMPLETED' in page
+    assert f'<a href="/admin/durable_jobs/jobrow/{second}/change/">{second}</a> QUEUED' in page
+    child = client.get(f"/admin/durable_jobs/jobrow/{second}/change/").content.decode()
+    assert f'<a href="/admin/durable_jobs/jobrow/{parent.id}/change/">{parent.id}</a>' in child

@@ -365,6 +365,13 @@ def wf_sum(ctx: JobContext, numbers: list[int]) -> int:
     return sum(ctx.map("wf_square", [{"n": n} for n in numbers]))
 
 
+@jobs.job("wf_two_waves")
+def wf_two_waves(ctx: JobContext) -> int:
+    first = ctx.map("wf_square", [{"n": 1}])
+    second = ctx.map("wf_square", [{"n": 2}, {"n": 3}])
+    return sum(first + second)
+
+
 @jobs.job("wf_listen")
 def wf_listen(ctx: JobContext) -> Any:
     return ctx.wait_for_event("go")
@@ -401,6 +408,20 @@ def test_explain_counts_the_children_a_parked_parent_waits_for() -> None:
 
     assert found.reason == "waiting_children"
     assert "waiting for 1 of 2 children" in found.paragraph
+
+
+def test_explain_counts_only_the_children_of_the_current_wait() -> None:
+    parent = testing.perform_job("wf_two_waves")
+    testing.run(f"{parent.id}.map.0")
+    testing.run(parent.id)  # the first wave is done; it waits for the second
+    runtime = default_app().runtime
+    assert jobs.get(parent.id).state is State.WAITING
+    testing.run(f"{parent.id}.map:2.0")
+
+    found = explain.explain(runtime.store, runtime.settings, parent.id)
+
+    assert found.reason == "waiting_children"
+    assert "waiting for 1 of 2 children" in found.paragraph, found.paragraph
 
 
 def test_jobctl_send_event_wakes_the_waiting_job() -> None:

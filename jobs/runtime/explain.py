@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -61,11 +62,24 @@ def _span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+# The reason the store writes when a parent parks (jobs/core/store/workflows.py):
+# "waiting for <unfinished> of <asked> children".
+_PARKED_FOR = re.compile(r"^waiting for \d+ of (\d+) children$")
+
+
+def _children_of_wait(store: JobStore, job: Job, history: Sequence[Transition]) -> int:
+    """How many children the current wait asked for: from the park's own line in the
+    history, else (no such line) every child the job has."""
+    park = _last_move_to(list(history), State.WAITING)
+    asked = _PARKED_FOR.match(park.reason or "") if park is not None else None
+    return int(asked.group(1)) if asked else len(store.children(job.id))
+
+
 def _waiting(
-    store: JobStore, job: Job, now: dt.datetime, quoted: str
+    store: JobStore, job: Job, now: dt.datetime, quoted: str, history: Sequence[Transition]
 ) -> tuple[str, str, tuple[str, ...]]:
-    """A job parked WAITING: for its children (how many of how many), or for an event
-    (until when)."""
+    """A job parked WAITING: for its children (how many of the current wait's), or for an
+    event (until when)."""
     if job.wait_event is not None:
         until = (
             "with no deadline"
@@ -84,9 +98,9 @@ def _waiting(
             text,
             (f"jobctl send-event {quoted} {name}", f"jobctl cancel {quoted}"),
         )
-    awaited = [child for child in store.children(job.id)]
+    asked = _children_of_wait(store, job, history)
     text = (
-        f"It is waiting for {job.children_pending} of {len(awaited)} children. It holds no "
+        f"It is waiting for {job.children_pending} of {asked} children. It holds no "
         "worker, lease or message; the last of them to finish queues it again."
     )
     return "waiting_children", text, (f"jobctl show {quoted}", f"jobctl cancel {quoted}")
@@ -148,7 +162,7 @@ def explain(
         )
         actions = (f"jobctl approve {quoted} --by NAME", f"jobctl cancel {quoted}")
     elif job.state is State.WAITING:
-        reason, text, actions = _waiting(store, job, now, quoted)
+        reason, text, actions = _waiting(store, job, now, quoted, history)
     elif job.state is State.COMPLETED:
         reason = "completed"
         text = f"It completed at {_at(job.finished_at)} on {attempts}."

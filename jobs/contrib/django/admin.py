@@ -1,16 +1,19 @@
-"""The jobs admin: list (filters by state and kind, search by ID), a job's steps and
-history, approve (recording the admin user), cancel, and retry a FAILED or CANCELLED job
-from the step that failed (recording the admin user). Rows are read through the
-unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
+"""The jobs admin: list (filters by state and kind, WAITING included; search by ID), a
+job's steps and history, its parent and children as links (a parked parent shows how many
+children it still waits for), approve (recording the admin user), cancel, and retry a
+FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are
+read through the unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.db import router, transaction
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from jobs import api
 from jobs.contrib.django.models import JobRow
@@ -36,6 +39,8 @@ class JobAdmin(admin.ModelAdmin):
         "max_attempts",
         "priority",
         "waiting_for",
+        "parent",
+        "children",
         "created_at",
         "updated_at",
         "finished_at",
@@ -51,6 +56,35 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a read-only page; the actions below change jobs through jobs.api
+
+    def _link(self, job_id: str) -> str:
+        meta = JobRow._meta
+        return str(
+            reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[quote(job_id)])
+        )
+
+    @admin.display(description="parent")
+    def parent(self, row: JobRow) -> Any:
+        if row.parent_id is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', self._link(row.parent_id), row.parent_id)
+
+    @admin.display(description="children")
+    def children(self, row: JobRow) -> Any:
+        spawned = api.children(row.id)
+        if not spawned:
+            return "-"
+        waiting = (
+            format_html("<div>waiting for {} of them</div>", row.children_pending)
+            if row.state == "WAITING" and row.children_pending
+            else ""
+        )
+        links = format_html_join(
+            "\n",
+            '<div><a href="{}">{}</a> {}</div>',
+            ((self._link(child.id), child.id, child.state.value) for child in spawned),
+        )
+        return format_html("{}{}", waiting, links)
 
     @admin.display(description="steps")
     def steps(self, row: JobRow) -> Any:  # Django's SafeString

@@ -33,6 +33,9 @@ class JobRow(models.Model):
     max_attempts = models.IntegerField()
     priority = models.SmallIntegerField()
     waiting_for = models.CharField(max_length=200, null=True)
+    # Workflows: the parent that spawned it, and (a parent WAITING) its unfinished children.
+    parent_id = models.CharField(max_length=200, null=True)
+    children_pending = models.IntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True)
