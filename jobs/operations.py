@@ -9,6 +9,7 @@ QUEUED (the caller's own transaction's, when it passes ``connection=``/``session
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import logging
@@ -291,12 +292,16 @@ class JobOperations:
         *,
         since: dt.datetime | None = None,
         error_like: str | None = None,
+        queue: str | None = None,
     ) -> list[Job]:
         """The newest jobs first, optionally of one state and/or kind, changed at or after
-        ``since``, whose last error matches ``error_like`` (see :class:`jobs.JobFilter`); at
-        most :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
+        ``since``, whose last error matches ``error_like``, on ``queue`` (see
+        :class:`jobs.JobFilter`); at most :data:`jobs.core.validate.MAX_LIST_LIMIT` at once."""
         check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
-        return self.store.list(limit=limit, where=_job_filter(state, kind, since, error_like))
+        where = _job_filter(state, kind, since, error_like)
+        if queue is not None:
+            where = dataclasses.replace(where, queue=queue, default_queue=self.settings.queue)
+        return self.store.list(limit=limit, where=where)
 
     def select_jobs(
         self, where: JobFilter, limit: int, *, among: Sequence[State] | None = None

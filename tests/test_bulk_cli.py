@@ -268,3 +268,24 @@ def test_list_takes_the_same_filters(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert [job["id"] for job in json.loads(result.stdout)] == [failed]
     one_line_error(jobctl("list", "--since", "2025-01-01T00:00:00"), "no offset")
+
+
+def test_list_and_bulk_actions_filter_by_queue() -> None:
+    """``--queue`` selects the jobs whose doorbells go to a queue; JOBS_QUEUE's name also
+    selects the jobs that name no queue of their own."""
+    default = jobs.submit("bulk_approval", {"amount": 1})
+    video = jobs.submit("bulk_approval", {"amount": 2}, queue="video")
+    mail = jobs.submit("bulk_approval", {"amount": 3}, queue="mail")
+
+    def listed(*options: str) -> set[str]:
+        result = jobctl("list", "--json", *options)
+        assert result.exit_code == 0, result.output
+        return {job["id"] for job in json.loads(result.stdout)}
+
+    assert listed("--queue", "video") == {video}
+    assert listed("--queue", default_app().settings.queue) == {default}
+    assert listed("--queue", "nowhere") == set()
+    cancelled = jobctl("cancel", "--queue", "video", "--yes", "--json")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert jobs.get(video).state is State.CANCELLED
+    assert {jobs.get(default).state, jobs.get(mail).state} == {State.QUEUED}

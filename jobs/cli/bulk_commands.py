@@ -74,7 +74,11 @@ def parse_since(text: str, now: Callable[[], dt.datetime]) -> dt.datetime:
 
 
 def job_filter(
-    state: str | None, kind: str | None, since: str | None, error_like: str | None
+    state: str | None,
+    kind: str | None,
+    since: str | None,
+    error_like: str | None,
+    queue: str | None = None,
 ) -> JobFilter:
     """The options of ``jobctl list`` and of the bulk actions as a :class:`JobFilter`."""
     from jobs.core.records import JobFilter  # noqa: PLC0415
@@ -86,12 +90,19 @@ def job_filter(
         kind=kind,
         since=None if since is None else parse_since(since, _app().store.now),
         error_like=error_like,
+        queue=queue,
+        default_queue=_app().settings.queue,
     )
 
 
 def filter_options(command: F) -> F:
-    """``--since`` and ``--error-like``, the filters ``jobctl list`` shares with the bulk
-    actions (which add ``--kind`` and ``--state``: :func:`bulk_options`)."""
+    """``--since``, ``--error-like`` and ``--queue``, the filters ``jobctl list`` shares with
+    the bulk actions (which add ``--kind`` and ``--state``: :func:`bulk_options`)."""
+    command = click.option(
+        "--queue",
+        metavar="QUEUE",
+        help="Only jobs whose doorbells go to QUEUE (JOBS_QUEUE for jobs that name none).",
+    )(command)
     command = click.option(
         "--error-like",
         "error_like",
@@ -113,6 +124,7 @@ class Bulk:
     kind: str | None
     since: str | None
     error_like: str | None
+    queue: str | None
     dry_run: bool
     limit: int
     as_json: bool
@@ -121,7 +133,8 @@ class Bulk:
     @property
     def filtered(self) -> bool:
         """Whether any filter was given (a bulk action refuses to run without one)."""
-        return any(v is not None for v in (self.state, self.kind, self.since, self.error_like))
+        given = (self.state, self.kind, self.since, self.error_like, self.queue)
+        return any(value is not None for value in given)
 
 
 def bulk_options(command: F) -> F:
@@ -135,13 +148,14 @@ def bulk_options(command: F) -> F:
         kind: str | None,
         since: str | None,
         error_like: str | None,
+        queue: str | None,
         dry_run: bool,
         limit: int,
         as_json: bool,
         yes: bool,
         **kwargs: Any,
     ) -> Any:
-        bulk = Bulk(state, kind, since, error_like, dry_run, limit, as_json, yes)
+        bulk = Bulk(state, kind, since, error_like, queue, dry_run, limit, as_json, yes)
         return command(*args, bulk=bulk, **kwargs)
 
     decorated: Any = with_bulk
@@ -193,7 +207,7 @@ def run_bulk(action: Action, job_id: str | None, bulk: Bulk) -> bool:
         return False
     if job_id is not None:
         raise click.UsageError("give a job ID or filters, not both")
-    where = job_filter(bulk.state, bulk.kind, bulk.since, bulk.error_like)
+    where = job_filter(bulk.state, bulk.kind, bulk.since, bulk.error_like, bulk.queue)
     if where.state is not None and where.state not in action.applies_to:
         names = " or ".join(state.value for state in action.applies_to)
         raise click.ClickException(

@@ -351,11 +351,17 @@ def list_command(
     as_json: bool,
     since: str | None = None,
     error_like: str | None = None,
+    queue: str | None = None,
 ) -> None:
     """Jobs, newest first."""
-    where = job_filter(state, kind, since, error_like)
+    where = job_filter(state, kind, since, error_like, queue)
     found = jobs.list_jobs(
-        where.state, where.kind, limit, since=where.since, error_like=where.error_like
+        where.state,
+        where.kind,
+        limit,
+        since=where.since,
+        error_like=where.error_like,
+        queue=where.queue,
     )
     if as_json:
         echo_json([job_dict(job) for job in found])

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Row, func, select
+from sqlalchemy import ColumnElement, Connection, Engine, Row, func, or_, select
 
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import READ_ONLY
@@ -493,6 +493,11 @@ def filtered(where: JobFilter) -> builtins.list[ColumnElement[bool]]:
     if where.error_like is not None:
         pattern = where.error_like if "%" in where.error_like else f"%{where.error_like}%"
         conditions.append(JobRecord.last_error.ilike(pattern))
+    if where.queue is not None:
+        named = JobRecord.queue == where.queue
+        if where.queue == where.default_queue:  # a job that names no queue goes there too
+            named = or_(named, JobRecord.queue.is_(None))
+        conditions.append(named)
     return conditions
 
 

@@ -159,14 +159,17 @@ class Doorbell(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class JobFilter:
     """Which jobs ``jobctl list`` shows and a bulk action selects: of one ``state``, one
-    ``kind``, changed (``updated_at``) at or after ``since``, and whose last error matches
-    ``error_like`` (case-insensitive; SQL ``LIKE`` with ``%`` and ``_``, a pattern without
-    ``%`` matching anywhere in the error). ``None`` leaves a filter out."""
+        ``kind``, changed (``updated_at``) at or after ``since``, and whose last error matches
+        ``error_like`` (case-insensitive; SQL ``LIKE`` with ``%`` and ``_``, a pattern without
+        ``%`` matching anywhere in the error), and whose doorbells go to ``queue`` (a job that
+    names no queue goes to ``default_queue``, ``JOBS_QUEUE``). ``None`` leaves a filter out."""
 
     state: State | None = None
     kind: str | None = None
     since: dt.datetime | None = None
     error_like: str | None = None
+    queue: str | None = None
+    default_queue: str | None = dataclasses.field(default=None, compare=False)
 
     @property
     def empty(self) -> bool:
@@ -184,6 +187,8 @@ class JobFilter:
             parts.append(f"--since {self.since.isoformat(timespec='seconds')}")
         if self.error_like is not None:
             parts.append(f"--error-like {self.error_like!r}")
+        if self.queue is not None:
+            parts.append(f"--queue {self.queue}")
         return " ".join(parts) or "(no filter)"
 
 

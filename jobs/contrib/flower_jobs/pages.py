@@ -90,6 +90,7 @@ class Filters:
     kind: str = ""
     since: str = ""
     error_like: str = ""
+    queue: str = ""
     limit: str = ""
 
 
@@ -117,6 +118,8 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
         kind=filters.kind.strip() or None,
         since=parse_since(since, app.store.now) if since else None,
         error_like=error_like or None,
+        queue=filters.queue.strip() or None,
+        default_queue=app.settings.queue,
     )
     return where, limit
 

@@ -140,6 +140,7 @@ class JobsView(JobsHandler):
             kind=self.text("kind"),
             since=self.text("since"),
             error_like=self.text("error_like"),
+            queue=self.text("queue"),
             limit=self.text("limit"),
         )
         app = self.jobs_app
