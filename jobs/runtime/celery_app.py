@@ -336,11 +336,22 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     installed = installed_on(celery)
     if installed is None:
         return
-    names = _load_kinds(celery, installed)
-    log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
-    say_where_the_worker_listens(celery, installed.host.settings)
+    _load_kinds(celery, installed)
     warn_about_the_pool(sender, installed.host.settings)
     _preload_for_the_pool(installed.host.settings)
+
+
+@signals.celeryd_after_setup.connect
+def _say_what_the_worker_runs(instance: Any = None, **_: Any) -> None:
+    """Once ``celery worker`` has set its logging up (what ``worker_init`` logs before that
+    is lost): the kinds it runs, and where it listens."""
+    celery: Any = getattr(instance, "app", None)
+    installed = installed_on(celery)
+    if installed is None:
+        return
+    names = installed.host.registry.registered_names()
+    log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    say_where_the_worker_listens(celery, installed.host.settings)
 
 
 def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
@@ -350,7 +361,8 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
     supplied settings after the app was built: ``celery -A jobs.celery_app worker`` with a
     Flask app's ``app.config["JOBS"]["BROKER_URL"]``)."""
     listening = str(celery.conf.broker_url or "")
-    queues = ", ".join(queue_names(settings))
+    consumed = getattr(celery.amqp.queues, "consume_from", None) or {}
+    queues = ", ".join(consumed) or ", ".join(queue_names(settings))
     log.info(
         "worker: broker %s, database %s, queues %s",
         mask_url(listening),

@@ -196,6 +196,13 @@ def test_an_existing_celery_project_runs_durable_jobs_routed_by_kind_and_flower_
     )
     small.wait_ready()
     big.wait_ready()
+    # Each worker says at start-up where it listens, the password masked.
+    said = [line for line in small.output().splitlines() if "worker: broker" in line]
+    assert said, small.output()[-3000:]
+    assert "guest:***@" in said[0]
+    assert "guest:guest" not in small.output()
+    for queue in ("celery", "mail", "jobs"):
+        assert queue in said[0].rpartition("queues ")[2]
     base = f"http://127.0.0.1:{port}"
 
     def flower_up() -> bool:
