@@ -88,7 +88,7 @@ def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
     jobs then reach workers only through the sweeper's re-dispatch or an in-process
     :func:`jobs.testing.drain`. Kept until :func:`reset`."""
     if dispatcher is None:
-        default_app().set_dispatcher(None)
+        default_app().use_doorbell(None)
         return
     ring_one = dispatcher
 
@@ -96,4 +96,4 @@ def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
         for job_id in job_ids:
             ring_one(job_id)
 
-    default_app().set_dispatcher(ring_each)
+    default_app().use_doorbell(ring_each)

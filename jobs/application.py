@@ -215,7 +215,7 @@ class JobsApp(JobOperations):
 
             runtime = ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
             if self._injected_dispatcher is not None:
-                runtime.set_dispatcher(self._injected_dispatcher[0])
+                runtime.use_doorbell(self._injected_dispatcher[0])
             self._runtime = runtime
             return runtime
 
@@ -224,13 +224,13 @@ class JobsApp(JobOperations):
         """The runtime's job store (the schema is checked on first use)."""
         return self.runtime.store
 
-    def set_dispatcher(self, dispatcher: Dispatcher | None) -> None:
+    def use_doorbell(self, dispatcher: Dispatcher | None) -> None:
         """Replace the doorbell, for this and every later runtime of this app, until
         :meth:`reset`. ``None`` sends none: jobs then reach workers only through the
         sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`."""
         with self._guard:
             self._injected_dispatcher = (dispatcher,)
-        self.runtime.set_dispatcher(dispatcher)
+        self.runtime.use_doorbell(dispatcher)
 
     def reset(self) -> None:
         """Close and forget the runtime (engine, doorbell, locks) and an injected doorbell;

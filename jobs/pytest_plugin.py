@@ -37,7 +37,7 @@ def jobs_isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     app = default_app()
     app.reset_settings()
     app.reset()
-    app.set_dispatcher(None)
+    app.use_doorbell(None)
     yield data_dir
     app.set_settings(None)
     app.reset()

@@ -130,7 +130,7 @@ def test_retry_of_a_job_not_ended_is_one_line() -> None:
 def test_the_api_retry_rings_the_doorbell_with_kind_and_queue() -> None:
     job_id = failed_order(5)
     rung: list[tuple[list[str], int, dict[str, Any]]] = []
-    default_app().set_dispatcher(lambda ids, priority, **kw: rung.append((list(ids), priority, kw)))
+    default_app().use_doorbell(lambda ids, priority, **kw: rung.append((list(ids), priority, kw)))
     job = jobs.retry(job_id, by="alice", reason="fixed")
     assert job.state is State.QUEUED
     assert rung == [([job_id], 0, {"kind": "bulk_order", "queue": None})]

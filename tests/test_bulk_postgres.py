@@ -42,7 +42,7 @@ def thousand_failed(
     reset_settings()
     app = default_app()
     app.reset()
-    app.set_dispatcher(None)
+    app.use_doorbell(None)
     ids = app.submit_many("bulk_bench", [{"n": n} for n in range(JOBS)])
     with clean_pg_engine.begin() as conn:  # set-up only: the failures themselves
         conn.execute(
@@ -59,7 +59,7 @@ def test_a_bulk_retry_of_a_thousand_failed_jobs_in_committed_batches(
     thousand_failed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rung: list[str] = []
-    default_app().set_dispatcher(lambda ids, priority=0, **_kw: rung.extend(ids))
+    default_app().use_doorbell(lambda ids, priority=0, **_kw: rung.extend(ids))
     changed = thousand_failed[500]
     select = JobsApp.select_jobs
 

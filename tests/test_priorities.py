@@ -54,7 +54,7 @@ def rung() -> Rung:
     def record(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
         seen.append((tuple(job_ids), priority))
 
-    default_app().runtime.set_dispatcher(record)  # reset by the autouse isolation fixture
+    default_app().runtime.use_doorbell(record)  # reset by the autouse isolation fixture
     return seen
 
 

@@ -6,7 +6,7 @@ parent, so everything of that kind lives in one :class:`ProcessRuntime`, owned b
 process's application object (:class:`jobs.application.JobsApp`), which builds a new one
 after a fork and when the settings change.
 
-The doorbell is injected: :meth:`ProcessRuntime.set_dispatcher` replaces it (``None``
+The doorbell is injected: :meth:`ProcessRuntime.use_doorbell` replaces it (``None``
 sends none; tests and embedded users), and by default the Celery publisher of
 :mod:`jobs.runtime.dispatch` is made on first need, so a process that never publishes
 never imports Celery.
@@ -177,7 +177,7 @@ class ProcessRuntime:
 
     # -- doorbells ---------------------------------------------------------------------
 
-    def set_dispatcher(self, dispatcher: Dispatcher | None) -> None:
+    def use_doorbell(self, dispatcher: Dispatcher | None) -> None:
         """Replace the doorbell; ``None`` sends none (jobs then reach workers through the
         sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`)."""
         with self._lock:
