@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from jobs.application import JobsApp, default_app
     from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
+    from jobs.operations import SubmitOptions
 
 _LAZY = {
     **dict.fromkeys(
@@ -96,6 +97,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
+    "SubmitOptions": "jobs.operations",
     "Schedule": "jobs.core.schedule",
 }
 
@@ -132,6 +134,7 @@ __all__ = [
     "State",
     "Step",
     "StepError",
+    "SubmitOptions",
     "Transition",
     "UnknownJob",
     "UnknownKind",

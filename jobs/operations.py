@@ -58,6 +58,31 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclasses.dataclass(frozen=True)
+class SubmitOptions:
+    """How a submit asks for its jobs, beside their kind and inputs: a value to keep and
+    reuse (``URGENT = jobs.SubmitOptions(priority=9, queue="fast")``, then
+    ``jobs.submit(kind, inputs, options=URGENT)``). A field left ``None`` takes the kind's
+    default (``@jobs.job``), then the settings'; a keyword given to ``submit`` wins over the
+    field of the same name. ``delay`` (seconds or a ``timedelta``) and ``run_at`` (an aware
+    instant) say when the jobs start; at most one of them."""
+
+    max_attempts: int | None = None
+    delay: float | dt.timedelta | None = None
+    run_at: dt.datetime | None = None
+    priority: int | None = None
+    queue: str | None = None
+
+    def merged(self, **given: Any) -> SubmitOptions:
+        """These options with the fields ``given`` (not ``None``) put over them."""
+        chosen = {name: value for name, value in given.items() if value is not None}
+        return dataclasses.replace(self, **chosen) if chosen else self
+
+    def start(self) -> tuple[float, dt.datetime | None]:
+        """When the jobs start: ``(delay in seconds, run_at)``, at most one of them given."""
+        return _start_time(self.delay, None, self.run_at)
+
+
 class JobOperations:
     """What an application does with jobs (see the module's docstring). Mixed into
     :class:`jobs.application.JobsApp`, which provides the four members below."""
@@ -87,6 +112,7 @@ class JobOperations:
         inputs: dict[str, Any] | None = None,
         *,
         job_id: str | None = None,
+        options: SubmitOptions | None = None,
         max_attempts: int | None = None,
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
@@ -119,11 +145,12 @@ class JobOperations:
 
         ``queue`` (default the kind's ``@jobs.job(queue=…)``, else ``JOBS_QUEUE``): where
         the job's doorbells go, so only workers consuming that queue run it.
+
+        ``options``: a :class:`SubmitOptions` kept for reuse; the keywords above win over
+        its fields.
         """
-        wait, start = _start_time(delay, delay_seconds, run_at)
-        job_kind, row = self._prepare(
-            kind, inputs, job_id, max_attempts, wait, start, priority, queue
-        )
+        chosen = _chosen(options, max_attempts, delay, delay_seconds, run_at, priority, queue)
+        job_kind, row = self._prepare(kind, inputs, job_id, chosen, *chosen.start())
         return self._insert(job_kind, [row], _unit_for(connection, session, unit))[0]
 
     def submit_many(
@@ -132,6 +159,7 @@ class JobOperations:
         inputs: Sequence[dict[str, Any]],
         *,
         job_ids: Sequence[str] | None = None,
+        options: SubmitOptions | None = None,
         max_attempts: int | None = None,
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
@@ -155,20 +183,14 @@ class JobOperations:
                 f"{len(inputs)} jobs in one submit_many: at most {MAX_SUBMIT_MANY}; "
                 "submit them in batches"
             )
-        wait, start = _start_time(delay, delay_seconds, run_at)
+        chosen = _chosen(options, max_attempts, delay, delay_seconds, run_at, priority, queue)
+        wait, start = chosen.start()
         rows = []
         job_kind = self.registry.get(kind)
         for index, one in enumerate(inputs):
             try:
                 job_kind, row = self._prepare(
-                    kind,
-                    one,
-                    None if job_ids is None else job_ids[index],
-                    max_attempts,
-                    wait,
-                    start,
-                    priority,
-                    queue,
+                    kind, one, None if job_ids is None else job_ids[index], chosen, wait, start
                 )
             except InvalidInput as err:
                 raise InvalidInput(f"job {index + 1} of {len(inputs)}: {err}") from None
@@ -185,7 +207,7 @@ class JobOperations:
         for a full queue) and write nothing. For a submit made after the caller's commit
         (``submit_on_commit`` in ``jobs.contrib``): a refusal found here can still roll the
         caller's work back. The queue may fill up between the check and the submit."""
-        job_kind, _row = self._prepare(kind, inputs, None, None, 0)
+        job_kind, _row = self._prepare(kind, inputs, None, SubmitOptions(), 0, None)
         runtime = self.runtime
         runtime.seed_limits([job_kind])
         runtime.store.check_admission(kind, count)
@@ -195,13 +217,12 @@ class JobOperations:
         kind: str,
         inputs: Any,
         job_id: str | None,
-        max_attempts: int | None,
+        options: SubmitOptions,
         delay_seconds: float,
-        run_at: dt.datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
+        run_at: dt.datetime | None,
     ) -> tuple[JobKind, dict[str, Any]]:
-        """Check one submission against its kind and return the row the store will insert."""
+        """Check one submission against its kind and return the row the store will insert
+        (``delay_seconds``/``run_at``: ``options.start()``, worked out once for a batch)."""
         inputs = {} if inputs is None else inputs
         job_kind = self.registry.get(kind)
         if isinstance(inputs, dict):
@@ -211,8 +232,8 @@ class JobOperations:
         if job_id is not None:
             check_user_job_id(job_id)  # a schedule tick's form is reserved for its ticks
         attempts = (
-            max_attempts
-            if max_attempts is not None  # 0 is refused by the store, not replaced
+            options.max_attempts
+            if options.max_attempts is not None  # 0 is refused by the store, not replaced
             else job_kind.max_attempts or self.settings.default_max_attempts
         )
         row = self.store.new_job_values(
@@ -223,8 +244,8 @@ class JobOperations:
             delay_seconds=delay_seconds,
             code_version=job_kind.version,
             run_at=run_at,
-            priority=job_kind.priority if priority is None else priority,
-            queue=job_kind.queue if queue is None else queue,
+            priority=job_kind.priority if options.priority is None else options.priority,
+            queue=job_kind.queue if options.queue is None else options.queue,
         )
         return job_kind, row
 
@@ -582,6 +603,28 @@ def _job_filter(
     if since is not None:
         check_instant(since, "since")
     return JobFilter(state=state, kind=kind, since=since, error_like=error_like)
+
+
+def _chosen(
+    options: SubmitOptions | None,
+    max_attempts: int | None,
+    delay: float | dt.timedelta | None,
+    delay_seconds: float | None,
+    run_at: dt.datetime | None,
+    priority: int | None,
+    queue: str | None,
+) -> SubmitOptions:
+    """A submit's options: ``options`` with the keywords given over them (``delay_seconds``
+    is the older name of ``delay``; both given is refused, as is a delay with ``run_at``)."""
+    if delay is not None and delay_seconds is not None:
+        raise InvalidInput("give one of delay and delay_seconds, not both")
+    return (options or SubmitOptions()).merged(
+        max_attempts=max_attempts,
+        delay=delay if delay is not None else delay_seconds,
+        run_at=run_at,
+        priority=priority,
+        queue=queue,
+    )
 
 
 def _start_time(

@@ -342,6 +342,22 @@ def test_bad_start_times_are_refused_and_write_nothing(options: dict[str, Any], 
     assert jobs.list_jobs() == []
 
 
+def test_submit_options_are_kept_and_reused_and_keywords_win() -> None:
+    """A ``jobs.SubmitOptions`` value is reused across submits; a keyword given to the
+    submit wins over its field; a delay in the options with a run_at keyword is refused."""
+    later = jobs.SubmitOptions(delay=600, priority=7, queue="slow", max_attempts=2)
+    one = jobs.get(jobs.submit("timer_lookup", {}, options=later))
+    assert (one.priority, one.queue, one.max_attempts) == (7, "slow", 2)
+    assert one.run_after >= one.created_at + dt.timedelta(seconds=599)
+    [many] = jobs.submit_many("timer_lookup", [{}], options=later, priority=3)
+    assert (jobs.get(many).priority, jobs.get(many).queue) == (3, "slow")
+    with pytest.raises(InvalidInput, match="give one of delay and run_at"):
+        jobs.submit(
+            "timer_lookup", {}, options=later, run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+        )
+    assert later == jobs.SubmitOptions(delay=600, priority=7, queue="slow", max_attempts=2)
+
+
 # -- the public API, jobs.testing, explain and jobctl on the embedded default ---------------
 
 
