@@ -8,8 +8,9 @@ jobs parked until an event arrives or a deadline passes.
   ``children_pending`` to how many it marked and moves RUNNING → WAITING, in one
   transaction. Each awaited child's finishing write (complete, fail, the sweeper's
   exhaustion, a cancel) decrements that counter in the same transaction; the one that
-  brings it to 0 moves the parent WAITING → QUEUED (:func:`settle_parent`). No polling,
-  and no count of the children per completion.
+  brings it to 0 moves the parent WAITING → QUEUED (:mod:`jobs.core.store.fan_in`; an
+  owner's finish on PostgreSQL does it all in one statement, like an ordinary
+  completion). No polling, and no count of the children per completion.
 - An event is kept in ``job_events`` until a wait of its name records it as the job's
   step, marking it consumed in the same transaction: it is consumed exactly once. The
   sender locks the job's row, so a job parking for the event and the event arriving
