@@ -21,8 +21,8 @@ from sqlalchemy import (
     Connection,
     Executable,
     Row,
-    Select,
     and_,
+    bindparam,
     case,
     insert,
     literal,
@@ -36,7 +36,7 @@ from jobs.core import states
 from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.records import Doorbell, Job
 from jobs.core.states import TERMINAL, State
-from jobs.core.store.statements import RowChanges, Statements, state_in
+from jobs.core.store.statements import RowChanges, Statements, param, state_in
 
 
 def doorbell_of(row: Row[Any] | Job) -> Doorbell:
@@ -83,24 +83,32 @@ def settle_parent(
 
 
 def child_finish_statement(
-    statements: Statements, move: Executable, target: State, *, ringing: bool
+    statements: Statements,
+    target: State,
+    values: dict[str, Any],
+    step_count: int,
+    *,
+    ringing: bool,
 ) -> Executable:
-    """PostgreSQL: a child's fenced end (``move``, an owner's move statement: the
-    child's row, its history row, its recorded steps) and its parent's countdown as
-    one statement::
+    """PostgreSQL: a child owner's fenced end and its parent's countdown as one reusable
+    statement, with the bound parameters of :meth:`Statements.owner_move_statement`
+    (``values``: the columns the move writes, plain values bound as ``v_<column>``)::
 
-        WITH moved AS (UPDATE jobs … child …), history AS (…), recorded AS (…),
-             finished AS (SELECT * FROM moved),
+        WITH moved AS (UPDATE jobs … the child, fenced … RETURNING …),
+             history AS (INSERT … the child's history row … RETURNING at),
+             recorded AS (INSERT … its steps),
              woken AS (UPDATE jobs SET children_pending = children_pending - 1,
                                        state = CASE WHEN <last> THEN 'QUEUED' …, …
-                       FROM finished WHERE jobs.id = finished.parent_id
-                       AND finished.awaited …),
-             woken_history AS (INSERT … SELECT … FROM woken WHERE state = 'QUEUED')
-        SELECT finished.*, woken.… FROM finished LEFT JOIN woken ON true
+                       FROM moved WHERE jobs.id = moved.parent_id AND moved.awaited …),
+             woken_history AS (INSERT … SELECT … FROM woken JOIN history …
+                               WHERE woken.state = 'QUEUED')
+        SELECT moved.*, woken.… FROM moved LEFT JOIN woken ON true
 
-    The parent's row is updated once, its countdown and its wake in the same SET
-    (one statement cannot update a row twice). A child whose parent does not await it
-    matches no parent row: it finishes like an ordinary job.
+    The parent's row is updated once, its countdown and its wake in the same SET (one
+    statement cannot update a row twice). A child whose parent does not await it
+    matches no parent row: it finishes like an ordinary job. The wake's history row
+    reads the child's (``JOIN history``), so it is written after it, at a later instant
+    (PostgreSQL runs unreferenced data-modifying CTEs in an order of its own).
 
     Concurrency: the parent's park (children marked awaited, the parent → WAITING, one
     transaction) may commit while this statement waits for the child's row lock; the
@@ -111,11 +119,46 @@ def child_finish_statement(
     decided in the SET, on that newest version. A parent RUNNING there (never, while
     the child is awaited) is written back unchanged. Two children finishing at once
     queue on the parent's row; the second one counts from the first one's result."""
-    if not isinstance(move, Select):
-        raise TypeError("a child's move is a SELECT of its data-modifying CTEs")
     states.check(State.WAITING, State.QUEUED)
-    finished = move.cte("finished")
     now = statements.clock.now
+    moved = statements.move(
+        param("p_job_id"),
+        target,
+        [State.RUNNING],
+        statements.fenced_on(param("p_job_id"), param("p_owner"), param("p_fence")),
+        {
+            name: value
+            if isinstance(value, ColumnElement)
+            else bindparam(f"v_{name}", type_=JobRecord.__table__.c[name].type)
+            for name, value in values.items()
+        },
+    ).cte("moved")
+    history = (
+        insert(TransitionRecord)
+        .from_select(
+            ["job_id", "from_state", "to_state", "at", "owner", "fence", "reason"],
+            select(
+                moved.c.id,
+                moved.c.previous_state,
+                literal(target.value, TransitionRecord.to_state.type),
+                now(),
+                param("p_owner"),
+                param("p_fence"),
+                bindparam("reason", type_=TransitionRecord.reason.type),
+            ),
+        )
+        .returning(TransitionRecord.at)
+        .cte("history")
+    )
+    recorded = [
+        statements.steps_insert(
+            moved,
+            statements.bound_steps(step_count),
+            lambda: param("p_owner"),
+            lambda: param("p_fence"),
+        ).cte("recorded")
+        for _ in range(min(step_count, 1))
+    ]
     counts = and_(JobRecord.state == State.WAITING.value, JobRecord.children_pending > 0)
     wakes = and_(counts, JobRecord.children_pending == 1, JobRecord.wait_event.is_(None))
 
@@ -125,8 +168,8 @@ def child_finish_statement(
     woken = (
         update(JobRecord)
         .where(
-            JobRecord.id == finished.c.parent_id,
-            finished.c.awaited.is_(True),
+            JobRecord.id == moved.c.parent_id,
+            moved.c.awaited.is_(True),
             state_in([State.RUNNING, State.WAITING]),
         )
         .values(
@@ -166,25 +209,25 @@ def child_finish_statement(
                 null(),
                 woken.c.fence,
                 literal("its last awaited child '", TransitionRecord.reason.type)
-                + finished.c.id
+                + moved.c.id
                 + literal(f"' ended {target.value}", TransitionRecord.reason.type),
             )
-            .select_from(woken.join(finished, true()))
+            .select_from(woken.join(moved, true()).join(history, true()))
             .where(woken.c.state == State.QUEUED.value),
         )
         .cte("woken_history")
     )
     return (
         select(
-            *finished.c,
+            *moved.c,
             woken.c.state.label("woken_state"),
             woken.c.id.label("woken_id"),
             woken.c.priority.label("woken_priority"),
             woken.c.kind.label("woken_kind"),
             woken.c.queue.label("woken_queue"),
         )
-        .select_from(finished.outerjoin(woken, true()))
-        .add_cte(woken_history)
+        .select_from(moved.outerjoin(woken, true()))
+        .add_cte(history, *recorded, woken_history)
     )
 
 

@@ -245,12 +245,12 @@ class Workflows:
             self._ring([] if woken is None else [woken])
             return Job.from_row(row)
 
-        key, build_move, params = self.statements.owner_move_statement(
-            claim, target, changes, reason, steps
-        )
+        key, _, params = self.statements.owner_move_statement(claim, target, changes, reason, steps)
 
         def build() -> Executable:
-            return child_finish_statement(self.statements, build_move(), target, ringing=ringing)
+            return child_finish_statement(
+                self.statements, target, changes.columns(), len(steps), ringing=ringing
+            )
 
         def attempt() -> Any:
             with self.statements.unit(None, one_statement=True) as conn:
