@@ -8,8 +8,9 @@ jobs parked until an event arrives or a deadline passes.
   ``children_pending`` to how many it marked and moves RUNNING → WAITING, in one
   transaction. Each awaited child's finishing write (complete, fail, the sweeper's
   exhaustion, a cancel) decrements that counter in the same transaction; the one that
-  brings it to 0 moves the parent WAITING → QUEUED (:func:`settle_parent`). No polling,
-  and no count of the children per completion.
+  brings it to 0 moves the parent WAITING → QUEUED (:mod:`jobs.core.store.fan_in`; an
+  owner's finish on PostgreSQL does it all in one statement, like an ordinary
+  completion). No polling, and no count of the children per completion.
 - An event is kept in ``job_events`` until a wait of its name records it as the job's
   step, marking it consumed in the same transaction: it is consumed exactly once. The
   sender locks the job's row, so a job parking for the event and the event arriving
@@ -23,12 +24,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, exists, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Executable,
+    and_,
+    exists,
+    insert,
+    select,
+    update,
+)
 
+from jobs.core.db import retry_on_disconnect
 from jobs.core.errors import InvalidInput, UnknownJob
 from jobs.core.models import EventRecord, JobRecord, StepRecord
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import TERMINAL, State, sources_of
+from jobs.core.store.fan_in import child_finish_statement, doorbell_of, settle_parent
 from jobs.core.store.statements import RowChanges, Statements, state_in
 from jobs.core.store.submissions import Submissions
 from jobs.core.validate import check_name, encode_json
@@ -36,49 +47,6 @@ from jobs.core.validate import check_name, encode_json
 #: The recorded output of a wait whose deadline passed: ``{TIMED_OUT: True, ...}``.
 TIMED_OUT = "timed_out"
 UNFINISHED = tuple(state for state in State if state not in TERMINAL)
-
-
-def doorbell_of(row: Row[Any] | Job) -> Doorbell:
-    """The doorbell that sends a job (a row or a snapshot) to its kind's queue."""
-    return Doorbell(row.id, row.priority, row.kind, row.queue)
-
-
-def settle_parent(
-    statements: Statements, conn: Connection, row: Row[Any], *, ringing: bool
-) -> Doorbell | None:
-    """In the finishing transaction of job ``row`` (just moved to an end state): if its
-    parent awaits it, count it down; the child that brings the count to 0 moves the
-    parent WAITING → QUEUED and gets the parent's doorbell to ring after the commit
-    (``ringing``; else the parent is left unsent for the sweeper's dispatch)."""
-    if row.parent_id is None or not row.awaited or State(row.state) not in TERMINAL:
-        return None
-    clock = statements.clock
-    left = conn.execute(
-        update(JobRecord)
-        .where(
-            JobRecord.id == row.parent_id,
-            JobRecord.state == State.WAITING.value,
-            JobRecord.children_pending > 0,
-        )
-        .values(children_pending=JobRecord.children_pending - 1, updated_at=clock.now())
-        .returning(JobRecord.children_pending)
-    ).scalar_one_or_none()
-    if left != 0:
-        return None
-    woken = statements.transition(
-        conn,
-        row.parent_id,
-        State.QUEUED,
-        only_from=[State.WAITING],
-        where=[JobRecord.children_pending == 0, JobRecord.wait_event.is_(None)],
-        changes=RowChanges(
-            run_after=clock.now(),
-            dispatched_at=clock.now() if ringing else None,
-            waiting_for=None,
-        ),
-        reason=f"its last awaited child {row.id!r} ended {row.state}",
-    )
-    return None if woken is None else doorbell_of(woken)
 
 
 class Workflows:
@@ -250,26 +218,54 @@ class Workflows:
         steps: Sequence[PendingStep] = (),
     ) -> Job:
         """A child's owner ends its run (COMPLETED or FAILED) and, in the same transaction,
-        counts itself down in its waiting parent (:func:`settle_parent`); the parent's
-        doorbell rings after the commit."""
+        counts itself down in its waiting parent; the child that completes the set moves
+        the parent WAITING → QUEUED there, and the parent's doorbell rings after the
+        commit. On PostgreSQL all of it is one reusable statement in autocommit mode, on
+        the driver path like an ordinary completion
+        (:func:`jobs.core.store.fan_in.child_finish_statement`); on SQLite the move and
+        :func:`settle_parent` in one transaction."""
         ringing = self.statements.ring is not None
-        with self.engine.begin() as conn:
-            row = self.statements.transition(
-                conn,
-                claim.job_id,
-                target,
-                only_from=[State.RUNNING],
-                where=self.statements.fenced(claim),
-                changes=changes,
-                owner=claim.owner,
-                fence=claim.fence,
-                reason=reason,
-                steps=steps,
+        if self.engine.dialect.name != "postgresql":
+            with self.engine.begin() as conn:
+                row = self.statements.transition(
+                    conn,
+                    claim.job_id,
+                    target,
+                    only_from=[State.RUNNING],
+                    where=self.statements.fenced(claim),
+                    changes=changes,
+                    owner=claim.owner,
+                    fence=claim.fence,
+                    reason=reason,
+                    steps=steps,
+                )
+                if row is None:
+                    raise self.statements.explain(conn, claim.job_id, target, claim)
+                woken = settle_parent(self.statements, conn, row, ringing=ringing)
+            self._ring([] if woken is None else [woken])
+            return Job.from_row(row)
+
+        key, _, params = self.statements.owner_move_statement(claim, target, changes, reason, steps)
+
+        def build() -> Executable:
+            return child_finish_statement(
+                self.statements, target, changes.columns(), len(steps), ringing=ringing
             )
-            if row is None:
-                raise self.statements.explain(conn, claim.job_id, target, claim)
-            woken = settle_parent(self.statements, conn, row, ringing=ringing)
-        self._ring([] if woken is None else [woken])
+
+        def attempt() -> Any:
+            with self.statements.unit(None, one_statement=True) as conn:
+                with self.statements.recording(claim.job_id, steps):
+                    found = self.statements.one_reusable(
+                        conn, ("finish child", ringing, key), build, params
+                    )
+                if found is None:
+                    raise self.statements.explain(conn, claim.job_id, target, claim)
+                return found
+
+        row = retry_on_disconnect(attempt)
+        if row.woken_state == State.QUEUED.value:
+            woken = Doorbell(row.woken_id, row.woken_priority, row.woken_kind, row.woken_queue)
+            self._ring([woken])
         return Job.from_row(row)
 
     def cancel_children(self, conn: Connection, job_id: str, reason: str) -> list[str]:
