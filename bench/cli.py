@@ -36,6 +36,11 @@ NOTES = [
     "jobs.submit_many, doorbells published), then a fresh worker drains them; rate from the "
     "20th completion to the last (the issue's method). worker memory: RSS and PSS of that "
     "worker's main process + pool children right after the 1-step drain.",
+    "peer (issue 19): the same 1-step drain of N jobs back to back with procrastinate 3.x "
+    "(bench.peer: N no-op jobs deferred in bulk, then as many fresh 'procrastinate worker' "
+    "processes as the durable worker has pool processes, one job at a time each, the same "
+    "PostgreSQL server in a database of its own; rate from its 'succeeded' events) in the "
+    "'plain-celery' column.",
     "native (issue 14): the same 1-step drain by a worker of a user's own Celery app with "
     "durable jobs installed (bench.user_app: the plain side's app + install(app)) in the "
     "'durable' column, by jobs.celery_app's worker in the 'plain-celery' column; and no-op "

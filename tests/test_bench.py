@@ -78,10 +78,17 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
     from bench.cli import parser  # noqa: PLC0415
 
     assert parser().parse_args(["--only", "drain,recovery"]).only == ("drain", "recovery")
-    assert parser().parse_args([]).only == ("drain", "native", "throughput", "latency", "recovery")
+    assert parser().parse_args([]).only == (
+        "drain",
+        "peer",
+        "native",
+        "throughput",
+        "latency",
+        "recovery",
+    )
     with pytest.raises(SystemExit):
         parser().parse_args(["--only", "drains"])
     assert (
-        "unknown scenario 'drains'; choose from drain, native, throughput"
+        "unknown scenario 'drains'; choose from drain, peer, native, throughput"
         in capsys.readouterr().err
     )
