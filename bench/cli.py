@@ -58,8 +58,10 @@ NOTES = [
     "background, the default; the time includes reading the last ones); 'single, confirmed' "
     "waits for each as send_task does (JOBS_DOORBELL_CONFIRMS=wait).",
     "round trips/job and per job: parts: N 1-step jobs run in-process by the worker's Runner "
-    "(libpq trace: ReadyForQuery messages; wall time per store call); per job: worker time = "
-    "concurrency / drain rate (durable) vs concurrency / plain drain rate (Celery itself).",
+    "(libpq trace: flights, a claim pipelined with the held completion counting once; "
+    "completions held as a worker holds them, so complete is ~0 and the claim carries it; "
+    "wall time per store call); per job: worker time = concurrency / drain rate (durable) vs "
+    "concurrency / plain drain rate (Celery itself).",
     "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
     "sides back to back); durable and plain-celery columns are medians over repeats.",
     "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "

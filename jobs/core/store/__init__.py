@@ -235,6 +235,18 @@ class JobStore:
         """Record one step's output now. (:meth:`Ownership.record_step`)"""
         return self.ownership.record_step(claim, name, output)
 
+    def hold_completions(self, flush_after: float) -> None:
+        """A worker's pool process: hold each plain completion for the next flight, so a
+        one-step job costs one round trip (:mod:`jobs.core.store.deferred`); one with no
+        statement after it is sent alone after ``flush_after`` seconds.
+        (:meth:`Statements.hold_completions`)"""
+        self.statements.hold_completions(flush_after)
+
+    def flush_held(self) -> None:
+        """Send a held completion now, if any (a process about to stop, a test)."""
+        if self.statements.held is not None:
+            self.statements.held.flush()
+
     def complete(
         self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
     ) -> Job:

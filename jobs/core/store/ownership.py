@@ -276,7 +276,10 @@ class Ownership:
     def complete(
         self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
     ) -> Job:
-        """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement."""
+        """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
+        In a worker that holds completions (:mod:`jobs.core.store.deferred`) the move of a
+        job without a parent, of a kind without a running limit, is held for the next
+        flight, and the job returned is the claimed one (still RUNNING)."""
         encode_json(result, "result", self.max_payload_bytes)
         if claim.job.parent_id is not None and self.finish_child is not None:
             return self.finish_child(
@@ -286,6 +289,14 @@ class Ownership:
                 "completed",
                 steps,
             )
+        statements = self.statements
+        if claim.max_running is None and statements.can_hold():
+            changes = RowChanges.finished(self.clock.now(), result=result)
+            key, build, params = statements.owner_move_statement(
+                claim, State.COMPLETED, changes, "completed", steps
+            )
+            statements.hold(key, build, params, claim.job_id, "completion")
+            return claim.job
         return self.statements.owner_move(
             claim,
             State.COMPLETED,

@@ -42,7 +42,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from jobs.core import states
 from jobs.core.clock import Clock
@@ -53,6 +53,7 @@ from jobs.core.models import JobRecord, StepRecord, TableColumns, TransitionReco
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
+from jobs.core.store.deferred import HeldWrite, HeldWrites, settle
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
 # them only when they do: a first run cannot have any).
@@ -184,6 +185,8 @@ class Statements:
         # process runtime. ``None``: such jobs are left unsent, for the sweeper to ring.
         self.ring: Callable[[Sequence[Doorbell]], object] | None = None
         self.driver_statements: dict[tuple[Any, ...], DriverStatement] = {}
+        # A worker's completion held for its next flight (jobs.core.store.deferred).
+        self.held: HeldWrites | None = None
 
     # -- connections and units of work ---------------------------------------------------
 
@@ -255,12 +258,68 @@ class Statements:
         if clock_values:
             values = {**values, **clock_values}
         if self.on_driver and runs_on_driver(conn.dialect):
-            driver = self.driver_statements.get(key)
-            if driver is None:
-                driver = DriverStatement(self.reusable(key, build), conn.dialect, list(values))
-                self.driver_statements[key] = driver
-            return driver.first(conn, values)
+            driver = self.driver_statement(key, build, values)
+            earlier = None if self.held is None else self.held.take()
+            if earlier is None:
+                return driver.first(conn, values)
+            try:  # the held completion and this statement: one flight, two transactions
+                row, outcome = driver.first_after(conn, values, earlier.statement, earlier.values)
+            except DBAPIError as err:
+                if err.connection_invalidated and self.held is not None:
+                    self.held.put_back(earlier)
+                raise
+            settle(earlier, outcome)
+            return row
         return conn.execute(self.reusable(key, build), values).first()
+
+    def driver_statement(
+        self,
+        key: tuple[Any, ...],
+        build: Callable[[], Executable],
+        values: dict[str, Any],
+    ) -> DriverStatement:
+        """The reusable statement ``key`` compiled for the driver (once per store)."""
+        driver = self.driver_statements.get(key)
+        if driver is None:
+            driver = DriverStatement(self.reusable(key, build), self.engine.dialect, list(values))
+            self.driver_statements[key] = driver
+        return driver
+
+    def hold_completions(self, flush_after: float) -> None:
+        """From now on, an owner's completion may be held for the next flight
+        (:mod:`jobs.core.store.deferred`), sent alone after ``flush_after`` seconds."""
+        if self.held is not None:
+            self.held.flush_after = flush_after
+            return
+
+        def send_alone(write: HeldWrite) -> Any:
+            def attempt() -> Any:
+                with self.unit(None, one_statement=True) as conn:
+                    return write.statement.first(conn, write.values)
+
+            return retry_on_disconnect(attempt)
+
+        self.held = HeldWrites(flush_after, send_alone)
+
+    def can_hold(self) -> bool:
+        """Whether owner's moves can be held for the next flight now (PostgreSQL's driver)."""
+        return self.held is not None and self.on_driver and runs_on_driver(self.engine.dialect)
+
+    def hold(
+        self,
+        key: tuple[Any, ...],
+        build: Callable[[], Executable],
+        values: dict[str, Any],
+        job_id: str,
+        what: str,
+    ) -> None:
+        """Hold a reusable statement for the next flight (see :meth:`hold_completions`)."""
+        assert self.held is not None
+        clock_values = self.clock.values()
+        if clock_values:
+            values = {**values, **clock_values}
+        driver = self.driver_statement(key, build, values)
+        self.held.hold(HeldWrite(driver, values, job_id, what))
 
     # -- state moves -----------------------------------------------------------------------
 

@@ -1,0 +1,144 @@
+"""A worker's completion held for the next flight: one PostgreSQL round trip per job.
+
+A pool process runs one job at a time, and its next job starts with a claim. With
+completions deferred (:meth:`jobs.core.store.JobStore.defer_completions`), a one-step
+job's completion (the fenced RUNNING → COMPLETED move that also records its last step) is
+not sent when the handler returns: it is held, and goes out in one flight with the next
+statement this process sends on the driver (the next claim), each its own autocommit
+transaction (:meth:`jobs.core.driver.DriverStatement.first_after`: the completion commits
+before the claim begins). When no statement follows within ``flush_after`` seconds, a
+timer thread sends it alone. So the Celery task returns, and its message is acknowledged,
+while the completion is still on its way; Celery's next delivery overlaps it.
+
+Why no guarantee moves:
+
+- Nobody can see the job COMPLETED before the completion commits: COMPLETED exists only
+  in the committed row. The run's result says COMPLETED, but the job it returns is the
+  claimed snapshot (RUNNING), and nothing in the worker acts on the completion's row.
+- A process that dies with a completion held is the same case as one that dies just
+  before sending it: the job is RUNNING under a dead owner, its step unrecorded; the next
+  claim (the doorbell re-sent by the sweeper, or redelivered) runs that step again, and
+  no recorded step runs twice. Recovery comes from the database, never from the broker.
+- A held completion that is refused (the lease was lost meanwhile) or fails is logged;
+  the job then stays RUNNING until its lease or its owner's liveness says otherwise, as
+  after a failed completion written at once.
+
+Only the plain case is deferred: a job without a parent (a child's end also counts it
+down in its parent) of a kind without a running limit (a finished run of a limited kind
+rings the next waiting job once its slot is free).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jobs.core.driver import DriverStatement
+
+log = logging.getLogger("jobs.store")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldWrite:
+    """One owner's move held for the next flight: its compiled statement, its values, and
+    the job it moves (for the log line when it is refused)."""
+
+    statement: DriverStatement
+    values: Mapping[str, Any]
+    job_id: str
+    what: str
+
+
+class HeldWrites:
+    """The write this process holds (at most one: a pool process runs one job at a time),
+    taken atomically by whichever goes first: the next statement, or the timer."""
+
+    def __init__(self, flush_after: float, send_alone: Callable[[HeldWrite], Any]) -> None:
+        self.flush_after = flush_after
+        self._send_alone = send_alone
+        self._held: HeldWrite | None = None
+        self._due = 0.0
+        self._lock = threading.Condition()
+        self._timer: threading.Thread | None = None
+
+    def hold(self, write: HeldWrite) -> None:
+        """Hold ``write`` for the next flight; one already held is sent alone first."""
+        earlier = self.take()
+        if earlier is not None:
+            self.send_alone(earlier)
+        with self._lock:
+            self._held = write
+            self._due = time.monotonic() + self.flush_after
+            if self._timer is None or not self._timer.is_alive():
+                self._timer = threading.Thread(
+                    target=self._flush_when_due, name="jobs-held-completion", daemon=True
+                )
+                self._timer.start()
+            self._lock.notify()
+
+    def take(self) -> HeldWrite | None:
+        """The held write, now this caller's to send (``None`` if there is none)."""
+        with self._lock:
+            write, self._held = self._held, None
+            return write
+
+    def put_back(self, write: HeldWrite) -> None:
+        """A flight that lost its connection: the write goes with the retried statement
+        (a second application of a fenced move is refused, never applied twice)."""
+        with self._lock:
+            if self._held is None:
+                self._held = write
+                self._due = time.monotonic() + self.flush_after
+                self._lock.notify()
+
+    def flush(self) -> None:
+        """Send the held write now, if any (a process about to stop)."""
+        write = self.take()
+        if write is not None:
+            self.send_alone(write)
+
+    def send_alone(self, write: HeldWrite) -> None:
+        try:
+            settle(write, self._send_alone(write))
+        except Exception as err:  # the timer thread must live on; the job recovers
+            settle(write, err)
+
+    def _flush_when_due(self) -> None:
+        while True:
+            with self._lock:
+                while self._held is None:
+                    self._lock.wait()
+                wait = self._due - time.monotonic()
+                if wait > 0:
+                    self._lock.wait(wait)
+                    continue
+                write, self._held = self._held, None
+            self.send_alone(write)
+
+
+def settle(write: HeldWrite, outcome: Any) -> None:
+    """Log a held write that did not apply: refused (``None``: the lease was lost, the job
+    cancelled) or failed (an exception)."""
+    if isinstance(outcome, BaseException):
+        log.warning(
+            "job %s: the %s held for the next flight failed (%s: %s); the job stays RUNNING "
+            "until its lease or its owner's liveness ends, and its last step runs again",
+            write.job_id,
+            write.what,
+            type(outcome).__name__,
+            str(outcome).splitlines()[0] if str(outcome) else "",
+        )
+    elif outcome is None:
+        log.warning(
+            "job %s: the %s held for the next flight was refused (the claim was no longer "
+            "live: lease lost or job cancelled); nothing was written",
+            write.job_id,
+            write.what,
+        )
+
+
+__all__ = ["HeldWrite", "HeldWrites", "settle"]
