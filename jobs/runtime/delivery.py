@@ -5,20 +5,21 @@ process (which only consumes and hands messages to the pool) never loads SQLAlch
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+
+from celery import signals
 
 from jobs.core.errors import UnknownJob
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
+from jobs.core.store import JobStore
 from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
 
-HOLD_COMPLETION_SECONDS = 0.005
-"""How long a pool process holds a job's completion for the next claim to carry it in the
-same flight (one round trip per job; :mod:`jobs.core.store.deferred`) before it sends it
-alone: longer than Celery takes to hand a busy worker its next delivery (about 1.5 ms
-here), short enough not to matter to one job's end-to-end time."""
+# The stores of this process that hold completions: sent before a pool process exits.
+_holding: weakref.WeakSet[JobStore] = weakref.WeakSet()
 
 
 def deliver(
@@ -26,7 +27,8 @@ def deliver(
 ) -> tuple[RunResult, str]:
     """Run the job a doorbell names, if it is this worker's to run; returns the run's
     result and a one-line summary."""
-    runtime.store.hold_completions(HOLD_COMPLETION_SECONDS)
+    runtime.store.hold_completions(runtime.settings.hold_completion_seconds)
+    _holding.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
@@ -48,6 +50,19 @@ def deliver(
         list(result.replayed_steps),
     )
     return result, f"{job_id}: {result.outcome.value}"
+
+
+def send_held_completions(**_: object) -> None:
+    """A pool process stopping (warm shutdown, max tasks per child) sends the completion it
+    holds rather than leave its job to be recovered and its last step run again."""
+    for store in list(_holding):
+        try:
+            store.flush_held()
+        except Exception as err:  # the process is ending; the job recovers from the database
+            log.warning("held completion not sent at exit: %s", type(err).__name__)
+
+
+signals.worker_process_shutdown.connect(send_held_completions)
 
 
 def make_runner(
