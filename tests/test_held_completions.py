@@ -81,6 +81,8 @@ def test_the_next_claim_and_the_held_completion_are_one_round_trip(
         second = store.claim("b", "W", 30)
         assert second is not None
         assert _round_trips(folder) - before == 1
+        assert store.statements.held is not None
+        assert (store.statements.held.carried, store.statements.held.alone) == (1, 0)
         store.complete(second, None)
         store.flush_held()
         assert store.get("a").state is store.get("b").state is State.COMPLETED
@@ -100,6 +102,8 @@ def test_a_held_completion_is_sent_alone_when_no_claim_follows(engine: Engine) -
         assert time.monotonic() < deadline, "the held completion was never sent"
         time.sleep(0.01)
     assert store.get("a").result == "ok"
+    assert store.statements.held is not None
+    assert (store.statements.held.carried, store.statements.held.alone) == (0, 1)
 
 
 def test_a_held_completion_that_fails_does_not_stop_the_claim_it_travels_with(

@@ -56,6 +56,13 @@ def send_held_completions(**_: object) -> None:
     """A pool process stopping (warm shutdown, max tasks per child) sends the completion it
     holds rather than leave its job to be recovered and its last step run again."""
     for store in list(_holding):
+        held = store.statements.held
+        if held is not None:
+            log.info(
+                "held completions: %d carried by the next claim, %d sent alone",
+                held.carried,
+                held.alone,
+            )
         try:
             store.flush_held()
         except Exception as err:  # the process is ending; the job recovers from the database

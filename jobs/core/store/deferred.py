@@ -64,10 +64,14 @@ class HeldWrites:
         self._due = 0.0
         self._lock = threading.Condition()
         self._timer: threading.Thread | None = None
+        # How the held writes went out: with the next statement, or alone (timer, exit).
+        self.carried = 0
+        self.alone = 0
 
     def hold(self, write: HeldWrite) -> None:
         """Hold ``write`` for the next flight; one already held is sent alone first."""
-        earlier = self.take()
+        with self._lock:
+            earlier, self._held = self._held, None
         if earlier is not None:
             self.send_alone(earlier)
         with self._lock:
@@ -81,15 +85,19 @@ class HeldWrites:
             self._lock.notify()
 
     def take(self) -> HeldWrite | None:
-        """The held write, now this caller's to send (``None`` if there is none)."""
+        """The held write, now this caller's to send with its own statement (``None`` if
+        there is none)."""
         with self._lock:
             write, self._held = self._held, None
+            if write is not None:
+                self.carried += 1
             return write
 
     def put_back(self, write: HeldWrite) -> None:
         """A flight that lost its connection: the write goes with the retried statement
         (a second application of a fenced move is refused, never applied twice)."""
         with self._lock:
+            self.carried -= 1
             if self._held is None:
                 self._held = write
                 self._due = time.monotonic() + self.flush_after
@@ -97,11 +105,15 @@ class HeldWrites:
 
     def flush(self) -> None:
         """Send the held write now, if any (a process about to stop)."""
-        write = self.take()
+        with self._lock:
+            write, self._held = self._held, None
         if write is not None:
             self.send_alone(write)
 
     def send_alone(self, write: HeldWrite) -> None:
+        """Send ``write`` on a statement of its own (taken by the caller)."""
+        with self._lock:
+            self.alone += 1
         try:
             settle(write, self._send_alone(write))
         except Exception as err:  # the timer thread must live on; the job recovers
