@@ -50,6 +50,7 @@ from jobs.core.records import (
 )
 from jobs.core.schedule import Schedule
 from jobs.core.states import State
+from jobs.core.store.deferred import hold_completions
 from jobs.core.store.dispatch import Dispatch
 from jobs.core.store.operations import Operations
 from jobs.core.store.ownership import Ownership
@@ -239,8 +240,8 @@ class JobStore:
         """A worker's pool process: hold each plain completion for the next flight, so a
         one-step job costs one round trip (:mod:`jobs.core.store.deferred`); one with no
         statement after it is sent alone after ``flush_after`` seconds.
-        (:meth:`Statements.hold_completions`)"""
-        self.statements.hold_completions(flush_after)
+        (:func:`jobs.core.store.deferred.hold_completions`)"""
+        hold_completions(self.statements, flush_after)
 
     def flush_held(self) -> None:
         """Send a held completion now, if any (a process about to stop, a test)."""

@@ -35,9 +35,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.core.driver import DriverStatement
+from sqlalchemy import Connection, Executable
+from sqlalchemy.exc import DBAPIError
+
+from jobs.core.db import retry_on_disconnect
+from jobs.core.driver import DriverStatement, runs_on_driver
+
+if TYPE_CHECKING:
+    from jobs.core.store.statements import Statements
 
 log = logging.getLogger("jobs.store")
 
@@ -153,4 +160,75 @@ def settle(write: HeldWrite, outcome: Any) -> None:
         )
 
 
-__all__ = ["HeldWrite", "HeldWrites", "settle"]
+def carrying(
+    held: HeldWrites, driver: DriverStatement, conn: Connection, values: Mapping[str, Any]
+) -> Any:
+    """Run ``driver`` on ``conn`` (its first row), carrying the held write in the same
+    flight if there is one. Only a statement that commits on its own carries one: inside a
+    caller's transaction the held write would commit or roll back with it."""
+    autocommits = bool(getattr(conn.connection.driver_connection, "autocommit", False))
+    earlier = held.take() if autocommits else None
+    if earlier is None:
+        return driver.first(conn, values)
+    try:  # the held write and this statement: one flight, two transactions
+        row, outcome = driver.first_after(conn, values, earlier.statement, earlier.values)
+    except DBAPIError as err:
+        if err.connection_invalidated:
+            held.put_back(earlier)
+        raise
+    settle(earlier, outcome)
+    return row
+
+
+def hold_completions(statements: Statements, flush_after: float) -> None:
+    """From now on, ``statements``' owner's completions may be held for the next flight,
+    sent alone after ``flush_after`` seconds."""
+    if statements.held is not None:
+        statements.held.flush_after = flush_after
+        return
+
+    def send_alone(write: HeldWrite) -> Any:
+        def attempt() -> Any:
+            with statements.unit(None, one_statement=True) as conn:
+                return write.statement.first(conn, write.values)
+
+        return retry_on_disconnect(attempt)
+
+    statements.held = HeldWrites(flush_after, send_alone)
+
+
+def can_hold(statements: Statements) -> bool:
+    """Whether owner's moves can be held for the next flight now (PostgreSQL's driver)."""
+    return (
+        statements.held is not None
+        and statements.on_driver
+        and runs_on_driver(statements.engine.dialect)
+    )
+
+
+def hold(
+    statements: Statements,
+    key: tuple[Any, ...],
+    build: Callable[[], Executable],
+    values: dict[str, Any],
+    job_id: str,
+    what: str,
+) -> None:
+    """Hold one of ``statements``' reusable statements for the next flight."""
+    assert statements.held is not None
+    clock_values = statements.clock.values()
+    if clock_values:
+        values = {**values, **clock_values}
+    driver = statements.driver_statement(key, build, values)
+    statements.held.hold(HeldWrite(driver, values, job_id, what))
+
+
+__all__ = [
+    "HeldWrite",
+    "HeldWrites",
+    "can_hold",
+    "carrying",
+    "hold",
+    "hold_completions",
+    "settle",
+]

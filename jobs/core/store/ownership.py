@@ -35,6 +35,7 @@ from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
+from jobs.core.store.deferred import can_hold, hold
 from jobs.core.store.statements import RowChanges, Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
 from jobs.core.store.workflows import settle_parent
@@ -290,12 +291,12 @@ class Ownership:
                 steps,
             )
         statements = self.statements
-        if claim.max_running is None and statements.can_hold():
+        if claim.max_running is None and can_hold(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
             key, build, params = statements.owner_move_statement(
                 claim, State.COMPLETED, changes, "completed", steps
             )
-            statements.hold(key, build, params, claim.job_id, "completion")
+            hold(statements, key, build, params, claim.job_id, "completion")
             return claim.job
         return self.statements.owner_move(
             claim,

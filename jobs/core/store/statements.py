@@ -42,7 +42,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from jobs.core import states
 from jobs.core.clock import Clock
@@ -53,7 +53,7 @@ from jobs.core.models import JobRecord, StepRecord, TableColumns, TransitionReco
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
-from jobs.core.store.deferred import HeldWrite, HeldWrites, settle
+from jobs.core.store.deferred import HeldWrites, carrying
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
 # them only when they do: a first run cannot have any).
@@ -259,17 +259,9 @@ class Statements:
             values = {**values, **clock_values}
         if self.on_driver and runs_on_driver(conn.dialect):
             driver = self.driver_statement(key, build, values)
-            earlier = None if self.held is None else self.held.take()
-            if earlier is None:
-                return driver.first(conn, values)
-            try:  # the held completion and this statement: one flight, two transactions
-                row, outcome = driver.first_after(conn, values, earlier.statement, earlier.values)
-            except DBAPIError as err:
-                if err.connection_invalidated and self.held is not None:
-                    self.held.put_back(earlier)
-                raise
-            settle(earlier, outcome)
-            return row
+            if self.held is not None:
+                return carrying(self.held, driver, conn, values)
+            return driver.first(conn, values)
         return conn.execute(self.reusable(key, build), values).first()
 
     def driver_statement(
@@ -284,42 +276,6 @@ class Statements:
             driver = DriverStatement(self.reusable(key, build), self.engine.dialect, list(values))
             self.driver_statements[key] = driver
         return driver
-
-    def hold_completions(self, flush_after: float) -> None:
-        """From now on, an owner's completion may be held for the next flight
-        (:mod:`jobs.core.store.deferred`), sent alone after ``flush_after`` seconds."""
-        if self.held is not None:
-            self.held.flush_after = flush_after
-            return
-
-        def send_alone(write: HeldWrite) -> Any:
-            def attempt() -> Any:
-                with self.unit(None, one_statement=True) as conn:
-                    return write.statement.first(conn, write.values)
-
-            return retry_on_disconnect(attempt)
-
-        self.held = HeldWrites(flush_after, send_alone)
-
-    def can_hold(self) -> bool:
-        """Whether owner's moves can be held for the next flight now (PostgreSQL's driver)."""
-        return self.held is not None and self.on_driver and runs_on_driver(self.engine.dialect)
-
-    def hold(
-        self,
-        key: tuple[Any, ...],
-        build: Callable[[], Executable],
-        values: dict[str, Any],
-        job_id: str,
-        what: str,
-    ) -> None:
-        """Hold a reusable statement for the next flight (see :meth:`hold_completions`)."""
-        assert self.held is not None
-        clock_values = self.clock.values()
-        if clock_values:
-            values = {**values, **clock_values}
-        driver = self.driver_statement(key, build, values)
-        self.held.hold(HeldWrite(driver, values, job_id, what))
 
     # -- state moves -----------------------------------------------------------------------
 
