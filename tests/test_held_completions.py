@@ -156,3 +156,28 @@ def test_a_job_of_a_limited_kind_completes_at_once(engine: Engine) -> None:
     assert claim is not None
     assert claim.max_running == 1
     assert store.complete(claim, None).state is State.COMPLETED
+
+
+def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_completion(
+    engine: Engine,
+) -> None:
+    """Carried there, the completion would roll back with the caller's transaction."""
+    from sqlalchemy import literal, select  # noqa: PLC0415
+
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    store.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    store.complete(claim, None)
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        row = store.statements.one_reusable(
+            conn, ("probe",), lambda: select(literal(1).label("one")), {}
+        )
+        assert row.one == 1
+        transaction.rollback()
+    assert store.statements.held is not None
+    assert store.statements.held.carried == 0
+    store.flush_held()
+    assert store.get("a").state is State.COMPLETED
