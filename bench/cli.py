@@ -36,6 +36,11 @@ NOTES = [
     "jobs.submit_many, doorbells published), then a fresh worker drains them; rate from the "
     "20th completion to the last (the issue's method). worker memory: RSS and PSS of that "
     "worker's main process + pool children right after the 1-step drain.",
+    "peer (issue 19): the same 1-step drain of N jobs back to back with procrastinate 3.x "
+    "(bench.peer: N no-op jobs deferred in bulk, then as many fresh 'procrastinate worker' "
+    "processes as the durable worker has pool processes, one job at a time each, the same "
+    "PostgreSQL server in a database of its own; rate from its 'succeeded' events) in the "
+    "'plain-celery' column.",
     "native (issue 14): the same 1-step drain by a worker of a user's own Celery app with "
     "durable jobs installed (bench.user_app: the plain side's app + install(app)) in the "
     "'durable' column, by jobs.celery_app's worker in the 'plain-celery' column; and no-op "
@@ -53,8 +58,10 @@ NOTES = [
     "background, the default; the time includes reading the last ones); 'single, confirmed' "
     "waits for each as send_task does (JOBS_DOORBELL_CONFIRMS=wait).",
     "round trips/job and per job: parts: N 1-step jobs run in-process by the worker's Runner "
-    "(libpq trace: ReadyForQuery messages; wall time per store call); per job: worker time = "
-    "concurrency / drain rate (durable) vs concurrency / plain drain rate (Celery itself).",
+    "(libpq trace: flights, a claim pipelined with the held completion counting once; "
+    "completions held as a worker holds them, so complete is ~0 and the claim carries it; "
+    "wall time per store call); per job: worker time = concurrency / drain rate (durable) vs "
+    "concurrency / plain drain rate (Celery itself).",
     "fan-out (issue 17): a bench_fanout parent that maps N one-step children (ctx.map: one "
     "bulk insert, then parked WAITING until the last child's finishing transaction queues it), "
     "from its jobs.submit to its finished_at, vs a Celery chord of N no-op tasks with a Redis "

@@ -2,9 +2,11 @@
 
 The same :class:`jobs.core.runner.Runner` a worker uses runs ``n`` jobs of a kind in this
 process, with the store's calls timed and libpq's protocol trace on every connection of
-its engine: the round trips are the ``ReadyForQuery`` messages the server sent (one per
-query cycle, ``BEGIN`` and ``COMMIT`` included). Celery's own share comes from the plain
-side's drain in the same run (a no-op task's cost per worker process).
+its engine: the round trips are the flights (the server answering after the client sent;
+``BEGIN`` and ``COMMIT`` count as their own; a claim sent in one pipeline with the
+previous job's held completion counts once). Completions are held as a worker holds
+them. Celery's own share comes from the plain side's drain in the same run (a no-op
+task's cost per worker process).
 """
 
 from __future__ import annotations
@@ -74,11 +76,20 @@ def _traced_engine(url: str, folder: Path) -> Any:
     return engine
 
 
-def _ready_for_query(folder: Path) -> int:
+def _round_trips(folder: Path) -> int:
+    """Flights on every traced connection: each time the server answers after the client
+    sent, the client waited once (a pipeline of two statements, each with its Sync and its
+    ``ReadyForQuery``, is one)."""
     count = 0
     for trace in folder.glob("*.trace"):
         with trace.open(errors="replace") as lines:
-            count += sum(1 for line in lines if "\tReadyForQuery" in line)
+            previous = ""
+            for line in lines:
+                direction = line[:1]
+                if direction == "B" and previous == "F":
+                    count += 1
+                if direction in ("B", "F"):
+                    previous = direction
     return count
 
 
@@ -100,6 +111,7 @@ def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
             heartbeat=heartbeat,
             liveness_key=liveness.ensure(),
         )
+        store.hold_completions(settings.hold_completion_seconds)  # as a pool process does
         tag = f"prof{uuid.uuid4().hex[:10]}"
         with default_app().runtime.doorbell_off():
             ids = jobs.submit_many(
@@ -108,13 +120,14 @@ def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
         for job_id in ids[:5]:  # warm: the pool's connections, statement caches
             runner.run(job_id)
         store.spent.clear()
-        before = _ready_for_query(folder)
+        before = _round_trips(folder)
         started = time.perf_counter()
         for job_id in ids[5:]:
             if runner.run(job_id).outcome is not Outcome.COMPLETED:
                 raise RuntimeError(f"profiled job {job_id} did not complete")
         total = time.perf_counter() - started
-        round_trips = _ready_for_query(folder) - before
+        store.flush_held()
+        round_trips = _round_trips(folder) - before
         heartbeat.stop()
         liveness.release()
         engine.dispose()

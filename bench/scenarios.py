@@ -67,6 +67,7 @@ class Options:
     redis_url: str = "redis://127.0.0.1:6379/7"
     scenarios: tuple[str, ...] = (
         "drain",
+        "peer",
         "native",
         "throughput",
         "latency",
@@ -473,6 +474,33 @@ class BackendRun:
         for part in ("claim", "record_steps", "complete", "runner python"):
             self._series(f"per job: {part} (ms)", "ms").add(profile[f"{part} ms"], nan)
 
+    def peer(self, repeat: int) -> None:
+        """Our 1-step drain back to back with procrastinate's (:mod:`bench.peer`): the same
+        number of one-step jobs, the same number of worker processes, the same PostgreSQL
+        server (procrastinate in a database of its own); the order alternates by repeat."""
+        from bench import peer  # noqa: PLC0415
+        from bench.drain import Drain  # noqa: PLC0415
+
+        if self.backend != PG_RABBITMQ:
+            return
+        n = self.opts.drain_jobs
+        drain = Drain(self)
+        rates: dict[str, float] = {}
+        sides: list[tuple[str, Callable[[], dict[str, float]]]] = [
+            ("ours", lambda: drain.durable(kinds.STEP, n)),
+            ("peer", lambda: peer.drain(self, n)),
+        ]
+        if repeat % 2:
+            sides.reverse()
+        for side, measure in sides:
+            rates[side] = measure()["rate"]
+        self._series("drain 1-step ÷ procrastinate", "jobs/s").add(rates["ours"], rates["peer"])
+        self.say(
+            f"  {self.backend} repeat {repeat + 1}: drain of {n} 1-step jobs "
+            f"{rates['ours']:.0f}/s vs procrastinate {rates['peer']:.0f}/s "
+            f"({rates['ours'] / rates['peer']:.2f})"
+        )
+
     def native(self, repeat: int) -> None:
         """Durable jobs installed on a user's own Celery app (issue 14), back to back with
         the same drains on the dedicated app: the 1-step drain on ``bench.user_app`` against
@@ -679,6 +707,8 @@ def run_backend(
         for r in range(opts.repeat):
             if "drain" in opts.scenarios:
                 run.drain(r)
+            if "peer" in opts.scenarios:
+                run.peer(r)
             if "native" in opts.scenarios:
                 run.native(r)
             if "throughput" in opts.scenarios:

@@ -80,6 +80,7 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
     assert parser().parse_args(["--only", "drain,recovery"]).only == ("drain", "recovery")
     assert parser().parse_args([]).only == (
         "drain",
+        "peer",
         "native",
         "throughput",
         "latency",
@@ -89,6 +90,6 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
     with pytest.raises(SystemExit):
         parser().parse_args(["--only", "drains"])
     assert (
-        "unknown scenario 'drains'; choose from drain, native, throughput"
+        "unknown scenario 'drains'; choose from drain, peer, native, throughput"
         in capsys.readouterr().err
     )

@@ -70,7 +70,7 @@ class DriverStatement:
             if name not in self._changing
         }
         columns = list(statement.exported_columns)
-        self._row = collections.namedtuple("DriverRow", [column.key for column in columns])  # type: ignore[misc]
+        self._row_type = collections.namedtuple("DriverRow", [column.key for column in columns])  # type: ignore[misc]
         self._results: list[tuple[int, Processor]] = [
             (index, process)
             for index, column in enumerate(columns)
@@ -84,6 +84,73 @@ class DriverStatement:
             value = values[name]
             params[name] = value if process is None else process(value)
         return params
+
+    def _row(self, found: Any) -> Any:
+        if found is None:
+            return None
+        if self._results:
+            found = list(found)
+            for index, process in self._results:
+                found[index] = process(found[index])
+        return self._row_type(*found)
+
+    def _error(self, conn: Connection, err: Any, params: Mapping[str, Any]) -> Exception:
+        """A driver error as SQLAlchemy's, the connection invalidated if it was lost."""
+        dialect = conn.dialect
+        dbapi_connection = conn.connection.driver_connection
+        lost = dialect.is_disconnect(err, dbapi_connection, None)
+        if lost:
+            conn.invalidate(err)
+        error: Exception = DBAPIError.instance(
+            self.sql,
+            params,
+            err,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+            dialect=dialect,
+        )
+        return error
+
+    def first_after(
+        self,
+        conn: Connection,
+        values: Mapping[str, Any],
+        earlier: DriverStatement,
+        earlier_values: Mapping[str, Any],
+    ) -> tuple[Any, Any]:
+        """Run ``earlier`` and then this statement in one flight (psycopg's pipeline mode:
+        both sent before either result is read), each its own autocommit transaction: a
+        Sync between them commits ``earlier`` before this one begins, and an error in one
+        does not stop the other. Returns (this statement's first row or ``None``,
+        ``earlier``'s first row, ``None``, or the :class:`DBAPIError` it met). A lost
+        connection raises for both (the caller cannot know whether ``earlier`` committed)."""
+        params = self._params(values)
+        earlier_params = earlier._params(earlier_values)
+        dbapi_connection: Any = conn.connection.driver_connection
+        earlier_cursor = dbapi_connection.cursor()
+        cursor = dbapi_connection.cursor()
+        dbapi_error = conn.dialect.loaded_dbapi.Error
+        failed: Exception | None = None
+        try:
+            with dbapi_connection.pipeline() as pipeline:
+                earlier_cursor.execute(earlier.sql, earlier_params)
+                # A Sync without waiting for it: the end of earlier's implicit transaction.
+                pipeline._enqueue_sync()
+                cursor.execute(self.sql, params)
+        except dbapi_error as err:
+            # A failed statement's cursor gets no result; the first error is raised.
+            if cursor.pgresult is None or conn.dialect.is_disconnect(err, dbapi_connection, None):
+                raise self._error(conn, err, params) from err
+            failed = err
+        earlier_outcome = (
+            earlier._row(earlier_cursor.fetchone())
+            if earlier_cursor.pgresult is not None
+            else earlier._error(conn, failed or RuntimeError("no result"), earlier_params)
+        )
+        found = self._row(cursor.fetchone())
+        earlier_cursor.close()
+        cursor.close()
+        return found, earlier_outcome
 
     def first(self, conn: Connection, values: Mapping[str, Any]) -> Any:
         """Run on ``conn``'s DBAPI connection (in whatever transaction mode ``conn`` is);
@@ -110,13 +177,7 @@ class DriverStatement:
                 connection_invalidated=lost,
                 dialect=dialect,
             ) from err
-        if found is None:
-            return None
-        if self._results:
-            found = list(found)
-            for index, process in self._results:
-                found[index] = process(found[index])
-        return self._row(*found)
+        return self._row(found)
 
 
 __all__ = ["CURSOR_KEY", "DriverStatement", "runs_on_driver"]

@@ -49,6 +49,9 @@ class Settings:
     retry_backoff_seconds: float = 1.0
     retry_backoff_max_seconds: float = 300.0
     delivery_budget_seconds: float = 300.0
+    # A pool process holds a job's completion this long for its next claim to carry in the
+    # same round trip (jobs.core.store.deferred), then sends it alone.
+    hold_completion_seconds: float = 0.005
     queue: str = "jobs"
     queue_type: str = "classic"
     # "background": a publish returns once its doorbells are written, their confirmations
@@ -91,6 +94,7 @@ KNOWN = {
     "RETRY_BACKOFF_SECONDS",
     "RETRY_BACKOFF_MAX_SECONDS",
     "DELIVERY_BUDGET_SECONDS",
+    "HOLD_COMPLETION_SECONDS",
     "QUEUE",
     "QUEUE_TYPE",
     "DOORBELL_CONFIRMS",
@@ -115,6 +119,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
     "RETRY_BACKOFF_SECONDS": (0.01, DAY),
     "RETRY_BACKOFF_MAX_SECONDS": (0.01, 7 * DAY),
     "DELIVERY_BUDGET_SECONDS": (1.0, DAY),
+    "HOLD_COMPLETION_SECONDS": (0.0001, 60.0),
     "RETENTION_DAYS": (0.0, MAX_RETENTION_DAYS),
 }
 INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -503,6 +508,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retry_backoff_seconds=backoff,
         retry_backoff_max_seconds=backoff_max,
         delivery_budget_seconds=_positive_float(env, "DELIVERY_BUDGET_SECONDS", 300.0),
+        hold_completion_seconds=_positive_float(env, "HOLD_COMPLETION_SECONDS", 0.005),
         queue=queue,
         queue_type=queue_type,
         doorbell_confirms=_choice(env, "DOORBELL_CONFIRMS", DOORBELL_CONFIRMS),

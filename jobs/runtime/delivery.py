@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
+
+from celery import signals
 
 from jobs.core.errors import UnknownJob
 from jobs.core.outage import OUTAGES, is_disconnect
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
+from jobs.core.store import JobStore
 from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
@@ -26,6 +30,10 @@ class DatabaseUnreachable(Exception):
     nothing was claimed or written, and the doorbell must go back to the queue, not be
     acknowledged as done. Raised after :data:`REQUEUE_PAUSE_SECONDS`; the Celery task turns
     it into a requeue. The outage itself is logged once per process, not per delivery."""
+
+
+# The stores of this process that hold completions: sent before a pool process exits.
+_holding: weakref.WeakSet[JobStore] = weakref.WeakSet()
 
 
 def deliver(
@@ -51,6 +59,13 @@ def deliver(
 def _deliver(
     runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
 ) -> tuple[RunResult, str]:
+    """:func:`deliver` itself. A plain job's completion is held and carried by the next
+    claim's flight (:mod:`jobs.core.store.deferred`), or sent alone on a short deadline."""
+    settings = runtime.settings
+    # Through an outage a held completion is tried again for half a lease: the lease was
+    # renewed at most a third of a lease before the run ended, and the fence decides.
+    runtime.store.hold_completions(settings.hold_completion_seconds, settings.lease_seconds / 2)
+    _holding.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
@@ -72,6 +87,26 @@ def _deliver(
         list(result.replayed_steps),
     )
     return result, f"{job_id}: {result.outcome.value}"
+
+
+def send_held_completions(**_: object) -> None:
+    """A pool process stopping (warm shutdown, max tasks per child) sends the completion it
+    holds rather than leave its job to be recovered and its last step run again."""
+    for store in list(_holding):
+        held = store.statements.held
+        if held is not None:
+            log.info(
+                "held completions: %d carried by the next claim, %d sent alone",
+                held.carried,
+                held.alone,
+            )
+        try:
+            store.flush_held()
+        except Exception as err:  # the process is ending; the job recovers from the database
+            log.warning("held completion not sent at exit: %s", type(err).__name__)
+
+
+signals.worker_process_shutdown.connect(send_held_completions)
 
 
 def make_runner(

@@ -168,6 +168,19 @@ class GuardedConsumer(RetryingConsumer):
     app with durable jobs installed (its own tasks are its own).
     """
 
+    def connection_for_write(self, url: Any = None, heartbeat: Any = None) -> Any:
+        """The connection the worker's task events go out on (Celery's consumer uses it for
+        nothing else), without publisher confirms: with ``confirm_publish`` every event
+        (received, started, succeeded: three a delivery) waited for RabbitMQ's
+        confirmation in the worker's main loop, between one delivery and the next. An event
+        is a monitoring record (Flower), never the source of any state; the doorbells keep
+        their confirmations (:mod:`jobs.runtime.amqp_doorbells`)."""
+        return self.ensure_connected(
+            self.app.connection_for_write(
+                url=url, heartbeat=heartbeat, transport_options={"confirm_publish": False}
+            )
+        )
+
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         celery_handler: Callable[[Any], Any] = super().create_task_handler(*args, **kwargs)
         installed = installed_on(self.app)

@@ -271,3 +271,53 @@ def test_default_lease_dead_owner_rescued_within_seconds(stack: Stack) -> None:
     assert seconds < 5, f"took {seconds:.2f}s"
     stack.wait_state(job_id, timeout=30)
     assert_taken_over(stack, job_id, victim, survivor)
+
+
+SUCCEEDED = re.compile(r"Task jobs\.[\w.]+\[([0-9a-f-]+)\] succeeded")
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_sigkill_with_a_completion_held_loses_no_job_and_reruns_no_recorded_step(
+    stack: Stack,
+) -> None:
+    """Issue 19: a pool process holds a job's completion for its next claim to carry in
+    the same round trip. The Celery task has returned and its message is acknowledged, the
+    job is still RUNNING (never COMPLETED before its completion commits), and the worker is
+    SIGKILLed: the job is not lost (the sweeper sees the dead owner's liveness lock gone and
+    re-sends it; the broker holds nothing), the recorded step does not run again, and the
+    step whose record was held runs again, once, under the new owner."""
+    stack.configure(JOBS_HOLD_COMPLETION_SECONDS=60, JOBS_LEASE_SECONDS=10)
+    victim = stack.worker("A", pool="prefork", concurrency=1, wait=False)
+    stack.sweeper()
+    victim.wait_ready()
+    job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.2})
+    wait_until(
+        lambda: SUCCEEDED.search(victim.output()), 60, "the victim's task to return (succeeded)"
+    )
+    stack.wait_queue_empty()  # acknowledged: RabbitMQ holds nothing of this job any more
+    assert stack.effect_count(job_id, "check_payment:done") == 1, stack.effects(job_id)
+    for _ in range(10):  # the completion is held, and nothing says COMPLETED meanwhile
+        job = stack.job(job_id)
+        assert job.state is State.RUNNING, job
+        assert victim.owns(job.owner), job.owner
+        assert [step.name for step in stack.steps(job_id)] == ["lookup_order"]
+        time.sleep(0.1)
+
+    killed_at = victim.kill(signal.SIGKILL)
+    victim.popen.wait(10)
+    survivor = stack.worker("B", pool="prefork", env={"JOBS_HOLD_COMPLETION_SECONDS": "0.005"})
+    job = stack.wait_state(job_id, timeout=60)
+
+    assert job.state is State.COMPLETED, job
+    assert job.result == {"order_id": 42, "ok": True, "approved_by": None}
+    assert survivor.owns(job.owner), job.owner
+    assert stack.effect_count(job_id, "lookup_order") == 1, stack.effects(job_id)
+    assert stack.effect_count(job_id, "check_payment:done") == 2, stack.effects(job_id)
+    assert_recorded_steps_ran_once(stack, job_id)
+    steps = {step.name: step for step in stack.steps(job_id)}
+    assert victim.owns(steps["lookup_order"].owner)
+    assert survivor.owns(steps["check_payment"].owner)
+    rescued = next(t for t in stack.history(job_id) if t.from_state is State.RUNNING)
+    assert "liveness lock released" in (rescued.reason or "") or rescued.reason == "claimed"
+    lease_at_kill = stack.claims(job_id)[0].at.timestamp() + 10
+    assert rescued.at.timestamp() < lease_at_kill, (rescued.at, killed_at)

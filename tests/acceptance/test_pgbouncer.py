@@ -87,3 +87,31 @@ def test_workers_behind_pgbouncer_finish_jobs_without_requeues(
         assert any("advisory locks on" in line and "LIVENESS_DATABASE_URL" in line for line in said)
     else:
         assert any("liveness: OFF" in line and "looks like a pooler" in line for line in said)
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_held_completions_pipelined_with_claims_behind_pgbouncer(
+    stack: Stack, pgbouncer: PgBouncer
+) -> None:
+    """Issue 19: short jobs back to back, so each pool process's claim carries the previous
+    job's held completion in one pipeline (two transactions, a Sync between them) through
+    PgBouncer in transaction mode: every job completes once, none is claimed twice."""
+    direct = stack.env["JOBS_DATABASE_URL"]
+    refuses_options = "options" not in (pgbouncer.root / "pgbouncer.ini").read_text()
+    settings: dict[str, str | float] = {
+        "JOBS_DATABASE_URL": pgbouncer.url_for(direct),
+        "JOBS_HOLD_COMPLETION_SECONDS": 5,  # every completion waits for the next claim
+    }
+    if refuses_options:
+        settings["JOBS_LIVENESS_DATABASE_URL"] = direct
+    stack.configure(**settings)
+    worker = stack.worker("A", pool="prefork", concurrency=1)
+    ids = [stack.submit("check_order", {"order_id": n, "check_seconds": 0.0}) for n in range(6)]
+    for job_id in ids[:-1]:
+        job = stack.wait_state(job_id, timeout=60)
+        assert job.state is State.COMPLETED, job
+    for job_id in ids[:-1]:
+        assert len(stack.claims(job_id)) == 1, stack.history(job_id)
+        assert stack.effect_count(job_id, "check_payment:done") == 1
+        assert_recorded_steps_ran_once(stack, job_id)
+    assert "held for the next flight" not in worker.output()

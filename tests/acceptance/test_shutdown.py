@@ -13,6 +13,7 @@ import pytest
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     BOTH,
+    PG_RABBITMQ,
     Stack,
     assert_recorded_steps_ran_once,
     wait_until,
@@ -52,3 +53,21 @@ def test_warm_shutdown_hands_the_job_back(stack: Stack, pool: str) -> None:
         f"\n[{stack.backend}/{pool}] worker stopped {stopped_in:.2f}s after SIGTERM, "
         f"having recorded {recorded_by_a} of 30 steps"
     )
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_warm_shutdown_sends_the_completion_a_pool_process_holds(stack: Stack) -> None:
+    """Issue 19: a pool process holding its last job's completion (for a next claim that
+    never comes) sends it as it stops, rather than leave the job to be recovered and its
+    last step run again."""
+    stack.configure(JOBS_HOLD_COMPLETION_SECONDS=60)
+    worker = stack.worker("A", pool="prefork")
+    job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
+    stack.wait_effect(job_id, "check_payment:done")
+    time.sleep(0.5)
+    assert stack.job(job_id).state is State.RUNNING  # held
+    worker.kill(signal.SIGTERM)
+    worker.popen.wait(30)
+    job = stack.job(job_id)
+    assert job.state is State.COMPLETED, job
+    assert stack.effect_count(job_id, "check_payment:done") == 1

@@ -50,6 +50,7 @@ from jobs.core.records import (
 )
 from jobs.core.schedule import Schedule
 from jobs.core.states import State
+from jobs.core.store.deferred import hold_completions
 from jobs.core.store.dispatch import Dispatch
 from jobs.core.store.operations import Operations
 from jobs.core.store.ownership import Ownership
@@ -234,6 +235,19 @@ class JobStore:
     def record_step(self, claim: Claim, name: str, output: Any) -> None:
         """Record one step's output now. (:meth:`Ownership.record_step`)"""
         return self.ownership.record_step(claim, name, output)
+
+    def hold_completions(self, flush_after: float, keep_trying_for: float = 0.0) -> None:
+        """A worker's pool process: hold each plain completion for the next flight, so a
+        one-step job costs one round trip (:mod:`jobs.core.store.deferred`); one with no
+        statement after it is sent alone after ``flush_after`` seconds, and tried again
+        through a database outage for ``keep_trying_for`` seconds after it was held.
+        (:func:`jobs.core.store.deferred.hold_completions`)"""
+        hold_completions(self.statements, flush_after, keep_trying_for)
+
+    def flush_held(self) -> None:
+        """Send a held completion now, if any (a process about to stop, a test)."""
+        if self.statements.held is not None:
+            self.statements.held.flush()
 
     def complete(
         self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()

@@ -53,6 +53,7 @@ from jobs.core.models import JobRecord, StepRecord, TableColumns, TransitionReco
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
+from jobs.core.store.deferred import HeldWrites, carrying
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
 # them only when they do: a first run cannot have any).
@@ -184,6 +185,8 @@ class Statements:
         # process runtime. ``None``: such jobs are left unsent, for the sweeper to ring.
         self.ring: Callable[[Sequence[Doorbell]], object] | None = None
         self.driver_statements: dict[tuple[Any, ...], DriverStatement] = {}
+        # A worker's completion held for its next flight (jobs.core.store.deferred).
+        self.held: HeldWrites | None = None
 
     # -- connections and units of work ---------------------------------------------------
 
@@ -255,12 +258,24 @@ class Statements:
         if clock_values:
             values = {**values, **clock_values}
         if self.on_driver and runs_on_driver(conn.dialect):
-            driver = self.driver_statements.get(key)
-            if driver is None:
-                driver = DriverStatement(self.reusable(key, build), conn.dialect, list(values))
-                self.driver_statements[key] = driver
+            driver = self.driver_statement(key, build, values)
+            if self.held is not None:
+                return carrying(self.held, driver, conn, values)
             return driver.first(conn, values)
         return conn.execute(self.reusable(key, build), values).first()
+
+    def driver_statement(
+        self,
+        key: tuple[Any, ...],
+        build: Callable[[], Executable],
+        values: dict[str, Any],
+    ) -> DriverStatement:
+        """The reusable statement ``key`` compiled for the driver (once per store)."""
+        driver = self.driver_statements.get(key)
+        if driver is None:
+            driver = DriverStatement(self.reusable(key, build), self.engine.dialect, list(values))
+            self.driver_statements[key] = driver
+        return driver
 
     # -- state moves -----------------------------------------------------------------------
 

@@ -1,0 +1,183 @@
+"""A worker's completion held for the next flight (jobs/core/store/deferred.py) on
+PostgreSQL: never seen COMPLETED before it commits, carried by the next claim in one
+round trip as its own transaction, sent alone on its deadline, and refused, not applied,
+once the claim is no longer live."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from jobs.core.db import make_engine
+from jobs.core.states import State
+from jobs.core.store import JobStore
+
+pytestmark = pytest.mark.postgres
+
+LONG = 60.0  # a deadline no test waits for: only the next flight sends the completion
+
+
+@pytest.fixture
+def engine(pg_url: str, clean_pg_engine: Engine) -> Iterator[Engine]:
+    engine = make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def _state(engine: Engine, job_id: str) -> str:
+    """The job's committed state, read on a connection of its own."""
+    with engine.connect() as conn:
+        return str(
+            conn.execute(text("SELECT state FROM jobs WHERE id = :id"), {"id": job_id}).scalar_one()
+        )
+
+
+def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it(
+    engine: Engine, clean_pg_engine: Engine
+) -> None:
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    for job_id in ("a", "b"):
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    returned = store.complete(claim, {"n": 1}, steps=[store.pending_step("only", 7)])
+    # The run is over for the runner, but nothing says COMPLETED before the commit.
+    assert returned.state is State.RUNNING
+    assert _state(clean_pg_engine, "a") == "RUNNING"
+    assert store.get("a").state is State.RUNNING
+    assert store.steps("a") == []
+    assert store.claim("b", "W", 30) is not None  # one flight: a's completion, then b's claim
+    done = store.get("a")
+    assert done.state is State.COMPLETED
+    assert done.result == {"n": 1}
+    assert [(step.name, step.output) for step in store.steps("a")] == [("only", 7)]
+    assert _state(clean_pg_engine, "b") == "RUNNING"
+
+
+def test_the_next_claim_and_the_held_completion_are_one_round_trip(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Counted on the wire (libpq's trace of the one pooled connection): the client sends
+    the completion and the claim, then reads both answers."""
+    from bench.profile import _round_trips, _traced_engine  # noqa: PLC0415
+
+    folder = tmp_path
+    traced = _traced_engine(engine.url.render_as_string(hide_password=False), folder)
+    try:
+        store = JobStore(traced)
+        store.hold_completions(LONG)
+        for job_id in ("a", "b", "c"):
+            store.create("k", {}, job_id=job_id, max_attempts=3)
+        first = store.claim("a", "W", 30)
+        assert first is not None
+        store.complete(first, None)
+        before = _round_trips(folder)
+        second = store.claim("b", "W", 30)
+        assert second is not None
+        assert _round_trips(folder) - before == 1
+        assert store.statements.held is not None
+        assert (store.statements.held.carried, store.statements.held.alone) == (1, 0)
+        store.complete(second, None)
+        store.flush_held()
+        assert store.get("a").state is store.get("b").state is State.COMPLETED
+    finally:
+        traced.dispose()
+
+
+def test_a_held_completion_is_sent_alone_when_no_claim_follows(engine: Engine) -> None:
+    store = JobStore(engine)
+    store.hold_completions(0.05)
+    store.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    store.complete(claim, "ok")
+    deadline = time.monotonic() + 10
+    while store.get("a").state is not State.COMPLETED:
+        assert time.monotonic() < deadline, "the held completion was never sent"
+        time.sleep(0.01)
+    assert store.get("a").result == "ok"
+    assert store.statements.held is not None
+    assert (store.statements.held.carried, store.statements.held.alone) == (0, 1)
+
+
+def test_a_held_completion_that_fails_does_not_stop_the_claim_it_travels_with(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each its own transaction: the held completion records a step already recorded (an
+    error), and the claim sent with it still commits."""
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    for job_id in ("a", "b"):
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    store.record_step(claim, "twice", 1)
+    store.complete(claim, None, steps=[store.pending_step("twice", 2)])
+    with caplog.at_level(logging.WARNING, logger="jobs.store"):
+        assert store.claim("b", "W", 30) is not None
+    assert store.get("b").state is State.RUNNING
+    assert store.get("a").state is State.RUNNING  # nothing of the failed completion applied
+    assert "held for the next flight failed" in caplog.text
+
+
+def test_a_held_completion_is_refused_once_the_claim_is_not_live(
+    engine: Engine, clean_pg_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fenced as a completion written at once: the job was cancelled meanwhile, and the
+    held completion writes nothing."""
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    for job_id in ("a", "b"):
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    store.complete(claim, None)
+    JobStore(clean_pg_engine).cancel("a", reason="operator")
+    with caplog.at_level(logging.WARNING, logger="jobs.store"):
+        assert store.claim("b", "W", 30) is not None
+    assert store.get("a").state is State.CANCELLED
+    assert "was refused" in caplog.text
+
+
+def test_a_job_of_a_limited_kind_completes_at_once(engine: Engine) -> None:
+    """A limited kind's finished run frees a slot the delivery rings for next: that
+    completion is written before the run returns."""
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    store.set_limits("limited", max_running=1, max_queued=None)
+    store.create("limited", {}, job_id="a", max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    assert claim.max_running == 1
+    assert store.complete(claim, None).state is State.COMPLETED
+
+
+def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_completion(
+    engine: Engine,
+) -> None:
+    """Carried there, the completion would roll back with the caller's transaction."""
+    from sqlalchemy import literal, select  # noqa: PLC0415
+
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    store.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    store.complete(claim, None)
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        row = store.statements.one_reusable(
+            conn, ("probe",), lambda: select(literal(1).label("one")), {}
+        )
+        assert row.one == 1
+        transaction.rollback()
+    assert store.statements.held is not None
+    assert store.statements.held.carried == 0
+    store.flush_held()
+    assert store.get("a").state is State.COMPLETED
