@@ -96,6 +96,7 @@ def test_a_promote_with_synchronous_replication_loses_nothing_and_reruns_no_step
     assert len(ids) == FAILOVER_JOBS
     reruns = {}
     for job_id in ids:
+        assert len(stack.claims(job_id)) == 1, [(c.owner, c.reason) for c in stack.claims(job_id)]
         counts = assert_recorded_steps_ran_once(stack, job_id)
         reruns.update({(job_id, step): n for step, n in counts.items() if n != 1})
     assert not reruns, f"steps that ran more than once: {reruns}"
@@ -108,4 +109,7 @@ def test_a_promote_with_synchronous_replication_loses_nothing_and_reruns_no_step
     )
     assert "server restarted" in sweeper.output(), sweeper.output()[-4000:]
     assert all(proc.alive() for proc in [*workers, sweeper])
+    report = outage_report(stack, workers)
+    assert report["raised unexpected"] == 0, report
+    assert report["tracebacks"] == 0, report
     assert delay < 15, f"the jobs took {delay:.1f} s after the promote"
