@@ -6,6 +6,8 @@ server and a private one-node RabbitMQ (so either can be restarted).
 
 The injector picks faults from a ``random.Random(seed)``: SIGKILL of a worker's main process
 or of a pool child mid-step, SIGSTOP past the lease then SIGCONT, a PostgreSQL restart, a
+PostgreSQL outage timed to end steps inside it (stopped just before an in-flight step ends,
+started again up to 1.5 s later: the step's record is written while the server is down), a
 RabbitMQ crash (SIGKILL of the node) and restart,
 duplicated doorbells, lost doorbells (jobs submitted with the doorbell off, left to the
 sweeper), and garbage messages. Which process a fault hits, and when, follow the seed; the
@@ -57,6 +59,8 @@ class Chaos:
     rabbit: RabbitCluster | None = None  # a private node: restarted as a fault too
     workers: int = 3
     lease_seconds: float = 3.0
+    step_seconds: float = 0.4  # how long each step of a KIND job sleeps
+    kinds: tuple[str, ...] = ()  # only these faults (CHAOS_FAULTS), or every kind
     faults: list[Fault] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -100,10 +104,13 @@ class Chaos:
             "kill_child": 3,
             "stop_past_lease": 2,
             "restart_postgres": 1,
+            "outage_at_step_end": 1,
             "restart_rabbitmq": 1 if self.rabbit is not None else 0,
             "duplicate": 2,
             "garbage": 1,
         }
+        if self.kinds:
+            weights = {kind: weight for kind, weight in weights.items() if kind in self.kinds}
         kind = self.random.choices(list(weights), list(weights.values()))[0]
         live = [worker for worker in self.pool if worker.alive()]
         victim = live[self.random.randrange(len(live))] if live else None
@@ -142,6 +149,8 @@ class Chaos:
             self.database.restart()
             api.reset()  # this process's pooled connections died with the server
             return self._record(Fault(kind, at, (), f"{len(owned)} jobs running"))
+        if kind == "outage_at_step_end":
+            return self._record(self.outage_at_step_end(self.random.uniform(0.3, 1.5)))
         if kind == "restart_rabbitmq" and self.rabbit is not None:
             owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})
             node = self.rabbit.nodes[0]
@@ -162,6 +171,50 @@ class Chaos:
         chosen = [messages[self.random.randrange(len(messages))] for _ in range(3)]
         publish_raw(self.stack, chosen)
         return self._record(Fault("garbage", time.time(), (), f"{len(chosen)} messages"))
+
+    def steps_in_flight(self) -> dict[str, float]:
+        """The KIND steps running now: job ID -> the wall-clock instant its step ends (each
+        step writes its start to ``effects.log``, then sleeps ``step_seconds``)."""
+        path = self.stack.data_dir / "effects.log"
+        now = time.time()
+        ending: dict[str, float] = {}
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[-400:]:
+            parts = line.split()
+            if len(parts) != 4 or not parts[1].startswith("sleep-"):
+                continue
+            end = float(parts[3].removeprefix("at=")) + self.step_seconds
+            if end > now + 0.05:
+                ending[parts[0]] = end
+        return ending
+
+    def outage_at_step_end(self, down_seconds: float) -> Fault:
+        """Stop PostgreSQL (immediate, as a crash) just before the next in-flight step ends,
+        so its record is written while the server is down, and start it ``down_seconds``
+        later. The steps ending inside the outage must be recorded once (the write is held
+        while the lease can be live) and never run again, unless their lease ran out."""
+        ending: dict[str, float] = {}
+        deadline = time.monotonic() + 5
+        while not ending and time.monotonic() < deadline:
+            ending = self.steps_in_flight()
+            if not ending:
+                time.sleep(0.02)
+        if ending:
+            time.sleep(max(0.0, min(ending.values()) - 0.05 - time.time()))
+        at = time.time()
+        self.database.stop()
+        inside = tuple(job_id for job_id, end in ending.items() if end <= at + down_seconds)
+        try:
+            time.sleep(down_seconds)
+        finally:
+            self.database.start_if_stopped()
+        api.reset()  # this process's pooled connections died with the server
+        return Fault(
+            "outage_at_step_end",
+            at,
+            inside,
+            f"down {time.time() - at:.1f}s, {len(inside)} steps ending inside",
+        )
 
     def _record(self, fault: Fault) -> Fault:
         self.faults.append(fault)
