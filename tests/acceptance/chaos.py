@@ -7,7 +7,7 @@ server and a private one-node RabbitMQ (so either can be restarted).
 The injector picks faults from a ``random.Random(seed)``: SIGKILL of a worker's main process
 or of a pool child mid-step, SIGSTOP past the lease then SIGCONT, a PostgreSQL restart, a
 PostgreSQL outage timed to end steps inside it (stopped just before an in-flight step ends,
-started again up to 1.5 s later: the step's record is written while the server is down), a
+started again 0.2 to 1.2 s later: the step's record is written while the server is down), a
 RabbitMQ crash (SIGKILL of the node) and restart,
 duplicated doorbells, lost doorbells (jobs submitted with the doorbell off, left to the
 sweeper), and garbage messages. Which process a fault hits, and when, follow the seed; the
@@ -39,6 +39,13 @@ from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
 from tests.acceptance.rabbit_cluster import RabbitCluster
 
 KIND = "sleep_steps"
+# How long the steps of the run's jobs take (test_chaos.py submits them with these), by the
+# effect each step writes to effects.log as it starts: a KIND step, a fan-out child's
+# ``work`` step, a fan-out parent's ``pause-<n>`` step.
+STEP_SECONDS = 0.4
+CHILD_SECONDS = 0.3
+SPAWN_PAUSE = 0.2
+STEP_STARTS = {"sleep-": STEP_SECONDS, "work:start": CHILD_SECONDS, "pause-": SPAWN_PAUSE}
 
 
 @dataclasses.dataclass
@@ -59,7 +66,6 @@ class Chaos:
     rabbit: RabbitCluster | None = None  # a private node: restarted as a fault too
     workers: int = 3
     lease_seconds: float = 3.0
-    step_seconds: float = 0.4  # how long each step of a KIND job sleeps
     kinds: tuple[str, ...] = ()  # only these faults (CHAOS_FAULTS), or every kind
     faults: list[Fault] = dataclasses.field(default_factory=list)
 
@@ -150,7 +156,7 @@ class Chaos:
             api.reset()  # this process's pooled connections died with the server
             return self._record(Fault(kind, at, (), f"{len(owned)} jobs running"))
         if kind == "outage_at_step_end":
-            return self._record(self.outage_at_step_end(self.random.uniform(0.3, 1.5)))
+            return self._record(self.outage_at_step_end(self.random.uniform(0.2, 1.2)))
         if kind == "restart_rabbitmq" and self.rabbit is not None:
             owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})
             node = self.rabbit.nodes[0]
@@ -173,18 +179,19 @@ class Chaos:
         return self._record(Fault("garbage", time.time(), (), f"{len(chosen)} messages"))
 
     def steps_in_flight(self) -> dict[str, float]:
-        """The KIND steps running now: job ID -> the wall-clock instant its step ends (each
-        step writes its start to ``effects.log``, then sleeps ``step_seconds``)."""
+        """The steps running now: job ID -> the wall-clock instant its step ends (each step
+        writes its start to ``effects.log``, then sleeps; see STEP_STARTS)."""
         path = self.stack.data_dir / "effects.log"
         now = time.time()
         ending: dict[str, float] = {}
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[-400:]:
             parts = line.split()
-            if len(parts) != 4 or not parts[1].startswith("sleep-"):
+            if len(parts) != 4:
                 continue
-            end = float(parts[3].removeprefix("at=")) + self.step_seconds
-            if end > now + 0.05:
+            took = next((s for start, s in STEP_STARTS.items() if parts[1].startswith(start)), 0)
+            end = float(parts[3].removeprefix("at=")) + took
+            if took and end > now + 0.05:
                 ending[parts[0]] = end
         return ending
 
@@ -236,6 +243,11 @@ class Report:
     body_reruns: int
     unexplained_reruns: list[str]
     recovery: list[float]
+    # Steps that ended inside an outage_at_step_end outage, and how many of their jobs were
+    # then taken from their worker (the outage outlasted what the lease allows a held
+    # write: the step ran again under a new claim, as after a crash).
+    ended_in_outage: int = 0
+    taken_over_after_outage: int = 0
 
     @property
     def ok(self) -> bool:
@@ -269,6 +281,8 @@ class Report:
             f"recovery after a fault: n={len(self.recovery)} p50 {pct(0.5)} p95 {pct(0.95)} "
             f"max {pct(1.0)}"
             + (f" mean {statistics.mean(self.recovery):.2f}s" if self.recovery else ""),
+            f"steps ended inside a database outage {self.ended_in_outage}, their jobs taken "
+            f"over after the lease ran out {self.taken_over_after_outage}",
         ]
 
 
@@ -331,6 +345,17 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
             ]
             if after:
                 recovery.append(min(after) - fault.at)
+    ended_in_outage = taken_over = 0
+    for fault in faults:
+        if fault.kind != "outage_at_step_end":
+            continue
+        ended_in_outage += len(fault.jobs)
+        for job_id in fault.jobs:
+            taken_over += any(
+                t.at.timestamp() > fault.at
+                and (t.reason == "lease expired" or "died" in (t.reason or ""))
+                for t in stack.history(job_id)
+            )
     counts = collections.Counter(fault.kind for fault in faults)
     return Report(
         len(job_ids),
@@ -343,4 +368,6 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
         body_reruns,
         unexplained,
         recovery,
+        ended_in_outage,
+        taken_over,
     )

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 import jobs
 from jobs import api
 from jobs.application import default_app
-from tests.acceptance.chaos import KIND, Chaos, check
+from tests.acceptance.chaos import CHILD_SECONDS, KIND, SPAWN_PAUSE, STEP_SECONDS, Chaos, check
 from tests.acceptance.conftest import (
     PRIVATE_PG_PRIVATE_RABBITMQ,
     WORKFLOW_KINDS,
@@ -66,10 +66,10 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     submitted: list[str] = []
     fan_outs: dict[str, dict[str, Any]] = {}
     for number in range(jobs_count):
-        kind, inputs = KIND, {"steps": 4, "seconds": chaos.step_seconds}
+        kind, inputs = KIND, {"steps": 4, "seconds": STEP_SECONDS}
         if schedule.random() < 0.25:  # a fan-out parent
             kind = "fan_out"
-            inputs = {"children": 4, "seconds": 0.3, "spawn_pause": 0.2}
+            inputs = {"children": 4, "seconds": CHILD_SECONDS, "spawn_pause": SPAWN_PAUSE}
             inputs["bulk"] = schedule.random() < 0.5
         job_id = f"chaos-{seed}-{number}"
         if schedule.random() < 0.15:  # a lost doorbell: only the sweeper can send it
