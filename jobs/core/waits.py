@@ -230,7 +230,7 @@ class Workflow:
         if done:
             results: list[Any] = recorded["results"]
             return results
-        found = {job.id: job for job in self.store.jobs_by_id(ids)}
+        found = {job.id: job for job in self._held(lambda: self.store.jobs_by_id(ids))}
         for child_id in ids:
             job = found.get(child_id)
             if job is None or job.parent_id != self.job_id:

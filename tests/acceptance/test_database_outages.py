@@ -179,6 +179,7 @@ WORKFLOW_CALLS: dict[str, Callable[[JobContext], object]] = {
     "spawn": lambda ctx: ctx.spawn("leaf", {}, key="c"),
     "spawn_many": lambda ctx: ctx.spawn_many("leaf", [{}, {}], key="cs"),
     "wait_for_event": lambda ctx: ctx.wait_for_event("go"),
+    "wait_for": lambda ctx: ctx.wait_for([]),
 }
 
 
