@@ -11,14 +11,15 @@ wait (the last child's finish, the event's arrival, the sweeper's deadline) queu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, StepError
+from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH, check_name, check_timeout
 
 if TYPE_CHECKING:  # annotations only
+    from jobs.core.outage import LeaseHold
     from jobs.core.records import Claim, PendingStep
     from jobs.core.registry import Registry
     from jobs.core.store import JobStore
@@ -58,6 +59,9 @@ class WaitingForEvent(BaseException):
         self.timeout = timeout
 
 
+T = TypeVar("T")
+
+
 class Workflow:
     """Children and events for a handler's context (see the module's docstring)."""
 
@@ -68,6 +72,7 @@ class Workflow:
     if TYPE_CHECKING:
         store: JobStore
         claim: Claim
+        hold: LeaseHold | None
         _recorded: dict[str, Any]
         replayed_steps: list[str]
         ran_steps: list[str]
@@ -83,6 +88,8 @@ class Workflow:
 
         def take_pending_and_record(self) -> None: ...
 
+        def lease_lost(self, reason: LeaseLost) -> None: ...
+
     # -- recorded-step plumbing ----------------------------------------------------------
 
     def _replay(self, name: str) -> tuple[bool, Any]:
@@ -92,6 +99,18 @@ class Workflow:
             return True, self._recorded[name]
         self.check_lease()
         return False, None
+
+    def _held(self, write: Callable[[], T]) -> T:
+        """``write()`` (which records the steps that ran before it) held through a database
+        outage while the lease can be live, as a step's record is
+        (:class:`jobs.core.outage.LeaseHold`); a lost lease stops the run."""
+        if self.hold is None:
+            return write()
+        try:
+            return self.hold.write(write, renew_after=True)
+        except LeaseLost as lost:
+            self.lease_lost(lost)
+            raise
 
     def _count(self, prefix: str) -> str:
         counters: dict[str, int] = self.__dict__.setdefault("_wait_counters", {})
@@ -155,7 +174,8 @@ class Workflow:
         child_id = child_id_of(self.job_id, key)
         row = self._child_row(kind, inputs, child_id, max_attempts, priority, queue)
         record = self.store.pending_step(name, {"child_id": child_id})
-        self.store.spawn(self.claim, kind, [row], [*self.take_pending(), record])
+        records = [*self.take_pending(), record]
+        self._held(lambda: self.store.spawn(self.claim, kind, [row], records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return child_id
@@ -186,10 +206,11 @@ class Workflow:
             for one, child_id in zip(inputs, ids, strict=True)
         ]
         record = self.store.pending_step(name, {"child_ids": ids})
+        records = [*self.take_pending(), record]
         if rows:
-            self.store.spawn(self.claim, kind, rows, [*self.take_pending(), record])
+            self._held(lambda: self.store.spawn(self.claim, kind, rows, records))
         else:
-            self.store.record_steps(self.claim, [*self.take_pending(), record])
+            self._held(lambda: self.store.record_steps(self.claim, records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return ids
@@ -209,7 +230,7 @@ class Workflow:
         if done:
             results: list[Any] = recorded["results"]
             return results
-        found = {job.id: job for job in self.store.jobs_by_id(ids)}
+        found = {job.id: job for job in self._held(lambda: self.store.jobs_by_id(ids))}
         for child_id in ids:
             job = found.get(child_id)
             if job is None or job.parent_id != self.job_id:
@@ -223,7 +244,8 @@ class Workflow:
         record = self.store.pending_step(
             name, {"results": [found[child_id].result for child_id in ids]}
         )
-        self.store.record_steps(self.claim, [*self.take_pending(), record])
+        records = [*self.take_pending(), record]
+        self._held(lambda: self.store.record_steps(self.claim, records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         finished: list[Any] = record.output["results"]

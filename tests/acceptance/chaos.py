@@ -6,6 +6,8 @@ server and a private one-node RabbitMQ (so either can be restarted).
 
 The injector picks faults from a ``random.Random(seed)``: SIGKILL of a worker's main process
 or of a pool child mid-step, SIGSTOP past the lease then SIGCONT, a PostgreSQL restart, a
+PostgreSQL outage timed to end steps inside it (stopped just before an in-flight step ends,
+started again 0.2 to 1.2 s later: the step's record is written while the server is down), a
 RabbitMQ crash (SIGKILL of the node) and restart,
 duplicated doorbells, lost doorbells (jobs submitted with the doorbell off, left to the
 sweeper), and garbage messages. Which process a fault hits, and when, follow the seed; the
@@ -37,6 +39,13 @@ from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
 from tests.acceptance.rabbit_cluster import RabbitCluster
 
 KIND = "sleep_steps"
+# How long the steps of the run's jobs take (test_chaos.py submits them with these), by the
+# effect each step writes to effects.log as it starts: a KIND step, a fan-out child's
+# ``work`` step, a fan-out parent's ``pause-<n>`` step.
+STEP_SECONDS = 0.4
+CHILD_SECONDS = 0.3
+SPAWN_PAUSE = 0.2
+STEP_STARTS = {"sleep-": STEP_SECONDS, "work:start": CHILD_SECONDS, "pause-": SPAWN_PAUSE}
 
 
 @dataclasses.dataclass
@@ -57,6 +66,7 @@ class Chaos:
     rabbit: RabbitCluster | None = None  # a private node: restarted as a fault too
     workers: int = 3
     lease_seconds: float = 3.0
+    kinds: tuple[str, ...] = ()  # only these faults (CHAOS_FAULTS), or every kind
     faults: list[Fault] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -100,10 +110,13 @@ class Chaos:
             "kill_child": 3,
             "stop_past_lease": 2,
             "restart_postgres": 1,
+            "outage_at_step_end": 1,
             "restart_rabbitmq": 1 if self.rabbit is not None else 0,
             "duplicate": 2,
             "garbage": 1,
         }
+        if self.kinds:
+            weights = {kind: weight for kind, weight in weights.items() if kind in self.kinds}
         kind = self.random.choices(list(weights), list(weights.values()))[0]
         live = [worker for worker in self.pool if worker.alive()]
         victim = live[self.random.randrange(len(live))] if live else None
@@ -142,6 +155,8 @@ class Chaos:
             self.database.restart()
             api.reset()  # this process's pooled connections died with the server
             return self._record(Fault(kind, at, (), f"{len(owned)} jobs running"))
+        if kind == "outage_at_step_end":
+            return self._record(self.outage_at_step_end(self.random.uniform(0.2, 1.2)))
         if kind == "restart_rabbitmq" and self.rabbit is not None:
             owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})
             node = self.rabbit.nodes[0]
@@ -163,6 +178,51 @@ class Chaos:
         publish_raw(self.stack, chosen)
         return self._record(Fault("garbage", time.time(), (), f"{len(chosen)} messages"))
 
+    def steps_in_flight(self) -> dict[str, float]:
+        """The steps running now: job ID -> the wall-clock instant its step ends (each step
+        writes its start to ``effects.log``, then sleeps; see STEP_STARTS)."""
+        path = self.stack.data_dir / "effects.log"
+        now = time.time()
+        ending: dict[str, float] = {}
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[-400:]:
+            parts = line.split()
+            if len(parts) != 4:
+                continue
+            took = next((s for start, s in STEP_STARTS.items() if parts[1].startswith(start)), 0)
+            end = float(parts[3].removeprefix("at=")) + took
+            if took and end > now + 0.05:
+                ending[parts[0]] = end
+        return ending
+
+    def outage_at_step_end(self, down_seconds: float) -> Fault:
+        """Stop PostgreSQL (immediate, as a crash) just before the next in-flight step ends,
+        so its record is written while the server is down, and start it ``down_seconds``
+        later. The steps ending inside the outage must be recorded once (the write is held
+        while the lease can be live) and never run again, unless their lease ran out."""
+        ending: dict[str, float] = {}
+        deadline = time.monotonic() + 5
+        while not ending and time.monotonic() < deadline:
+            ending = self.steps_in_flight()
+            if not ending:
+                time.sleep(0.02)
+        if ending:
+            time.sleep(max(0.0, min(ending.values()) - 0.05 - time.time()))
+        at = time.time()
+        self.database.stop()
+        inside = tuple(job_id for job_id, end in ending.items() if end <= at + down_seconds)
+        try:
+            time.sleep(down_seconds)
+        finally:
+            self.database.start_if_stopped()
+        api.reset()  # this process's pooled connections died with the server
+        return Fault(
+            "outage_at_step_end",
+            at,
+            inside,
+            f"down {time.time() - at:.1f}s, {len(inside)} steps ending inside",
+        )
+
     def _record(self, fault: Fault) -> Fault:
         self.faults.append(fault)
         return fault
@@ -183,6 +243,11 @@ class Report:
     body_reruns: int
     unexplained_reruns: list[str]
     recovery: list[float]
+    # Steps that ended inside an outage_at_step_end outage, and how many of their jobs were
+    # then taken from their worker (the outage outlasted what the lease allows a held
+    # write: the step ran again under a new claim, as after a crash).
+    ended_in_outage: int = 0
+    taken_over_after_outage: int = 0
 
     @property
     def ok(self) -> bool:
@@ -216,6 +281,8 @@ class Report:
             f"recovery after a fault: n={len(self.recovery)} p50 {pct(0.5)} p95 {pct(0.95)} "
             f"max {pct(1.0)}"
             + (f" mean {statistics.mean(self.recovery):.2f}s" if self.recovery else ""),
+            f"steps ended inside a database outage {self.ended_in_outage}, their jobs taken "
+            f"over after the lease ran out {self.taken_over_after_outage}",
         ]
 
 
@@ -278,6 +345,17 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
             ]
             if after:
                 recovery.append(min(after) - fault.at)
+    ended_in_outage = taken_over = 0
+    for fault in faults:
+        if fault.kind != "outage_at_step_end":
+            continue
+        ended_in_outage += len(fault.jobs)
+        for job_id in fault.jobs:
+            taken_over += any(
+                t.at.timestamp() > fault.at
+                and (t.reason == "lease expired" or "died" in (t.reason or ""))
+                for t in stack.history(job_id)
+            )
     counts = collections.Counter(fault.kind for fault in faults)
     return Report(
         len(job_ids),
@@ -290,4 +368,6 @@ def check(stack: Stack, job_ids: list[str], faults: list[Fault]) -> Report:
         body_reruns,
         unexplained,
         recovery,
+        ended_in_outage,
+        taken_over,
     )

@@ -246,6 +246,48 @@ class PrivatePostgres:
         with contextlib.suppress(Exception):
             self.start()
 
+    def clone_as_standby(self, root: Path) -> PrivatePostgres:
+        """A streaming standby of this server (``pg_basebackup -R``: a base backup plus
+        ``standby.signal`` and ``primary_conninfo``) in ``root``, on its own port, not yet
+        started. Every database of this server comes with it."""
+        standby = PrivatePostgres(root)
+        standby.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(standby.root, "postgres", "postgres")
+        standby._as_postgres(
+            _pg_bin("pg_basebackup"),
+            *("-D", str(standby.data), "-R", "-X", "stream", "--checkpoint=fast"),
+            *("-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
+        )
+        return standby
+
+    def replicate_synchronously(self, timeout: float = 30) -> None:
+        """Make every commit wait for a standby (``synchronous_standby_names = '*'``,
+        ``synchronous_commit = on``), once one streams as a synchronous standby."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + timeout
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+                ).fetchone()
+                if row is not None and row[0] >= 1:
+                    return
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"no synchronous standby within {timeout:.0f}s")
+                time.sleep(0.1)
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``, waiting until it is)."""
+        self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.data), "-w", "promote")
+
+    def in_recovery(self) -> bool:
+        with psycopg.connect(self.dsn, connect_timeout=2) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
     @property
     def dsn(self) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
@@ -271,6 +313,29 @@ def private_pg() -> Iterator[PrivatePostgres]:
     finally:
         server.stop()
         shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def private_standby(private_pg: PrivatePostgres) -> Iterator[PrivatePostgres]:
+    """A streaming standby of ``private_pg`` (its own folder and port), with synchronous
+    replication on the primary: a commit is acknowledged once the standby has it. Stopped
+    and deleted however the test ends. Take it after the databases the test needs exist on
+    the primary (a base backup copies them)."""
+    root = Path(tempfile.mkdtemp(prefix="jobs-private-standby-"))
+    standby = PrivatePostgres(root)
+    try:
+        standby = private_pg.clone_as_standby(root)
+        standby.start()
+        private_pg.replicate_synchronously()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        standby.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        service_unavailable("a streaming standby (pg_basebackup/pg_ctl)", err)
+    try:
+        yield standby
+    finally:
+        standby.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class PgBouncer:

@@ -10,7 +10,8 @@ children, spawned one by one or in one bulk insert), and two ``listener`` jobs g
 last child, no child was created twice, no event was lost or consumed twice.
 
 The test-suite runs a short one. ``make chaos`` runs a long one (``CHAOS_JOBS``,
-``CHAOS_SECONDS``; ``CHAOS_SEED`` replays a seed; the seed is always printed).
+``CHAOS_SECONDS``; ``CHAOS_SEED`` replays a seed; the seed is always printed;
+``CHAOS_FAULTS=outage_at_step_end,kill_child`` limits the faults to those kinds).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 import jobs
 from jobs import api
 from jobs.application import default_app
-from tests.acceptance.chaos import KIND, Chaos, check
+from tests.acceptance.chaos import CHILD_SECONDS, KIND, SPAWN_PAUSE, STEP_SECONDS, Chaos, check
 from tests.acceptance.conftest import (
     PRIVATE_PG_PRIVATE_RABBITMQ,
     WORKFLOW_KINDS,
@@ -53,7 +54,8 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     seconds = float(os.environ.get("CHAOS_SECONDS", "20"))
     print(f"\n[chaos] seed {seed} (replay: CHAOS_SEED={seed} make chaos)")
     stack.configure(JOBS_IMPORTS=WORKFLOW_KINDS)
-    chaos = Chaos(stack, private_pg, seed, rabbit=stack.cluster)
+    only = tuple(kind for kind in os.environ.get("CHAOS_FAULTS", "").split(",") if kind)
+    chaos = Chaos(stack, private_pg, seed, rabbit=stack.cluster, kinds=only)
     chaos.start()
     wait_until(
         lambda: all("sweeper: every" in p.output() for p in stack.procs if p.name == "sweeper"),
@@ -64,10 +66,10 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     submitted: list[str] = []
     fan_outs: dict[str, dict[str, Any]] = {}
     for number in range(jobs_count):
-        kind, inputs = KIND, {"steps": 4, "seconds": 0.4}
+        kind, inputs = KIND, {"steps": 4, "seconds": STEP_SECONDS}
         if schedule.random() < 0.25:  # a fan-out parent
             kind = "fan_out"
-            inputs = {"children": 4, "seconds": 0.3, "spawn_pause": 0.2}
+            inputs = {"children": 4, "seconds": CHILD_SECONDS, "spawn_pause": SPAWN_PAUSE}
             inputs["bulk"] = schedule.random() < 0.5
         job_id = f"chaos-{seed}-{number}"
         if schedule.random() < 0.15:  # a lost doorbell: only the sweeper can send it

@@ -175,6 +175,52 @@ def test_a_step_that_ends_in_an_outage_is_recorded_once_and_the_run_goes_on(
             start_again(private_pg)
 
 
+WORKFLOW_CALLS: dict[str, Callable[[JobContext], object]] = {
+    "spawn": lambda ctx: ctx.spawn("leaf", {}, key="c"),
+    "spawn_many": lambda ctx: ctx.spawn_many("leaf", [{}, {}], key="cs"),
+    "wait_for_event": lambda ctx: ctx.wait_for_event("go"),
+    "wait_for": lambda ctx: ctx.wait_for([]),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("call", list(WORKFLOW_CALLS))
+def test_a_workflow_write_after_a_step_that_ends_in_an_outage_is_held(
+    private_pg: PrivatePostgres, call: str
+) -> None:
+    """A step ends inside an outage and the handler spawns children (or takes an event)
+    next: the spawn's write carries the step's record, so it is held through the outage
+    like a step's record. Before, the OperationalError went through the handler, the
+    attempt failed and the step ran again (a chaos run's outage_at_step_end used up four
+    of a fan-out parent's five attempts)."""
+    ran: list[str] = []
+    registry = Registry(imports=())
+
+    def blip(ctx: JobContext) -> str:
+        ctx.step("first", outage_in_step(private_pg, 2.0, ran, "first"))
+        WORKFLOW_CALLS[call](ctx)
+        return "done"
+
+    registry.register("blip", blip)
+    registry.register("leaf", lambda ctx: None)
+    with private_store(private_pg) as store:
+        try:
+            heartbeat = LeaseHeartbeat(store, 9.0)
+            runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=9.0)
+            store.create("blip", {}, job_id="held", max_attempts=3)
+            store.send_event("held", "go", {"n": 1})
+            result = runner.run("held")
+            heartbeat.stop()
+            assert result.outcome is Outcome.COMPLETED, result
+            assert ran == ["first"]
+            job = store.get("held")
+            assert job.state is State.COMPLETED, job
+            assert job.attempts == 1, job
+            assert store.steps("held")[0].name == "first"
+        finally:
+            start_again(private_pg)
+
+
 @pytest.mark.postgres
 def test_a_held_write_gives_up_when_the_lease_could_have_run_out(
     private_pg: PrivatePostgres,

@@ -84,7 +84,9 @@ def fan_out_problems(
         and move.to_state is State.QUEUED
         and "children ended while it parked" in (move.reason or "")
     ]
-    if len(parks) + len(woken_early) != 1:
+    # A run that ended before its wait_for (a killed worker, a failed attempt) may be
+    # followed by one that finds every child finished: no park then.
+    if len(parks) + len(woken_early) != 1 and not (parent.attempts > 1 and not parks):
         problems.append(f"{parent_id}: parked {len(parks)} times, {len(woken_early)} not needed")
     if len(wakes) != len(parks):
         problems.append(f"{parent_id}: {len(parks)} parks but {len(wakes)} wakes")
