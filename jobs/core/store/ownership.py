@@ -464,13 +464,8 @@ class Ownership:
                 State.WAITING_APPROVAL,
                 only_from=[State.RUNNING],
                 where=self.statements.fenced(claim),
-                changes=RowChanges(
-                    owner=None,
-                    lease_until=None,
-                    liveness_key=None,
-                    attempts=JobRecord.attempts - 1,
-                    waiting_for=step_name,
-                    wait_deadline=None if timeout is None else self.clock.after(timeout),
+                changes=RowChanges.parked(
+                    step_name, None if timeout is None else self.clock.after(timeout)
                 ),
                 owner=claim.owner,
                 fence=claim.fence,

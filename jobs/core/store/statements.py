@@ -156,6 +156,21 @@ class RowChanges:
             attempts=JobRecord.attempts - 1,
         )
 
+    @classmethod
+    def parked(cls, waiting_for: str, deadline: Any, **changes: Any) -> RowChanges:
+        """An owner's park (for an approval, its children or an event): no owner, lease or
+        liveness key any more, the attempt given back, the step the wait will be recorded
+        under, and its deadline (``None``: none)."""
+        return cls(
+            owner=None,
+            lease_until=None,
+            liveness_key=None,
+            attempts=JobRecord.attempts - 1,
+            waiting_for=waiting_for,
+            wait_deadline=deadline,
+            **changes,
+        )
+
     def columns(self) -> dict[str, Any]:
         """The columns this move writes, by name."""
         return {
