@@ -80,7 +80,13 @@ class SubmitOptions:
 
     def start(self) -> tuple[float, dt.datetime | None]:
         """When the jobs start: ``(delay in seconds, run_at)``, at most one of them given."""
-        return _start_time(self.delay, None, self.run_at)
+        if self.delay is not None and self.run_at is not None:
+            raise InvalidInput("give one of delay and run_at, not both")
+        if self.run_at is not None:
+            return 0.0, check_instant(self.run_at, "run_at")
+        if isinstance(self.delay, dt.timedelta):
+            return self.delay.total_seconds(), None
+        return (0.0 if self.delay is None else self.delay), None
 
 
 class JobOperations:
@@ -434,12 +440,9 @@ class JobOperations:
     def _ring_many(self, queued: Sequence[Job]) -> None:
         """Ring the doorbells of jobs an operator queued in bulk, one publish per priority,
         kind and queue."""
-        from jobs.core.records import Doorbell, in_batches  # noqa: PLC0415
+        from jobs.core.records import Doorbell  # noqa: PLC0415
 
-        runtime = self.runtime
-        doorbells = [Doorbell(job.id, job.priority, job.kind, job.queue) for job in queued]
-        for batch in in_batches(doorbells):
-            runtime.dispatch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+        self.runtime.ring([Doorbell(job.id, job.priority, job.kind, job.queue) for job in queued])
 
     def _ring_after_commit(self, job: Job, joined: UnitOfWork | None) -> Job:
         """Ring the doorbell of a job an operator queued: now when the write committed
@@ -625,24 +628,3 @@ def _chosen(
         priority=priority,
         queue=queue,
     )
-
-
-def _start_time(
-    delay: float | dt.timedelta | None,
-    delay_seconds: float | None,
-    run_at: dt.datetime | None,
-) -> tuple[float, dt.datetime | None]:
-    """When a submission starts: ``(delay in seconds, run_at)``, at most one of them given.
-    ``delay_seconds`` is the older name of ``delay``."""
-    named = [("delay", delay), ("delay_seconds", delay_seconds), ("run_at", run_at)]
-    given = [name for name, value in named if value is not None]
-    if len(given) > 1:
-        raise InvalidInput(f"give one of {' and '.join(given)}, not both")
-    if run_at is not None:
-        return 0.0, check_instant(run_at, "run_at")
-    span = delay if delay is not None else delay_seconds
-    if span is None:
-        return 0.0, None
-    if isinstance(span, dt.timedelta):
-        span = span.total_seconds()
-    return span, None
