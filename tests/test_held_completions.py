@@ -9,11 +9,14 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
 from jobs.core.db import make_engine
+from jobs.core.driver import forget_pipeline_verdict, pipeline_sync_problem
 from jobs.core.states import State
 from jobs.core.store import JobStore
 
@@ -181,3 +184,61 @@ def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_comple
     assert store.statements.held.carried == 0
     store.flush_held()
     assert store.get("a").state is State.COMPLETED
+
+
+# -- the private psycopg call, checked once per process ---------------------------------------
+
+
+@pytest.fixture
+def fresh_verdict() -> Iterator[None]:
+    forget_pipeline_verdict()
+    yield
+    forget_pipeline_verdict()
+
+
+def test_the_pipeline_check_passes_on_the_installed_psycopg(pg_url: str) -> None:
+    with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as connection:
+        assert pipeline_sync_problem(connection) is None
+        assert connection.execute("SELECT 1").fetchone() == (1,)  # left usable
+
+
+@pytest.mark.parametrize(
+    ("changed", "problem"),
+    [
+        # psycopg's own pipeline calls it too: gone, the pipeline itself breaks.
+        (None, "the check failed (TypeError"),
+        (lambda self: None, "split by Pipeline._enqueue_sync ran in one transaction"),
+    ],
+)
+def test_the_pipeline_check_finds_a_changed_psycopg(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, changed: Any, problem: str
+) -> None:
+    monkeypatch.setattr(psycopg.Pipeline, "_enqueue_sync", changed)
+    with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as connection:
+        assert problem in (pipeline_sync_problem(connection) or "")
+
+
+def test_without_the_private_sync_a_held_completion_goes_alone_before_the_claim(
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fresh_verdict: None,
+) -> None:
+    monkeypatch.setattr(psycopg.Pipeline, "_enqueue_sync", None)
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    for job_id in ("a", "b", "c"):
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    for done, following in (("a", "b"), ("b", "c")):
+        assert claim is not None
+        store.complete(claim, {"n": done}, steps=[store.pending_step("only", done)])
+        assert store.get(done).state is State.RUNNING  # held until the next claim
+        claim = store.claim(following, "W", 30)
+        assert claim is not None
+        assert store.get(done).state is State.COMPLETED
+        assert [step.output for step in store.steps(done)] == [done]
+    warnings = [r for r in caplog.records if "held completions:" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per process
+    assert "check failed" in warnings[0].getMessage()
+    assert "sent alone before the next claim" in warnings[0].getMessage()

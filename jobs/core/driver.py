@@ -21,6 +21,9 @@ connection, which :func:`jobs.core.db.retry_on_disconnect` retries).
 from __future__ import annotations
 
 import collections
+import logging
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +37,15 @@ CURSOR_KEY = "jobs_driver_cursor"
 which lives as long as the DBAPI connection itself)."""
 
 Processor = Callable[[Any], Any]
+
+log = logging.getLogger("jobs")
+
+TESTED_PSYCOPG = "3.1 to 3.3"
+"""The psycopg releases whose private ``Pipeline._enqueue_sync`` the pipelined flight
+(:meth:`DriverStatement.first_after`) was tested on."""
+
+_pipeline_verdict: bool | None = None  # one answer per process, like the library it checks
+_pipeline_verdict_lock = threading.Lock()
 
 
 def runs_on_driver(dialect: Dialect) -> bool:
@@ -180,4 +192,94 @@ class DriverStatement:
         return self._row(found)
 
 
-__all__ = ["CURSOR_KEY", "DriverStatement", "runs_on_driver"]
+def pipeline_sync_problem(dbapi_connection: Any) -> str | None:
+    """What keeps :meth:`DriverStatement.first_after` from working with the installed
+    psycopg, or ``None``. It relies on ``Pipeline._enqueue_sync``, a private method: a Sync
+    sent without waiting for it. Checked on ``dbapi_connection`` (in autocommit mode) with
+    two flights of two statements each: split by that Sync, they must run as two
+    transactions (``txid_current()`` differs), and the second must run although the first
+    failed. A lost connection raises the driver's error; anything else is a problem."""
+    first, second = dbapi_connection.cursor(), dbapi_connection.cursor()
+    try:
+        with dbapi_connection.pipeline() as pipeline:
+            enqueue_sync = getattr(pipeline, "_enqueue_sync", None)
+            if not callable(enqueue_sync):
+                return "psycopg's Pipeline has no _enqueue_sync"
+            first.execute("SELECT txid_current()")
+            enqueue_sync()
+            second.execute("SELECT txid_current()")
+        if first.fetchone()[0] == second.fetchone()[0]:
+            return "two statements split by Pipeline._enqueue_sync ran in one transaction"
+        failed: Exception | None = None
+        try:
+            with dbapi_connection.pipeline() as pipeline:
+                first.execute("SELECT 1 / 0")
+                pipeline._enqueue_sync()
+                second.execute("SELECT 2")
+        except Exception as err:  # the first statement's error, raised as the flight ends
+            failed = err
+        if getattr(failed, "sqlstate", None) != "22012":  # division_by_zero
+            return f"a failed statement in a pipeline raised {failed!r}"
+        if second.pgresult is None or second.fetchone()[0] != 2:
+            return "a statement after a failed one and its Sync did not run"
+        return None
+    except Exception as err:
+        if dbapi_connection.closed or dbapi_connection.broken:
+            raise
+        return f"the check failed ({type(err).__name__}: {err})"
+    finally:
+        first.close()
+        second.close()
+
+
+def pipeline_sync_verified(conn: Connection) -> bool:
+    """Whether this process may send a held write and the next statement in one flight: the
+    first call runs :func:`pipeline_sync_problem` on ``conn`` (an autocommit connection),
+    logging one warning naming the installed psycopg when the answer is no; later calls
+    return the same answer. A lost connection raises (SQLAlchemy's ``DBAPIError``) and
+    leaves the question open for the next call."""
+    global _pipeline_verdict  # noqa: PLW0603 - one answer per process
+    with _pipeline_verdict_lock:
+        if _pipeline_verdict is None:
+            dialect = conn.dialect
+            dbapi_connection = conn.connection.driver_connection
+            try:
+                problem = pipeline_sync_problem(dbapi_connection)
+            except dialect.loaded_dbapi.Error as err:
+                conn.invalidate(err)
+                raise DBAPIError.instance(
+                    "pipeline check",
+                    None,
+                    err,
+                    dialect.loaded_dbapi.Error,
+                    connection_invalidated=True,
+                    dialect=dialect,
+                ) from err
+            if problem is not None:
+                psycopg = sys.modules.get("psycopg")
+                log.warning(
+                    "held completions: %s with psycopg %s (tested on %s); each is sent alone "
+                    "before the next claim instead (one more round trip per job)",
+                    problem,
+                    getattr(psycopg, "__version__", "?"),
+                    TESTED_PSYCOPG,
+                )
+            _pipeline_verdict = problem is None
+        return _pipeline_verdict
+
+
+def forget_pipeline_verdict() -> None:
+    """Check again at the next :func:`pipeline_sync_verified` (tests that change psycopg)."""
+    global _pipeline_verdict  # noqa: PLW0603
+    with _pipeline_verdict_lock:
+        _pipeline_verdict = None
+
+
+__all__ = [
+    "CURSOR_KEY",
+    "DriverStatement",
+    "forget_pipeline_verdict",
+    "pipeline_sync_problem",
+    "pipeline_sync_verified",
+    "runs_on_driver",
+]

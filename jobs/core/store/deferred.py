@@ -41,7 +41,7 @@ from sqlalchemy import Connection, Executable
 from sqlalchemy.exc import DBAPIError
 
 from jobs.core.db import retry_on_disconnect
-from jobs.core.driver import DriverStatement, runs_on_driver
+from jobs.core.driver import DriverStatement, pipeline_sync_verified, runs_on_driver
 from jobs.core.outage import is_disconnect
 
 if TYPE_CHECKING:
@@ -191,14 +191,29 @@ def carrying(
     earlier = held.take() if autocommits else None
     if earlier is None:
         return driver.first(conn, values)
-    try:  # the held write and this statement: one flight, two transactions
-        row, outcome = driver.first_after(conn, values, earlier.statement, earlier.values)
+    try:
+        if pipeline_sync_verified(conn):  # one flight, two transactions
+            row, outcome = driver.first_after(conn, values, earlier.statement, earlier.values)
+        else:  # psycopg changed (one warning said so): the held write goes first, alone
+            outcome = _first_or_error(earlier.statement, conn, earlier.values)
+            row = driver.first(conn, values)
     except DBAPIError as err:
         if err.connection_invalidated:
             held.put_back(earlier)
         raise
     settle(earlier, outcome)
     return row
+
+
+def _first_or_error(driver: DriverStatement, conn: Connection, values: Mapping[str, Any]) -> Any:
+    """``driver``'s first row, or the error it met when the connection stays usable (as
+    :meth:`DriverStatement.first_after` reports a held write's outcome)."""
+    try:
+        return driver.first(conn, values)
+    except DBAPIError as err:
+        if err.connection_invalidated:
+            raise
+        return err
 
 
 def hold_completions(
