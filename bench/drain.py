@@ -202,7 +202,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
         else:
             for job_id in ids:
                 jobs.submit("bench_zero", job_id=job_id)
-        flush = getattr(default_app().runtime.dispatcher, "flush", None)
+        flush = getattr(default_app().runtime.ringer, "flush", None)
         if callable(flush):
             flush()
         return len(ids) / (time.perf_counter() - started)

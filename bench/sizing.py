@@ -7,7 +7,7 @@
    worker drains ``--drain-jobs`` jobs queued at once: jobs/s, and jobs per CPU-second of
    the PostgreSQL backends serving the run's database (the ceiling per PostgreSQL core).
 2. The sweeper's cost per pass: ``sweep_once`` (dead owners, expired leases, due
-   doorbells) on a database holding N QUEUED jobs (sent, not due for re-dispatch) and R
+   doorbells) on a database holding N QUEUED jobs (sent, not due to ring again) and R
    RUNNING ones under live leases, median of 7 passes, for growing N and R.
 
 Environment: ``JOBS_TEST_POSTGRES_URL`` / ``JOBS_TEST_AMQP_URL`` as for the tests.
@@ -203,7 +203,7 @@ def sweeper_cost(sizes: list[tuple[int, int]]) -> None:
                 {
                     "JOBS_DATABASE_URL": database_url,
                     "JOBS_DATA_DIR": tempfile.gettempdir(),
-                    "JOBS_REDISPATCH_AFTER_SECONDS": "3600",  # creating them takes a while
+                    "JOBS_RING_AGAIN_AFTER_SECONDS": "3600",  # creating them takes a while
                 }
             )
             times = []

@@ -47,16 +47,16 @@ if TYPE_CHECKING:
         approve,
         cancel,
         children,
-        dispatch,
         get,
         history,
         list_jobs,
         retry,
+        ring,
         schedule,
         schedules,
         seed_limits,
         send_event,
-        set_dispatcher,
+        set_doorbell,
         set_limits,
         steps,
         submit,
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from jobs.application import JobsApp, default_app
     from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
-    from jobs.operations import SubmitOptions
+    from jobs.submit_options import SubmitOptions
 
 _LAZY = {
     **dict.fromkeys(
@@ -76,16 +76,18 @@ _LAZY = {
             "cancel",
             "children",
             "default_app",
-            "dispatch",
+            "dispatch",  # deprecated: ring
             "get",
             "history",
             "list_jobs",
             "retry",
+            "ring",
             "schedule",
             "schedules",
             "seed_limits",
             "send_event",
-            "set_dispatcher",
+            "set_dispatcher",  # deprecated: set_doorbell
+            "set_doorbell",
             "set_limits",
             "steps",
             "submit",
@@ -97,7 +99,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
-    "SubmitOptions": "jobs.operations",
+    "SubmitOptions": "jobs.submit_options",
     "Schedule": "jobs.core.schedule",
 }
 
@@ -142,17 +144,17 @@ __all__ = [
     "cancel",
     "children",
     "default_app",
-    "dispatch",
     "get",
     "history",
     "job",
     "list_jobs",
     "retry",
+    "ring",
     "schedule",
     "schedules",
     "seed_limits",
     "send_event",
-    "set_dispatcher",
+    "set_doorbell",
     "set_limits",
     "steps",
     "submit",

@@ -8,11 +8,12 @@ settings or runtime is followed). Code that holds an app of its own calls its me
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from jobs.application import JobsApp, default_app
-from jobs.operations import new_job_id
+from jobs.submit_options import new_job_id
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -22,18 +23,18 @@ __all__ = [
     "cancel",
     "check_submit",
     "children",
-    "dispatch",
     "get",
     "history",
     "list_jobs",
     "new_job_id",
     "reset",
     "retry",
+    "ring",
     "schedule",
     "schedules",
     "seed_limits",
     "send_event",
-    "set_dispatcher",
+    "set_doorbell",
     "set_limits",
     "steps",
     "submit",
@@ -58,7 +59,7 @@ def _on_default_app(method: Callable[Concatenate[JobsApp, P], R]) -> Callable[P,
 submit = _on_default_app(JobsApp.submit)
 submit_many = _on_default_app(JobsApp.submit_many)
 check_submit = _on_default_app(JobsApp.check_submit)
-dispatch = _on_default_app(JobsApp.dispatch)
+ring = _on_default_app(JobsApp.ring)
 get = _on_default_app(JobsApp.get)
 steps = _on_default_app(JobsApp.steps)
 history = _on_default_app(JobsApp.history)
@@ -83,17 +84,36 @@ def reset() -> None:
     default_app().reset()
 
 
-def set_dispatcher(dispatcher: Callable[[str], Any] | None) -> None:
-    """Replace the default app's doorbell with ``dispatcher(job_id)``. ``None`` sends none:
-    jobs then reach workers only through the sweeper's re-dispatch or an in-process
-    :func:`jobs.testing.drain`. Kept until :func:`reset`."""
-    if dispatcher is None:
+def set_doorbell(ring_one: Callable[[str], Any] | None) -> None:
+    """Replace the default app's doorbell with ``ring_one(job_id)``, called once per job
+    after its QUEUED state committed (a test that records doorbells, an embedded user's own
+    transport). ``None`` rings none: jobs then reach workers only through the sweeper,
+    which rings them again, or an in-process :func:`jobs.testing.drain`. Kept until
+    :func:`reset`. (:meth:`jobs.JobsApp.use_doorbell` takes a batch ringer instead.)"""
+    if ring_one is None:
         default_app().use_doorbell(None)
         return
-    ring_one = dispatcher
+    ringer = ring_one
 
     def ring_each(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
         for job_id in job_ids:
-            ring_one(job_id)
+            ringer(job_id)
 
     default_app().use_doorbell(ring_each)
+
+
+def dispatch(job_id: str) -> bool:
+    """Deprecated: the old name of :func:`ring` (one word for ringing a doorbell
+    everywhere); warns, then rings."""
+    warnings.warn("jobs.dispatch is deprecated; use jobs.ring", DeprecationWarning, stacklevel=2)
+    return ring(job_id)
+
+
+def set_dispatcher(ring_one: Callable[[str], Any] | None) -> None:
+    """Deprecated: the old name of :func:`set_doorbell`; warns, then sets it."""
+    warnings.warn(
+        "jobs.set_dispatcher is deprecated; use jobs.set_doorbell",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    set_doorbell(ring_one)

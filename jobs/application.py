@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main pr
     from celery import Celery
 
     from jobs.core.store import JobStore
-    from jobs.runtime.process import Dispatcher, ProcessRuntime
+    from jobs.runtime.process import DoorbellRinger, ProcessRuntime
 
 log = logging.getLogger("jobs")
 
@@ -77,7 +77,7 @@ class JobsApp(JobOperations):
         self.registry = registry
         self._guard = threading.RLock()
         self._runtime: ProcessRuntime | None = None
-        self._injected_dispatcher: tuple[Dispatcher | None] | None = None
+        self._injected_ringer: tuple[DoorbellRinger | None] | None = None
         # A forked child keeps its parent's runtimes referenced, never collected: collecting
         # a connection would send the server a goodbye on the parent's socket.
         self._inherited: list[ProcessRuntime] = []
@@ -214,8 +214,8 @@ class JobsApp(JobOperations):
             from jobs.runtime.process import ProcessRuntime  # noqa: PLC0415 - SQLAlchemy
 
             runtime = ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
-            if self._injected_dispatcher is not None:
-                runtime.use_doorbell(self._injected_dispatcher[0])
+            if self._injected_ringer is not None:
+                runtime.use_doorbell(self._injected_ringer[0])
             self._runtime = runtime
             return runtime
 
@@ -224,20 +224,20 @@ class JobsApp(JobOperations):
         """The runtime's job store (the schema is checked on first use)."""
         return self.runtime.store
 
-    def use_doorbell(self, dispatcher: Dispatcher | None) -> None:
+    def use_doorbell(self, ringer: DoorbellRinger | None) -> None:
         """Replace the doorbell, for this and every later runtime of this app, until
         :meth:`reset`. ``None`` sends none: jobs then reach workers only through the
-        sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`."""
+        sweeper, which rings them again, or an in-process :func:`jobs.testing.drain`."""
         with self._guard:
-            self._injected_dispatcher = (dispatcher,)
-        self.runtime.use_doorbell(dispatcher)
+            self._injected_ringer = (ringer,)
+        self.runtime.use_doorbell(ringer)
 
     def reset(self) -> None:
         """Close and forget the runtime (engine, doorbell, locks) and an injected doorbell;
         the next use builds them again (after the settings changed, between tests)."""
         with self._guard:
             runtime, self._runtime = self._runtime, None
-            self._injected_dispatcher = None
+            self._injected_ringer = None
         if runtime is not None and runtime.pid == os.getpid():
             runtime.close()
 
@@ -298,7 +298,7 @@ class JobsApp(JobOperations):
     def flush_doorbells(self, timeout: float = EXIT_FLUSH_SECONDS) -> None:
         """Wait up to ``timeout`` seconds for the confirmations of the doorbells this
         process still has in flight, so one found lost marks its job unsent now rather than
-        after ``JOBS_REDISPATCH_AFTER_SECONDS`` (at interpreter exit: a script, a web
+        after ``JOBS_RING_AGAIN_AFTER_SECONDS`` (at interpreter exit: a script, a web
         server's worker)."""
         runtime = self._runtime
         if runtime is not None and runtime.pid == os.getpid():

@@ -13,7 +13,6 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from jobs.core.validate import (
     check_user_job_id,
     check_whole,
 )
+from jobs.submit_options import SubmitOptions, new_job_id
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
     # module that only defines jobs need neither
@@ -51,42 +51,6 @@ if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main pr
 
 
 log = logging.getLogger("jobs")
-
-
-def new_job_id() -> str:
-    """A new random job ID (32 hex digits), for a submit that names none."""
-    return uuid.uuid4().hex
-
-
-@dataclasses.dataclass(frozen=True)
-class SubmitOptions:
-    """How a submit asks for its jobs, beside their kind and inputs: a value to keep and
-    reuse (``URGENT = jobs.SubmitOptions(priority=9, queue="fast")``, then
-    ``jobs.submit(kind, inputs, options=URGENT)``). A field left ``None`` takes the kind's
-    default (``@jobs.job``), then the settings'; a keyword given to ``submit`` wins over the
-    field of the same name. ``delay`` (seconds or a ``timedelta``) and ``run_at`` (an aware
-    instant) say when the jobs start; at most one of them."""
-
-    max_attempts: int | None = None
-    delay: float | dt.timedelta | None = None
-    run_at: dt.datetime | None = None
-    priority: int | None = None
-    queue: str | None = None
-
-    def merged(self, **given: Any) -> SubmitOptions:
-        """These options with the fields ``given`` (not ``None``) put over them."""
-        chosen = {name: value for name, value in given.items() if value is not None}
-        return dataclasses.replace(self, **chosen) if chosen else self
-
-    def start(self) -> tuple[float, dt.datetime | None]:
-        """When the jobs start: ``(delay in seconds, run_at)``, at most one of them given."""
-        if self.delay is not None and self.run_at is not None:
-            raise InvalidInput("give one of delay and run_at, not both")
-        if self.run_at is not None:
-            return 0.0, check_instant(self.run_at, "run_at")
-        if isinstance(self.delay, dt.timedelta):
-            return self.delay.total_seconds(), None
-        return (0.0 if self.delay is None else self.delay), None
 
 
 class JobOperations:
@@ -143,10 +107,10 @@ class JobOperations:
         A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=``
         is the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused),
         not both. Both are judged on the database's clock; such a job holds no message
-        meanwhile, and the sweeper's dispatch sends it once due.
+        meanwhile, and the sweeper rings it once due.
 
         ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among
-        due jobs, higher priorities are dispatched, delivered and claimed first. It orders
+        due jobs, higher priorities are rung, delivered and claimed first. It orders
         waiting work; it never stops a running job (see the README's "Priorities").
 
         ``queue`` (default the kind's ``@jobs.job(queue=…)``, else ``JOBS_QUEUE``): where
@@ -267,11 +231,11 @@ class JobOperations:
             # Not waiting for a SQLite write lock the caller's own transaction may hold.
             self._count("admission_refused", job_kind.name, wait=unit is None)
             raise
-        # A job not due yet was written without a dispatch: the sweeper sends it once due.
+        # A job not due yet was written unrung: the sweeper rings it once due.
         to_ring = [job.id for job, new in created if new and job.dispatched_at is not None]
         if to_ring:
             ring = functools.partial(
-                runtime.dispatch,
+                runtime.ring_batch,
                 priority=rows[0]["priority"],
                 kind=job_kind.name,
                 queue=rows[0]["queue"],
@@ -282,13 +246,13 @@ class JobOperations:
                 unit.after_commit(to_ring, ring)
         return [job.id for job, _new in created]
 
-    def dispatch(self, job_id: str) -> bool:
-        """Publish a job's ID, with its priority, after its QUEUED state committed. A
-        failure loses nothing: the job stays QUEUED in the database and the sweeper sends
-        it again."""
+    def ring(self, job_id: str) -> bool:
+        """Ring a QUEUED job's doorbell (with its priority, kind and queue) after its QUEUED
+        state committed; True if it went out. A failure loses nothing: the job stays QUEUED
+        in the database and the sweeper rings it again."""
         runtime = self.runtime
         job = runtime.store.get(job_id)
-        return runtime.dispatch([job_id], job.priority, kind=job.kind, queue=job.queue)
+        return runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -438,7 +402,7 @@ class JobOperations:
         return outcome
 
     def _ring_many(self, queued: Sequence[Job]) -> None:
-        """Ring the doorbells of jobs an operator queued in bulk, one publish per priority,
+        """Ring the doorbells of jobs an operator queued in bulk, one batch per priority,
         kind and queue."""
         from jobs.core.records import Doorbell  # noqa: PLC0415
 
@@ -448,7 +412,7 @@ class JobOperations:
         """Ring the doorbell of a job an operator queued: now when the write committed
         alone, else once the caller's transaction has."""
         ring = functools.partial(
-            self.runtime.dispatch, priority=job.priority, kind=job.kind, queue=job.queue
+            self.runtime.ring_batch, priority=job.priority, kind=job.kind, queue=job.queue
         )
         if joined is None:
             ring([job.id])

@@ -7,7 +7,7 @@ Three adapters come with the project: a SQLAlchemy ``Connection`` (:class:`Conne
 a SQLAlchemy ``Session`` (:class:`SessionUnit`, also what Flask-SQLAlchemy hands out), and
 Django's connection (``jobs.contrib.django``). A rollback drops the pending doorbells with
 the rows; a process that dies between the commit and the publish leaves QUEUED jobs whose
-doorbell the sweeper sends once ``JOBS_REDISPATCH_AFTER_SECONDS`` has passed.
+doorbell the sweeper sends once ``JOBS_RING_AGAIN_AFTER_SECONDS`` has passed.
 """
 
 from __future__ import annotations

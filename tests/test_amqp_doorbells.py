@@ -23,8 +23,8 @@ from jobs.core.errors import SettingsError
 from jobs.core.settings import from_env
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.celery_app import make_app
-from jobs.runtime.dispatch import CeleryPublisher
 from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
@@ -39,14 +39,14 @@ def lost() -> list[str]:
 @pytest.fixture(params=["background", "wait"])
 def publisher(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, lost: list[str]
-) -> Iterator[CeleryPublisher]:
+) -> Iterator[CeleryRinger]:
     queue = f"doorbells-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
     monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", request.param)
     reset_settings()
     settings = get_settings()
-    publisher = CeleryPublisher(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
+    publisher = CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
     try:
         publisher(["first"])
     except OSError as err:
@@ -57,7 +57,7 @@ def publisher(
         connection.default_channel.queue_delete(queue)
 
 
-def take_all(publisher: CeleryPublisher) -> list[Any]:
+def take_all(publisher: CeleryRinger) -> list[Any]:
     messages = []
     with publisher.app.connection_for_write() as connection:
         channel = connection.default_channel
@@ -66,7 +66,7 @@ def take_all(publisher: CeleryPublisher) -> list[Any]:
     return messages
 
 
-def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryPublisher) -> None:
+def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryRinger) -> None:
     publisher.app.send_task(TASK_NAME, args=("by-celery",), queue=publisher.settings.queue)
     publisher(["by-us"])
     first, by_celery, by_us = take_all(publisher)
@@ -89,7 +89,7 @@ def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryPubl
 
 
 def test_a_doorbell_rabbitmq_cannot_route_is_lost_out_loud_and_the_next_declares_the_queue(
-    publisher: CeleryPublisher, lost: list[str]
+    publisher: CeleryRinger, lost: list[str]
 ) -> None:
     """Awaiting confirms, the publish raises; reading them later, the next publish finds
     the doorbells returned and hands their jobs to ``on_lost``. Either way the next publish
@@ -111,7 +111,7 @@ def test_a_doorbell_rabbitmq_cannot_route_is_lost_out_loud_and_the_next_declares
 
 
 def test_in_the_background_a_publish_returns_before_its_confirmation_is_read(
-    publisher: CeleryPublisher, lost: list[str]
+    publisher: CeleryRinger, lost: list[str]
 ) -> None:
     doorbells = publisher._amqp
     assert doorbells is not None
@@ -129,7 +129,7 @@ def test_in_the_background_a_publish_returns_before_its_confirmation_is_read(
     ]
 
 
-def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryPublisher) -> None:
+def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryRinger) -> None:
     doorbells = publisher._amqp
     doorbells._connection.connection.sock.shutdown(socket.SHUT_RDWR)
     publisher(["after-1", "after-2"])
@@ -141,7 +141,7 @@ def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryPub
 
 
 def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_first(
-    publisher: CeleryPublisher,
+    publisher: CeleryRinger,
 ) -> None:
     """The classic queue is a priority queue (``x-max-priority``): ready doorbells come out
     by priority, then in publish order."""
@@ -160,7 +160,7 @@ def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_firs
 
 
 def test_a_long_lived_channel_keeps_no_record_of_confirmed_doorbells(
-    publisher: CeleryPublisher,
+    publisher: CeleryRinger,
 ) -> None:
     """RabbitMQ confirms doorbells one by one: each confirmation must settle its doorbell,
     or a web process's publisher would keep (and scan) every tag it ever sent."""
@@ -198,16 +198,16 @@ def test_a_doorbell_lost_after_its_submit_returned_marks_the_job_unsent(
         except OSError as err:
             service_unavailable("RabbitMQ", err)
         runtime = default_app().runtime
-        with runtime.dispatcher.app.connection_for_write() as connection:  # type: ignore[union-attr]
+        with runtime.ringer.app.connection_for_write() as connection:  # type: ignore[union-attr]
             connection.default_channel.queue_delete(queue)
         returned = jobs.submit("doorbell_kind")
         assert jobs.get(returned).dispatched_at is not None  # written, not yet confirmed
-        runtime.dispatcher.flush()  # type: ignore[union-attr]
+        runtime.ringer.flush()  # type: ignore[union-attr]
         assert jobs.get(returned).dispatched_at is None
         assert jobs.get(delivered).dispatched_at is not None
     finally:
         with contextlib.suppress(Exception):
-            app = default_app().runtime.dispatcher.app  # type: ignore[union-attr]
+            app = default_app().runtime.ringer.app  # type: ignore[union-attr]
             with app.connection_for_write() as connection:
                 connection.default_channel.queue_delete(queue)
         default_app().reset()
@@ -222,7 +222,7 @@ def test_doorbell_confirms_default_to_background_and_a_bad_value_names_the_choic
     assert str(refused.value) == "JOBS_DOORBELL_CONFIRMS='sync' must be one of: background, wait"
 
 
-def _close_from_the_server(publisher: CeleryPublisher) -> None:
+def _close_from_the_server(publisher: CeleryRinger) -> None:
     """RabbitMQ closes the publisher's connection, as when its node stops."""
     assert publisher._amqp is not None
     port = publisher._amqp._connection.connection.sock.getsockname()[1]
@@ -251,7 +251,7 @@ def wait_for(check: Callable[[], bool], seconds: float) -> bool:
 
 @pytest.mark.parametrize("publisher", ["background"], indirect=True)
 def test_doorbells_in_flight_on_a_connection_the_server_closed_are_lost_within_a_moment(
-    publisher: CeleryPublisher, lost: list[str]
+    publisher: CeleryRinger, lost: list[str]
 ) -> None:
     """Written, not yet confirmed, and the connection goes (its RabbitMQ node stopped): with
     no further publish in the process, the watcher still finds them lost within a second,
@@ -272,7 +272,7 @@ def test_doorbells_in_flight_on_a_connection_the_server_closed_are_lost_within_a
 
 @pytest.mark.parametrize("publisher", ["background"], indirect=True)
 def test_a_doorbell_never_confirmed_is_lost_after_the_confirm_timeout(
-    publisher: CeleryPublisher, lost: list[str], monkeypatch: pytest.MonkeyPatch
+    publisher: CeleryRinger, lost: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from jobs.runtime import amqp_doorbells  # noqa: PLC0415
 

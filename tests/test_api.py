@@ -23,7 +23,7 @@ from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.context import JobContext
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome
-from jobs.core.settings import Settings, from_env
+from jobs.core.settings import Settings, as_env, from_env
 
 CALLS: Counter[str] = Counter()
 CRASH = {"now": False}
@@ -108,7 +108,7 @@ def use_settings(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
         monkeypatch.setenv(f"JOBS_{key}", value)
     reset_settings()
     api.reset()
-    api.set_dispatcher(None)
+    api.set_doorbell(None)
 
 
 def use_short_lease(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -424,11 +424,11 @@ def test_max_attempts_below_one_is_refused_not_replaced(max_attempts: int) -> No
 
 def test_submit_rings_the_doorbell_after_commit() -> None:
     seen: list[tuple[str, jobs.State]] = []
-    jobs.set_dispatcher(lambda job_id: seen.append((job_id, jobs.get(job_id).state)))
+    jobs.set_doorbell(lambda job_id: seen.append((job_id, jobs.get(job_id).state)))
     job_id = jobs.submit("api_lookup", {"order_id": 1})
     assert seen == [(job_id, jobs.State.QUEUED)]  # committed before the publish
     assert jobs.get(job_id).dispatched_at is not None
-    assert jobs.dispatch(job_id) is True
+    assert jobs.ring(job_id) is True
     delayed = jobs.submit("api_lookup", {"order_id": 2}, delay_seconds=60)
     assert len(seen) == 2  # a delayed job is rung by the sweeper when due
     assert jobs.get(delayed).dispatched_at is None
@@ -438,24 +438,35 @@ def test_a_failing_doorbell_loses_nothing(caplog: pytest.LogCaptureFixture) -> N
     def broken(job_id: str) -> None:
         raise ConnectionError("broker unreachable")
 
-    jobs.set_dispatcher(broken)
+    jobs.set_doorbell(broken)
     job_id = jobs.submit("api_lookup", {"order_id": 1})
     job = jobs.get(job_id)
     assert job.state is jobs.State.QUEUED
     assert job.dispatched_at is None  # so the next sweep sends it at once
     assert "publish failed" in caplog.text
-    assert jobs.dispatch(job_id) is False
-    assert default_app().runtime.store.due_for_dispatch(300) == [job_id]
-    jobs.set_dispatcher(None)
-    assert jobs.dispatch(job_id) is False
+    assert jobs.ring(job_id) is False
+    assert default_app().runtime.store.take_due_doorbell_ids(300) == [job_id]
+    jobs.set_doorbell(None)
+    assert jobs.ring(job_id) is False
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
+
+
+def test_the_old_names_of_ringing_still_work_with_a_warning() -> None:
+    seen: list[str] = []
+    with pytest.warns(DeprecationWarning, match="use jobs.set_doorbell"):
+        jobs.set_dispatcher(seen.append)
+    job_id = jobs.submit("api_lookup", {"order_id": 1})
+    assert seen == [job_id]
+    with pytest.warns(DeprecationWarning, match="use jobs.ring"):
+        assert jobs.dispatch(job_id) is True
+    assert seen == [job_id, job_id]
 
 
 def test_approve_rings_the_doorbell() -> None:
     job = testing.perform_job("api_refund", {"amount": 3})
     seen: list[str] = []
-    jobs.set_dispatcher(seen.append)
+    jobs.set_doorbell(seen.append)
     jobs.approve(job.id, by="bob")
     assert seen == [job.id]
 
@@ -478,7 +489,7 @@ import jobs
 from jobs import testing
 
 lazy = "api_plugin_module" not in sys.modules
-jobs.set_dispatcher(None)  # no broker in this test
+jobs.set_doorbell(None)  # no broker in this test
 job = testing.perform_job("plugin_double", {"x": 21})
 print(json.dumps({
     "lazy": lazy,
@@ -562,7 +573,7 @@ def test_settings_parse_every_variable() -> None:
             "JOBS_BROKER_URL": "amqp://guest@rabbit//",
             "JOBS_LEASE_SECONDS": "12.5",
             "JOBS_SWEEP_INTERVAL_SECONDS": "1",
-            "JOBS_REDISPATCH_AFTER_SECONDS": "60",
+            "JOBS_RING_AGAIN_AFTER_SECONDS": "60",
             "JOBS_IMPORTS": " shop.jobs , billing ,",
             "JOBS_MAX_INPUT_BYTES": "2048",
             "JOBS_DEFAULT_MAX_ATTEMPTS": "7",
@@ -579,7 +590,7 @@ def test_settings_parse_every_variable() -> None:
         broker_url="amqp://guest@rabbit//",
         lease_seconds=12.5,
         sweep_interval_seconds=1.0,
-        redispatch_after_seconds=60.0,
+        ring_again_after_seconds=60.0,
         imports=("shop.jobs", "billing"),
         max_input_bytes=2048,
         default_max_attempts=7,
@@ -671,6 +682,22 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(jobs.SettingsError, match="is a file, not a folder"):
         from_env({"JOBS_DATA_DIR": str(tmp_path / "file")})
+
+
+def test_the_old_name_of_ring_again_is_read_as_the_new_one_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="JOBS_REDISPATCH_AFTER_SECONDS is the old name"):
+        settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "60"})
+    assert settings.ring_again_after_seconds == 60.0
+    with pytest.warns(FutureWarning, match="settings.JOBS: REDISPATCH_AFTER_SECONDS"):
+        env = as_env({"redispatch_after_seconds": 45}, "settings.JOBS")
+    assert env == {"JOBS_RING_AGAIN_AFTER_SECONDS": "45"}
+    with pytest.raises(jobs.SettingsError, match="are both set"):
+        from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "60", "JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
+    with (
+        pytest.raises(jobs.SettingsError, match="must be between 1 and 86400"),
+        pytest.warns(FutureWarning),
+    ):
+        from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "0.5"})
 
 
 def test_unknown_setting_lists_the_known_ones_but_not_test_variables() -> None:

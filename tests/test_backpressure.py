@@ -492,7 +492,7 @@ def test_seed_limits_writes_the_defaults_but_never_overwrites_an_operator() -> N
 
 def test_submit_past_max_queued_raises_and_rings_no_doorbell() -> None:
     rung: list[str] = []
-    jobs.set_dispatcher(rung.append)
+    jobs.set_doorbell(rung.append)
     jobs.seed_limits()
     ids = [jobs.submit("bp_api", {"n": n}) for n in range(2)]
     assert rung == ids

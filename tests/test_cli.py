@@ -172,7 +172,7 @@ def test_submit_from_file_names_the_bad_line_and_writes_nothing(tmp_path: Path) 
 
 
 def test_submit_wait_follows_the_job_to_completion() -> None:
-    jobs.set_dispatcher(run_later())
+    jobs.set_doorbell(run_later())
 
     result = jobctl(
         "submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait", "--timeout", "10"
@@ -192,7 +192,7 @@ def test_submit_wait_follows_the_job_to_completion() -> None:
 
 @pytest.mark.usefixtures("fast_poll")
 def test_submit_wait_exits_1_with_the_error_when_the_job_fails() -> None:
-    jobs.set_dispatcher(run_later())
+    jobs.set_doorbell(run_later())
 
     result = jobctl("submit", "cli_boom", "--wait", "--timeout", "10")
 
@@ -204,7 +204,7 @@ def test_submit_wait_exits_1_with_the_error_when_the_job_fails() -> None:
 
 @pytest.mark.usefixtures("fast_poll")
 def test_submit_wait_stops_with_a_hint_at_an_approval() -> None:
-    jobs.set_dispatcher(run_later())
+    jobs.set_doorbell(run_later())
 
     result = jobctl(
         "submit", "cli_approval", "--input", '{"amount": 500}', "--wait", "--timeout", "10"
@@ -223,7 +223,7 @@ def test_submit_wait_exits_1_when_the_job_is_cancelled() -> None:
     def cancel_at_once(job_id: str) -> None:
         jobs.cancel(job_id, "not needed")
 
-    jobs.set_dispatcher(cancel_at_once)
+    jobs.set_doorbell(cancel_at_once)
 
     result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 7}', "--wait")
 

@@ -65,7 +65,7 @@ def shop(
     use_database(alias, url)
 
     doorbell = Doorbell()
-    jobs.set_dispatcher(doorbell)
+    jobs.set_doorbell(doorbell)
     jobs.set_limits(KIND, max_queued=None)
     return doorbell
 

@@ -65,7 +65,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
             shop_flask.db.session.query(shop_flask.Order).delete()
             shop_flask.db.session.commit()
         world = Shop(app, app.test_client())
-        jobs.set_dispatcher(world.rung.append)
+        jobs.set_doorbell(world.rung.append)
         jobs.set_limits(KIND, max_queued=None)
         yield world
     finally:

@@ -76,7 +76,7 @@ def on_postgres(
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
     reset_settings()
     api.reset()
-    api.set_dispatcher(None)
+    api.set_doorbell(None)
     yield pg_url
     api.reset()
 

@@ -298,13 +298,13 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     from jobs.core.settings import from_env  # noqa: PLC0415
     from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
 
-    settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
+    settings = from_env({"JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
     store.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
     store.create("k", {}, job_id="unsent", max_attempts=2)
-    store.forget_dispatch(["unsent"])  # its publish failed: not a lost message
+    store.mark_unrung(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
     report = sweep_once(store, settings, lambda job_ids, priority, **_: True)
-    assert set(report.dispatched) == {"sent", "unsent"}
+    assert set(report.rung) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
     assert sweep_once(store, settings, lambda job_ids, priority, **_: True).lost_messages == ()
     assert store.counters() == {("recovery_lost_message", "k"): 1}

@@ -206,7 +206,7 @@ def test_explain_a_job_waiting_for_a_slot_of_its_kind() -> None:
 
 
 def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JOBS_REDISPATCH_AFTER_SECONDS", "1")
+    monkeypatch.setenv("JOBS_RING_AGAIN_AFTER_SECONDS", "1")
     reset_settings()
     sent = jobs.submit("ops_lookup", {"order_id": 1})
     assert explained(sent)["reason"] == "waiting_for_worker"
@@ -214,7 +214,7 @@ def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.M
     found = explained(sent)
     assert found["reason"] == "message_lost"
     assert "the next sweep sends it again" in found["explanation"]
-    the_store().forget_dispatch([sent])
+    the_store().mark_unrung([sent])
     assert explained(sent)["reason"] == "not_sent"
 
 
@@ -389,7 +389,7 @@ def test_explain_asks_about_the_broker_when_a_dispatched_job_is_never_claimed(
 ) -> None:
     """A worker on another broker than the submitters' never claims anything: explain says
     so, whether the message counts as lost or the sweeper has just sent it again."""
-    monkeypatch.setenv("JOBS_REDISPATCH_AFTER_SECONDS", "1")
+    monkeypatch.setenv("JOBS_RING_AGAIN_AFTER_SECONDS", "1")
     reset_settings()
     sent = jobs.submit("ops_lookup", {"order_id": 1})
     time.sleep(1.1)
@@ -397,7 +397,7 @@ def test_explain_asks_about_the_broker_when_a_dispatched_job_is_never_claimed(
     assert found["reason"] == "message_lost"
     assert "not claimed: is the worker on the same broker?" in found["explanation"]
     assert "filesystem://" in found["explanation"]
-    assert sent in the_store().due_for_dispatch(1.0)  # the sweeper's re-dispatch
+    assert sent in the_store().take_due_doorbell_ids(1.0)  # the sweeper's ring-again
     found = explained(sent)
     assert found["reason"] == "not_claimed", found
     assert "ago and not claimed: is the worker on the same broker?" in found["explanation"]

@@ -111,7 +111,7 @@ def test_submit_many_refuses_a_bad_priority_before_writing(rung: Rung) -> None:
 
 def test_a_re_ring_carries_the_jobs_priority(rung: Rung) -> None:
     job_id = jobs.submit("prio_plain", priority=6)
-    assert jobs.dispatch(job_id) is True
+    assert jobs.ring(job_id) is True
     assert rung[-1] == ((job_id,), 6)
 
 
@@ -122,19 +122,19 @@ def test_due_doorbells_highest_priority_first_then_longest_due(
     store: JobStore, clock: LogicalClock
 ) -> None:
     for job_id, priority in [("a-low", 0), ("b-mid", 5), ("c-low", 0), ("d-top", 9)]:
-        store.forget_dispatch([new(store, job_id, priority)])  # never rung
+        store.mark_unrung([new(store, job_id, priority)])  # never rung
         clock.advance(1)
     new(store, "e-top-later", 9, delay_seconds=60)  # not due
     # Two of four fit: the highest priorities are taken, not the oldest.
-    assert store.due_doorbells(30, limit=2) == [
+    assert store.take_due_doorbells(30, limit=2) == [
         Doorbell("d-top", 9, "kind"),
         Doorbell("b-mid", 5, "kind"),
     ]
-    assert store.due_doorbells(30, limit=2) == [
+    assert store.take_due_doorbells(30, limit=2) == [
         Doorbell("a-low", 0, "kind"),
         Doorbell("c-low", 0, "kind"),
     ]
-    assert store.due_for_dispatch(30) == []
+    assert store.take_due_doorbell_ids(30) == []
 
 
 def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
@@ -175,7 +175,7 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
 ) -> None:
     settings = from_env({"JOBS_DATA_DIR": "/tmp/jobs-priorities"})
     for job_id, priority in [("a", 0), ("b", 3), ("c", 0), ("d", 9)]:
-        store.forget_dispatch([new(store, job_id, priority)])
+        store.mark_unrung([new(store, job_id, priority)])
     published: list[tuple[list[str], int]] = []
 
     def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
@@ -184,7 +184,7 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
 
     report = sweep_once(store, settings, publish)
     assert published == [(["d"], 9), (["b"], 3), (["a", "c"], 0)]
-    assert report.dispatched == ("d", "b", "a", "c")
+    assert report.rung == ("d", "b", "a", "c")
 
 
 def test_a_periodic_tick_gets_its_kinds_priority(store: JobStore, clock: LogicalClock) -> None:
@@ -267,7 +267,7 @@ def test_a_retry_keeps_the_priority(store: JobStore, clock: LogicalClock) -> Non
     store.retry(claim, "boom", delay_seconds=5)
     clock.advance(5)
     assert store.get("top").priority == 9
-    assert store.due_doorbells(30) == [Doorbell("top", 9, "kind")]  # "low" went out at submit
+    assert store.take_due_doorbells(30) == [Doorbell("top", 9, "kind")]  # "low" went out at submit
 
 
 @jobs.job("prio_approval", priority=8)
@@ -302,10 +302,10 @@ def test_of_stale_doorbells_the_ones_sent_longest_ago_go_first(
         new(store, job_id, 9)  # sent at submit, t=0
     new(store, "lost-low", 0)
     clock.advance(31)
-    assert store.due_doorbells(30, stale_limit=3) == [
+    assert store.take_due_doorbells(30, stale_limit=3) == [
         Doorbell("a", 9, "kind"),
         Doorbell("b", 9, "kind"),
         Doorbell("c", 9, "kind"),
     ]  # taken by age: the three high ones were submitted first
     clock.advance(31)  # all four stale: "lost-low" since t=0, the others since t=31
-    assert store.due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0, "kind")]
+    assert store.take_due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0, "kind")]

@@ -25,9 +25,9 @@ from jobs.application import get_settings, reset_settings
 from jobs.runtime import doorbell_encoding, fs_transport
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.celery_app import make_app
-from jobs.runtime.dispatch import CeleryPublisher
 from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
 from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
 
@@ -95,10 +95,10 @@ def publisher_for(lost: list[str], confirms: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", confirms)
     reset_settings()
     settings = get_settings()
-    return CeleryPublisher(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
+    return CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
 
 
-def take_all(publisher: CeleryPublisher) -> list[Any]:
+def take_all(publisher: CeleryRinger) -> list[Any]:
     """What a consumer of the queue receives."""
     messages = []
     with publisher.app.connection_for_write() as connection:
@@ -122,7 +122,7 @@ def count_fast_encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def assert_celerys_message(publisher: CeleryPublisher, by_celery: Any, by_us: Any) -> None:
+def assert_celerys_message(publisher: CeleryRinger, by_celery: Any, by_us: Any) -> None:
     """A doorbell is the message ``send_task`` builds, but for its own ids."""
     assert json.loads(by_us.body)[1:] == json.loads(by_celery.body)[1:]
     own = ("id", "root_id", "argsrepr")

@@ -3,7 +3,7 @@
 Hypothesis draws a sequence of operations: submits, claims by owners A/B/C, clock jumps,
 every owner's write (renew, record step, complete, fail, retry, release, wait for
 approval, sleep on a durable timer), often under a claim that has since been fenced out,
-approvals, cancels, sweeps, a sweeper's fenced expire and re-dispatch. Each operation's
+approvals, cancels, sweeps, a sweeper's fenced expire and ring-again. Each operation's
 outcome is predicted from the rows as they were just before it (a refusal must change
 nothing, an allowed write must not be refused), and after every operation the whole
 database is checked:
@@ -51,7 +51,7 @@ OPERATIONS = (
     + ["approve"] * 2
     + ["sweep"] * 2
     + ["expire"] * 2
-    + ["cancel", "submit", "dispatch"]
+    + ["cancel", "submit", "ring"]
 )
 
 Rows = tuple[list[Any], list[Any], list[Any]]
@@ -126,8 +126,8 @@ class World:
             self.expire(self.claims[-1 - pick % len(self.claims)], wrong_fence=n == 0)
         elif name == "submit":
             self.submit(job_id, n)
-        elif name == "dispatch":
-            self.dispatch((1, 5)[n % 2])
+        elif name == "ring":
+            self.ring((1, 5)[n % 2])
 
     def submit(self, job_id: str, n: int) -> None:
         try:
@@ -311,9 +311,9 @@ class World:
             assert self.unchanged()
         event(f"expire: {'moved' if moved else 'refused'}")
 
-    def dispatch(self, stale: float) -> None:
-        sent = self.store.due_for_dispatch(stale)
-        assert self.store.due_for_dispatch(stale) == []
+    def ring(self, stale: float) -> None:
+        sent = self.store.take_due_doorbell_ids(stale)
+        assert self.store.take_due_doorbell_ids(stale) == []
         for job_id in sent:
             job = self.store.get(job_id)
             assert job.state is State.QUEUED

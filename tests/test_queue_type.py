@@ -143,7 +143,7 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
     take three batches of the store's 100, and the loop ends."""
     ids = _queued(store, 250)
     clock.advance(1)
-    assert store.due_for_dispatch(30) == []  # sent at submit: the normal pass waits 30 s
+    assert store.take_due_doorbell_ids(30) == []  # sent at submit: the normal pass waits 30 s
     published: list[str] = []
     rung = ring_all_due(store, lambda job_ids, priority, **_: published.extend(job_ids) or True)
     assert sorted(rung) == sorted(ids)
@@ -184,7 +184,7 @@ def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
         store, settings, lambda _job_ids, _priority, **_: True, watch=FakeWatch(health)
     )  # type: ignore[arg-type]
     expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
-    assert sorted(report.dispatched) == expected
+    assert sorted(report.rung) == expected
 
 
 # -- the watch against the real broker (a private queue on the shared node) --------------
@@ -316,10 +316,10 @@ def _get_soon(queue: Any, tries: int = 20) -> Any:
 def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
     amqp_settings: Settings,
 ) -> None:
-    from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
+    from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415
 
     watch = QueueWatch(amqp_settings)
-    publisher = CeleryPublisher(amqp_settings, celery=lambda: make_app(amqp_settings))
+    publisher = CeleryRinger(amqp_settings, celery=lambda: make_app(amqp_settings))
     try:
         assert watch.check() is QueueHealth.GONE_NOW_DECLARED
         assert watch.ready == 0

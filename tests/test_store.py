@@ -997,30 +997,30 @@ def test_due_for_dispatch(store: JobStore, clock: LogicalClock) -> None:
     store.create("kind", {}, job_id="later", max_attempts=1, delay_seconds=5)
     new(store, "running")
     claimed(store, "running")
-    assert store.due_for_dispatch(30) == []
+    assert store.take_due_doorbell_ids(30) == []
     clock.advance(5)
-    assert store.due_for_dispatch(30) == ["later"]  # never dispatched, now due
+    assert store.take_due_doorbell_ids(30) == ["later"]  # never dispatched, now due
     assert store.get("later").dispatched_at == clock.instant(5)
-    assert store.due_for_dispatch(30) == []  # not twice within the stale window
+    assert store.take_due_doorbell_ids(30) == []  # not twice within the stale window
     clock.advance(29)  # t=34: "sent" was published 34 s ago, "later" 29 s ago
-    assert store.due_for_dispatch(30) == ["sent"]
-    assert store.due_for_dispatch(30) == []
+    assert store.take_due_doorbell_ids(30) == ["sent"]
+    assert store.take_due_doorbell_ids(30) == []
     clock.advance(1)  # t=35: "later" is exactly 30 s stale
-    assert store.due_for_dispatch(30) == ["later"]
-    assert store.due_for_dispatch(30) == []
-    store.forget_dispatch(["sent"])  # a failed publish: at once, not after the window
+    assert store.take_due_doorbell_ids(30) == ["later"]
+    assert store.take_due_doorbell_ids(30) == []
+    store.mark_unrung(["sent"])  # a failed publish: at once, not after the window
     assert store.get("sent").dispatched_at is None
-    assert store.due_for_dispatch(30) == ["sent"]
-    store.forget_dispatch(["running"])  # not QUEUED: untouched
+    assert store.take_due_doorbell_ids(30) == ["sent"]
+    store.mark_unrung(["running"])  # not QUEUED: untouched
     assert store.get("running").dispatched_at is not None
 
 
 def test_due_for_dispatch_limit(store: JobStore) -> None:
     for i in range(5):
-        store.forget_dispatch([new(store, f"j{i}")])
-    first = store.due_for_dispatch(30, limit=3)
+        store.mark_unrung([new(store, f"j{i}")])
+    first = store.take_due_doorbell_ids(30, limit=3)
     assert len(first) == 3
-    rest = store.due_for_dispatch(30, limit=3)
+    rest = store.take_due_doorbell_ids(30, limit=3)
     assert sorted(first + rest) == [f"j{i}" for i in range(5)]
 
 
@@ -1032,13 +1032,13 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
     from jobs.core.settings import from_env  # noqa: PLC0415
     from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
 
-    settings = from_env({"JOBS_REDISPATCH_AFTER_SECONDS": "30"})
+    settings = from_env({"JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
     for i in range(5):
         new(store, f"old{i}")  # published at t=0
         clock.advance(0.001)
     clock.advance(31)
-    store.forget_dispatch([new(store, "never")])  # its publish failed: always sent
-    assert store.stale_dispatches(30) == 5
+    store.mark_unrung([new(store, "never")])  # its publish failed: always sent
+    assert store.stale_doorbells(30) == 5
     sent: list[str] = []
 
     def publish(job_ids: object, priority: int, **_: object) -> bool:
@@ -1047,7 +1047,7 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
 
     report = sweep_once(store, settings, publish, waiting=lambda: 5)  # all 5 still in the queue
     assert sent == ["never"]
-    assert report.dispatched == ("never",)
+    assert report.rung == ("never",)
     sweep_once(store, settings, publish, waiting=lambda: 3)  # the queue is 2 short: 2 lost
     assert sent == ["never", "old0", "old1"]
     sweep_once(store, settings, publish, waiting=lambda: None)  # the broker cannot say
@@ -1194,10 +1194,10 @@ def test_real_clock_sweep_and_dispatch(make_store: Callable[..., JobStore]) -> N
     store.claim("b", "B", 30)
     time.sleep(0.25)
     assert [j.id for j in store.sweep_expired()] == ["a"]
-    assert store.due_for_dispatch(30) == ["a"]
-    assert store.due_for_dispatch(30) == []
+    assert store.take_due_doorbell_ids(30) == ["a"]
+    assert store.take_due_doorbell_ids(30) == []
     time.sleep(0.25)
-    assert store.due_for_dispatch(0.2) == ["a"]
+    assert store.take_due_doorbell_ids(0.2) == ["a"]
 
 
 def test_real_clock_oldest_queued(make_store: Callable[..., JobStore]) -> None:

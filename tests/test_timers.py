@@ -114,11 +114,11 @@ def test_an_early_doorbell_cannot_run_a_sleeping_job(store: JobStore, clock: Log
     clock.advance(9.9)
     assert runner(store, "w2").run(job_id).outcome is Outcome.NOT_CLAIMED
     assert store.next_claimable() == []
-    assert store.due_for_dispatch(stale_seconds=30) == [], "no doorbell before the wake-up"
+    assert store.take_due_doorbell_ids(stale_seconds=30) == [], "no doorbell before the wake-up"
     assert store.get(job_id).state is State.QUEUED
 
     clock.advance(0.1)
-    assert store.due_for_dispatch(stale_seconds=30) == [job_id], "the sweeper wakes it"
+    assert store.take_due_doorbell_ids(stale_seconds=30) == [job_id], "the sweeper wakes it"
     result = runner(store, "w2").run(job_id)
 
     assert result.outcome is Outcome.COMPLETED
@@ -285,9 +285,9 @@ def test_run_at_is_due_at_that_instant(store: JobStore, clock: LogicalClock) -> 
     assert later.dispatched_at is None, "the sweeper sends it once due"
     assert past.dispatched_at == clock.instant(0), "due already: rung after commit"
     clock.advance(29)
-    assert store.due_for_dispatch(stale_seconds=60) == []
+    assert store.take_due_doorbell_ids(stale_seconds=60) == []
     clock.advance(1)
-    assert store.due_for_dispatch(stale_seconds=60) == ["later"]
+    assert store.take_due_doorbell_ids(stale_seconds=60) == ["later"]
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["one", "many"])
@@ -375,7 +375,7 @@ def timer_follow_up(ctx: JobContext, hours: float) -> str:
 
 def test_delay_and_run_at_ring_only_when_due() -> None:
     rung: list[str] = []
-    jobs.set_dispatcher(rung.append)
+    jobs.set_doorbell(rung.append)
     now = default_app().runtime.store.now()
 
     due = jobs.submit("timer_lookup", run_at=now - dt.timedelta(seconds=1))
@@ -425,7 +425,7 @@ def test_explain_says_the_job_sleeps_until_its_timer() -> None:
 def test_wake_makes_a_sleeping_job_due_now_and_rings_its_doorbell() -> None:
     job = testing.perform_job("timer_follow_up", {"hours": 24})
     rung: list[str] = []
-    jobs.set_dispatcher(rung.append)
+    jobs.set_doorbell(rung.append)
 
     woken = jobs.wake(job.id)
 
@@ -441,7 +441,7 @@ def test_wake_makes_a_sleeping_job_due_now_and_rings_its_doorbell() -> None:
 def test_wake_of_a_due_job_raises_and_rings_nothing() -> None:
     job_id = jobs.submit("timer_lookup")
     rung: list[str] = []
-    jobs.set_dispatcher(rung.append)
+    jobs.set_doorbell(rung.append)
 
     with pytest.raises(jobs.NothingToWake, match="due already"):
         jobs.wake(job_id)

@@ -63,7 +63,7 @@ def app_engine(
     reset_settings()
     api.reset()
     bell = Doorbell(engine)
-    jobs.set_dispatcher(bell)
+    jobs.set_doorbell(bell)
     yield engine, bell
     api.reset()
 
@@ -158,11 +158,11 @@ def test_a_commit_whose_doorbell_fails_is_left_to_the_sweeper(
     def broken(job_id: str) -> None:
         raise ConnectionError("broker unreachable")
 
-    jobs.set_dispatcher(broken)
+    jobs.set_doorbell(broken)
     with engine.begin() as conn:
         job_id = jobs.submit("uow_echo", {"n": 1}, connection=conn)
     assert jobs.get(job_id).dispatched_at is None  # the next sweep sends it at once
-    assert default_app().runtime.store.due_for_dispatch(300) == [job_id]
+    assert default_app().runtime.store.take_due_doorbell_ids(300) == [job_id]
 
 
 def test_admission_refuses_before_the_callers_commit(
@@ -302,7 +302,7 @@ def test_a_one_step_job_makes_three_write_transactions_submit_included(
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
     reset_settings()
     api.reset()
-    jobs.set_dispatcher(None)
+    jobs.set_doorbell(None)
     job = testing.perform_job("uow_echo", {"n": 5})
     assert job.state is jobs.State.COMPLETED
     assert job.result == 5
@@ -327,7 +327,7 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     from kombu import Connection  # noqa: PLC0415
 
     from jobs.runtime.celery_app import make_app  # noqa: PLC0415
-    from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415
+    from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415
     from tests.conftest import AMQP_URL, service_unavailable  # noqa: PLC0415
 
     queue = f"uow-batch-{uuid.uuid4().hex[:10]}"
@@ -336,7 +336,7 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     reset_settings()
     ids = [f"job-{i}" for i in range(300)]
     settings = get_settings()
-    publisher = CeleryPublisher(settings, celery=lambda: make_app(settings))
+    publisher = CeleryRinger(settings, celery=lambda: make_app(settings))
     try:
         publisher(ids)
         publisher.flush()  # the default reads confirmations later; now they are all in

@@ -383,7 +383,7 @@ def cli(*args: str) -> Result:
 
 def test_drain_runs_a_fan_out_to_completion_and_show_links_both_ways() -> None:
     rung: list[str] = []
-    jobs.set_dispatcher(rung.append)
+    jobs.set_doorbell(rung.append)
     parent = jobs.submit("wf_sum", {"numbers": [1, 2, 3]})
     testing.drain()
     runtime = default_app().runtime

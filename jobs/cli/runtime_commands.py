@@ -127,14 +127,14 @@ def sweeper(once: bool, as_json: bool) -> None:
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
     if once:
         report = sweep_once(
-            store, settings, runtime.dispatch, runtime.waiting_doorbells, watch=watch
+            store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch=watch
         )
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(report), indent=2))
             return
         click.echo(
             f"dead owners re-queued: {len(report.dead_owner)}, "
-            f"expired leases: {len(report.expired)}, dispatched: {len(report.dispatched)}, "
+            f"expired leases: {len(report.expired)}, rung: {len(report.rung)}, "
             f"ticks submitted: {len(report.ticks)}, finished jobs pruned: {report.pruned}"
         )
         return
@@ -142,7 +142,7 @@ def sweeper(once: bool, as_json: bool) -> None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
         serve(store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue)
-    run_forever(store, settings, runtime.dispatch, waiting=runtime.waiting_doorbells, watch=watch)
+    run_forever(store, settings, runtime.ring_batch, waiting=runtime.waiting_doorbells, watch=watch)
 
 
 @main.command()

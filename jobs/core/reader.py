@@ -174,7 +174,7 @@ class JobReader:
             return None
         return row.id, max(0.0, (row.now - row.run_after).total_seconds())
 
-    def stale_dispatches(self, stale_seconds: float) -> int:
+    def stale_doorbells(self, stale_seconds: float) -> int:
         """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that
         no worker claimed since: lost messages, or messages waiting behind a backlog."""
         now = self.clock.now()
@@ -315,7 +315,7 @@ class JobReader:
             ).all()
         return {(row.name, row.kind): int(row.value) for row in rows}
 
-    def awaiting_redispatch(self, stale_seconds: float) -> dict[str, str]:
+    def awaiting_ring_again(self, stale_seconds: float) -> dict[str, str]:
         """{job id: kind} of due QUEUED jobs whose message was sent more than
         ``stale_seconds`` ago and never claimed: the next sweep counts them as lost."""
         with self._read() as conn:

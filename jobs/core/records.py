@@ -213,7 +213,7 @@ class BulkOutcome(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Doorbells a publisher sends together: one priority, one kind, one queue."""
+    """Doorbells rung together: one priority, one kind, one queue."""
 
     priority: int
     kind: str | None
@@ -232,9 +232,10 @@ def in_batches(doorbells: Sequence[Doorbell]) -> list[Batch]:
     return [Batch(priority, kind, queue, job_ids) for (priority, kind, queue), job_ids in ordered]
 
 
-class Publish(Protocol):
-    """How the sweeper rings: sends one batch of doorbells of one priority, kind and queue
-    after their QUEUED state committed, and says whether it could."""
+class RingBatch(Protocol):
+    """Rings one batch of doorbells of one priority, kind and queue after their QUEUED
+    state committed, and says whether it could: how the sweeper and the periodic ticks
+    ring (:meth:`jobs.runtime.process.ProcessRuntime.ring_batch` is one)."""
 
     def __call__(
         self,

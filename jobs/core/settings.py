@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import urllib.parse
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class Settings:
     broker_url: str
     lease_seconds: float = 30.0
     sweep_interval_seconds: float = 2.0
-    redispatch_after_seconds: float = 30.0
+    ring_again_after_seconds: float = 30.0
     imports: tuple[str, ...] = ()
     max_input_bytes: int = 1_048_576
     default_max_attempts: int = 5
@@ -87,7 +88,7 @@ KNOWN = {
     "BROKER_URL",
     "LEASE_SECONDS",
     "SWEEP_INTERVAL_SECONDS",
-    "REDISPATCH_AFTER_SECONDS",
+    "RING_AGAIN_AFTER_SECONDS",
     "IMPORTS",
     "MAX_INPUT_BYTES",
     "DEFAULT_MAX_ATTEMPTS",
@@ -107,6 +108,35 @@ KNOWN = {
     "TEST_AMQP_URL",
 }
 
+#: Old names still read, each as its new name with one warning (both given is an error).
+RENAMED = {"REDISPATCH_AFTER_SECONDS": "RING_AGAIN_AFTER_SECONDS"}
+
+
+def _renamed(
+    names: Mapping[str, str], prefix: str, where: str, shown: str = PREFIX
+) -> dict[str, str]:
+    """``names`` (keys of the form ``prefix + NAME``) with each old name of
+    :data:`RENAMED` read as its new one; a ``FutureWarning`` says so (once per process, by
+    Python's default filter), naming the settings with ``shown`` before them."""
+    renamed = dict(names)
+    for old, new in RENAMED.items():
+        old_key, new_key = prefix + old, prefix + new
+        if old_key not in renamed:
+            continue
+        old_name, new_name = shown + old, shown + new  # as the user wrote them
+        if new_key in renamed:
+            raise SettingsError(
+                f"{where}: {old_name} and {new_name} are both set; {old_name} is the old "
+                f"name of {new_name}: keep one"
+            )
+        renamed[new_key] = renamed.pop(old_key)
+        warnings.warn(
+            f"{where}: {old_name} is the old name of {new_name}; read as it (rename it)",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return renamed
+
 
 DAY = 86_400.0
 
@@ -115,7 +145,7 @@ DAY = 86_400.0
 FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
     "LEASE_SECONDS": (1.0, DAY),
     "SWEEP_INTERVAL_SECONDS": (0.05, 3600.0),
-    "REDISPATCH_AFTER_SECONDS": (1.0, DAY),
+    "RING_AGAIN_AFTER_SECONDS": (1.0, DAY),
     "RETRY_BACKOFF_SECONDS": (0.01, DAY),
     "RETRY_BACKOFF_MAX_SECONDS": (0.01, 7 * DAY),
     "DELIVERY_BUDGET_SECONDS": (1.0, DAY),
@@ -416,7 +446,8 @@ def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:
         raise SettingsError(f"{where} must be a dict of JOBS_* names without the prefix")
     env: dict[str, str] = {}
     for name, value in values.items():
-        if not isinstance(name, str) or name.upper() not in KNOWN or name.startswith("TEST_"):
+        known = isinstance(name, str) and (name.upper() in KNOWN or name.upper() in RENAMED)
+        if not isinstance(name, str) or not known or name.startswith("TEST_"):
             raise SettingsError(
                 f"{where}: unknown setting {name!r} (known: "
                 + ", ".join(k for k in sorted(KNOWN) if not k.startswith("TEST_"))
@@ -426,7 +457,7 @@ def as_env(values: Mapping[str, Any], where: str) -> dict[str, str]:
             continue
         joined = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
         env[PREFIX + name.upper()] = joined
-    return env
+    return _renamed(env, PREFIX, where, shown="")
 
 
 def _kubernetes_service_variable(name: str) -> bool:
@@ -442,8 +473,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Settings from ``env`` (default: the process environment). An application reads them
     from the environment over its framework's defaults
     (:meth:`jobs.application.JobsApp.settings`)."""
-    if env is None:
-        env = os.environ
+    env = _renamed(os.environ if env is None else env, PREFIX, "environment")
     unknown = sorted(
         key
         for key in env
@@ -501,7 +531,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         broker_url=broker_url,
         lease_seconds=lease,
         sweep_interval_seconds=sweep,
-        redispatch_after_seconds=_positive_float(env, "REDISPATCH_AFTER_SECONDS", 30.0),
+        ring_again_after_seconds=_positive_float(env, "RING_AGAIN_AFTER_SECONDS", 30.0),
         imports=imports,
         max_input_bytes=_positive_int(env, "MAX_INPUT_BYTES", 1_048_576),
         default_max_attempts=_positive_int(env, "DEFAULT_MAX_ATTEMPTS", 5),

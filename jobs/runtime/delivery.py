@@ -75,9 +75,9 @@ def _deliver(
     if result.outcome is Outcome.HANDED_BACK:
         job = result.job
         if job is None:
-            runtime.dispatch([job_id])
+            runtime.ring_batch([job_id])
         else:
-            runtime.dispatch([job_id], job.priority, kind=job.kind, queue=job.queue)
+            runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
     _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
@@ -128,7 +128,7 @@ def make_runner(
 
 def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) -> None:
     """A run of a kind with a running limit ended: ring for the next waiting job of that kind
-    now, rather than leaving it to the sweeper's re-dispatch. (The claim saw the limit, so
+    now, rather than leaving it to the sweeper's ring-again. (The claim saw the limit, so
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return

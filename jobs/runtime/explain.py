@@ -1,7 +1,7 @@
 """``jobctl explain ID``: why a job is where it is, and what an operator can do about it.
 
 Reads only: the job row, its history and steps, its kind's limits and running count, the
-settings (lease, re-dispatch delay) and, for a RUNNING job, whether its owner is alive
+settings (lease, ring-again delay) and, for a RUNNING job, whether its owner is alive
 (PostgreSQL: the owner's liveness lock is held; SQLite: the owner's process exists). All
 instants are the database's, like every decision the system takes about the job.
 """
@@ -253,7 +253,7 @@ def _queued(
         f"(database {mask_url(settings.database_url)}); a worker logs its own at start-up "
         "('worker: broker …')"
     )
-    if sent_ago >= settings.redispatch_after_seconds:
+    if sent_ago >= settings.ring_again_after_seconds:
         return (
             "message_lost",
             f"Its message was sent at {_at(dispatched)}: dispatched {_span(sent_ago)} ago and "
@@ -268,7 +268,7 @@ def _queued(
     nothing_running = not any(
         state == State.RUNNING.value for (_, state), count in store.counts().items() if count
     )
-    if due_for >= settings.redispatch_after_seconds and nothing_running:
+    if due_for >= settings.ring_again_after_seconds and nothing_running:
         return (
             "not_claimed",
             f"It has been due for {_span(due_for)}; its message was sent again at "

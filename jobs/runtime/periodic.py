@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 
 from jobs.core.errors import AdmissionRefused, DuplicateJob, JobError, UnknownKind
-from jobs.core.records import Publish
+from jobs.core.records import RingBatch
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.schedule import Schedule, tick_job_id
 from jobs.core.store import JobStore
@@ -40,7 +40,7 @@ class Fired:
 
 def fire_due_ticks(
     store: JobStore,
-    publish: Publish,
+    ring_batch: RingBatch,
     *,
     default_max_attempts: int,
     registry: Registry = REGISTRY,
@@ -51,7 +51,9 @@ def fire_due_ticks(
     fired: list[Fired] = []
     for schedule in store.schedules():
         try:
-            fired.extend(_fire(store, publish, schedule, instant, default_max_attempts, registry))
+            fired.extend(
+                _fire(store, ring_batch, schedule, instant, default_max_attempts, registry)
+            )
         except AdmissionRefused as err:
             # Rolled back with last_tick: tried again next pass (or replaced by a later tick).
             log.warning("schedule %s: tick refused (%s)", schedule.name, err)
@@ -67,7 +69,7 @@ def fire_due_ticks(
 
 def _fire(
     store: JobStore,
-    publish: Publish,
+    ring_batch: RingBatch,
     schedule: Schedule,
     now: dt.datetime,
     default_max_attempts: int,
@@ -109,7 +111,7 @@ def _fire(
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome
         if created:
-            publish([job.id], job.priority, kind=job.kind, queue=job.queue)
+            ring_batch([job.id], job.priority, kind=job.kind, queue=job.queue)
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

@@ -7,8 +7,8 @@ process's application object (:class:`jobs.application.JobsApp`), which builds a
 after a fork and when the settings change.
 
 The doorbell is injected: :meth:`ProcessRuntime.use_doorbell` replaces it (``None``
-sends none; tests and embedded users), and by default the Celery publisher of
-:mod:`jobs.runtime.dispatch` is made on first need, so a process that never publishes
+sends none; tests and embedded users), and by default the Celery ringer of
+:mod:`jobs.runtime.ringer` is made on first need, so a process that never rings
 never imports Celery.
 """
 
@@ -37,8 +37,8 @@ from jobs.schema import ensure_schema
 log = logging.getLogger("jobs")
 
 
-class Dispatcher(Protocol):
-    """Publishes doorbells for job IDs whose QUEUED state has committed, each message with
+class DoorbellRinger(Protocol):
+    """Rings the doorbells of job IDs whose QUEUED state has committed, each message with
     ``priority`` (0 to 9; a broker without priorities ignores it), named for the jobs'
     ``kind`` and sent to their ``queue`` (``None``: the default); raises on failure."""
 
@@ -67,8 +67,8 @@ class ProcessRuntime:
         self._heartbeat: LeaseHeartbeat | None = None
         self._liveness: LivenessLock | None = None
         self._liveness_off = False  # behind a pooler without a direct liveness URL
-        self._dispatcher: Dispatcher | None = None
-        self._dispatcher_chosen = False
+        self._ringer: DoorbellRinger | None = None
+        self._ringer_chosen = False
         self._seeded_kinds: set[str] = set()
         self._stop_on_timeout: StopProcess | None = None
         self._backstop: Backstop | None = None
@@ -177,39 +177,39 @@ class ProcessRuntime:
 
     # -- doorbells ---------------------------------------------------------------------
 
-    def use_doorbell(self, dispatcher: Dispatcher | None) -> None:
+    def use_doorbell(self, ringer: DoorbellRinger | None) -> None:
         """Replace the doorbell; ``None`` sends none (jobs then reach workers through the
-        sweeper's re-dispatch or an in-process :func:`jobs.testing.drain`)."""
+        sweeper, which rings them again, or an in-process :func:`jobs.testing.drain`)."""
         with self._lock:
-            self._dispatcher = dispatcher
-            self._dispatcher_chosen = True
+            self._ringer = ringer
+            self._ringer_chosen = True
 
     @contextlib.contextmanager
     def doorbell_off(self) -> Iterator[None]:
         """Send no doorbell inside the block (``jobs.testing.perform_job``)."""
         with self._lock:
-            saved = (self._dispatcher, self._dispatcher_chosen)
-            self._dispatcher, self._dispatcher_chosen = None, True
+            saved = (self._ringer, self._ringer_chosen)
+            self._ringer, self._ringer_chosen = None, True
         try:
             yield
         finally:
             with self._lock:
-                self._dispatcher, self._dispatcher_chosen = saved
+                self._ringer, self._ringer_chosen = saved
 
     @property
-    def dispatcher(self) -> Dispatcher | None:
-        """The doorbell in use: the Celery publisher unless replaced."""
+    def ringer(self) -> DoorbellRinger | None:
+        """The doorbell in use: the Celery ringer unless replaced."""
         with self._lock:
-            if not self._dispatcher_chosen:
-                from jobs.runtime.dispatch import CeleryPublisher  # noqa: PLC0415 - lazily
+            if not self._ringer_chosen:
+                from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415 - lazily
 
-                self._dispatcher = CeleryPublisher(
+                self._ringer = CeleryRinger(
                     self.settings, on_lost=self._doorbells_lost, celery=self._celery
                 )
-                self._dispatcher_chosen = True
-            return self._dispatcher
+                self._ringer_chosen = True
+            return self._ringer
 
-    def dispatch(
+    def ring_batch(
         self,
         job_ids: Sequence[str],
         priority: int = 0,
@@ -222,11 +222,11 @@ class ProcessRuntime:
         unsent, and the sweeper sends them."""
         if not job_ids:
             return True
-        dispatcher = self.dispatcher
-        if dispatcher is None:
+        ringer = self.ringer
+        if ringer is None:
             return False
         try:
-            dispatcher(job_ids, priority, kind=kind, queue=queue)
+            ringer(job_ids, priority, kind=kind, queue=queue)
         except Exception as err:
             self._mark_unsent(job_ids, f"publish failed ({err})")
             return False
@@ -238,33 +238,33 @@ class ProcessRuntime:
         self._mark_unsent(job_ids, "doorbell lost after publishing")
 
     def _mark_unsent(self, job_ids: Sequence[str], why: str) -> None:
-        """Log ``why`` once for the batch and clear the jobs' dispatch, so the sweeper's
-        next pass sends their doorbells (best effort: a failure here leaves them to the
-        sweeper's re-dispatch of stale doorbells)."""
+        """Log ``why`` once for the batch and mark the jobs unrung (``dispatched_at`` cleared),
+        so the sweeper's next pass rings them (best effort: a failure here leaves them to
+        the sweeper's ring of stale doorbells)."""
         more = len(job_ids) - 1
         log.warning(
-            "job %s%s: %s; the sweeper will re-dispatch it",
+            "job %s%s: %s; the sweeper will ring it again",
             job_ids[0],
             f" and {more} more" if more else "",
             why,
         )
         try:
-            self.store.forget_dispatch(job_ids)
+            self.store.mark_unrung(job_ids)
         except Exception:
-            log.exception("could not mark %d job(s) for re-dispatch", len(job_ids))
+            log.exception("could not mark %d job(s) unrung", len(job_ids))
 
     def ring(self, doorbells: Sequence[Doorbell]) -> bool:
-        """:meth:`dispatch` doorbells of mixed priorities, kinds and queues: one batch per
+        """:meth:`ring_batch` doorbells of mixed priorities, kinds and queues: one batch per
         priority, kind and queue, the highest priority first. True if every batch went out."""
         sent = [
-            self.dispatch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+            self.ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
             for batch in in_batches(doorbells)
         ]
         return all(sent)
 
     def waiting_doorbells(self) -> int | None:
         """How many doorbells wait in the broker's queue, if the doorbell can tell."""
-        counter = getattr(self.dispatcher, "waiting", None)
+        counter = getattr(self.ringer, "waiting", None)
         return counter() if callable(counter) else None
 
     # -- life cycle --------------------------------------------------------------------
@@ -273,7 +273,7 @@ class ProcessRuntime:
         """Stop the heartbeat, release the liveness lock, close pooled connections. The
         doorbell goes first: it waits a moment for the doorbells in flight, and marks the
         jobs of those lost unsent (on the store, which is closed after it)."""
-        closer = getattr(self._dispatcher, "close", None)
+        closer = getattr(self._ringer, "close", None)
         if callable(closer):
             closer()
         with self._lock:
@@ -288,7 +288,7 @@ class ProcessRuntime:
     def flush_doorbells(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the confirmations of the doorbells in flight
         (a doorbell that can tell); those lost mark their jobs unsent."""
-        flush = getattr(self._dispatcher, "flush", None)
+        flush = getattr(self._ringer, "flush", None)
         if callable(flush):
             flush(timeout)
 

@@ -4,7 +4,7 @@ A RabbitMQ node lost for good takes its classic queues' messages with it: the qu
 listed but refuses every declare (``NOT_FOUND - home node … is down``) until an operator
 runs ``rabbitmqctl forget_cluster_node``, which removes it. Until then, and after it,
 the jobs are safe in the database, but their doorbells are gone, and the sweeper would
-only ring again after ``JOBS_REDISPATCH_AFTER_SECONDS``.
+only ring again after ``JOBS_RING_AGAIN_AFTER_SECONDS``.
 
 :class:`QueueWatch` asks the broker about the queue once per sweeper pass (a passive
 declare on a fresh channel: one round trip; with quorum queues, about the high band of

@@ -85,7 +85,7 @@ acknowledgement (each time its consumer died or lost its channel) is dropped by 
 so a message that kills whatever consumes it cannot crash-loop the workers. Ordinary
 redeliveries (a killed worker, a reconnect) are far fewer; a hand-back publishes a new
 message. A dropped doorbell loses no job: the sweeper rings again after
-``JOBS_REDISPATCH_AFTER_SECONDS``, and the job's attempts in the database decide when it is
+``JOBS_RING_AGAIN_AFTER_SECONDS``, and the job's attempts in the database decide when it is
 poison. 20 is RabbitMQ 4.0's default."""
 
 
@@ -95,7 +95,7 @@ def queue_arguments(settings: Settings) -> dict[str, Any]:
     A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
     message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
     (it refuses ``x-max-priority``) and delivers in publish order: high priorities then get
-    a quorum queue of their own, a band (:func:`jobs.runtime.dispatch.queue_for`); see the
+    a quorum queue of their own, a band (:func:`jobs.runtime.ringer.queue_for`); see the
     README's "Priorities"."""
     if settings.queue_type == "quorum":
         return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}

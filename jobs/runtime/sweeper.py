@@ -7,7 +7,7 @@ when out of attempts, ends the waits whose deadline passed (``ctx.wait_for_event
 which is unfinished (a safety net: the last child's own write queues it), and (3)
 re-sends the doorbell for QUEUED jobs that are due and were never published (a failed
 publish, a retry whose backoff ended) or whose message seems lost (published longer
-ago than ``JOBS_REDISPATCH_AFTER_SECONDS``). It then
+ago than ``JOBS_RING_AGAIN_AFTER_SECONDS``). It then
 (4) submits one job per due tick of each periodic schedule (:mod:`jobs.runtime.periodic`)
 and (5) deletes a few batches of finished jobs past ``JOBS_RETENTION_DAYS``. Every move is
 a fenced compare-and-set and every tick a deterministic job ID, so any number of sweepers
@@ -16,7 +16,7 @@ may run at once. Recoveries are counted by cause in the database for the metrics
 On RabbitMQ a :class:`~jobs.runtime.queue_watch.QueueWatch` also looks at the queue each
 pass: when it was gone (declared again now) or served again after its node was down, the
 doorbells it held may be lost, so every due QUEUED job is rung again at once instead of
-after the re-dispatch delay.
+after ``JOBS_RING_AGAIN_AFTER_SECONDS``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
-from jobs.core.records import Doorbell, Publish, in_batches
+from jobs.core.records import Doorbell, RingBatch, in_batches
 from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.core.validate import check_days
@@ -55,13 +55,13 @@ class SweepReport:
 
     dead_owner: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
-    dispatched: tuple[str, ...] = ()
+    rung: tuple[str, ...] = ()
     lost_messages: tuple[str, ...] = ()
     ticks: tuple[str, ...] = ()
     pruned: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.dead_owner or self.expired or self.dispatched or self.ticks or self.pruned)
+        return bool(self.dead_owner or self.expired or self.rung or self.ticks or self.pruned)
 
 
 def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
@@ -69,46 +69,46 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
         store.count_event(event, kind, amount)
 
 
-def ring(publish: Publish, doorbells: Sequence[Doorbell]) -> list[str]:
-    """Publish doorbells of mixed priorities, kinds and queues, one batch per priority,
+def ring(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> list[str]:
+    """Ring doorbells of mixed priorities, kinds and queues, one batch per priority,
     kind and queue, the highest priority first; returns the IDs of the batches that went
     out."""
     return [
         job_id
         for batch in in_batches(doorbells)
-        if publish(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+        if ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
         for job_id in batch.job_ids
     ]
 
 
-def ring_all_due(store: JobStore, publish: Publish) -> list[str]:
-    """Re-publish every due QUEUED job's doorbell, however recently it was sent (the queue
-    that held it was lost). Each batch is marked dispatched as it is taken, and only jobs
-    dispatched before this call started are taken, so the loop ends."""
+def ring_all_due(store: JobStore, ring_batch: RingBatch) -> list[str]:
+    """Ring again every due QUEUED job's doorbell, however recently it was sent (the queue
+    that held it was lost). Each batch is marked rung as it is taken, and only jobs
+    rung before this call started are taken, so the loop ends."""
     started = time.monotonic()
     taken: set[str] = set()
-    dispatched: list[str] = []
+    rung: list[str] = []
     while True:
         since_start = max(time.monotonic() - started, 1e-6)
         batch = [
             doorbell
-            for doorbell in store.due_doorbells(since_start)
+            for doorbell in store.take_due_doorbells(since_start)
             if doorbell.job_id not in taken
         ]
         if not batch:
-            return dispatched
+            return rung
         taken.update(doorbell.job_id for doorbell in batch)
-        dispatched += ring(publish, batch)
+        rung += ring(ring_batch, batch)
 
 
 def sweep_once(
     store: JobStore,
     settings: Settings,
-    publish: Publish,
+    ring_batch: RingBatch,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
 ) -> SweepReport:
-    """One pass of recovery, dispatch, periodic ticks and retention; ``publish(job_ids,
+    """One pass of recovery, doorbells, periodic ticks and retention; ``ring_batch(job_ids,
     priority)`` rings a batch of doorbells of one priority and says whether it could (due
     jobs are rung the highest priority first);
     ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown),
@@ -117,43 +117,45 @@ def sweep_once(
     A doorbell published long ago and still unclaimed is either lost or waiting behind a
     backlog; the queue cannot say which one. So of the stale jobs, only as many are re-sent
     as the queue is short of: with 5,000 doorbells ready in the queue, a backlog of 5,000
-    slow jobs is not published a second time, while lost ones are re-sent once it drains.
+    slow jobs is not rung a second time, while lost ones are rung again once it drains.
 
     With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
     doorbell it held: then every due one is rung at once, however recently it was sent."""
     dead = rescue_dead_owners(store)
     expired = store.sweep_expired()
     # Workflows: waits whose deadline passed, and (the safety net) parents no unfinished
-    # child will wake; both are left QUEUED and unsent, so the dispatch below rings them.
+    # child will wake; both are left QUEUED and unsent, so the ring below reaches them.
     timed_out = store.fire_deadlines()
     stranded = store.wake_stranded_parents()
     _count_by_kind(store, "wait_deadline", (job.kind for job in timed_out))
     _count_by_kind(store, "recovery_stranded_parent", (job.kind for job in stranded))
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
-    stale = store.awaiting_redispatch(settings.redispatch_after_seconds)
+    stale = store.awaiting_ring_again(settings.ring_again_after_seconds)
     health = QueueHealth.OK
     if watch is not None:  # every queue a QUEUED job waits on, JOBS_QUEUE always
         waited_on = sorted(queue for queue in store.queued_by_queue() if queue is not None)
         health = watch.check(with_bands(settings, [settings.queue, *waited_on]))
-    dispatched = ring_all_due(store, publish) if health.ring_all else []
+    rung = ring_all_due(store, ring_batch) if health.ring_all else []
     stale_limit = None
     ready = watch.ready if watch is not None else waiting()
     if ready is not None:
-        stale_limit = store.stale_dispatches(settings.redispatch_after_seconds) - ready
-    due = store.due_doorbells(settings.redispatch_after_seconds, stale_limit=stale_limit)
-    dispatched += ring(publish, due)
-    lost = [job_id for job_id in dispatched if job_id in stale]
+        stale_limit = store.stale_doorbells(settings.ring_again_after_seconds) - ready
+    due = store.take_due_doorbells(settings.ring_again_after_seconds, stale_limit=stale_limit)
+    rung += ring(ring_batch, due)
+    lost = [job_id for job_id in rung if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
     try:
-        ticks = fire_due_ticks(store, publish, default_max_attempts=settings.default_max_attempts)
+        ticks = fire_due_ticks(
+            store, ring_batch, default_max_attempts=settings.default_max_attempts
+        )
     except Exception:  # ticks must not stop retention (each schedule is guarded already)
         log.exception("sweeper: periodic ticks failed this pass")
         ticks = []
     return SweepReport(
         tuple(job.id for job in dead),
         tuple(job.id for job in expired),
-        tuple(dispatched),
+        tuple(rung),
         tuple(lost),
         tuple(tick.job_id for tick in ticks if tick.created),
         prune(store, settings.retention_days),
@@ -179,7 +181,7 @@ def prune(
 def run_forever(
     store: JobStore,
     settings: Settings,
-    publish: Publish,
+    ring_batch: RingBatch,
     stop: threading.Event | None = None,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
@@ -203,7 +205,7 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, publish, waiting, watch)
+            report = sweep_once(store, settings, ring_batch, waiting, watch)
             if report:
                 log.info("sweeper: %s", report)
         except Exception:  # the database may be restarting: try again next pass

@@ -74,7 +74,7 @@ class Chaos:
         self.stack.configure(
             JOBS_LEASE_SECONDS=self.lease_seconds,
             JOBS_SWEEP_INTERVAL_SECONDS=0.5,
-            JOBS_REDISPATCH_AFTER_SECONDS=2,
+            JOBS_RING_AGAIN_AFTER_SECONDS=2,
         )
         self.pool: list[Proc] = []
         self._names = 0
@@ -169,7 +169,7 @@ class Chaos:
             )
         if kind == "duplicate" and submitted:
             job_id = submitted[self.random.randrange(len(submitted))]
-            default_app().runtime.dispatch([job_id, job_id])
+            default_app().runtime.ring_batch([job_id, job_id])
             return self._record(Fault(kind, time.time(), (), job_id))
         from tests.acceptance.test_delivery import hostile_messages, publish_raw  # noqa: PLC0415
 

@@ -21,7 +21,7 @@ from tests.acceptance.conftest import PG_RABBITMQ, Stack
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq]
 
-REDISPATCH_AFTER = 60
+RING_AGAIN_AFTER = 60
 JOBS = 4
 STEPS = 2
 SECONDS = 0.5
@@ -40,7 +40,7 @@ def _running_intervals(stack: Stack, job_id: str) -> list[tuple[dt.datetime, dt.
 
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: Stack) -> None:
-    stack.configure(JOBS_REDISPATCH_AFTER_SECONDS=REDISPATCH_AFTER)
+    stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=RING_AGAIN_AFTER)
     stack.store.set_limits("sleep_steps", max_running=1, max_queued=None)
     workers = [stack.worker(name, pool="prefork", concurrency=2, wait=False) for name in "AB"]
     for worker in workers:
@@ -68,7 +68,7 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
     for (_, ended), (started, _) in itertools.pairwise(intervals):
         assert started >= ended, f"two RUNNING at once: {intervals}"
 
-    # The slot was handed on at once, not after the sweeper's one-minute re-dispatch.
+    # The slot was handed on at once, not after the sweeper's one-minute ring-again.
     gaps = [
         (started - ended).total_seconds()
         for (_, ended), (started, _) in itertools.pairwise(intervals)
@@ -82,7 +82,7 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
         f"hand-off gaps {[round(g, 3) for g in gaps]}s"
     )
     assert max(gaps) < 5, gaps
-    assert total < REDISPATCH_AFTER / 2, total
+    assert total < RING_AGAIN_AFTER / 2, total
 
     # The deliveries that found the slot taken were dropped and said why.
     waiting = [

@@ -283,7 +283,7 @@ def test_a_3s_restart_with_steps_ending_inside_it_costs_seconds(
     processes take doorbells they cannot claim. No step runs twice (a finished step's
     record is held, not dropped), no job is taken over, and the backlog finishes within
     10 s of the server being back: doorbells were requeued, not burned (before: the last of
-    40 completed about 40 s after the kill, waiting for JOBS_REDISPATCH_AFTER_SECONDS)."""
+    40 completed about 40 s after the kill, waiting for JOBS_RING_AGAIN_AFTER_SECONDS)."""
     stack.configure(JOBS_LEASE_SECONDS=30, JOBS_SWEEP_INTERVAL_SECONDS=0.5)
     workers = [
         stack.worker("A", pool="prefork", concurrency=2, wait=False),

@@ -49,8 +49,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
     stack.wait_effect(job_id, "check_payment:start", timeout=30)
     owner = next(w for w in workers if w.owns(stack.job(job_id).owner))
-    default_app().runtime.dispatch([job_id])
-    default_app().runtime.dispatch([job_id])
+    default_app().runtime.ring_batch([job_id])
+    default_app().runtime.ring_batch([job_id])
     lines = wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(stack, job_id),
         20,
@@ -61,8 +61,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
     job = stack.wait_state(job_id, timeout=30)
     assert job.state is State.COMPLETED, job
-    default_app().runtime.dispatch([job_id])
-    default_app().runtime.dispatch([job_id])
+    default_app().runtime.ring_batch([job_id])
+    default_app().runtime.ring_batch([job_id])
     wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 4,
         20,
@@ -87,15 +87,15 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
-def test_lost_message_is_redispatched_by_sweeper(stack: Stack) -> None:
+def test_lost_message_is_rung_again_by_sweeper(stack: Stack) -> None:
     """Scenario 6a: no message was ever sent (the doorbell is off in this process); the
     job is QUEUED and looks dispatched, so only the sweeper's lost-message rule
-    (``JOBS_REDISPATCH_AFTER_SECONDS``) can get it to a worker."""
-    stack.configure(JOBS_REDISPATCH_AFTER_SECONDS=2)
+    (``JOBS_RING_AGAIN_AFTER_SECONDS``) can get it to a worker."""
+    stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=2)
     worker = stack.worker("A", wait=False)
     stack.sweeper()
     worker.wait_ready()
-    api.set_dispatcher(None)
+    api.set_doorbell(None)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.2})
     submitted = stack.job(job_id)
     assert submitted.state is State.QUEUED
@@ -108,11 +108,11 @@ def test_lost_message_is_redispatched_by_sweeper(stack: Stack) -> None:
     waited = (claim.at - submitted.created_at).total_seconds()
     print(
         f"\n[{stack.backend}] lost message: claimed {waited:.2f}s after submit "
-        "(re-dispatch after 2s)"
+        "(rung again after 2s)"
     )
     assert waited >= 2 - 0.1, waited  # not before the message counted as lost
     sweeper = next(p for p in stack.procs if p.name == "sweeper").output()
-    assert re.search(rf"dispatched=\('{job_id}',\)", sweeper), sweeper[-2000:]
+    assert re.search(rf"rung=\('{job_id}',\)", sweeper), sweeper[-2000:]
     assert_recorded_steps_ran_once(stack, job_id)
     assert len(stack.claims(job_id)) == 1
     stack.wait_queue_empty()

@@ -38,9 +38,9 @@ def test_a_worker_runs_the_jobs_of_doorbells_published_by_the_fallback(
         for job_id in job_ids:
             job = stack.wait_state(job_id, timeout=30)
             assert job.state is State.COMPLETED, job
-        dispatcher = default_app().runtime.dispatcher
-        assert dispatcher._amqp is not None  # type: ignore[union-attr]
-        assert dispatcher._amqp.fast is False  # type: ignore[union-attr]
+        ringer = default_app().runtime.ringer
+        assert ringer._amqp is not None  # type: ignore[union-attr]
+        assert ringer._amqp.fast is False  # type: ignore[union-attr]
         warnings = [
             record.getMessage()
             for record in caplog.records

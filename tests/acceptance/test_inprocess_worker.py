@@ -107,7 +107,7 @@ def test_in_process_worker_drops_a_duplicate(stack: Stack, celery_session_worker
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     assert stack.wait_state(job_id, timeout=30).state is State.COMPLETED
-    default_app().runtime.dispatch([job_id])
+    default_app().runtime.ring_batch([job_id])
     stack.wait_queue_empty()
     assert [t.to_state for t in stack.history(job_id)] == [
         State.QUEUED,

@@ -1,6 +1,6 @@
 """Priorities with real workers (issue 9): when a worker frees up, the waiting job of the
 highest priority starts next, whether its doorbell came from the submit or from the
-sweeper's re-dispatch, on PostgreSQL + RabbitMQ (a classic priority queue) and on the
+sweeper's ring-again, on PostgreSQL + RabbitMQ (a classic priority queue) and on the
 embedded default (SQLite + the filesystem transport, which orders its files by priority).
 
 Job IDs are chosen so that the low-priority jobs sort first by ID and were submitted
@@ -77,12 +77,12 @@ def test_higher_priority_jobs_start_first_when_a_worker_frees_up(stack: Stack) -
 
 
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
-def test_the_sweepers_redispatch_rings_higher_priorities_first(stack: Stack) -> None:
+def test_the_sweepers_ring_again_rings_higher_priorities_first(stack: Stack) -> None:
     """The submits' doorbells are lost (none sent); the sweeper re-sends all 20 in one pass,
     the high-priority batch first and each message with its priority; one worker of
     concurrency 1 then starts the high ones first."""
-    stack.configure(JOBS_REDISPATCH_AFTER_SECONDS=1)
-    api.set_dispatcher(None)  # as if every publish after commit was lost
+    stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=1)
+    api.set_doorbell(None)  # as if every publish after commit was lost
     low, high = submit_low_then_high(stack)
     assert stack.queue_depth() == (0, 0)
     submitted = {job_id: stack.job(job_id).dispatched_at for job_id in low + high}
@@ -143,7 +143,7 @@ def test_a_queue_declared_before_priorities_says_how_to_upgrade(stack: Stack) ->
         Queue(stack.queue, exchange=stack.queue, routing_key=stack.queue, durable=True).bind(
             conn.default_channel
         ).declare()
-    stack.configure(JOBS_REDISPATCH_AFTER_SECONDS=2)
+    stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=2)
     worker = stack.worker("A", wait=False)
     stack.sweeper()
     job_id = stack.submit("check_order", {"order_id": 1, "check_seconds": 0.1}, priority=HIGH)

@@ -99,7 +99,7 @@ def test_quorum_queue_loses_its_leader_then_the_workers_node(
     back, then kill node 1 (the workers' own connection): they fail over to the next URL
     and 8 jobs finish within 10 s. Nothing lost, no worker exits."""
     first, second, third = cluster.nodes
-    stack.configure(JOBS_QUEUE_TYPE="quorum", JOBS_REDISPATCH_AFTER_SECONDS=120)
+    stack.configure(JOBS_QUEUE_TYPE="quorum", JOBS_RING_AGAIN_AFTER_SECONDS=120)
     declare_on(second)
     assert cluster.queue_info(stack.queue)["type"] == "quorum"
     leader = cluster.leader(stack.queue)
@@ -142,10 +142,10 @@ def test_classic_queue_home_node_down_workers_wait_and_resume(
     """Classic queue on node 1, workers on node 2. Kill node 1: the queue is unusable, the
     workers log the refusal and retry (no exit, no crash loop). Restart node 1: the
     workers consume again within seconds, and the sweeper rings at once for the jobs
-    whose doorbells were published while the queue was down (the re-dispatch delay is
+    whose doorbells were published while the queue was down (the ring-again delay is
     120 s here, so the watch did it)."""
     home, second, third = cluster.nodes
-    stack.configure(JOBS_QUEUE_TYPE="classic", JOBS_REDISPATCH_AFTER_SECONDS=120)
+    stack.configure(JOBS_QUEUE_TYPE="classic", JOBS_RING_AGAIN_AFTER_SECONDS=120)
     declare_on(home)
     point_at(stack, [second, third, home])
     workers = start_processes(stack)
@@ -187,9 +187,9 @@ def test_node_lost_for_good_queue_declared_again_and_doorbells_rung(
     ``forget_cluster_node``). The queue goes with it; the queue is declared again on a
     live node (by the sweeper's watch or a retrying worker, whichever is first) and the
     sweeper rings every due doorbell at once: all jobs complete within 30 s of the
-    operator's ``forget_cluster_node`` although the re-dispatch delay is 120 s."""
+    operator's ``forget_cluster_node`` although the ring-again delay is 120 s."""
     first, second, doomed = cluster.nodes
-    stack.configure(JOBS_QUEUE_TYPE="classic", JOBS_REDISPATCH_AFTER_SECONDS=120)
+    stack.configure(JOBS_QUEUE_TYPE="classic", JOBS_RING_AGAIN_AFTER_SECONDS=120)
     declare_on(doomed)
     point_at(stack, [first, second, doomed])
     jobs = submit(stack, 10)  # their doorbells wait in the doomed queue

@@ -57,7 +57,7 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
         "the restart took most of the sleep; raise SLEEP_SECONDS"
     )
 
-    jobs.dispatch(job_id)  # a stray doorbell before the wake-up: dropped, not held
+    jobs.ring(job_id)  # a stray doorbell before the wake-up: dropped, not held
     wait_until(
         lambda: f"job {job_id}: delivery dropped, QUEUED but not due" in second.output(),
         30,

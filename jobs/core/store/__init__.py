@@ -11,16 +11,21 @@ concern, and all share one execution layer (one statement cache, one clock):
   complete, fail, retry, hand-back, sleep, waiting for approval.
 - :mod:`~jobs.core.store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
-- :mod:`~jobs.core.store.dispatch`: which doorbells are due; forgetting failed ones.
+- :mod:`~jobs.core.store.doorbells`: which doorbells are due; marking failed ones unrung.
+- :mod:`~jobs.core.store.row_changes`: what a state move writes besides the state.
 - :mod:`~jobs.core.store.schedules`: periodic ticks, retention, counters.
-- :mod:`~jobs.core.store.workflows`: children (spawn, fan-in), events, wait deadlines.
+- :mod:`~jobs.core.store.workflows`: children (spawn, fan-in), events, wait deadlines;
+  :mod:`~jobs.core.store.fan_in`: a finishing child's countdown of its parent.
+- :mod:`~jobs.core.store.deferred`: a completion held for the next claim's flight, and
+  writes held through a database outage.
 
 Reads are :class:`jobs.core.reader.JobReader`'s, composed in (``store.reader``) and
-exposed here too. Every state change is a single compare-and-set UPDATE whose WHERE
-clause carries the allowed source states from :data:`jobs.core.states.TRANSITIONS` (and,
-for an owner's writes, the owner, the fence and an unexpired lease on the database
-clock). Zero rows matched means the change was not allowed; the store then reads the row
-once to say why (unknown job, illegal transition, lease lost) and has changed nothing.
+exposed here too (:mod:`~jobs.core.store.reads`). Every state change is a single
+compare-and-set UPDATE whose WHERE clause carries the allowed source states from
+:data:`jobs.core.states.TRANSITIONS` (and, for an owner's writes, the owner, the fence
+and an unexpired lease on the database clock). Zero rows matched means the change was
+not allowed; the store then reads the row once to say why (unknown job, illegal
+transition, lease lost) and has changed nothing.
 Each change appends a row to the history in the same transaction.
 """
 
@@ -35,13 +40,12 @@ from sqlalchemy import Connection, Engine
 
 from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.errors import LeaseLost
-from jobs.core.reader import JobReader, Move, StepTiming
+from jobs.core.reader import JobReader
 from jobs.core.records import (
     BulkOutcome,
     Claim,
     Doorbell,
     Job,
-    JobFilter,
     KindLimits,
     PendingStep,
     Selected,
@@ -49,18 +53,18 @@ from jobs.core.records import (
     Transition,
 )
 from jobs.core.schedule import Schedule
-from jobs.core.states import State
 from jobs.core.store.deferred import hold_completions
-from jobs.core.store.dispatch import Dispatch
+from jobs.core.store.doorbells import Doorbells
 from jobs.core.store.operations import Operations
 from jobs.core.store.ownership import Ownership
+from jobs.core.store.reads import StoreReads
 from jobs.core.store.schedules import Schedules
 from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import Submissions
 from jobs.core.store.workflows import Workflows
 
 
-class JobStore:
+class JobStore(StoreReads):
     """Every write to the job tables, and the reads (see the package's docstring).
 
     **Unit of work.** Every write takes an optional ``conn``: a SQLAlchemy ``Connection``
@@ -91,7 +95,7 @@ class JobStore:
         self.submissions = Submissions(self.statements, max_payload_bytes)
         self.ownership = Ownership(self.statements, max_payload_bytes)
         self.operations = Operations(self.statements, self.ownership)
-        self.dispatch = Dispatch(self.statements)
+        self.doorbells = Doorbells(self.statements)
         self.scheduling = Schedules(self.statements, self.submissions, self.reader)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
         self.ownership.finish_child = self.workflows.finish_child
@@ -445,25 +449,25 @@ class JobStore:
         (:meth:`Operations.sweep_expired`)"""
         return self.operations.sweep_expired(limit)
 
-    # -- dispatch bookkeeping --------------------------------------------------
-    def due_for_dispatch(
+    # -- doorbell bookkeeping --------------------------------------------------
+    def take_due_doorbell_ids(
         self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
     ) -> list[str]:
-        """The IDs of :meth:`due_doorbells`, in the order they are to be rung.
-        (:meth:`Dispatch.due_for_dispatch`)"""
-        return self.dispatch.due_for_dispatch(stale_seconds, limit, stale_limit)
+        """The IDs of :meth:`take_due_doorbells`, in the order they are to be rung.
+        (:meth:`Doorbells.take_due_doorbell_ids`)"""
+        return self.doorbells.take_due_doorbell_ids(stale_seconds, limit, stale_limit)
 
-    def due_doorbells(
+    def take_due_doorbells(
         self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
     ) -> list[Doorbell]:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost).
-        (:meth:`Dispatch.due_doorbells`)"""
-        return self.dispatch.due_doorbells(stale_seconds, limit, stale_limit)
+        (:meth:`Doorbells.take_due_doorbells`)"""
+        return self.doorbells.take_due_doorbells(stale_seconds, limit, stale_limit)
 
-    def forget_dispatch(self, job_ids: Sequence[str]) -> None:
-        """A publish failed. (:meth:`Dispatch.forget_dispatch`)"""
-        return self.dispatch.forget_dispatch(job_ids)
+    def mark_unrung(self, job_ids: Sequence[str]) -> None:
+        """A publish failed. (:meth:`Doorbells.mark_unrung`)"""
+        return self.doorbells.mark_unrung(job_ids)
 
     # -- schedules, retention, counters -----------------------------------------
     def put_schedule(self, schedule: Schedule) -> Schedule:
@@ -515,137 +519,6 @@ class JobStore:
         """Add ``amount`` to an operational counter (``recovery_dead_owner``, ``lost_message``,
         ``admission_refused`` …) for a kind; never touches a job. (:meth:`Schedules.count_event`)"""
         return self.scheduling.count_event(name, kind, amount, wait=wait)
-
-    # -- reads, by the composed reader ------------------------------------------------
-    def now(self) -> dt.datetime:
-        """The clock's current instant, as the database sees it. (:meth:`JobReader.now`)"""
-        return self.reader.now()
-
-    def get(self, job_id: str) -> Job:
-        """The job ``job_id``; raises :class:`UnknownJob`. (:meth:`JobReader.get`)"""
-        return self.reader.get(job_id)
-
-    def steps(self, job_id: str) -> builtins.list[Step]:
-        """The job's recorded steps, oldest first. (:meth:`JobReader.steps`)"""
-        return self.reader.steps(job_id)
-
-    def history(self, job_id: str) -> builtins.list[Transition]:
-        """The job's state changes, oldest first. (:meth:`JobReader.history`)"""
-        return self.reader.history(job_id)
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        """Number of jobs by (kind, state). (:meth:`JobReader.counts`)"""
-        return self.reader.counts()
-
-    def counts_by_priority(self) -> dict[tuple[str, str, int], int]:
-        """Number of jobs by (kind, state, priority). (:meth:`JobReader.counts_by_priority`)"""
-        return self.reader.counts_by_priority()
-
-    def queued_by_queue(self) -> dict[str | None, int]:
-        """Number of QUEUED jobs by queue. (:meth:`JobReader.queued_by_queue`)"""
-        return self.reader.queued_by_queue()
-
-    def not_due(self) -> dict[str, int]:
-        """QUEUED jobs not due yet by kind. (:meth:`JobReader.not_due`)"""
-        return self.reader.not_due()
-
-    def oldest_queued(self) -> tuple[str, float] | None:
-        """(job id, seconds since it became due) of the longest-waiting due QUEUED job.
-        (:meth:`JobReader.oldest_queued`)"""
-        return self.reader.oldest_queued()
-
-    def stale_dispatches(self, stale_seconds: float) -> int:
-        """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that no
-        worker claimed since. (:meth:`JobReader.stale_dispatches`)"""
-        return self.reader.stale_dispatches(stale_seconds)
-
-    def limits(self) -> dict[str, KindLimits]:
-        """Every kind's limits row, by kind. (:meth:`JobReader.limits`)"""
-        return self.reader.limits()
-
-    def next_due(self, kind: str, limit: int = 1) -> builtins.list[str]:
-        """The due QUEUED jobs of a kind that get the next slot a finished job frees.
-        (:meth:`JobReader.next_due`)"""
-        return self.reader.next_due(kind, limit)
-
-    def next_due_doorbells(self, kind: str, limit: int = 1) -> builtins.list[Doorbell]:
-        """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on.
-        (:meth:`JobReader.next_due_doorbells`)"""
-        return self.reader.next_due_doorbells(kind, limit)
-
-    def running_with_liveness(self) -> builtins.list[tuple[str, str, int, int]]:
-        """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness lock,
-        for the sweeper to compare with the locks still held.
-        (:meth:`JobReader.running_with_liveness`)"""
-        return self.reader.running_with_liveness()
-
-    def list(
-        self,
-        state: State | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        *,
-        where: JobFilter | None = None,
-    ) -> builtins.list[Job]:
-        """The newest ``limit`` jobs, optionally of one state and one kind, or as ``where``
-        filters them. (:meth:`JobReader.list`)"""
-        return self.reader.list(state, kind, limit, where=where)
-
-    def select_jobs(
-        self, where: JobFilter, limit: int, among: Sequence[State] | None = None
-    ) -> tuple[int, builtins.list[Selected]]:
-        """How many jobs ``where`` matches (in one of the states ``among``), and the oldest
-        ``limit`` with their state and fence, for a bulk action.
-        (:meth:`JobReader.select_jobs`)"""
-        return self.reader.select_jobs(where, limit, among)
-
-    def schedules(self) -> builtins.list[Schedule]:
-        """Every periodic schedule, by name. (:meth:`JobReader.schedules`)"""
-        return self.reader.schedules()
-
-    def schedule(self, name: str) -> Schedule:
-        """One schedule by name; :class:`InvalidInput` names the known ones if it is unknown.
-        (:meth:`JobReader.schedule`)"""
-        return self.reader.schedule(name)
-
-    def count_prunable(self, older_than_seconds: float) -> int:
-        """How many finished jobs retention would delete now (``jobctl prune --dry-run``).
-        (:meth:`JobReader.count_prunable`)"""
-        return self.reader.count_prunable(older_than_seconds)
-
-    def counters(self) -> dict[tuple[str, str], int]:
-        """Operational counters by (name, kind). (:meth:`JobReader.counters`)"""
-        return self.reader.counters()
-
-    def awaiting_redispatch(self, stale_seconds: float) -> dict[str, str]:
-        """{job id. (:meth:`JobReader.awaiting_redispatch`)"""
-        return self.reader.awaiting_redispatch(stale_seconds)
-
-    def liveness_key_of(self, job_id: str) -> int | None:
-        """The liveness key the job's current owner took (None if not RUNNING or none).
-        (:meth:`JobReader.liveness_key_of`)"""
-        return self.reader.liveness_key_of(job_id)
-
-    def leases_ending(self, within_seconds: float) -> builtins.list[tuple[str, bool, int]]:
-        """(kind, already expired, count) of RUNNING jobs whose lease ends within ``within_seconds``
-        (or has ended) on the database clock. (:meth:`JobReader.leases_ending`)"""
-        return self.reader.leases_ending(within_seconds)
-
-    def moves_after(
-        self, after_id: int | None, limit: int = 20000
-    ) -> tuple[builtins.list[Move], int]:
-        """The history rows after ``after_id`` that end a run or start one, oldest first, each with
-        its job's kind and the instant of the claim that began the run; and the watermark to pass
-        next time. (:meth:`JobReader.moves_after`)"""
-        return self.reader.moves_after(after_id, limit)
-
-    def steps_after(
-        self, after: dt.datetime | None, limit: int = 20000
-    ) -> tuple[builtins.list[StepTiming], dt.datetime]:
-        """Steps recorded after ``after`` by a run (not approvals), oldest first, each with the
-        instant its run's claim or previous step ended; and the watermark to pass next time
-        (:meth:`JobReader.steps_after`)"""
-        return self.reader.steps_after(after, limit)
 
 
 __all__ = [

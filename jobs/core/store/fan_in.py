@@ -36,7 +36,8 @@ from jobs.core import states
 from jobs.core.models import JobRecord, TransitionRecord
 from jobs.core.records import Doorbell, Job
 from jobs.core.states import TERMINAL, State
-from jobs.core.store.statements import RowChanges, Statements, param, state_in
+from jobs.core.store.row_changes import RowChanges
+from jobs.core.store.statements import Statements, param, state_in
 
 
 def doorbell_of(row: Row[Any] | Job) -> Doorbell:

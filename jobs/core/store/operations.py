@@ -18,7 +18,8 @@ from jobs.core.models import JobRecord, StepRecord
 from jobs.core.records import BulkOutcome, Job, Selected
 from jobs.core.states import RETRYABLE, State
 from jobs.core.store.ownership import Ownership
-from jobs.core.store.statements import RowChanges, Statements
+from jobs.core.store.row_changes import RowChanges
+from jobs.core.store.statements import Statements
 from jobs.core.store.workflows import Workflows, settle_parent
 from jobs.core.validate import check_person, check_text
 

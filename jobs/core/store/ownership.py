@@ -36,7 +36,8 @@ from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionR
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import can_hold, hold
-from jobs.core.store.statements import RowChanges, Statements, kind_in, param
+from jobs.core.store.row_changes import RowChanges
+from jobs.core.store.statements import Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
 from jobs.core.store.workflows import settle_parent
 from jobs.core.validate import check_name, encode_json

@@ -175,7 +175,7 @@ class Submissions:
             "created_at": now,
             "updated_at": now,
             # Optimistic: the caller publishes right after commit; a failed publish calls
-            # forget_dispatch, a lost message is re-sent by the sweeper once it is stale.
+            # mark_unrung, a lost message is re-sent by the sweeper once it is stale.
             "dispatched_at": dispatched_at,
         }
 

@@ -40,7 +40,8 @@ from jobs.core.models import EventRecord, JobRecord, StepRecord
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import TERMINAL, State, sources_of
 from jobs.core.store.fan_in import child_finish_statement, doorbell_of, settle_parent
-from jobs.core.store.statements import RowChanges, Statements, state_in
+from jobs.core.store.row_changes import RowChanges
+from jobs.core.store.statements import Statements, state_in
 from jobs.core.store.submissions import Submissions
 from jobs.core.validate import check_name, encode_json
 
