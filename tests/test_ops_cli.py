@@ -361,7 +361,7 @@ def test_sweeper_once_and_db_current_answer_in_json() -> None:
     assert set(report) == {
         "dead_owner",
         "expired",
-        "dispatched",
+        "rung",
         "lost_messages",
         "ticks",
         "pruned",

@@ -168,7 +168,7 @@ class Operations:
         its fence bumped, so nothing written under an earlier claim can land. Its recorded
         steps are kept, so the next run replays them and starts at the step that failed;
         ``from_start`` deletes them instead, in the same transaction. The history row says
-        who, why, and which of the two. Marked dispatched: the caller rings the doorbell
+        who, why, and which of the two. Marked rung: the caller rings the doorbell
         after the commit. Any other state raises :class:`IllegalTransition` (or
         :class:`UnknownJob`) and nothing changes."""
         self._check_retry(by, reason)
