@@ -40,11 +40,23 @@ def _state(engine: Engine, job_id: str) -> str:
         )
 
 
+def _busy(store: JobStore, warm_up: str = "warm-up") -> None:
+    """Make the store's process busy, as a backlog does: one job completes (written at
+    once: the process was idle), and the test's next statement (a claim) follows it within
+    the hold's window."""
+    store.create("k", {}, job_id=warm_up, max_attempts=3)
+    claim = store.claim(warm_up, "W", 30)
+    assert claim is not None
+    store.complete(claim, None)
+    assert store.get(warm_up).state is State.COMPLETED  # idle: written at once
+
+
 def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     for job_id in ("a", "b"):
         store.create("k", {}, job_id=job_id, max_attempts=3)
     claim = store.claim("a", "W", 30)
@@ -75,6 +87,7 @@ def test_the_next_claim_and_the_held_completion_are_one_round_trip(
     try:
         store = JobStore(traced)
         store.hold_completions(LONG)
+        _busy(store)
         for job_id in ("a", "b", "c"):
             store.create("k", {}, job_id=job_id, max_attempts=3)
         first = store.claim("a", "W", 30)
@@ -96,6 +109,7 @@ def test_the_next_claim_and_the_held_completion_are_one_round_trip(
 def test_a_held_completion_is_sent_alone_when_no_claim_follows(engine: Engine) -> None:
     store = JobStore(engine)
     store.hold_completions(0.05)
+    _busy(store)
     store.create("k", {}, job_id="a", max_attempts=3)
     claim = store.claim("a", "W", 30)
     assert claim is not None
@@ -116,6 +130,7 @@ def test_a_held_completion_that_fails_does_not_stop_the_claim_it_travels_with(
     error), and the claim sent with it still commits."""
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     for job_id in ("a", "b"):
         store.create("k", {}, job_id=job_id, max_attempts=3)
     claim = store.claim("a", "W", 30)
@@ -136,6 +151,7 @@ def test_a_held_completion_is_refused_once_the_claim_is_not_live(
     held completion writes nothing."""
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     for job_id in ("a", "b"):
         store.create("k", {}, job_id=job_id, max_attempts=3)
     claim = store.claim("a", "W", 30)
@@ -153,6 +169,7 @@ def test_a_job_of_a_limited_kind_completes_at_once(engine: Engine) -> None:
     completion is written before the run returns."""
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     store.set_limits("limited", max_running=1, max_queued=None)
     store.create("limited", {}, job_id="a", max_attempts=3)
     claim = store.claim("a", "W", 30)
@@ -169,6 +186,7 @@ def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_comple
 
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     store.create("k", {}, job_id="a", max_attempts=3)
     claim = store.claim("a", "W", 30)
     assert claim is not None
@@ -227,6 +245,7 @@ def test_without_the_private_sync_a_held_completion_goes_alone_before_the_claim(
     monkeypatch.setattr(psycopg.Pipeline, "_enqueue_sync", None)
     store = JobStore(engine)
     store.hold_completions(LONG)
+    _busy(store)
     for job_id in ("a", "b", "c"):
         store.create("k", {}, job_id=job_id, max_attempts=3)
     claim = store.claim("a", "W", 30)
@@ -242,3 +261,42 @@ def test_without_the_private_sync_a_held_completion_goes_alone_before_the_claim(
     assert len(warnings) == 1, warnings  # once per process
     assert "check failed" in warnings[0].getMessage()
     assert "sent alone before the next claim" in warnings[0].getMessage()
+
+
+# -- only a busy process holds ------------------------------------------------------------------
+
+
+def test_an_idle_process_writes_a_completion_at_once(engine: Engine) -> None:
+    """A lone job pays no hold: nothing followed the process's last completion (there was
+    none), so this one is written before the run returns."""
+    store = JobStore(engine)
+    store.hold_completions(LONG)
+    store.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.claim("a", "W", 30)
+    assert claim is not None
+    assert store.complete(claim, "ok").state is State.COMPLETED
+    held = store.statements.held
+    assert held is not None
+    assert (held.carried, held.alone, held.at_once) == (0, 0, 1)
+
+
+def test_a_pause_longer_than_the_window_makes_the_process_idle_again(engine: Engine) -> None:
+    store = JobStore(engine)
+    store.hold_completions(0.05)
+    _busy(store)
+    for job_id in ("a", "b", "c"):
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.claim("a", "W", 30)  # right after the warm-up's completion: busy
+    assert claim is not None
+    assert store.complete(claim, None).state is State.RUNNING  # held
+    time.sleep(0.3)  # no claim within the window: the timer sends it alone
+    assert store.get("a").state is State.COMPLETED
+    claim = store.claim("b", "W", 30)  # came after the window: idle
+    assert claim is not None
+    assert store.complete(claim, None).state is State.COMPLETED  # written at once
+    claim = store.claim("c", "W", 30)  # right after b's completion: busy again
+    assert claim is not None
+    assert store.complete(claim, None).state is State.RUNNING
+    held = store.statements.held
+    assert held is not None
+    assert (held.carried, held.alone, held.at_once) == (0, 1, 2)

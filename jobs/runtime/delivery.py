@@ -96,9 +96,11 @@ def send_held_completions(**_: object) -> None:
         held = store.statements.held
         if held is not None:
             log.info(
-                "held completions: %d carried by the next claim, %d sent alone",
+                "completions: %d held and carried by the next claim, %d held and sent alone, "
+                "%d written at once (idle)",
                 held.carried,
                 held.alone,
+                held.at_once,
             )
         try:
             store.flush_held()

@@ -23,6 +23,12 @@ Why no guarantee moves:
   the job then stays RUNNING until its lease or its owner's liveness says otherwise, as
   after a failed completion written at once.
 
+Only a busy process holds: one whose last completion was followed by a statement (the next
+claim) within ``flush_after``. A backlog keeps a process busy, so a drain pays one round trip
+per job; an idle process writes a completion at once, so a lone job's end-to-end time does not
+grow by ``flush_after``. The first job after a pause is written at once, and its next claim
+makes the process busy again.
+
 Only the plain case is deferred: a job without a parent (a child's end also counts it
 down in its parent) of a kind without a running limit (a finished run of a limited kind
 rings the next waiting job once its slot is free).
@@ -81,9 +87,30 @@ class HeldWrites:
         self._due = 0.0
         self._lock = threading.Condition()
         self._timer: threading.Thread | None = None
-        # How the held writes went out: with the next statement, or alone (timer, exit).
+        # How the held writes went out: with the next statement, or alone (timer, exit);
+        # and the completions written at once because the process was idle.
         self.carried = 0
         self.alone = 0
+        self.at_once = 0
+        # Busy: a statement followed this process's last completion within flush_after (a
+        # backlog: the next claim will come at once). Only then is a completion held; an
+        # idle process's completion is written at once, adding no latency to a lone job.
+        self.busy = False
+        self._ended_at: float | None = None
+
+    def ended(self, *, held: bool) -> None:
+        """A completion ended a run (``held``, or written at once): the next statement
+        will say whether this process is busy."""
+        self._ended_at = time.monotonic()
+        if not held:
+            self.at_once += 1
+
+    def next_statement(self) -> None:
+        """A statement is about to run: if it is the first since a completion, the process
+        is busy when it came within ``flush_after`` of that completion."""
+        ended_at, self._ended_at = self._ended_at, None
+        if ended_at is not None:
+            self.busy = time.monotonic() - ended_at <= self.flush_after
 
     def hold(self, write: HeldWrite) -> None:
         """Hold ``write`` for the next flight; one already held is sent alone first."""
@@ -187,6 +214,7 @@ def carrying(
     """Run ``driver`` on ``conn`` (its first row), carrying the held write in the same
     flight if there is one. Only a statement that commits on its own carries one: inside a
     caller's transaction the held write would commit or roll back with it."""
+    held.next_statement()
     autocommits = bool(getattr(conn.connection.driver_connection, "autocommit", False))
     earlier = held.take() if autocommits else None
     if earlier is None:
@@ -246,6 +274,19 @@ def can_hold(statements: Statements) -> bool:
     )
 
 
+def holds_now(statements: Statements) -> bool:
+    """Whether a completion is to be held now: it can be, and the process is busy (a
+    statement followed its last completion within ``flush_after``)."""
+    return can_hold(statements) and statements.held is not None and statements.held.busy
+
+
+def completion_ended(statements: Statements, *, held: bool) -> None:
+    """Note that a completion ended a run (``held`` or written at once), when completions
+    can be held at all: the next statement decides whether the process is busy."""
+    if statements.held is not None:
+        statements.held.ended(held=held)
+
+
 def hold(
     statements: Statements,
     key: tuple[Any, ...],
@@ -268,7 +309,9 @@ __all__ = [
     "HeldWrites",
     "can_hold",
     "carrying",
+    "completion_ended",
     "hold",
     "hold_completions",
+    "holds_now",
     "settle",
 ]

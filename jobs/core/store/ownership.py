@@ -35,7 +35,7 @@ from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
-from jobs.core.store.deferred import can_hold, hold
+from jobs.core.store.deferred import completion_ended, hold, holds_now
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
@@ -279,9 +279,9 @@ class Ownership:
         self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
     ) -> Job:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
-        In a worker that holds completions (:mod:`jobs.core.store.deferred`) the move of a
-        job without a parent, of a kind without a running limit, is held for the next
-        flight, and the job returned is the claimed one (still RUNNING)."""
+        In a worker that holds completions (:mod:`jobs.core.store.deferred`) and is busy,
+        the move of a job without a parent, of a kind without a running limit, is held for
+        the next flight, and the job returned is the claimed one (still RUNNING)."""
         encode_json(result, "result", self.max_payload_bytes)
         if claim.job.parent_id is not None and self.finish_child is not None:
             return self.finish_child(
@@ -292,20 +292,25 @@ class Ownership:
                 steps,
             )
         statements = self.statements
-        if claim.max_running is None and can_hold(statements):
+        plain = claim.max_running is None
+        if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
             key, build, params = statements.owner_move_statement(
                 claim, State.COMPLETED, changes, "completed", steps
             )
             hold(statements, key, build, params, claim.job_id, "completion")
+            completion_ended(statements, held=True)
             return claim.job
-        return self.statements.owner_move(
+        completed = self.statements.owner_move(
             claim,
             State.COMPLETED,
             RowChanges.finished(self.clock.now(), result=result),
             "completed",
             steps,
         )
+        if plain:
+            completion_ended(statements, held=False)
+        return completed
 
     def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         """The owner's FAILED, with the error as the reason and the pending steps recorded
