@@ -23,11 +23,11 @@ Why no guarantee moves:
   the job then stays RUNNING until its lease or its owner's liveness says otherwise, as
   after a failed completion written at once.
 
-Only a busy process holds: one whose last completion was followed by a statement (the next
-claim) within ``flush_after``. A backlog keeps a process busy, so a drain pays one round trip
-per job; an idle process writes a completion at once, so a lone job's end-to-end time does not
-grow by ``flush_after``. The first job after a pause is written at once, and its next claim
-makes the process busy again.
+Only a busy process holds: one whose last completion was followed by a statement (the
+next claim) within half of ``flush_after``. A backlog keeps a process busy, so a drain pays
+one round trip per job for most jobs; an idle process writes a completion at once, so a
+lone job's end-to-end time does not grow by ``flush_after``. The first job after a pause
+is written at once, and its next claim makes the process busy again.
 
 Only the plain case is deferred: a job without a parent (a child's end also counts it
 down in its parent) of a kind without a running limit (a finished run of a limited kind
@@ -92,9 +92,9 @@ class HeldWrites:
         self.carried = 0
         self.alone = 0
         self.at_once = 0
-        # Busy: a statement followed this process's last completion within flush_after (a
-        # backlog: the next claim will come at once). Only then is a completion held; an
-        # idle process's completion is written at once, adding no latency to a lone job.
+        # Busy: statements follow this process's completions at once (a backlog; see
+        # next_statement). Only then is a completion held; an idle process's is written at
+        # once, adding no latency to a lone job.
         self.busy = False
         self._ended_at: float | None = None
 
@@ -107,10 +107,13 @@ class HeldWrites:
 
     def next_statement(self) -> None:
         """A statement is about to run: if it is the first since a completion, the process
-        is busy when it came within ``flush_after`` of that completion."""
+        is busy when it came within half of ``flush_after`` after that completion. A
+        backlog's next claim comes about 2 ms after a completion (Celery's hand-over
+        between tasks, measured in a drain here); a lone job's process waits longer, and
+        holding its completion would only delay it."""
         ended_at, self._ended_at = self._ended_at, None
         if ended_at is not None:
-            self.busy = time.monotonic() - ended_at <= self.flush_after
+            self.busy = time.monotonic() - ended_at <= self.flush_after / 2
 
     def hold(self, write: HeldWrite) -> None:
         """Hold ``write`` for the next flight; one already held is sent alone first."""
