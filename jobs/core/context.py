@@ -203,15 +203,30 @@ class JobContext(Workflow):
                 pending = self._pending
                 try:
                     if held and self.hold is not None:
-                        self.hold.write(
-                            lambda: self.store.record_steps(self.claim, pending), renew_after=True
-                        )
+                        self._record_held(pending)
                     else:
                         self.store.record_steps(self.claim, pending)
                 except LeaseLost as lost:  # refused by the fence: the handler stops too
                     self.lease_lost(lost)
                     raise
                 self._pending = []
+
+    def _record_held(self, pending: list[PendingStep]) -> None:
+        """Record ``pending`` through an outage (:meth:`jobs.core.outage.LeaseHold.write`):
+        an attempt whose acknowledgement was lost had landed when this claim's owner has
+        every one of them recorded."""
+        assert self.hold is not None
+        claim, names = self.claim, [step.name for step in pending]
+
+        def record() -> bool:
+            self.store.record_steps(claim, pending)
+            return True
+
+        def landed() -> bool | None:
+            recorded = self.store.steps_recorded_by(claim.job_id, claim.owner, claim.fence, names)
+            return True if recorded else None
+
+        self.hold.write(record, renew_after=True, landed=landed)
 
     def _check_time(self, step: tuple[float, str] | None = None) -> None:
         """Raise :class:`TimedOut` if the run (or the step just run) is past its limit."""

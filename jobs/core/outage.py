@@ -157,10 +157,22 @@ class LeaseHold:
             sent_at = self._sent_at
         return sent_at + self.lease_seconds - safety_margin(self.lease_seconds)
 
-    def write(self, write: Callable[[], T], *, renew_after: bool = False) -> T:
+    def write(
+        self,
+        write: Callable[[], T],
+        *,
+        renew_after: bool = False,
+        landed: Callable[[], T | None] | None = None,
+    ) -> T:
         """``write()``, held through an outage while the lease can be live; a held write
         that lands is followed by a renewal when ``renew_after`` (the run goes on). Raises
-        :class:`LeaseLost` when the budget runs out; any other error as it comes."""
+        :class:`LeaseLost` when the budget runs out; any other error as it comes.
+
+        An attempt that failed with a disconnect may have committed all the same (the
+        server committed, and the connection died before its acknowledgement came back);
+        the next attempt is then refused (the step is already recorded, the job is no
+        longer RUNNING). ``landed()`` says whether an earlier attempt did land (its value,
+        else ``None``): then that value is the write's, and the refusal is not raised."""
         try:
             result = write()
         except Exception as err:
@@ -171,7 +183,7 @@ class LeaseHold:
             if self.outages.down:
                 self.outages.reachable()
             return result
-        result = self._retry(write)
+        result = self._retry(write, landed=landed)
         self.outages.reachable()
         if renew_after and self._renew is not None:
             renew = self._renew
@@ -180,7 +192,13 @@ class LeaseHold:
             self.renewed(sent)
         return result
 
-    def _retry(self, write: Callable[[], T], *, first_try: bool = False) -> T:
+    def _retry(
+        self,
+        write: Callable[[], T],
+        *,
+        first_try: bool = False,
+        landed: Callable[[], T | None] | None = None,
+    ) -> T:
         delay = FIRST_RETRY_SECONDS
         if first_try:
             delay = 0.0
@@ -201,4 +219,13 @@ class LeaseHold:
                 return write()
             except Exception as err:
                 if not is_disconnect(err):
-                    raise
+                    earlier = landed() if landed is not None else None
+                    if earlier is None:
+                        raise
+                    log.warning(
+                        "job %s: a write whose acknowledgement was lost in the outage had "
+                        "landed; going on (%s)",
+                        self.claim.job_id,
+                        first_line(err),
+                    )
+                    return earlier

@@ -328,6 +328,40 @@ class JobReader:
             ).all()
         return {row.id: row.kind for row in rows}
 
+    def steps_recorded_by(self, job_id: str, owner: str, fence: int, names: Sequence[str]) -> bool:
+        """Whether every step of ``names`` is recorded for the job by the owner of claim
+        ``fence``: a record whose acknowledgement was lost had landed (a name is recorded
+        once, so the owner's own write is the only one that can match)."""
+        wanted = set(names)
+        with self._read() as conn:
+            found = conn.execute(
+                select(StepRecord.name).where(
+                    StepRecord.job_id == job_id,
+                    StepRecord.owner == owner,
+                    StepRecord.fence == fence,
+                    StepRecord.name.in_(sorted(wanted)),
+                )
+            ).scalars()
+            return set(found) == wanted
+
+    def moved_by(self, job_id: str, owner: str, fence: int) -> Job | None:
+        """The job, if the owner of claim ``fence`` has moved it out of RUNNING (the history
+        row of its outcome, a park or a hand-back: one per claim); else ``None``. A move
+        whose acknowledgement was lost had landed when this finds it."""
+        with self._read() as conn:
+            moved = conn.execute(
+                select(TransitionRecord.id)
+                .where(
+                    TransitionRecord.job_id == job_id,
+                    TransitionRecord.from_state == State.RUNNING.value,
+                    TransitionRecord.to_state != State.RUNNING.value,
+                    TransitionRecord.owner == owner,
+                    TransitionRecord.fence == fence,
+                )
+                .limit(1)
+            ).first()
+        return None if moved is None else self.get(job_id)
+
     def liveness_key_of(self, job_id: str) -> int | None:
         """The liveness key the job's current owner took (None if not RUNNING or none)."""
         with self._read() as conn:

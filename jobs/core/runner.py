@@ -299,11 +299,16 @@ class Runner:
     ) -> Job:
         """``write(steps=…)``, an outcome write with the run's pending steps (taken from
         ``ctx`` unless given), held through a database outage while the lease can be live
-        (:class:`jobs.core.outage.LeaseHold`): the outcome is kept, not re-rolled."""
+        (:class:`jobs.core.outage.LeaseHold`): the outcome is kept, not re-rolled; one
+        whose acknowledgement was lost is found in the job's history, not raised."""
         pending = ctx.take_pending() if steps is None else steps
         if ctx.hold is None:
             return write(steps=pending)
-        return ctx.hold.write(partial(write, steps=pending))
+        claim = ctx.claim
+        return ctx.hold.write(
+            partial(write, steps=pending),
+            landed=lambda: ctx.store.moved_by(claim.job_id, claim.owner, claim.fence),
+        )
 
     @staticmethod
     def _parked_or_back(job: Job) -> Outcome:

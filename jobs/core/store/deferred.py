@@ -205,7 +205,8 @@ def settle(write: HeldWrite, outcome: Any) -> None:
     elif outcome is None:
         log.warning(
             "job %s: the %s held for the next flight was refused (the claim was no longer "
-            "live: lease lost or job cancelled); nothing was written",
+            "live: lease lost or job cancelled; or, after a lost connection, an earlier "
+            "attempt had landed); nothing more was written",
             write.job_id,
             write.what,
         )

@@ -128,6 +128,16 @@ class StoreReads:
         ring. (:meth:`JobReader.awaiting_ring_again`)"""
         return self.reader.awaiting_ring_again(stale_seconds)
 
+    def steps_recorded_by(self, job_id: str, owner: str, fence: int, names: Sequence[str]) -> bool:
+        """Whether the owner of claim ``fence`` recorded every step of ``names``.
+        (:meth:`JobReader.steps_recorded_by`)"""
+        return self.reader.steps_recorded_by(job_id, owner, fence, names)
+
+    def moved_by(self, job_id: str, owner: str, fence: int) -> Job | None:
+        """The job, if the owner of claim ``fence`` moved it out of RUNNING.
+        (:meth:`JobReader.moved_by`)"""
+        return self.reader.moved_by(job_id, owner, fence)
+
     def liveness_key_of(self, job_id: str) -> int | None:
         """The liveness key the job's current owner took (None if not RUNNING or none).
         (:meth:`JobReader.liveness_key_of`)"""

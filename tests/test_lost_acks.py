@@ -1,0 +1,101 @@
+"""A write that committed although its connection died before the acknowledgement came back
+(issue 20's leftover): the worker holds the write through the "outage" and tries again, and
+the retry is refused because the first attempt had landed (the step is already recorded,
+the job is no longer RUNNING). The run must go on as if the first attempt's answer had
+arrived, not fail its attempt. Real PostgreSQL decides everything; only the lost
+acknowledgement is injected: the store's write runs, commits, and then raises what psycopg
+raises when the server does not answer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from jobs.core.context import JobContext
+from jobs.core.db import make_engine
+from jobs.core.records import Claim, Job, PendingStep
+from jobs.core.registry import Registry
+from jobs.core.runner import Outcome, Runner
+from jobs.core.states import State
+from jobs.core.store import JobStore
+
+pytestmark = pytest.mark.postgres
+
+
+class _Unreachable:
+    """What psycopg raises when no server answers: no SQLSTATE."""
+
+    sqlstate = None
+
+
+class LostAcks(JobStore):
+    """A store whose chosen writes lose their first acknowledgement: they commit, then
+    raise a disconnect."""
+
+    def __init__(self, engine: Engine, lose: set[str]) -> None:
+        super().__init__(engine)
+        self.lose = lose
+        self.lost: list[str] = []
+
+    def _once(self, name: str, write: Callable[[], Any]) -> Any:
+        result = write()
+        if name in self.lose:
+            self.lose.discard(name)
+            self.lost.append(name)
+            raise OperationalError("COMMIT", {}, _Unreachable())
+        return result
+
+    def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
+        self._once("record_steps", lambda: super(LostAcks, self).record_steps(claim, steps))
+
+    def complete(
+        self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
+    ) -> Job:
+        return self._once(  # type: ignore[no-any-return]
+            "complete", lambda: super(LostAcks, self).complete(claim, result, steps=steps)
+        )
+
+
+@pytest.fixture
+def engine(pg_url: str, clean_pg_engine: Engine) -> Iterator[Engine]:
+    engine = make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def _two_steps(ran: list[str]) -> Registry:
+    registry = Registry(imports=())
+
+    def handler(ctx: JobContext) -> str:
+        first = ctx.step("first", lambda: ran.append("first") or 1)
+        second = ctx.step("second", lambda: ran.append("second") or 2)
+        return f"{first}+{second}"
+
+    registry.register("two", handler)
+    return registry
+
+
+@pytest.mark.parametrize("lost", ["record_steps", "complete"])
+def test_a_write_whose_acknowledgement_was_lost_is_not_run_again_nor_failed(
+    engine: Engine, lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[str] = []
+    store = LostAcks(engine, {lost})
+    runner = Runner(store, "A", registry=_two_steps(ran), lease_seconds=30.0)
+    store.create("two", {}, job_id="J", max_attempts=3)
+    with caplog.at_level(logging.WARNING):
+        result = runner.run("J")
+    assert store.lost == [lost]  # the acknowledgement was lost once, after the commit
+    assert result.outcome is Outcome.COMPLETED, result
+    job = store.get("J")
+    assert job.state is State.COMPLETED, job
+    assert job.attempts == 1, job
+    assert job.result == "1+2"
+    assert ran == ["first", "second"]  # no step ran twice
+    assert [(step.name, step.output) for step in store.steps("J")] == [("first", 1), ("second", 2)]
+    assert "acknowledgement was lost in the outage had landed" in caplog.text
