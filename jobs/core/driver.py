@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +30,8 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.selectable import ReturnsRows
+
+from jobs.core.self_check import SelfCheck
 
 CURSOR_KEY = "jobs_driver_cursor"
 """Where a pooled connection keeps its reusable cursor (in the pool record's ``info``,
@@ -43,9 +44,6 @@ log = logging.getLogger("jobs")
 TESTED_PSYCOPG = "3.1 to 3.3"
 """The psycopg releases whose private ``Pipeline._enqueue_sync`` the pipelined flight
 (:meth:`DriverStatement.first_after`) was tested on."""
-
-_pipeline_verdict: bool | None = None  # one answer per process, like the library it checks
-_pipeline_verdict_lock = threading.Lock()
 
 
 def runs_on_driver(dialect: Dialect) -> bool:
@@ -108,20 +106,7 @@ class DriverStatement:
 
     def _error(self, conn: Connection, err: Any, params: Mapping[str, Any]) -> Exception:
         """A driver error as SQLAlchemy's, the connection invalidated if it was lost."""
-        dialect = conn.dialect
-        dbapi_connection = conn.connection.driver_connection
-        lost = dialect.is_disconnect(err, dbapi_connection, None)
-        if lost:
-            conn.invalidate(err)
-        error: Exception = DBAPIError.instance(
-            self.sql,
-            params,
-            err,
-            dialect.loaded_dbapi.Error,
-            connection_invalidated=lost,
-            dialect=dialect,
-        )
-        return error
+        return sqlalchemy_error(conn, err, self.sql, params)
 
     def first_after(
         self,
@@ -178,18 +163,37 @@ class DriverStatement:
             cursor.execute(self.sql, params)
             found = cursor.fetchone()
         except dialect.loaded_dbapi.Error as err:
-            lost = dialect.is_disconnect(err, dbapi_connection, cursor)
-            if lost:
-                conn.invalidate(err)
-            raise DBAPIError.instance(
-                self.sql,
-                params,
-                err,
-                dialect.loaded_dbapi.Error,
-                connection_invalidated=lost,
-                dialect=dialect,
-            ) from err
+            raise sqlalchemy_error(conn, err, self.sql, params, cursor=cursor) from err
         return self._row(found)
+
+
+def sqlalchemy_error(
+    conn: Connection,
+    err: Any,
+    sql: str,
+    params: Mapping[str, Any],
+    *,
+    cursor: Any = None,
+    lost: bool | None = None,
+) -> DBAPIError:
+    """The driver's error ``err`` as SQLAlchemy raises it (``IntegrityError``, and
+    ``DBAPIError`` with ``connection_invalidated`` for a lost connection, which
+    :func:`jobs.core.db.retry_on_disconnect` retries); the connection is invalidated when
+    it was lost (``lost``, or the dialect's own test when ``None``)."""
+    dialect = conn.dialect
+    if lost is None:
+        lost = bool(dialect.is_disconnect(err, conn.connection.driver_connection, cursor))
+    if lost:
+        conn.invalidate(err)
+    error: DBAPIError = DBAPIError.instance(
+        sql,
+        params,
+        err,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
+    return error
 
 
 def pipeline_sync_problem(dbapi_connection: Any) -> str | None:
@@ -232,51 +236,45 @@ def pipeline_sync_problem(dbapi_connection: Any) -> str | None:
         second.close()
 
 
+def _warn_one_flight_off(problem: str) -> None:
+    psycopg = sys.modules.get("psycopg")
+    log.warning(
+        "held completions: %s with psycopg %s (tested on %s); each is sent alone before the "
+        "next claim instead (one more round trip per job)",
+        problem,
+        getattr(psycopg, "__version__", "?"),
+        TESTED_PSYCOPG,
+    )
+
+
+PIPELINE_SYNC = SelfCheck(_warn_one_flight_off)
+"""This process's answer for ``Pipeline._enqueue_sync`` (one check, one warning at most)."""
+
+
 def pipeline_sync_verified(conn: Connection) -> bool:
     """Whether this process may send a held write and the next statement in one flight: the
     first call runs :func:`pipeline_sync_problem` on ``conn`` (an autocommit connection),
     logging one warning naming the installed psycopg when the answer is no; later calls
     return the same answer. A lost connection raises (SQLAlchemy's ``DBAPIError``) and
     leaves the question open for the next call."""
-    global _pipeline_verdict  # noqa: PLW0603 - one answer per process
-    with _pipeline_verdict_lock:
-        if _pipeline_verdict is None:
-            dialect = conn.dialect
-            dbapi_connection = conn.connection.driver_connection
-            try:
-                problem = pipeline_sync_problem(dbapi_connection)
-            except dialect.loaded_dbapi.Error as err:
-                conn.invalidate(err)
-                raise DBAPIError.instance(
-                    "pipeline check",
-                    None,
-                    err,
-                    dialect.loaded_dbapi.Error,
-                    connection_invalidated=True,
-                    dialect=dialect,
-                ) from err
-            if problem is not None:
-                psycopg = sys.modules.get("psycopg")
-                log.warning(
-                    "held completions: %s with psycopg %s (tested on %s); each is sent alone "
-                    "before the next claim instead (one more round trip per job)",
-                    problem,
-                    getattr(psycopg, "__version__", "?"),
-                    TESTED_PSYCOPG,
-                )
-            _pipeline_verdict = problem is None
-        return _pipeline_verdict
+
+    def find_problem() -> str | None:
+        try:
+            return pipeline_sync_problem(conn.connection.driver_connection)
+        except conn.dialect.loaded_dbapi.Error as err:  # raised only for a lost connection
+            raise sqlalchemy_error(conn, err, "pipeline check", {}, lost=True) from err
+
+    return PIPELINE_SYNC.verified(find_problem)
 
 
 def forget_pipeline_verdict() -> None:
     """Check again at the next :func:`pipeline_sync_verified` (tests that change psycopg)."""
-    global _pipeline_verdict  # noqa: PLW0603
-    with _pipeline_verdict_lock:
-        _pipeline_verdict = None
+    PIPELINE_SYNC.forget()
 
 
 __all__ = [
     "CURSOR_KEY",
+    "PIPELINE_SYNC",
     "DriverStatement",
     "forget_pipeline_verdict",
     "pipeline_sync_problem",

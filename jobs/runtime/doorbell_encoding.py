@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import struct
-import threading
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +33,8 @@ import amqp.method_framing
 import amqp.transport
 from amqp import spec
 from amqp.serialization import dumps
+
+from jobs.core.self_check import SelfCheck
 
 log = logging.getLogger("jobs")
 
@@ -170,32 +171,27 @@ def fast_path_problem(headers: dict[str, Any], properties: dict[str, Any]) -> st
     return None
 
 
-_verdict: bool | None = None  # this process's answer, once found
-_verdict_lock = threading.Lock()
+def _warn_slow_path(problem: str) -> None:
+    log.warning(
+        "doorbells: %s with %s (the fast path was tested on %s); publishing with "
+        "py-amqp's basic_publish instead (still confirmed, slower)",
+        problem,
+        library_versions(),
+        TESTED_VERSIONS,
+    )
+
+
+FAST_PATH = SelfCheck(_warn_slow_path)
+"""This process's answer for the fast doorbell path (one check, one warning at most)."""
 
 
 def fast_path_verified(headers: dict[str, Any], properties: dict[str, Any]) -> bool:
     """Whether this process may publish doorbells the fast way: the first call runs
     :func:`fast_path_problem` on the caller's template (logging one warning, naming the
     installed versions, when the answer is no), later calls return the same answer."""
-    global _verdict  # noqa: PLW0603 - one answer per process, like the libraries it checks
-    with _verdict_lock:
-        if _verdict is None:
-            problem = fast_path_problem(headers, properties)
-            if problem is not None:
-                log.warning(
-                    "doorbells: %s with %s (the fast path was tested on %s); publishing with "
-                    "py-amqp's basic_publish instead (still confirmed, slower)",
-                    problem,
-                    library_versions(),
-                    TESTED_VERSIONS,
-                )
-            _verdict = problem is None
-        return _verdict
+    return FAST_PATH.verified(lambda: fast_path_problem(headers, properties))
 
 
 def forget_verdict() -> None:
     """Check again at the next :func:`fast_path_verified` (tests that change py-amqp)."""
-    global _verdict  # noqa: PLW0603
-    with _verdict_lock:
-        _verdict = None
+    FAST_PATH.forget()

@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import tempfile
-import threading
 import uuid
 from time import monotonic_ns
 from typing import Any
@@ -38,6 +37,8 @@ from kombu.entity import Exchange, Queue
 from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
+
+from jobs.core.self_check import SelfCheck
 
 log = logging.getLogger("jobs.worker")
 
@@ -159,35 +160,30 @@ def kombu_problem() -> str | None:
     return None
 
 
-_verdict: bool | None = None  # this process's answer, once found
-_verdict_lock = threading.Lock()
+def _warn_kombus_own(problem: str) -> None:
+    log.warning(
+        "embedded broker: %s with kombu %s (tested on kombu>=5.7,<5.8); using "
+        "kombu's own filesystem transport: messages written in place, no "
+        "priority order, an unreadable message file stops the worker",
+        problem,
+        _kombu_version(),
+    )
+
+
+ATOMIC_FILES = SelfCheck(_warn_kombus_own)
+"""This process's answer for the atomic ``_put``/``_get`` (one check, one warning at most)."""
 
 
 def kombu_verified() -> bool:
     """Whether this process's channels may use the atomic ``_put``/``_get``: the first call
     runs :func:`kombu_problem` (one warning, naming kombu's version, when not), later calls
     return the same answer."""
-    global _verdict  # noqa: PLW0603 - one answer per process, like the library it checks
-    with _verdict_lock:
-        if _verdict is None:
-            problem = kombu_problem()
-            if problem is not None:
-                log.warning(
-                    "embedded broker: %s with kombu %s (tested on kombu>=5.7,<5.8); using "
-                    "kombu's own filesystem transport: messages written in place, no "
-                    "priority order, an unreadable message file stops the worker",
-                    problem,
-                    _kombu_version(),
-                )
-            _verdict = problem is None
-        return _verdict
+    return ATOMIC_FILES.verified(kombu_problem)
 
 
 def forget_verdict() -> None:
     """Check again at the next channel (tests that change kombu)."""
-    global _verdict  # noqa: PLW0603
-    with _verdict_lock:
-        _verdict = None
+    ATOMIC_FILES.forget()
 
 
 def _kombu_version() -> str:
