@@ -41,14 +41,16 @@ def _state(engine: Engine, job_id: str) -> str:
 
 
 def _busy(store: JobStore, warm_up: str = "warm-up") -> None:
-    """Make the store's process busy, as a backlog does: one job completes (written at
-    once: the process was idle), and the test's next statement (a claim) follows it within
-    the hold's window."""
-    store.create("k", {}, job_id=warm_up, max_attempts=3)
-    claim = store.claim(warm_up, "W", 30)
-    assert claim is not None
-    store.complete(claim, None)
-    assert store.get(warm_up).state is State.COMPLETED  # idle: written at once
+    """Make the store's process busy, as a backlog does: two jobs complete back to back
+    (written at once: the process was idle), and the test's next statement (a claim)
+    follows the second at once: two short gaps in a row."""
+    for n in (1, 2):
+        store.create("k", {}, job_id=f"{warm_up}-{n}", max_attempts=3)
+    for n in (1, 2):
+        claim = store.claim(f"{warm_up}-{n}", "W", 30)
+        assert claim is not None
+        store.complete(claim, None)
+        assert store.get(f"{warm_up}-{n}").state is State.COMPLETED  # idle: written at once
 
 
 def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it(
@@ -284,9 +286,9 @@ def test_a_pause_longer_than_the_window_makes_the_process_idle_again(engine: Eng
     store = JobStore(engine)
     store.hold_completions(0.05)
     _busy(store)
-    for job_id in ("a", "b", "c"):
+    for job_id in ("a", "b", "c", "d"):
         store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)  # right after the warm-up's completion: busy
+    claim = store.claim("a", "W", 30)  # right after the warm-ups' completions: busy
     assert claim is not None
     assert store.complete(claim, None).state is State.RUNNING  # held
     time.sleep(0.3)  # no claim within the window: the timer sends it alone
@@ -294,9 +296,12 @@ def test_a_pause_longer_than_the_window_makes_the_process_idle_again(engine: Eng
     claim = store.claim("b", "W", 30)  # came after the window: idle
     assert claim is not None
     assert store.complete(claim, None).state is State.COMPLETED  # written at once
-    claim = store.claim("c", "W", 30)  # right after b's completion: busy again
+    claim = store.claim("c", "W", 30)  # one short gap: a job that followed one other
+    assert claim is not None
+    assert store.complete(claim, None).state is State.COMPLETED  # still written at once
+    claim = store.claim("d", "W", 30)  # two short gaps in a row: a backlog, busy again
     assert claim is not None
     assert store.complete(claim, None).state is State.RUNNING
     held = store.statements.held
     assert held is not None
-    assert (held.carried, held.alone, held.at_once) == (0, 1, 2)
+    assert (held.carried, held.alone, held.at_once) == (0, 1, 4)

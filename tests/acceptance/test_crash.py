@@ -290,13 +290,14 @@ def test_sigkill_with_a_completion_held_loses_no_job_and_reruns_no_recorded_step
     victim = stack.worker("A", pool="prefork", concurrency=1, wait=False)
     stack.sweeper()
     victim.wait_ready()
-    # A job before it makes the pool process busy, so the next job's completion is held (an
-    # idle process writes a completion at once).
-    warm_up = stack.submit("check_order", {"order_id": 41, "check_seconds": 0.0})
-    assert stack.wait_state(warm_up, timeout=60).state is State.COMPLETED
+    # Two jobs before it make the pool process busy, so the next job's completion is held
+    # (an idle process writes a completion at once).
+    for order_id in (40, 41):
+        warm_up = stack.submit("check_order", {"order_id": order_id, "check_seconds": 0.0})
+        assert stack.wait_state(warm_up, timeout=60).state is State.COMPLETED
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.2})
     wait_until(
-        lambda: len(SUCCEEDED.findall(victim.output())) >= 2,
+        lambda: len(SUCCEEDED.findall(victim.output())) >= 3,
         60,
         "the victim's task to return (succeeded)",
     )

@@ -62,10 +62,12 @@ def test_warm_shutdown_sends_the_completion_a_pool_process_holds(stack: Stack) -
     last step run again."""
     stack.configure(JOBS_HOLD_COMPLETION_SECONDS=60)
     worker = stack.worker("A", pool="prefork", concurrency=1)
-    # A job before it makes the pool process busy (a claim came within the window after a
-    # completion), so the next job's completion is held; an idle process writes it at once.
-    warm_up = stack.submit("check_order", {"order_id": 41, "check_seconds": 0.0})
-    assert stack.wait_state(warm_up, timeout=60).state is State.COMPLETED
+    # Two jobs before it make the pool process busy (two claims in a row came within half
+    # the window after a completion), so the next job's completion is held; an idle
+    # process writes it at once.
+    for order_id in (40, 41):
+        warm_up = stack.submit("check_order", {"order_id": order_id, "check_seconds": 0.0})
+        assert stack.wait_state(warm_up, timeout=60).state is State.COMPLETED
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     stack.wait_effect(job_id, "check_payment:done")
     time.sleep(0.5)

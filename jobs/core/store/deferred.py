@@ -23,11 +23,12 @@ Why no guarantee moves:
   the job then stays RUNNING until its lease or its owner's liveness says otherwise, as
   after a failed completion written at once.
 
-Only a busy process holds: one whose last completion was followed by a statement (the
-next claim) within half of ``flush_after``. A backlog keeps a process busy, so a drain pays
-one round trip per job for most jobs; an idle process writes a completion at once, so a
-lone job's end-to-end time does not grow by ``flush_after``. The first job after a pause
-is written at once, and its next claim makes the process busy again.
+Only a busy process holds. A backlog is a run of short gaps between a completion and the
+next claim, so a process becomes busy after two such gaps in a row within half of
+``flush_after``, and stays busy while they stay within ``flush_after``
+(:meth:`HeldWrites.next_statement`). A drain pays one round trip per job for most jobs; an
+idle process writes a completion at once, so a lone job's end-to-end time does not grow by
+``flush_after``, nor does a job that happens to follow one other.
 
 Only the plain case is deferred: a job without a parent (a child's end also counts it
 down in its parent) of a kind without a running limit (a finished run of a limited kind
@@ -97,6 +98,7 @@ class HeldWrites:
         # once, adding no latency to a lone job.
         self.busy = False
         self._ended_at: float | None = None
+        self._short_gaps = 0  # short gaps in a row while idle
 
     def ended(self, *, held: bool) -> None:
         """A completion ended a run (``held``, or written at once): the next statement
@@ -106,14 +108,23 @@ class HeldWrites:
             self.at_once += 1
 
     def next_statement(self) -> None:
-        """A statement is about to run: if it is the first since a completion, the process
-        is busy when it came within half of ``flush_after`` after that completion. A
-        backlog's next claim comes about 2 ms after a completion (Celery's hand-over
-        between tasks, measured in a drain here); a lone job's process waits longer, and
-        holding its completion would only delay it."""
+        """A statement is about to run: if it is the first since a completion, the gap
+        since that completion says whether the process is busy. A backlog is a run of short
+        gaps: Celery hands a pool process its next task about 2 ms after the last one
+        returned (measured in a drain here). So an idle process becomes busy after two
+        gaps in a row within half of ``flush_after`` (one short gap is also a lone job that
+        happened to follow another, and holding its completion would only delay it), and a
+        busy process stays busy while the gaps stay within ``flush_after``."""
         ended_at, self._ended_at = self._ended_at, None
-        if ended_at is not None:
-            self.busy = time.monotonic() - ended_at <= self.flush_after / 2
+        if ended_at is None:
+            return
+        gap = time.monotonic() - ended_at
+        if self.busy:
+            self.busy = gap <= self.flush_after
+            self._short_gaps = 0
+        else:
+            self._short_gaps = self._short_gaps + 1 if gap <= self.flush_after / 2 else 0
+            self.busy = self._short_gaps >= 2
 
     def hold(self, write: HeldWrite) -> None:
         """Hold ``write`` for the next flight; one already held is sent alone first."""
