@@ -581,6 +581,7 @@ def test_settings_parse_every_variable() -> None:
             "JOBS_RETRY_BACKOFF_MAX_SECONDS": "10",
             "JOBS_DELIVERY_BUDGET_SECONDS": "100",
             "JOBS_QUEUE": "orders",
+            "JOBS_TASK_EVENTS": "off",
             "JOBS_TEST_POSTGRES_URL": "ignored by the library",
         }
     )
@@ -598,6 +599,7 @@ def test_settings_parse_every_variable() -> None:
         retry_backoff_max_seconds=10.0,
         delivery_budget_seconds=100.0,
         queue="orders",
+        task_events=False,
     )
     assert not settings.is_embedded_broker
 
@@ -646,6 +648,7 @@ def test_database_urls_are_normalized(url: str, expected: str) -> None:
         ({"JOBS_DATABASE_URL": "postgresql+asyncpg://u@h/db"}, "driver 'asyncpg'"),
         ({"JOBS_BROKER_URL": "redis://h"}, "use amqp:// (RabbitMQ) or filesystem://"),
         ({"JOBS_QUEUE": "my queue"}, "JOBS_QUEUE='my queue'"),
+        ({"JOBS_TASK_EVENTS": "yes"}, "JOBS_TASK_EVENTS='yes' must be one of: on, off"),
         ({"JOBS_SWEEP_INTERVAL_SECONDS": "nan"}, "JOBS_SWEEP_INTERVAL_SECONDS='nan' is not a"),
         ({"JOBS_MAX_INPUT_BYTES": "1.5"}, "JOBS_MAX_INPUT_BYTES='1.5' is not a whole number"),
         ({"JOBS_DEFAULT_MAX_ATTEMPTS": "0"}, "JOBS_DEFAULT_MAX_ATTEMPTS='0' must be at least 1"),

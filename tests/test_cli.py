@@ -18,7 +18,7 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 
 import jobs
-from jobs.application import default_app, reset_settings
+from jobs.application import default_app, get_settings, reset_settings
 from jobs.cli import core_commands, main
 from jobs.core.context import JobContext
 from jobs.schema import MIGRATIONS
@@ -797,3 +797,23 @@ def test_jobctl_imports_job_modules_from_the_working_folder(tmp_path: Path) -> N
         )
         assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "from-cwd"
+
+
+@pytest.mark.parametrize(("setting", "events"), [({}, True), ({"JOBS_TASK_EVENTS": "off"}, False)])
+def test_the_worker_sends_task_events_unless_they_are_off(
+    monkeypatch: pytest.MonkeyPatch, setting: dict[str, str], events: bool
+) -> None:
+    """Flower's task views are made of Celery's task events: on by default, in the Celery
+    configuration and on the worker's command line alike; JOBS_TASK_EVENTS=off drops both."""
+    from jobs.runtime.celery_app import celery_config  # noqa: PLC0415
+
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    reset_settings()
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(list(argv)))
+    assert jobctl("worker", "-c", "1").exit_code == 0
+    [argv] = execs
+    assert argv[1:3] == ["-m", "jobs.runtime.worker_main"]
+    assert ("-E" in argv) is events
+    assert celery_config(get_settings())["worker_send_task_events"] is events

@@ -91,13 +91,9 @@ def worker(
     argv = [sys.executable, "-m", "jobs.runtime.worker_main"]
     if settings.celery_app is not None:  # the project's own app, with durable jobs installed
         argv += ["-A", settings.celery_app]
-    argv += [
-        "-Q",
-        ",".join(consumed),
-        "-l",
-        loglevel,
-        "-E",
-    ]
+    argv += ["-Q", ",".join(consumed), "-l", loglevel]
+    if settings.task_events:  # JOBS_TASK_EVENTS: what Flower's task views are made of
+        argv.append("-E")
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
     if pool:

@@ -31,6 +31,10 @@ DOORBELL_CONFIRMS = ("background", "wait")
 """``JOBS_DOORBELL_CONFIRMS`` values (RabbitMQ only), the first the default: see
 :mod:`jobs.runtime.amqp_doorbells`."""
 
+TASK_EVENTS = ("on", "off")
+"""``JOBS_TASK_EVENTS`` values, the first the default: whether workers send Celery's task
+events (what Flower's task list, charts and states are made of)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -59,6 +63,9 @@ class Settings:
     # read at the next publish and by a watcher thread (a lost one marks its job unsent,
     # for the sweeper); "wait": a publish returns once RabbitMQ confirmed them.
     doorbell_confirms: str = "background"
+    # Celery's task events (worker_send_task_events, -E): Flower's task views need them;
+    # off saves the worker's main process a publish per event batch (see the README).
+    task_events: bool = True
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.
     liveness_database_url: str | None = None
@@ -99,6 +106,7 @@ KNOWN = {
     "QUEUE",
     "QUEUE_TYPE",
     "DOORBELL_CONFIRMS",
+    "TASK_EVENTS",
     "LIVENESS_DATABASE_URL",
     "RETENTION_DAYS",
     "METRICS_PORT",
@@ -542,6 +550,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         queue=queue,
         queue_type=queue_type,
         doorbell_confirms=_choice(env, "DOORBELL_CONFIRMS", DOORBELL_CONFIRMS),
+        task_events=_choice(env, "TASK_EVENTS", TASK_EVENTS) == "on",
         liveness_database_url=liveness_url,
         retention_days=_retention_days(env),
         metrics_port=_port(env, "METRICS_PORT"),

@@ -77,7 +77,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_ignore_result": True,
-        "worker_send_task_events": True,
+        "worker_send_task_events": settings.task_events,  # JOBS_TASK_EVENTS
         # Doorbells are published by jobs.runtime.amqp_doorbells, without a task-sent event.
         "task_send_sent_event": False,
         "task_default_queue": settings.queue,
