@@ -22,7 +22,7 @@ from bench import plain_app
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _wait
 from jobs.application import default_app, reset_settings
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 
 SKIP = 20  # completions before the timing starts: the worker is up and warm by then
 FILL_BATCH = 1000
@@ -90,7 +90,7 @@ def writers_per_job(run: BackendRun, tag: str) -> float:
             {"tag": f"{tag}-%"},
         ).scalar_one()
         jobs_in_batch = conn.execute(
-            select(func.count()).select_from(JobRecord).where(JobRecord.id.like(f"{tag}-%"))
+            select(func.count()).select_from(JobsTable).where(JobsTable.id.like(f"{tag}-%"))
         ).scalar_one()
     return int(rows) / max(1, int(jobs_in_batch))
 
@@ -139,7 +139,7 @@ class Drain:
             return done >= n
 
         _wait(drained, 60 + n * 0.2, f"{n} {kind} jobs to drain", interval=0.2)
-        J = JobRecord
+        J = JobsTable
         with run.store.engine.connect() as conn:
             finished = [
                 run._db_time(at)

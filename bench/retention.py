@@ -27,7 +27,7 @@ from sqlalchemy import Engine, insert
 from bench.services import pg_database
 from jobs.core.clock import LogicalClock
 from jobs.core.db import make_engine
-from jobs.core.models import JobRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobsTable, StepsTable, TransitionsTable
 from jobs.core.store import JobStore
 from jobs.runtime.sweeper import PRUNE_BATCH_SIZE, PRUNE_BATCHES_PER_PASS
 from jobs.schema import upgrade
@@ -71,9 +71,9 @@ def fill(engine: Engine, clock: LogicalClock, jobs: int, live: int) -> None:
             moves.append({"job_id": job_id, "from_state": source, "to_state": target, "at": old})
     with engine.begin() as conn:
         for start in range(0, jobs, 5000):
-            conn.execute(insert(JobRecord), rows[start : start + 5000])
-            conn.execute(insert(StepRecord), steps[start : start + 5000])
-            conn.execute(insert(TransitionRecord), moves[start * 3 : (start + 5000) * 3])
+            conn.execute(insert(JobsTable), rows[start : start + 5000])
+            conn.execute(insert(StepsTable), steps[start : start + 5000])
+            conn.execute(insert(TransitionsTable), moves[start * 3 : (start + 5000) * 3])
     store = JobStore(engine, clock=clock)
     for n in range(live):
         store.create("k", {}, job_id=f"live-{n}", max_attempts=3)

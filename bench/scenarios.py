@@ -31,7 +31,7 @@ from bench.services import clock_offset, delete_queues, pg_database
 from bench.stats import percentile
 from jobs import api
 from jobs.application import default_app, reset_settings
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 from jobs.core.settings import from_env
 from jobs.core.states import State
 from jobs.core.store import JobStore
@@ -293,7 +293,7 @@ class BackendRun:
 
     def _batch_state(self, tag: str) -> tuple[int, int, float | None]:
         """(completed, ended otherwise, last finished_at) of the jobs whose IDs start with tag."""
-        J = JobRecord
+        J = JobsTable
         with self.store.engine.connect() as conn:
             rows = conn.execute(
                 select(J.state, func.count(), func.max(J.finished_at))

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 import jobs
 from jobs.core.clock import LogicalClock
 from jobs.core.db import READ_ONLY, make_engine
-from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs.core.settings import normalize_database_url
 from jobs.core.store import JobStore
 from jobs.schema import upgrade
@@ -157,10 +157,10 @@ def clean_pg_engine(pg_engine: Engine) -> Engine:
 # -- the store contract's world: one empty database at head per test, on both backends ------
 
 STORE_TABLES = (
-    JobRecord.__table__,
-    StepRecord.__table__,
-    TransitionRecord.__table__,
-    KindLimitRecord.__table__,
+    JobsTable.__table__,
+    StepsTable.__table__,
+    TransitionsTable.__table__,
+    KindLimitsTable.__table__,
 )
 Snapshot = tuple[list[tuple[Any, ...]], ...]
 

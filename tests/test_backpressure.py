@@ -27,7 +27,7 @@ from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.errors import AdmissionRefused, DuplicateJob, InvalidInput, UnknownJob
-from jobs.core.models import JobRecord, TransitionRecord
+from jobs.core.models import JobsTable, TransitionsTable
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 from jobs.core.store import Claim, JobStore, KindLimits
@@ -214,8 +214,8 @@ def test_a_submit_past_max_queued_is_refused_and_writes_nothing(
     store.set_limits(KIND, max_running=None, max_queued=2)
     new(store, "q0")
     new(store, "q1")
-    jobs_before = count_rows(engine, JobRecord.__table__)
-    moves_before = count_rows(engine, TransitionRecord.__table__)
+    jobs_before = count_rows(engine, JobsTable.__table__)
+    moves_before = count_rows(engine, TransitionsTable.__table__)
     before = snapshot(engine)
     with pytest.raises(AdmissionRefused) as refused:
         store.create(KIND, {"n": 1}, job_id="q2", max_attempts=3)
@@ -225,8 +225,8 @@ def test_a_submit_past_max_queued_is_refused_and_writes_nothing(
     assert "max_queued=2" in message
     assert "nothing was written" in message
     assert "retry in" in message
-    assert count_rows(engine, JobRecord.__table__) == jobs_before == 2
-    assert count_rows(engine, TransitionRecord.__table__) == moves_before == 2
+    assert count_rows(engine, JobsTable.__table__) == jobs_before == 2
+    assert count_rows(engine, TransitionsTable.__table__) == moves_before == 2
     assert snapshot(engine) == before
     with pytest.raises(UnknownJob):
         store.get("q2")
@@ -424,7 +424,7 @@ def test_racing_claims_never_exceed_max_running(
     assert len(set(won)) == RACE_RUNNING, results
     assert running(store) == sorted(won)
     assert len(store.list(State.QUEUED, KIND)) == RACE_JOBS - RACE_RUNNING
-    assert count_rows(engine, TransitionRecord.__table__) == RACE_JOBS + RACE_RUNNING
+    assert count_rows(engine, TransitionsTable.__table__) == RACE_JOBS + RACE_RUNNING
 
 
 def test_racing_submits_never_exceed_max_queued(
@@ -437,8 +437,8 @@ def test_racing_submits_never_exceed_max_queued(
     refused = sum(n for _, n in results)
     assert len(created) == RACE_QUEUED, results
     assert refused == PROCESSES * CREATES_EACH - RACE_QUEUED
-    assert count_rows(engine, JobRecord.__table__) == RACE_QUEUED
-    assert count_rows(engine, TransitionRecord.__table__) == RACE_QUEUED
+    assert count_rows(engine, JobsTable.__table__) == RACE_QUEUED
+    assert count_rows(engine, TransitionsTable.__table__) == RACE_QUEUED
 
 
 # -- the API and the @jobs.job defaults ---------------------------------------------------------

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from jobs.core.clock import LogicalClock
 from jobs.core.db import make_engine
-from jobs.core.models import TransitionRecord
+from jobs.core.models import TransitionsTable
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from tests import racing
@@ -76,7 +76,7 @@ def test_sqlite_races_run_in_wal_mode(tmp_path: Path) -> None:
 
 
 def _transition_counts(engine: Engine, job_id: str) -> Counter[tuple[str | None, str]]:
-    t = TransitionRecord.__table__.c
+    t = TransitionsTable.__table__.c
     with engine.connect() as conn:
         rows = conn.execute(
             select(t.from_state, t.to_state, func.count())

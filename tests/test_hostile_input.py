@@ -120,14 +120,14 @@ def test_a_bad_schedule_row_is_skipped_and_the_pass_goes_on(
     the other schedules nor retention, nor `jobctl schedules`."""
     from sqlalchemy import update  # noqa: PLC0415
 
-    from jobs.core.models import ScheduleRecord  # noqa: PLC0415
+    from jobs.core.models import SchedulesTable  # noqa: PLC0415
 
     jobs.schedule("bad", "hostile_echo", "every 1s")
     jobs.schedule("good", "hostile_echo", "every 1s", catch_up="all")
     with default_app().runtime.engine.begin() as conn:
         conn.execute(
-            update(ScheduleRecord)
-            .where(ScheduleRecord.name == "bad")
+            update(SchedulesTable)
+            .where(SchedulesTable.name == "bad")
             .values(spec="every 86400000000000s")
         )
     done = jobs.submit("hostile_echo")

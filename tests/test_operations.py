@@ -17,7 +17,7 @@ from sqlalchemy import Engine, func, select
 from jobs.core.clock import LogicalClock
 from jobs.core.db import make_engine
 from jobs.core.errors import InvalidInput
-from jobs.core.models import TransitionRecord
+from jobs.core.models import TransitionsTable
 from jobs.core.registry import Registry
 from jobs.core.schedule import Schedule, tick_job_id
 from jobs.core.states import State
@@ -118,7 +118,7 @@ def test_a_schedule_fires_each_tick_once_whoever_fires_it(
 
 def _submissions(engine: Engine, job_id: str) -> int:
     """How many times ``job_id`` entered the queue (its history's rows from nothing)."""
-    history = TransitionRecord.__table__.c
+    history = TransitionsTable.__table__.c
     with engine.connect() as conn:
         count: int = conn.execute(
             select(func.count()).where(history.job_id == job_id, history.from_state.is_(None))

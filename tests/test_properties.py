@@ -31,7 +31,7 @@ from sqlalchemy import Engine, select
 from jobs.core.clock import LogicalClock
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.errors import DuplicateJob, IllegalTransition, LeaseLost, StepError
-from jobs.core.models import JobRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobsTable, StepsTable, TransitionsTable
 from jobs.core.states import TERMINAL, TRANSITIONS, State
 from jobs.core.store import Claim, Job, JobStore
 from jobs.schema import upgrade
@@ -42,7 +42,7 @@ STEP_NAMES = ("s1", "s2", "s3")
 APPROVAL_NAMES = ("approval-1", "approval-2")
 TIMER_NAMES = ("t1", "t2")
 OWNER_WRITES = ("renew", "record_step", "complete", "fail", "retry", "release", "wait", "sleep")
-TABLES = (JobRecord.__table__, StepRecord.__table__, TransitionRecord.__table__)
+TABLES = (JobsTable.__table__, StepsTable.__table__, TransitionsTable.__table__)
 # Weighted by repetition: mostly claims, clock jumps and owner writes.
 OPERATIONS = (
     ["claim"] * 5

@@ -27,7 +27,7 @@ from jobs.core.errors import (
     StepError,
     UnknownJob,
 )
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 from jobs.core.records import Job
 from jobs.core.states import TRANSITIONS, State
 from jobs.core.store import Claim, JobStore
@@ -1249,7 +1249,7 @@ def test_postgres_timestamps_are_utc_whatever_the_session_zone(clean_pg_engine: 
     new(store)
     with clean_pg_engine.connect() as conn:
         conn.execute(text("SET TIME ZONE 'America/Los_Angeles'"))
-        created = conn.execute(select(JobRecord.created_at)).scalar_one()
+        created = conn.execute(select(JobsTable.created_at)).scalar_one()
         conn.rollback()
     assert created == LogicalClock.EPOCH + dt.timedelta(seconds=0.5)
     assert created.utcoffset() == dt.timedelta(0)

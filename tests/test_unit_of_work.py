@@ -21,7 +21,7 @@ from jobs import api, testing
 from jobs.application import default_app, get_settings, reset_settings
 from jobs.core.context import JobContext
 from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 from jobs.core.store import JobStore
 from tests.conftest import snapshot
 
@@ -47,7 +47,7 @@ class Doorbell:
 
     def __call__(self, job_id: str) -> None:
         with self.engine.connect() as other:
-            found = other.execute(select(JobRecord.id).where(JobRecord.id == job_id)).first()
+            found = other.execute(select(JobsTable.id).where(JobsTable.id == job_id)).first()
         self.rung.append(job_id)
         self.visible.append(found is not None)
 

@@ -19,7 +19,7 @@ from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
-from jobs.core.models import EventRecord, JobRecord, StepRecord
+from jobs.core.models import EventsTable, JobsTable, StepsTable
 from jobs.core.records import Doorbell
 from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
@@ -181,7 +181,7 @@ def test_a_re_run_never_creates_a_second_child(store: JobStore, clock: LogicalCl
     store.spawn(first, "square", [row], [store.pending_step("spawn:a", {"child_id": "p.a"})])
     # As if the parent had died between the child's insert and its own record of it:
     with store.engine.begin() as conn:
-        conn.execute(delete(StepRecord).where(StepRecord.job_id == "p"))
+        conn.execute(delete(StepsTable).where(StepsTable.job_id == "p"))
     clock.advance(11)  # the first owner's lease runs out; the re-run spawns again
 
     assert runner(store, "w2").run("p").outcome is Outcome.WAITING
@@ -262,7 +262,7 @@ def test_the_sweeper_safety_net_wakes_a_stranded_parent(store: JobStore) -> None
     store.create("fan", {"numbers": [1]}, job_id="p", max_attempts=1)
     runner(store).run("p")
     with store.engine.begin() as conn:  # a counter out of step: no child will wake it
-        conn.execute(update(JobRecord).where(JobRecord.id == "p").values(children_pending=5))
+        conn.execute(update(JobsTable).where(JobsTable.id == "p").values(children_pending=5))
     run_children(store, "p")
     assert store.get("p").state is State.WAITING
 
@@ -303,7 +303,7 @@ def test_an_event_sent_before_the_wait_is_kept_and_consumed_once(store: JobStore
     assert store.get("j").result == [1, 2]
     with store.engine.connect() as conn:
         consumed = conn.execute(
-            select(EventRecord.name, EventRecord.consumed_at.is_not(None)).order_by(EventRecord.id)
+            select(EventsTable.name, EventsTable.consumed_at.is_not(None)).order_by(EventsTable.id)
         ).all()
     assert [tuple(row) for row in consumed] == [("ping", True), ("other", False), ("ping", True)]
 

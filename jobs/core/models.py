@@ -5,7 +5,7 @@ Alembic migrations stay stable across PostgreSQL and SQLite.
 
 They are SQLAlchemy Core tables, not ORM classes: the store only ever runs statements, and
 the ORM would cost every worker process about 6 MiB it never uses. Each table is wrapped
-in a :class:`TableColumns`, so a column reads as an attribute (``JobRecord.state``) as it
+in a :class:`TableColumns`, so a column reads as an attribute (``JobsTable.state``) as it
 would on a mapped class, and the wrapper stands for its table in ``select``/``update``.
 """
 
@@ -58,8 +58,8 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class TableColumns:
-    """A Core table whose columns read as attributes (``JobRecord.state``), and which
-    SQLAlchemy accepts wherever it takes the table itself (``update(JobRecord)``)."""
+    """A Core table whose columns read as attributes (``JobsTable.state``), and which
+    SQLAlchemy accepts wherever it takes the table itself (``update(JobsTable)``)."""
 
     def __init__(self, table: Table) -> None:
         self.__table__ = table
@@ -74,7 +74,7 @@ class TableColumns:
         return self.__table__
 
 
-JobRecord = TableColumns(
+JobsTable = TableColumns(
     Table(
         "jobs",
         metadata,
@@ -141,7 +141,7 @@ JobRecord = TableColumns(
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
 
-StepRecord = TableColumns(
+StepsTable = TableColumns(
     Table(
         "job_steps",
         metadata,
@@ -160,7 +160,7 @@ StepRecord = TableColumns(
 )
 """A recorded step's output: a replay returns it instead of running the step again."""
 
-TransitionRecord = TableColumns(
+TransitionsTable = TableColumns(
     Table(
         "job_transitions",
         metadata,
@@ -183,7 +183,7 @@ TransitionRecord = TableColumns(
 )
 """Append-only: rows are inserted beside each state change and never updated."""
 
-EventRecord = TableColumns(
+EventsTable = TableColumns(
     Table(
         "job_events",
         metadata,
@@ -205,7 +205,7 @@ EventRecord = TableColumns(
 """Events sent to a job (``jobs.send_event``): one sent before the job waits is kept
 here until a ``ctx.wait_for_event`` of its name consumes it, exactly once."""
 
-KindLimitRecord = TableColumns(
+KindLimitsTable = TableColumns(
     Table(
         "job_kind_limits",
         metadata,
@@ -222,7 +222,7 @@ KindLimitRecord = TableColumns(
 """Backpressure per job kind, held in the database so every worker and every submitting
 process enforces the same numbers, and an operator can change them without a deploy."""
 
-ScheduleRecord = TableColumns(
+SchedulesTable = TableColumns(
     Table(
         "job_schedules",
         metadata,
@@ -248,7 +248,7 @@ ScheduleRecord = TableColumns(
 derived from the schedule's name and the tick, so any number of sweepers may fire it and
 the database's primary key keeps it to one job per tick."""
 
-CounterRecord = TableColumns(
+CountersTable = TableColumns(
     Table(
         "job_counters",
         metadata,

@@ -16,19 +16,19 @@ from jobs.core.clock import Clock, DatabaseClock
 from jobs.core.db import READ_ONLY
 from jobs.core.errors import InvalidInput, UnknownJob
 from jobs.core.models import (
-    CounterRecord,
-    JobRecord,
-    KindLimitRecord,
-    ScheduleRecord,
-    StepRecord,
-    TransitionRecord,
+    CountersTable,
+    JobsTable,
+    KindLimitsTable,
+    SchedulesTable,
+    StepsTable,
+    TransitionsTable,
 )
 from jobs.core.records import Doorbell, Job, JobFilter, KindLimits, Selected, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import TERMINAL, State
 
-JOB_COLUMNS = tuple(JobRecord.__table__.c)
-SCHEDULE_COLUMNS = tuple(ScheduleRecord.__table__.c)
+JOB_COLUMNS = tuple(JobsTable.__table__.c)
+SCHEDULE_COLUMNS = tuple(SchedulesTable.__table__.c)
 
 
 class JobReader:
@@ -51,7 +51,7 @@ class JobReader:
     def get(self, job_id: str) -> Job:
         """The job ``job_id``; raises :class:`UnknownJob`."""
         with self._read() as conn:
-            row = conn.execute(select(*JOB_COLUMNS).where(JobRecord.id == job_id)).one_or_none()
+            row = conn.execute(select(*JOB_COLUMNS).where(JobsTable.id == job_id)).one_or_none()
         if row is None:
             raise UnknownJob(job_id)
         return Job.from_row(row)
@@ -61,8 +61,8 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(*JOB_COLUMNS)
-                .where(JobRecord.parent_id == parent_id)
-                .order_by(JobRecord.created_at, JobRecord.id)
+                .where(JobsTable.parent_id == parent_id)
+                .order_by(JobsTable.created_at, JobsTable.id)
             ).all()
         return [Job.from_row(row) for row in rows]
 
@@ -72,7 +72,7 @@ class JobReader:
             rows = {
                 row.id: row
                 for row in conn.execute(
-                    select(*JOB_COLUMNS).where(JobRecord.id.in_(list(job_ids)))
+                    select(*JOB_COLUMNS).where(JobsTable.id.in_(list(job_ids)))
                 ).all()
             }
         return [Job.from_row(rows[job_id]) for job_id in job_ids if job_id in rows]
@@ -82,14 +82,14 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(
-                    StepRecord.name,
-                    StepRecord.output,
-                    StepRecord.recorded_at,
-                    StepRecord.owner,
-                    StepRecord.fence,
+                    StepsTable.name,
+                    StepsTable.output,
+                    StepsTable.recorded_at,
+                    StepsTable.owner,
+                    StepsTable.fence,
                 )
-                .where(StepRecord.job_id == job_id)
-                .order_by(StepRecord.recorded_at, StepRecord.name)
+                .where(StepsTable.job_id == job_id)
+                .order_by(StepsTable.recorded_at, StepsTable.name)
             ).all()
         return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
 
@@ -98,16 +98,16 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(
-                    TransitionRecord.from_state,
-                    TransitionRecord.to_state,
-                    TransitionRecord.at,
-                    TransitionRecord.owner,
-                    TransitionRecord.fence,
-                    TransitionRecord.reason,
-                    TransitionRecord.approved_by,
+                    TransitionsTable.from_state,
+                    TransitionsTable.to_state,
+                    TransitionsTable.at,
+                    TransitionsTable.owner,
+                    TransitionsTable.fence,
+                    TransitionsTable.reason,
+                    TransitionsTable.approved_by,
                 )
-                .where(TransitionRecord.job_id == job_id)
-                .order_by(TransitionRecord.id)
+                .where(TransitionsTable.job_id == job_id)
+                .order_by(TransitionsTable.id)
             ).all()
         return [
             Transition(
@@ -132,8 +132,8 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(
-                    JobRecord.kind, JobRecord.state, JobRecord.priority, func.count().label("jobs")
-                ).group_by(JobRecord.kind, JobRecord.state, JobRecord.priority)
+                    JobsTable.kind, JobsTable.state, JobsTable.priority, func.count().label("jobs")
+                ).group_by(JobsTable.kind, JobsTable.state, JobsTable.priority)
             ).all()
         return {(row.kind, row.state, int(row.priority)): int(row.jobs) for row in rows}
 
@@ -142,9 +142,9 @@ class JobReader:
         the default queue, ``JOBS_QUEUE``)."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.queue, func.count().label("jobs"))
-                .where(JobRecord.state == State.QUEUED.value)
-                .group_by(JobRecord.queue)
+                select(JobsTable.queue, func.count().label("jobs"))
+                .where(JobsTable.state == State.QUEUED.value)
+                .group_by(JobsTable.queue)
             ).all()
         return {row.queue: int(row.jobs) for row in rows}
 
@@ -152,11 +152,11 @@ class JobReader:
         """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.kind, func.count().label("jobs"))
+                select(JobsTable.kind, func.count().label("jobs"))
                 .where(
-                    JobRecord.state == State.QUEUED.value, JobRecord.run_after > self.clock.now()
+                    JobsTable.state == State.QUEUED.value, JobsTable.run_after > self.clock.now()
                 )
-                .group_by(JobRecord.kind)
+                .group_by(JobsTable.kind)
             ).all()
         return {row.kind: int(row.jobs) for row in rows}
 
@@ -165,9 +165,9 @@ class JobReader:
         now = self.clock.now()
         with self._read() as conn:
             row = conn.execute(
-                select(JobRecord.id, JobRecord.run_after, now.label("now"))
-                .where(JobRecord.state == State.QUEUED.value, JobRecord.run_after <= now)
-                .order_by(JobRecord.run_after)
+                select(JobsTable.id, JobsTable.run_after, now.label("now"))
+                .where(JobsTable.state == State.QUEUED.value, JobsTable.run_after <= now)
+                .order_by(JobsTable.run_after)
                 .limit(1)
             ).one_or_none()
         if row is None:
@@ -181,11 +181,11 @@ class JobReader:
         with self._read() as conn:
             count: int = conn.execute(
                 select(func.count())
-                .select_from(JobRecord)
+                .select_from(JobsTable)
                 .where(
-                    JobRecord.state == State.QUEUED.value,
-                    JobRecord.run_after <= now,
-                    JobRecord.dispatched_at <= self.clock.after(-stale_seconds),
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.run_after <= now,
+                    JobsTable.dispatched_at <= self.clock.after(-stale_seconds),
                 )
             ).scalar_one()
         return count
@@ -195,7 +195,7 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(
-                    KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued
+                    KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued
                 )
             ).all()
         return {row.kind: KindLimits(row.kind, row.max_running, row.max_queued) for row in rows}
@@ -209,13 +209,13 @@ class JobReader:
         """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.id, JobRecord.priority, JobRecord.kind, JobRecord.queue)
+                select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
                 .where(
-                    JobRecord.kind == kind,
-                    JobRecord.state == State.QUEUED.value,
-                    JobRecord.run_after <= self.clock.now(),
+                    JobsTable.kind == kind,
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.run_after <= self.clock.now(),
                 )
-                .order_by(JobRecord.priority.desc(), JobRecord.run_after, JobRecord.created_at)
+                .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
                 .limit(limit)
             ).all()
         return [Doorbell(row.id, row.priority, row.kind, row.queue) for row in rows]
@@ -226,8 +226,8 @@ class JobReader:
         with self._read() as conn:
             rows = conn.execute(
                 select(
-                    JobRecord.id, JobRecord.owner, JobRecord.fence, JobRecord.liveness_key
-                ).where(JobRecord.state == State.RUNNING.value, JobRecord.liveness_key.is_not(None))
+                    JobsTable.id, JobsTable.owner, JobsTable.fence, JobsTable.liveness_key
+                ).where(JobsTable.state == State.RUNNING.value, JobsTable.liveness_key.is_not(None))
             ).all()
         return [(row.id, row.owner or "", row.fence, row.liveness_key or 0) for row in rows]
 
@@ -248,7 +248,7 @@ class JobReader:
         stmt = (
             select(*JOB_COLUMNS)
             .where(*filtered(chosen))
-            .order_by(JobRecord.created_at.desc(), JobRecord.id)
+            .order_by(JobsTable.created_at.desc(), JobsTable.id)
             .limit(limit)
         )
         with self._read() as conn:
@@ -262,15 +262,15 @@ class JobReader:
         them, each with the state and fence it is in now (the bulk write's condition)."""
         conditions = filtered(where)
         if among is not None:
-            conditions.append(JobRecord.state.in_([state.value for state in among]))
+            conditions.append(JobsTable.state.in_([state.value for state in among]))
         with self._read() as conn:
             count: int = conn.execute(
-                select(func.count()).select_from(JobRecord).where(*conditions)
+                select(func.count()).select_from(JobsTable).where(*conditions)
             ).scalar_one()
             rows = conn.execute(
-                select(JobRecord.id, JobRecord.state, JobRecord.fence)
+                select(JobsTable.id, JobsTable.state, JobsTable.fence)
                 .where(*conditions)
-                .order_by(JobRecord.created_at, JobRecord.id)
+                .order_by(JobsTable.created_at, JobsTable.id)
                 .limit(limit)
             ).all()
         return count, [Selected(row.id, State(row.state), row.fence) for row in rows]
@@ -280,14 +280,14 @@ class JobReader:
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name."""
         with self._read() as conn:
-            rows = conn.execute(select(*SCHEDULE_COLUMNS).order_by(ScheduleRecord.name)).all()
+            rows = conn.execute(select(*SCHEDULE_COLUMNS).order_by(SchedulesTable.name)).all()
             return [_schedule_of(row) for row in rows]
 
     def schedule(self, name: str) -> Schedule:
         """One schedule by name; :class:`InvalidInput` names the known ones if it is unknown."""
         with self._read() as conn:
             row = conn.execute(
-                select(*SCHEDULE_COLUMNS).where(ScheduleRecord.name == name)
+                select(*SCHEDULE_COLUMNS).where(SchedulesTable.name == name)
             ).one_or_none()
             if row is not None:
                 return _schedule_of(row)
@@ -299,10 +299,10 @@ class JobReader:
         with self._read() as conn:
             count: int = conn.execute(
                 select(func.count())
-                .select_from(JobRecord)
+                .select_from(JobsTable)
                 .where(
-                    JobRecord.state.in_([state.value for state in TERMINAL]),
-                    JobRecord.finished_at < self.clock.after(-older_than_seconds),
+                    JobsTable.state.in_([state.value for state in TERMINAL]),
+                    JobsTable.finished_at < self.clock.after(-older_than_seconds),
                 )
             ).scalar_one()
         return count
@@ -311,7 +311,7 @@ class JobReader:
         """Operational counters by (name, kind): monotonic, never pruned."""
         with self._read() as conn:
             rows = conn.execute(
-                select(CounterRecord.name, CounterRecord.kind, CounterRecord.value)
+                select(CountersTable.name, CountersTable.kind, CountersTable.value)
             ).all()
         return {(row.name, row.kind): int(row.value) for row in rows}
 
@@ -320,10 +320,10 @@ class JobReader:
         ``stale_seconds`` ago and never claimed: the next sweep counts them as lost."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.id, JobRecord.kind).where(
-                    JobRecord.state == State.QUEUED.value,
-                    JobRecord.run_after <= self.clock.now(),
-                    JobRecord.dispatched_at <= self.clock.after(-stale_seconds),
+                select(JobsTable.id, JobsTable.kind).where(
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.run_after <= self.clock.now(),
+                    JobsTable.dispatched_at <= self.clock.after(-stale_seconds),
                 )
             ).all()
         return {row.id: row.kind for row in rows}
@@ -335,11 +335,11 @@ class JobReader:
         wanted = set(names)
         with self._read() as conn:
             found = conn.execute(
-                select(StepRecord.name).where(
-                    StepRecord.job_id == job_id,
-                    StepRecord.owner == owner,
-                    StepRecord.fence == fence,
-                    StepRecord.name.in_(sorted(wanted)),
+                select(StepsTable.name).where(
+                    StepsTable.job_id == job_id,
+                    StepsTable.owner == owner,
+                    StepsTable.fence == fence,
+                    StepsTable.name.in_(sorted(wanted)),
                 )
             ).scalars()
             return set(found) == wanted
@@ -350,13 +350,13 @@ class JobReader:
         whose acknowledgement was lost had landed when this finds it."""
         with self._read() as conn:
             moved = conn.execute(
-                select(TransitionRecord.id)
+                select(TransitionsTable.id)
                 .where(
-                    TransitionRecord.job_id == job_id,
-                    TransitionRecord.from_state == State.RUNNING.value,
-                    TransitionRecord.to_state != State.RUNNING.value,
-                    TransitionRecord.owner == owner,
-                    TransitionRecord.fence == fence,
+                    TransitionsTable.job_id == job_id,
+                    TransitionsTable.from_state == State.RUNNING.value,
+                    TransitionsTable.to_state != State.RUNNING.value,
+                    TransitionsTable.owner == owner,
+                    TransitionsTable.fence == fence,
                 )
                 .limit(1)
             ).first()
@@ -366,7 +366,7 @@ class JobReader:
         """The liveness key the job's current owner took (None if not RUNNING or none)."""
         with self._read() as conn:
             key: int | None = conn.execute(
-                select(JobRecord.liveness_key).where(JobRecord.id == job_id)
+                select(JobsTable.liveness_key).where(JobsTable.id == job_id)
             ).scalar_one_or_none()
         return key
 
@@ -374,15 +374,15 @@ class JobReader:
         """(kind, already expired, count) of RUNNING jobs whose lease ends within
         ``within_seconds`` (or has ended) on the database clock."""
         now = self.clock.now()
-        expired = JobRecord.lease_until <= now
+        expired = JobsTable.lease_until <= now
         with self._read() as conn:
             rows = conn.execute(
-                select(JobRecord.kind, expired.label("expired"), func.count().label("jobs"))
+                select(JobsTable.kind, expired.label("expired"), func.count().label("jobs"))
                 .where(
-                    JobRecord.state == State.RUNNING.value,
-                    JobRecord.lease_until <= self.clock.after(within_seconds),
+                    JobsTable.state == State.RUNNING.value,
+                    JobsTable.lease_until <= self.clock.after(within_seconds),
                 )
-                .group_by(JobRecord.kind, expired)
+                .group_by(JobsTable.kind, expired)
             ).all()
         return [(row.kind, bool(row.expired), int(row.jobs)) for row in rows]
 
@@ -393,38 +393,38 @@ class JobReader:
         each with its job's kind and the instant of the claim that began the run; and the
         watermark to pass next time. ``after_id=None`` returns no rows, only the current
         watermark (an exporter starts counting from its start)."""
-        claim = TransitionRecord.__table__.alias("claimed")
+        claim = TransitionsTable.__table__.alias("claimed")
         started = (
             select(func.max(claim.c.at))
             .where(
-                claim.c.job_id == TransitionRecord.job_id,
+                claim.c.job_id == TransitionsTable.job_id,
                 claim.c.to_state == State.RUNNING.value,
-                claim.c.id < TransitionRecord.id,
+                claim.c.id < TransitionsTable.id,
             )
             .scalar_subquery()
         )
         with self._read() as conn:
-            newest = int(conn.execute(select(func.max(TransitionRecord.id))).scalar() or 0)
+            newest = int(conn.execute(select(func.max(TransitionsTable.id))).scalar() or 0)
             if after_id is None:
                 return [], newest
             rows = conn.execute(
                 select(
-                    TransitionRecord.id,
-                    TransitionRecord.from_state,
-                    TransitionRecord.to_state,
-                    TransitionRecord.at,
-                    JobRecord.kind,
+                    TransitionsTable.id,
+                    TransitionsTable.from_state,
+                    TransitionsTable.to_state,
+                    TransitionsTable.at,
+                    JobsTable.kind,
                     started.label("started"),
                 )
-                .join(JobRecord, JobRecord.id == TransitionRecord.job_id)
+                .join(JobsTable, JobsTable.id == TransitionsTable.job_id)
                 .where(
-                    TransitionRecord.id > after_id,
-                    TransitionRecord.id <= newest,
-                    TransitionRecord.to_state.in_(
+                    TransitionsTable.id > after_id,
+                    TransitionsTable.id <= newest,
+                    TransitionsTable.to_state.in_(
                         [State.COMPLETED.value, State.FAILED.value, State.RUNNING.value]
                     ),
                 )
-                .order_by(TransitionRecord.id)
+                .order_by(TransitionsTable.id)
                 .limit(limit)
             ).all()
         moves = [
@@ -446,41 +446,41 @@ class JobReader:
         the instant its run's claim or previous step ended; and the watermark to pass next
         time (``after=None``: only the watermark). A step recorded at the very instant of the
         watermark by a transaction that committed later is missed: metrics, not ledger."""
-        previous = StepRecord.__table__.alias("previous")
-        claim = TransitionRecord.__table__.alias("claimed")
+        previous = StepsTable.__table__.alias("previous")
+        claim = TransitionsTable.__table__.alias("claimed")
         prior_step = (
             select(func.max(previous.c.recorded_at))
             .where(
-                previous.c.job_id == StepRecord.job_id,
-                previous.c.fence == StepRecord.fence,
-                previous.c.recorded_at < StepRecord.recorded_at,
+                previous.c.job_id == StepsTable.job_id,
+                previous.c.fence == StepsTable.fence,
+                previous.c.recorded_at < StepsTable.recorded_at,
             )
             .scalar_subquery()
         )
         claimed_at = (
             select(func.max(claim.c.at))
             .where(
-                claim.c.job_id == StepRecord.job_id,
-                claim.c.fence == StepRecord.fence,
-                claim.c.owner == StepRecord.owner,  # an approval's record has no run behind it
+                claim.c.job_id == StepsTable.job_id,
+                claim.c.fence == StepsTable.fence,
+                claim.c.owner == StepsTable.owner,  # an approval's record has no run behind it
                 claim.c.to_state == State.RUNNING.value,
             )
             .scalar_subquery()
         )
         with self._read() as conn:
             if after is None:
-                latest = conn.execute(select(func.max(StepRecord.recorded_at))).scalar()
+                latest = conn.execute(select(func.max(StepsTable.recorded_at))).scalar()
                 return [], latest or dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
             rows = conn.execute(
                 select(
-                    StepRecord.recorded_at,
-                    JobRecord.kind,
+                    StepsTable.recorded_at,
+                    JobsTable.kind,
                     prior_step.label("prior_step"),
                     claimed_at.label("claimed_at"),
                 )
-                .join(JobRecord, JobRecord.id == StepRecord.job_id)
-                .where(StepRecord.recorded_at > after)
-                .order_by(StepRecord.recorded_at)
+                .join(JobsTable, JobsTable.id == StepsTable.job_id)
+                .where(StepsTable.recorded_at > after)
+                .order_by(StepsTable.recorded_at)
                 .limit(limit)
             ).all()
         timings = [
@@ -519,18 +519,18 @@ def filtered(where: JobFilter) -> builtins.list[ColumnElement[bool]]:
     """The WHERE conditions of a :class:`JobFilter`."""
     conditions: builtins.list[ColumnElement[bool]] = []
     if where.state is not None:
-        conditions.append(JobRecord.state == where.state.value)
+        conditions.append(JobsTable.state == where.state.value)
     if where.kind is not None:
-        conditions.append(JobRecord.kind == where.kind)
+        conditions.append(JobsTable.kind == where.kind)
     if where.since is not None:
-        conditions.append(JobRecord.updated_at >= where.since)
+        conditions.append(JobsTable.updated_at >= where.since)
     if where.error_like is not None:
         pattern = where.error_like if "%" in where.error_like else f"%{where.error_like}%"
-        conditions.append(JobRecord.last_error.ilike(pattern))
+        conditions.append(JobsTable.last_error.ilike(pattern))
     if where.queue is not None:
-        named = JobRecord.queue == where.queue
+        named = JobsTable.queue == where.queue
         if where.queue == where.default_queue:  # a job that names no queue goes there too
-            named = or_(named, JobRecord.queue.is_(None))
+            named = or_(named, JobsTable.queue.is_(None))
         conditions.append(named)
     return conditions
 

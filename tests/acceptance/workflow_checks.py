@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from jobs.core.models import EventRecord
+from jobs.core.models import EventsTable
 from jobs.core.states import TERMINAL, State
 from jobs.core.waits import child_id_of
 from tests.acceptance.conftest import Stack
@@ -117,9 +117,9 @@ def events_of(stack: Stack, job_id: str) -> list[tuple[Any, bool]]:
     """(payload, consumed) of every event sent to ``job_id``, in the order sent."""
     with stack.store.engine.connect() as conn:
         rows = conn.execute(
-            select(EventRecord.payload, EventRecord.consumed_at)
-            .where(EventRecord.job_id == job_id)
-            .order_by(EventRecord.id)
+            select(EventsTable.payload, EventsTable.consumed_at)
+            .where(EventsTable.job_id == job_id)
+            .order_by(EventsTable.id)
         ).all()
     return [(row.payload, row.consumed_at is not None) for row in rows]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Row, or_, select, update
 
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 from jobs.core.records import Doorbell
 from jobs.core.states import State
 from jobs.core.store.statements import Statements
@@ -48,23 +48,23 @@ class Doorbells:
         pass; of stale ones, those sent the longest ago (the likeliest lost)."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        queued_and_due = [JobRecord.state == State.QUEUED.value, JobRecord.run_after <= now]
+        queued_and_due = [JobsTable.state == State.QUEUED.value, JobsTable.run_after <= now]
         # Never sent: the highest priority first. Sent long ago: the longest ago first, as
         # the likeliest lost (when the queue is short of only a few, those are the few).
         kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [
             (
-                JobRecord.dispatched_at.is_(None),
+                JobsTable.dispatched_at.is_(None),
                 limit,
-                (JobRecord.priority.desc(), JobRecord.run_after),
+                (JobsTable.priority.desc(), JobsTable.run_after),
             )
         ]
         stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
         if stale_take:
             kinds_of_unsent.append(
                 (
-                    JobRecord.dispatched_at <= stale,
+                    JobsTable.dispatched_at <= stale,
                     stale_take,
-                    (JobRecord.dispatched_at, JobRecord.priority.desc()),
+                    (JobsTable.dispatched_at, JobsTable.priority.desc()),
                 )
             )
         with self.engine.begin() as conn:
@@ -72,11 +72,11 @@ class Doorbells:
             for unsent, take, order in kinds_of_unsent:
                 taken += conn.execute(
                     select(
-                        JobRecord.id,
-                        JobRecord.priority,
-                        JobRecord.run_after,
-                        JobRecord.kind,
-                        JobRecord.queue,
+                        JobsTable.id,
+                        JobsTable.priority,
+                        JobsTable.run_after,
+                        JobsTable.kind,
+                        JobsTable.queue,
                     )
                     .where(*queued_and_due, unsent)
                     .order_by(*order)
@@ -86,14 +86,14 @@ class Doorbells:
                 return []
             marked = set(
                 conn.execute(
-                    update(JobRecord)
+                    update(JobsTable)
                     .where(
-                        JobRecord.id.in_([row.id for row in taken]),
-                        JobRecord.state == State.QUEUED.value,
-                        or_(JobRecord.dispatched_at.is_(None), JobRecord.dispatched_at <= stale),
+                        JobsTable.id.in_([row.id for row in taken]),
+                        JobsTable.state == State.QUEUED.value,
+                        or_(JobsTable.dispatched_at.is_(None), JobsTable.dispatched_at <= stale),
                     )
                     .values(dispatched_at=now)
-                    .returning(JobRecord.id)
+                    .returning(JobsTable.id)
                 ).scalars()
             )
         ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
@@ -110,8 +110,8 @@ class Doorbells:
             return
         with self.engine.begin() as conn:
             conn.execute(
-                update(JobRecord)
-                .where(JobRecord.id.in_(list(job_ids)), JobRecord.state == State.QUEUED.value)
+                update(JobsTable)
+                .where(JobsTable.id.in_(list(job_ids)), JobsTable.state == State.QUEUED.value)
                 .values(dispatched_at=None)
             )
 

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 
 from jobs.core import states
-from jobs.core.models import JobRecord, TransitionRecord
+from jobs.core.models import JobsTable, TransitionsTable
 from jobs.core.records import Doorbell, Job
 from jobs.core.states import TERMINAL, State
 from jobs.core.store.row_changes import RowChanges
@@ -56,14 +56,14 @@ def settle_parent(
         return None
     clock = statements.clock
     left = conn.execute(
-        update(JobRecord)
+        update(JobsTable)
         .where(
-            JobRecord.id == row.parent_id,
-            JobRecord.state == State.WAITING.value,
-            JobRecord.children_pending > 0,
+            JobsTable.id == row.parent_id,
+            JobsTable.state == State.WAITING.value,
+            JobsTable.children_pending > 0,
         )
-        .values(children_pending=JobRecord.children_pending - 1, updated_at=clock.now())
-        .returning(JobRecord.children_pending)
+        .values(children_pending=JobsTable.children_pending - 1, updated_at=clock.now())
+        .returning(JobsTable.children_pending)
     ).scalar_one_or_none()
     if left != 0:
         return None
@@ -72,7 +72,7 @@ def settle_parent(
         row.parent_id,
         State.QUEUED,
         only_from=[State.WAITING],
-        where=[JobRecord.children_pending == 0, JobRecord.wait_event.is_(None)],
+        where=[JobsTable.children_pending == 0, JobsTable.wait_event.is_(None)],
         changes=RowChanges(
             run_after=clock.now(),
             dispatched_at=clock.now() if ringing else None,
@@ -130,25 +130,25 @@ def child_finish_statement(
         {
             name: value
             if isinstance(value, ColumnElement)
-            else bindparam(f"v_{name}", type_=JobRecord.__table__.c[name].type)
+            else bindparam(f"v_{name}", type_=JobsTable.__table__.c[name].type)
             for name, value in values.items()
         },
     ).cte("moved")
     history = (
-        insert(TransitionRecord)
+        insert(TransitionsTable)
         .from_select(
             ["job_id", "from_state", "to_state", "at", "owner", "fence", "reason"],
             select(
                 moved.c.id,
                 moved.c.previous_state,
-                literal(target.value, TransitionRecord.to_state.type),
+                literal(target.value, TransitionsTable.to_state.type),
                 now(),
                 param("p_owner"),
                 param("p_fence"),
-                bindparam("reason", type_=TransitionRecord.reason.type),
+                bindparam("reason", type_=TransitionsTable.reason.type),
             ),
         )
-        .returning(TransitionRecord.at)
+        .returning(TransitionsTable.at)
         .cte("history")
     )
     recorded = [
@@ -160,58 +160,58 @@ def child_finish_statement(
         ).cte("recorded")
         for _ in range(min(step_count, 1))
     ]
-    counts = and_(JobRecord.state == State.WAITING.value, JobRecord.children_pending > 0)
-    wakes = and_(counts, JobRecord.children_pending == 1, JobRecord.wait_event.is_(None))
+    counts = and_(JobsTable.state == State.WAITING.value, JobsTable.children_pending > 0)
+    wakes = and_(counts, JobsTable.children_pending == 1, JobsTable.wait_event.is_(None))
 
     def when(condition: ColumnElement[bool], value: Any, otherwise: Any) -> Any:
         return case((condition, value), else_=otherwise)
 
     woken = (
-        update(JobRecord)
+        update(JobsTable)
         .where(
-            JobRecord.id == moved.c.parent_id,
+            JobsTable.id == moved.c.parent_id,
             moved.c.awaited.is_(True),
             state_in([State.RUNNING, State.WAITING]),
         )
         .values(
             children_pending=when(
-                counts, JobRecord.children_pending - 1, JobRecord.children_pending
+                counts, JobsTable.children_pending - 1, JobsTable.children_pending
             ),
-            updated_at=when(counts, now(), JobRecord.updated_at),
-            state=when(wakes, literal(State.QUEUED.value), JobRecord.state),
-            previous_state=when(wakes, JobRecord.state, JobRecord.previous_state),
-            run_after=when(wakes, now(), JobRecord.run_after),
+            updated_at=when(counts, now(), JobsTable.updated_at),
+            state=when(wakes, literal(State.QUEUED.value), JobsTable.state),
+            previous_state=when(wakes, JobsTable.state, JobsTable.previous_state),
+            run_after=when(wakes, now(), JobsTable.run_after),
             dispatched_at=when(
                 wakes,
                 now() if ringing else null(),
-                JobRecord.dispatched_at,
+                JobsTable.dispatched_at,
             ),
-            waiting_for=when(wakes, null(), JobRecord.waiting_for),
+            waiting_for=when(wakes, null(), JobsTable.waiting_for),
         )
         .returning(
-            JobRecord.id,
-            JobRecord.state,
-            JobRecord.fence,
-            JobRecord.priority,
-            JobRecord.kind,
-            JobRecord.queue,
+            JobsTable.id,
+            JobsTable.state,
+            JobsTable.fence,
+            JobsTable.priority,
+            JobsTable.kind,
+            JobsTable.queue,
         )
         .cte("woken")
     )
     woken_history = (
-        insert(TransitionRecord)
+        insert(TransitionsTable)
         .from_select(
             ["job_id", "from_state", "to_state", "at", "owner", "fence", "reason"],
             select(
                 woken.c.id,
-                literal(State.WAITING.value, TransitionRecord.from_state.type),
-                literal(State.QUEUED.value, TransitionRecord.to_state.type),
+                literal(State.WAITING.value, TransitionsTable.from_state.type),
+                literal(State.QUEUED.value, TransitionsTable.to_state.type),
                 now(),
                 null(),
                 woken.c.fence,
-                literal("its last awaited child '", TransitionRecord.reason.type)
+                literal("its last awaited child '", TransitionsTable.reason.type)
                 + moved.c.id
-                + literal(f"' ended {target.value}", TransitionRecord.reason.type),
+                + literal(f"' ended {target.value}", TransitionsTable.reason.type),
             )
             .select_from(woken.join(moved, true()).join(history, true()))
             .where(woken.c.state == State.QUEUED.value),

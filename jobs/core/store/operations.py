@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Row, delete, insert, select, update
 
 from jobs.core.errors import NothingToWake, UnknownJob
-from jobs.core.models import JobRecord, StepRecord
+from jobs.core.models import JobsTable, StepsTable
 from jobs.core.records import BulkOutcome, Job, Selected
 from jobs.core.states import RETRYABLE, State
 from jobs.core.store.ownership import Ownership
@@ -51,7 +51,7 @@ class Operations:
     def _not_due(self) -> ColumnElement[bool]:
         """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
         (sleeping, delayed by ``delay``/``run_at``, or backing off after an error)."""
-        return JobRecord.run_after > self.clock.now()
+        return JobsTable.run_after > self.clock.now()
 
     # -- operators -----------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class Operations:
         waiting_for = row.waiting_for
         if waiting_for is not None:
             unit.execute(
-                insert(StepRecord).values(
+                insert(StepsTable).values(
                     job_id=job_id,
                     name=waiting_for,
                     output={"approved_by": by, "note": note},
@@ -108,7 +108,7 @@ class Operations:
                     fence=job.fence,
                 )
             )
-            unit.execute(update(JobRecord).where(JobRecord.id == job_id).values(waiting_for=None))
+            unit.execute(update(JobsTable).where(JobsTable.id == job_id).values(waiting_for=None))
             job = dataclasses.replace(job, waiting_for=None)
         return job
 
@@ -202,7 +202,7 @@ class Operations:
             where=where,
             changes=RowChanges(
                 owner=None,
-                fence=JobRecord.fence + 1,
+                fence=JobsTable.fence + 1,
                 lease_until=None,
                 liveness_key=None,
                 attempts=0,
@@ -217,7 +217,7 @@ class Operations:
         if row is None:
             return None
         if from_start:
-            unit.execute(delete(StepRecord).where(StepRecord.job_id == job_id))
+            unit.execute(delete(StepsTable).where(StepsTable.job_id == job_id))
         return Job.from_row(row)
 
     # -- many jobs at once -----------------------------------------------------------------
@@ -278,7 +278,7 @@ class Operations:
                 if seen.state not in sources:
                     skipped.append(seen.id)
                     continue
-                job = write(unit, seen.id, [seen.state], [JobRecord.fence == seen.fence])
+                job = write(unit, seen.id, [seen.state], [JobsTable.fence == seen.fence])
                 if job is None:
                     skipped.append(seen.id)
                 else:
@@ -312,7 +312,7 @@ class Operations:
             )
             if row is None:
                 state = unit.execute(
-                    select(JobRecord.state).where(JobRecord.id == job_id)
+                    select(JobsTable.state).where(JobsTable.id == job_id)
                 ).scalar_one_or_none()
                 if state is None:
                     raise UnknownJob(job_id)
@@ -325,20 +325,20 @@ class Operations:
         runs only once due, and a recorded timer does not sleep again. Not a state change
         and no history row (an operator's wake is :meth:`wake_job`); ``dispatched_at`` is
         cleared so a sweeper sends the doorbells."""
-        where = [JobRecord.state == State.QUEUED.value, self._not_due()]
+        where = [JobsTable.state == State.QUEUED.value, self._not_due()]
         if job_ids is not None:
-            where.append(JobRecord.id.in_(list(job_ids)))
+            where.append(JobsTable.id.in_(list(job_ids)))
         with self.engine.begin() as conn:
             return sorted(
                 conn.execute(
-                    update(JobRecord)
+                    update(JobsTable)
                     .where(*where)
                     .values(
                         run_after=self.clock.now(),
                         dispatched_at=None,
                         updated_at=self.clock.now(),
                     )
-                    .returning(JobRecord.id)
+                    .returning(JobsTable.id)
                 ).scalars()
             )
 
@@ -352,9 +352,9 @@ class Operations:
         the owner and fence the caller saw, so of several sweepers exactly one moves the job;
         ``only_if_expired`` re-checks the lease inside the same statement (the owner may have
         renewed since the caller looked)."""
-        stale = [JobRecord.owner == owner, JobRecord.fence == fence]
+        stale = [JobsTable.owner == owner, JobsTable.fence == fence]
         if only_if_expired:
-            stale.append(JobRecord.lease_until <= self.clock.now())
+            stale.append(JobsTable.lease_until <= self.clock.now())
         with self.engine.begin() as conn:
             row = self.ownership.requeue_or_fail(
                 conn,
@@ -374,9 +374,9 @@ class Operations:
         now = self.clock.now()
         with self.statements.read() as conn:
             candidates: Sequence[Any] = conn.execute(
-                select(JobRecord.id, JobRecord.owner, JobRecord.fence)
-                .where(JobRecord.state == State.RUNNING.value, JobRecord.lease_until <= now)
-                .order_by(JobRecord.lease_until)
+                select(JobsTable.id, JobsTable.owner, JobsTable.fence)
+                .where(JobsTable.state == State.RUNNING.value, JobsTable.lease_until <= now)
+                .order_by(JobsTable.lease_until)
                 .limit(limit)
             ).all()
         moved = []

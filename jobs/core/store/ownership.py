@@ -32,7 +32,7 @@ from sqlalchemy import (
 from jobs.core.db import retry_on_disconnect
 from jobs.core.errors import LeaseLost, StepError
 from jobs.core.liveness import owner_lock_released
-from jobs.core.models import JobRecord, KindLimitRecord, StepRecord, TransitionRecord
+from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import completion_ended, hold, holds_now
@@ -86,9 +86,9 @@ class Ownership:
 
             def build() -> Executable:
                 no_running_limit = ~exists(
-                    select(KindLimitRecord.kind).where(
-                        KindLimitRecord.kind == JobRecord.kind,
-                        KindLimitRecord.max_running.is_not(None),
+                    select(KindLimitsTable.kind).where(
+                        KindLimitsTable.kind == JobsTable.kind,
+                        KindLimitsTable.max_running.is_not(None),
                     )
                 )
                 return statements.transition_statement(
@@ -97,14 +97,14 @@ class Ownership:
                     where=[*claimable(), no_running_limit],
                     values={
                         "owner": param("p_owner"),
-                        "fence": JobRecord.fence + 1,
+                        "fence": JobsTable.fence + 1,
                         "lease_until": statements.after_bound("lease"),
-                        "attempts": JobRecord.attempts + 1,
-                        "liveness_key": bindparam("key", type_=JobRecord.liveness_key.type),
+                        "attempts": JobsTable.attempts + 1,
+                        "liveness_key": bindparam("key", type_=JobsTable.liveness_key.type),
                     },
                     owner=lambda: param("p_owner"),
-                    reason=literal("claimed", TransitionRecord.reason.type),
-                    approved_by=literal(None, TransitionRecord.approved_by.type),
+                    reason=literal("claimed", TransitionsTable.reason.type),
+                    approved_by=literal(None, TransitionsTable.approved_by.type),
                 )
 
             key = ("claim", None if kinds is None else tuple(kinds))
@@ -124,7 +124,7 @@ class Ownership:
                 return Claim.from_row(row, owner)
         with self.engine.begin() as conn:
             limits = lock_limits(
-                conn, select(JobRecord.kind).where(JobRecord.id == job_id).scalar_subquery()
+                conn, select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
             )
             max_running = None if limits is None else limits.max_running
             if max_running is None and self.engine.dialect.name == "postgresql":
@@ -137,9 +137,9 @@ class Ownership:
                 where=[*claimable(), *limited],
                 changes=RowChanges(
                     owner=owner,
-                    fence=JobRecord.fence + 1,
+                    fence=JobsTable.fence + 1,
                     lease_until=self.clock.after(lease_seconds),
-                    attempts=JobRecord.attempts + 1,
+                    attempts=JobsTable.attempts + 1,
                     liveness_key=liveness_key,
                 ),
                 owner=owner,
@@ -152,23 +152,23 @@ class Ownership:
         a lease that ran out or an owner whose process is gone."""
         now = self.clock.now()
         return or_(
-            (JobRecord.state == State.QUEUED.value) & (JobRecord.run_after <= now),
-            (JobRecord.state == State.RUNNING.value)
-            & (JobRecord.attempts < JobRecord.max_attempts)
-            & or_(JobRecord.lease_until <= now, owner_lock_released(JobRecord.liveness_key)),
+            (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
+            (JobsTable.state == State.RUNNING.value)
+            & (JobsTable.attempts < JobsTable.max_attempts)
+            & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
         )
 
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
         """IDs of jobs a claim would take now, the highest priority first, then the longest
         due (for in-process draining)."""
         stmt = (
-            select(JobRecord.id)
+            select(JobsTable.id)
             .where(self.claimable())
-            .order_by(JobRecord.priority.desc(), JobRecord.run_after, JobRecord.created_at)
+            .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
             .limit(limit)
         )
         if kinds is not None:
-            stmt = stmt.where(JobRecord.kind.in_(list(kinds)))
+            stmt = stmt.where(JobsTable.kind.in_(list(kinds)))
         with self.statements.read() as conn:
             return list(conn.execute(stmt).scalars())
 
@@ -178,10 +178,10 @@ class Ownership:
         """Push one claim's lease out, only while it is still ours and unexpired."""
         with self.statements.unit(None, one_statement=True) as conn:
             row = conn.execute(
-                update(JobRecord)
+                update(JobsTable)
                 .where(*self.statements.fenced(claim))
                 .values(lease_until=self.clock.after(lease_seconds))
-                .returning(JobRecord.lease_until)
+                .returning(JobsTable.lease_until)
             ).one_or_none()
             if row is None:
                 raise self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
@@ -199,15 +199,15 @@ class Ownership:
         with self.statements.unit(None, one_statement=True) as conn:
             return set(
                 conn.execute(
-                    update(JobRecord)
+                    update(JobsTable)
                     .where(
-                        tuple_(JobRecord.id, JobRecord.fence).in_([tuple(pair) for pair in claims]),
-                        JobRecord.owner == owner,
-                        JobRecord.state == State.RUNNING.value,
-                        JobRecord.lease_until > self.clock.now(),
+                        tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
+                        JobsTable.owner == owner,
+                        JobsTable.state == State.RUNNING.value,
+                        JobsTable.lease_until > self.clock.now(),
                     )
                     .values(lease_until=self.clock.after(lease_seconds))
-                    .returning(JobRecord.id)
+                    .returning(JobsTable.id)
                 ).scalars()
             )
 
@@ -247,7 +247,7 @@ class Ownership:
 
         def build() -> Executable:
             owned = (
-                select(JobRecord.id)
+                select(JobsTable.id)
                 .where(*statements.fenced_on(param("p_job_id"), param("p_owner"), param("p_fence")))
                 .subquery("owned")
             )
@@ -256,7 +256,7 @@ class Ownership:
                 statements.bound_steps(len(steps)),
                 lambda: param("p_owner"),
                 lambda: param("p_fence"),
-            ).returning(StepRecord.job_id)
+            ).returning(StepsTable.job_id)
             return insert_steps
 
         def attempt() -> None:
@@ -354,7 +354,7 @@ class Ownership:
             job_id,
             State.FAILED,
             only_from=[State.RUNNING],
-            where=[*where, JobRecord.attempts >= JobRecord.max_attempts],
+            where=[*where, JobsTable.attempts >= JobsTable.max_attempts],
             changes=RowChanges.finished(self.clock.now(), last_error=exhausted),
             owner=owner,
             fence=fence,
@@ -482,8 +482,8 @@ class Ownership:
                 raise self.statements.explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
             if (
                 conn.execute(
-                    select(StepRecord.name).where(
-                        StepRecord.job_id == claim.job_id, StepRecord.name == step_name
+                    select(StepsTable.name).where(
+                        StepsTable.job_id == claim.job_id, StepsTable.name == step_name
                     )
                 ).first()
                 is not None

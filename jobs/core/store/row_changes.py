@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from sqlalchemy import ColumnElement
 
-from jobs.core.models import JobRecord
+from jobs.core.models import JobsTable
 
 
 class _Keep(enum.Enum):
@@ -64,7 +64,7 @@ class RowChanges:
             liveness_key=None,
             dispatched_at=dispatched_at,
             run_after=run_after,
-            attempts=JobRecord.attempts - 1,
+            attempts=JobsTable.attempts - 1,
         )
 
     @classmethod
@@ -76,7 +76,7 @@ class RowChanges:
             owner=None,
             lease_until=None,
             liveness_key=None,
-            attempts=JobRecord.attempts - 1,
+            attempts=JobsTable.attempts - 1,
             waiting_for=waiting_for,
             wait_deadline=deadline,
             **changes,

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, delete, or_, select, update
 from jobs.core import states
 from jobs.core.db import SQLITE_BUSY_TIMEOUT_MS
 from jobs.core.errors import InvalidInput
-from jobs.core.models import CounterRecord, JobRecord, ScheduleRecord, StepRecord, TransitionRecord
+from jobs.core.models import CountersTable, JobsTable, SchedulesTable, StepsTable, TransitionsTable
 from jobs.core.reader import JobReader
 from jobs.core.records import Job
 from jobs.core.schedule import Schedule, check_schedule
@@ -53,7 +53,7 @@ class Schedules:
             "updated_at": now,
         }
         with self.engine.begin() as conn:
-            ins = insert_for(conn, ScheduleRecord).values(
+            ins = insert_for(conn, SchedulesTable).values(
                 name=schedule.name, last_tick=None, created_at=now, **changed
             )
             conn.execute(ins.on_conflict_do_update(index_elements=["name"], set_=changed))
@@ -63,9 +63,9 @@ class Schedules:
         """Stop a schedule; jobs it already submitted are left alone. False if unknown."""
         with self.engine.begin() as conn:
             deleted = conn.execute(
-                delete(ScheduleRecord)
-                .where(ScheduleRecord.name == name)
-                .returning(ScheduleRecord.name)
+                delete(SchedulesTable)
+                .where(SchedulesTable.name == name)
+                .returning(SchedulesTable.name)
             ).first()
         return deleted is not None
 
@@ -76,13 +76,13 @@ class Schedules:
         it back, so a slow sweeper cannot re-fire old ticks. False: someone got there first."""
         with self.statements.unit(conn) as unit:
             moved = unit.execute(
-                update(ScheduleRecord)
+                update(SchedulesTable)
                 .where(
-                    ScheduleRecord.name == name,
-                    or_(ScheduleRecord.last_tick.is_(None), ScheduleRecord.last_tick < tick),
+                    SchedulesTable.name == name,
+                    or_(SchedulesTable.last_tick.is_(None), SchedulesTable.last_tick < tick),
                 )
                 .values(last_tick=tick)
-                .returning(ScheduleRecord.name)
+                .returning(SchedulesTable.name)
             ).first()
         return moved is not None
 
@@ -124,24 +124,24 @@ class Schedules:
         the DELETE itself."""
         finished = [state.value for state in states.TERMINAL]
         old = [
-            JobRecord.state.in_(finished),
-            JobRecord.finished_at < self.clock.after(-older_than_seconds),
+            JobsTable.state.in_(finished),
+            JobsTable.finished_at < self.clock.after(-older_than_seconds),
         ]
         with self.engine.begin() as conn:
             ids = list(
                 conn.execute(
-                    select(JobRecord.id)
+                    select(JobsTable.id)
                     .where(*old)
-                    .order_by(JobRecord.finished_at)
+                    .order_by(JobsTable.finished_at)
                     .limit(batch_size)
                 ).scalars()
             )
             if not ids:
                 return []
-            conn.execute(delete(StepRecord).where(StepRecord.job_id.in_(ids)))
-            conn.execute(delete(TransitionRecord).where(TransitionRecord.job_id.in_(ids)))
+            conn.execute(delete(StepsTable).where(StepsTable.job_id.in_(ids)))
+            conn.execute(delete(TransitionsTable).where(TransitionsTable.job_id.in_(ids)))
             gone = conn.execute(
-                delete(JobRecord).where(JobRecord.id.in_(ids), *old).returning(JobRecord.id)
+                delete(JobsTable).where(JobsTable.id.in_(ids), *old).returning(JobsTable.id)
             ).scalars()
             return sorted(gone)
 
@@ -152,7 +152,7 @@ class Schedules:
         is not worth waiting out its write lock for, so a locked file raises at once."""
         if amount <= 0:
             return
-        counter = CounterRecord
+        counter = CountersTable
         impatient = not wait and self.engine.dialect.name == "sqlite"
         with self.engine.connect() as conn:
             # On the driver's connection, outside any transaction: BEGIN IMMEDIATE is where

@@ -47,7 +47,7 @@ from jobs.core.clock import Clock
 from jobs.core.db import READ_ONLY, autocommit, retry_on_disconnect
 from jobs.core.driver import DriverStatement, runs_on_driver
 from jobs.core.errors import IllegalTransition, LeaseLost, StepError, UnknownJob
-from jobs.core.models import JobRecord, StepRecord, TableColumns, TransitionRecord
+from jobs.core.models import JobsTable, StepsTable, TableColumns, TransitionsTable
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
@@ -56,7 +56,7 @@ from jobs.core.store.row_changes import NO_CHANGES, RowChanges
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
 # them only when they do: a first run cannot have any).
-HAS_STEPS = exists(select(StepRecord.job_id).where(StepRecord.job_id == JobRecord.id)).label(
+HAS_STEPS = exists(select(StepsTable.job_id).where(StepsTable.job_id == JobsTable.id)).label(
     "has_steps"
 )
 
@@ -79,9 +79,9 @@ Expression = Callable[[], ColumnElement[Any]]
 
 # Named apart from the columns: SQLAlchemy reserves a column's own name for its SET value.
 _PARAM_TYPES: dict[str, Any] = {
-    "p_job_id": JobRecord.id.type,
-    "p_owner": JobRecord.owner.type,
-    "p_fence": JobRecord.fence.type,
+    "p_job_id": JobsTable.id.type,
+    "p_owner": JobsTable.owner.type,
+    "p_fence": JobsTable.fence.type,
 }
 
 
@@ -95,13 +95,13 @@ def param(name: str) -> ColumnElement[Any]:
 def state_in(allowed: Sequence[State]) -> ColumnElement[bool]:
     """``state IN (...)`` written out as equalities: an expanding ``IN`` parameter makes
     SQLAlchemy re-render the statement's text at every execution."""
-    return or_(*(JobRecord.state == state.value for state in allowed))
+    return or_(*(JobsTable.state == state.value for state in allowed))
 
 
 def kind_in(kinds: Sequence[str]) -> ColumnElement[bool]:
     """``kind IN (...)`` written out as equalities with the kinds as constants, for a
     statement built once per set of kinds: the driver path takes no expanding parameter."""
-    return or_(false(), *(JobRecord.kind == literal(kind, JobRecord.kind.type) for kind in kinds))
+    return or_(false(), *(JobsTable.kind == literal(kind, JobsTable.kind.type) for kind in kinds))
 
 
 Shape = tuple[tuple[str, bool], ...]
@@ -156,11 +156,11 @@ class Statements:
     def fenced_on(self, job_id: Any, owner: Any, fence: Any) -> list[ColumnElement[bool]]:
         """:meth:`fenced` over values or bound parameters."""
         return [
-            JobRecord.id == job_id,
-            JobRecord.owner == owner,
-            JobRecord.fence == fence,
-            JobRecord.state == State.RUNNING.value,
-            JobRecord.lease_until > self.clock.now(),
+            JobsTable.id == job_id,
+            JobsTable.owner == owner,
+            JobsTable.fence == fence,
+            JobsTable.state == State.RUNNING.value,
+            JobsTable.lease_until > self.clock.now(),
         ]
 
     def after_bound(self, name: str) -> ColumnElement[dt.datetime]:
@@ -238,23 +238,23 @@ class Statements:
         on SQLite. ``None`` when the WHERE clause matched no row (nothing was written)."""
         if uses_ctes(conn):
             statement = self.transition_statement(
-                literal(job_id, JobRecord.id.type),
+                literal(job_id, JobsTable.id.type),
                 target,
                 only_from=only_from,
                 where=where,
                 values=changes.columns(),
                 owner=None
                 if owner is None
-                else (lambda: literal(owner, TransitionRecord.owner.type)),
+                else (lambda: literal(owner, TransitionsTable.owner.type)),
                 fence=None
                 if fence is None
-                else (lambda: literal(fence, TransitionRecord.fence.type)),
-                reason=literal(reason, TransitionRecord.reason.type),
-                approved_by=literal(approved_by, TransitionRecord.approved_by.type),
+                else (lambda: literal(fence, TransitionsTable.fence.type)),
+                reason=literal(reason, TransitionsTable.reason.type),
+                approved_by=literal(approved_by, TransitionsTable.approved_by.type),
                 steps=[
                     (
-                        literal(step.name, StepRecord.name.type),
-                        literal(step.output, StepRecord.output.type),
+                        literal(step.name, StepsTable.name.type),
+                        literal(step.output, StepsTable.output.type),
                     )
                     for step in steps
                 ],
@@ -268,7 +268,7 @@ class Statements:
         if row is None:
             return None
         conn.execute(
-            insert(TransitionRecord).values(
+            insert(TransitionsTable).values(
                 job_id=job_id,
                 from_state=row.previous_state,
                 at=now,
@@ -280,7 +280,7 @@ class Statements:
         if steps:
             with self.recording(job_id, steps):
                 conn.execute(
-                    insert(StepRecord).values(
+                    insert(StepsTable).values(
                         [
                             {
                                 "job_id": job_id,
@@ -313,15 +313,15 @@ class Statements:
                 states.check(source, target)
             allowed = tuple(s for s in allowed if s in narrowed)
         return (
-            update(JobRecord)
-            .where(JobRecord.id == job_id, state_in(allowed), *where)
+            update(JobsTable)
+            .where(JobsTable.id == job_id, state_in(allowed), *where)
             .values(
-                previous_state=JobRecord.state,
+                previous_state=JobsTable.state,
                 state=target.value,
                 updated_at=self.clock.now(),
                 **values,
             )
-            .returning(*JOB_COLUMNS, JobRecord.previous_state, HAS_STEPS)
+            .returning(*JOB_COLUMNS, JobsTable.previous_state, HAS_STEPS)
         )
 
     def transition_statement(
@@ -343,7 +343,7 @@ class Statements:
         are SQL expressions: literals for a one-off, bound parameters for a reusable one."""
         moved = self.move(job_id, target, only_from, where, values).cte("moved")
         ctes = [
-            insert(TransitionRecord)
+            insert(TransitionsTable)
             .from_select(
                 [
                     "job_id",
@@ -358,7 +358,7 @@ class Statements:
                 select(
                     moved.c.id,
                     moved.c.previous_state,
-                    literal(target.value, TransitionRecord.to_state.type),
+                    literal(target.value, TransitionsTable.to_state.type),
                     self.clock.now(),
                     moved.c.owner if owner is None else owner(),
                     moved.c.fence if fence is None else fence(),
@@ -394,7 +394,7 @@ class Statements:
             for name, output in steps
         ]
         rows = selects[0] if len(selects) == 1 else selects[0].union_all(*selects[1:])
-        return insert(StepRecord).from_select(
+        return insert(StepsTable).from_select(
             ["job_id", "name", "output", "recorded_at", "owner", "fence"], rows
         )
 
@@ -417,12 +417,12 @@ class Statements:
         read of the row, after the refusal. Returned, for the caller to raise."""
         row = conn.execute(
             select(
-                JobRecord.state,
-                JobRecord.owner,
-                JobRecord.fence,
-                JobRecord.lease_until,
-                (JobRecord.lease_until > self.clock.now()).label("lease_live"),
-            ).where(JobRecord.id == job_id)
+                JobsTable.state,
+                JobsTable.owner,
+                JobsTable.fence,
+                JobsTable.lease_until,
+                (JobsTable.lease_until > self.clock.now()).label("lease_live"),
+            ).where(JobsTable.id == job_id)
         ).one_or_none()
         if row is None:
             return UnknownJob(job_id)
@@ -520,13 +520,13 @@ class Statements:
                 values={
                     name: value
                     if isinstance(value, ColumnElement)
-                    else bindparam(f"v_{name}", type_=JobRecord.__table__.c[name].type)
+                    else bindparam(f"v_{name}", type_=JobsTable.__table__.c[name].type)
                     for name, value in values.items()
                 },
                 owner=lambda: param("p_owner"),
                 fence=lambda: param("p_fence"),
-                reason=bindparam("reason", type_=TransitionRecord.reason.type),
-                approved_by=literal(None, TransitionRecord.approved_by.type),
+                reason=bindparam("reason", type_=TransitionsTable.reason.type),
+                approved_by=literal(None, TransitionsTable.approved_by.type),
                 steps=self.bound_steps(len(steps)),
             )
 
@@ -537,8 +537,8 @@ class Statements:
         """``count`` steps as bound parameters ``step_name_<i>`` and ``step_output_<i>``."""
         return [
             (
-                bindparam(f"step_name_{index}", type_=StepRecord.name.type),
-                bindparam(f"step_output_{index}", type_=StepRecord.output.type),
+                bindparam(f"step_name_{index}", type_=StepsTable.name.type),
+                bindparam(f"step_output_{index}", type_=StepsTable.output.type),
             )
             for index in range(count)
         ]

@@ -33,7 +33,7 @@ from sqlalchemy.sql import ColumnElement
 
 from jobs.core.clock import Clock
 from jobs.core.errors import AdmissionRefused, DuplicateJob, InvalidInput
-from jobs.core.models import JobRecord, KindLimitRecord, TransitionRecord
+from jobs.core.models import JobsTable, KindLimitsTable, TransitionsTable
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Job, KindLimits
 from jobs.core.states import State
@@ -58,21 +58,21 @@ def _inserted_with_history(columns: list[str], source: Any) -> Executable:
     nothing) and a "submitted" history row for each one inserted, as one statement that
     returns the inserted jobs."""
     created = (
-        postgresql.insert(JobRecord)
+        postgresql.insert(JobsTable)
         .from_select(columns, source)
         .on_conflict_do_nothing()
         .returning(*JOB_COLUMNS)
         .cte("created")
     )
     history = (
-        insert(TransitionRecord)
+        insert(TransitionsTable)
         .from_select(
             ["job_id", "to_state", "at", "reason"],
             select(
                 created.c.id,
-                literal(State.QUEUED.value, TransitionRecord.to_state.type),
+                literal(State.QUEUED.value, TransitionsTable.to_state.type),
                 created.c.created_at,
-                literal("submitted", TransitionRecord.reason.type),
+                literal("submitted", TransitionsTable.reason.type),
             ),
         )
         .cte("history")
@@ -86,8 +86,8 @@ def lock_limits(conn: Connection, kind: Any) -> KindLimits | None:
     it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
     serializes every write)."""
     row = conn.execute(
-        select(KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued)
-        .where(KindLimitRecord.kind == kind)
+        select(KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued)
+        .where(KindLimitsTable.kind == kind)
         .with_for_update()
     ).one_or_none()
     return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
@@ -96,16 +96,16 @@ def lock_limits(conn: Connection, kind: Any) -> KindLimits | None:
 def running_of_kind(clock: Clock) -> Any:
     """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
     (a takeover of a dead owner's job frees the slot it takes)."""
-    other_table = JobRecord.__table__.alias("other")
+    other_table = JobsTable.__table__.alias("other")
     other = other_table.c
     return (
         select(func.count())
         .select_from(other_table)
         .where(
-            other.kind == JobRecord.kind,
+            other.kind == JobsTable.kind,
             other.state == State.RUNNING.value,
             other.lease_until > clock.now(),
-            other.id != JobRecord.id,
+            other.id != JobsTable.id,
         )
         .scalar_subquery()
     )
@@ -159,7 +159,7 @@ class Submissions:
             run_after = check_instant(run_at, "run_at")
             # Due already (on the database's clock): sent after commit like any job; else
             # the sweeper sends it once due.
-            dispatched_at = case((literal(run_after, JobRecord.run_after.type) <= now, now))
+            dispatched_at = case((literal(run_after, JobsTable.run_after.type) <= now, now))
         return {
             "id": job_id,
             "kind": kind,
@@ -241,7 +241,7 @@ class Submissions:
                     row.id: row
                     for row in unit.execute(
                         select(*JOB_COLUMNS).where(
-                            JobRecord.id.in_([i for i in ids if i not in inserted])
+                            JobsTable.id.in_([i for i in ids if i not in inserted])
                         )
                     )
                 }
@@ -268,7 +268,7 @@ class Submissions:
         inserted = {
             row.id: row
             for row in conn.execute(
-                insert_for(conn, JobRecord)
+                insert_for(conn, JobsTable)
                 .values({name: rows[0][name] for name in clock_values})
                 .on_conflict_do_nothing()
                 .returning(*JOB_COLUMNS),
@@ -277,7 +277,7 @@ class Submissions:
         }
         if inserted:
             conn.execute(
-                insert(TransitionRecord),
+                insert(TransitionsTable),
                 [
                     {
                         "job_id": row["id"],
@@ -297,7 +297,7 @@ class Submissions:
         whose history rows the same statement writes (a data-modifying CTE). One round trip
         and a statement text that does not grow with the batch: a VALUES list of N rows
         costs the driver more to build than PostgreSQL spends writing them."""
-        table = JobRecord.__table__.c
+        table = JobsTable.__table__.c
         first = rows[0]
         given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
         # A delayed job's due time (or a run_at's dispatch test) is an expression with its
@@ -348,7 +348,7 @@ class Submissions:
         or the ID exists): the caller then takes the transactional path, which says which.
         ``own``: ``conn`` is the store's autocommit connection, not a caller's transaction
         (which only SQLAlchemy's execution may join: it knows what the caller began)."""
-        table = JobRecord.__table__.c
+        table = JobsTable.__table__.c
         # A delayed job's due time (or a run_at's dispatch test) is an expression with its
         # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
         reusable = values["dispatched_at"] is values["run_after"]
@@ -359,9 +359,9 @@ class Submissions:
         }
 
         def build() -> Executable:
-            limited = select(KindLimitRecord.kind).where(
-                KindLimitRecord.kind == bindparam("c_kind", type_=table.kind.type),
-                KindLimitRecord.max_queued.is_not(None),
+            limited = select(KindLimitsTable.kind).where(
+                KindLimitsTable.kind == bindparam("c_kind", type_=table.kind.type),
+                KindLimitsTable.max_queued.is_not(None),
             )
             source = select(
                 *[
@@ -388,8 +388,8 @@ class Submissions:
         """Refuse the submission (writing nothing) when it would take the kind's QUEUED jobs
         past ``max_queued``; a kind without that limit costs one indexed read, no lock."""
         has_limit = conn.execute(
-            select(KindLimitRecord.kind).where(
-                KindLimitRecord.kind == kind, KindLimitRecord.max_queued.is_not(None)
+            select(KindLimitsTable.kind).where(
+                KindLimitsTable.kind == kind, KindLimitsTable.max_queued.is_not(None)
             )
         ).one_or_none()
         if has_limit is None:
@@ -398,22 +398,22 @@ class Submissions:
         if limits is None or limits.max_queued is None:
             return
         present = set(
-            conn.execute(select(JobRecord.id).where(JobRecord.id.in_(list(job_ids)))).scalars()
+            conn.execute(select(JobsTable.id).where(JobsTable.id.in_(list(job_ids)))).scalars()
         )
         adding = len([job_id for job_id in job_ids if job_id not in present])
         if adding == 0:
             return  # an idempotent re-submit adds nothing to the queue
         queued = conn.execute(
             select(func.count())
-            .select_from(JobRecord)
-            .where(JobRecord.kind == kind, JobRecord.state == State.QUEUED.value)
+            .select_from(JobsTable)
+            .where(JobsTable.kind == kind, JobsTable.state == State.QUEUED.value)
         ).scalar_one()
         if queued + adding <= limits.max_queued:
             return
         finished = conn.execute(
             select(func.count())
-            .select_from(JobRecord)
-            .where(JobRecord.kind == kind, JobRecord.finished_at >= self.clock.after(-60))
+            .select_from(JobsTable)
+            .where(JobsTable.kind == kind, JobsTable.finished_at >= self.clock.after(-60))
         ).scalar_one()
         excess = queued + adding - limits.max_queued
         retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
@@ -464,12 +464,12 @@ class Submissions:
             "updated_at": self.clock.now(),
         }
         with self.statements.unit(conn) as unit:
-            ins = insert_for(unit, KindLimitRecord).values(values)
+            ins = insert_for(unit, KindLimitsTable).values(values)
             if only_if_absent:
                 ins = ins.on_conflict_do_nothing()
             else:
                 ins = ins.on_conflict_do_update(
-                    index_elements=[KindLimitRecord.kind],
+                    index_elements=[KindLimitsTable.kind],
                     set_={
                         "max_running": max_running,
                         "max_queued": max_queued,
@@ -479,8 +479,8 @@ class Submissions:
             unit.execute(ins)
             row = unit.execute(
                 select(
-                    KindLimitRecord.kind, KindLimitRecord.max_running, KindLimitRecord.max_queued
-                ).where(KindLimitRecord.kind == kind)
+                    KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued
+                ).where(KindLimitsTable.kind == kind)
             ).one()
         return KindLimits(row.kind, row.max_running, row.max_queued)
 

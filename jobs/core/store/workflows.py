@@ -36,7 +36,7 @@ from sqlalchemy import (
 
 from jobs.core.db import retry_on_disconnect
 from jobs.core.errors import InvalidInput, UnknownJob
-from jobs.core.models import EventRecord, JobRecord, StepRecord
+from jobs.core.models import EventsTable, JobsTable, StepsTable
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import TERMINAL, State, sources_of
 from jobs.core.store.fan_in import child_finish_statement, doorbell_of, settle_parent
@@ -70,7 +70,7 @@ class Workflows:
     def _lock_owned(self, conn: Connection, claim: Claim) -> None:
         """Lock the claimed job's row while the claim still owns it; else raise why."""
         owned = conn.execute(
-            select(JobRecord.id).where(*self.statements.fenced(claim)).with_for_update()
+            select(JobsTable.id).where(*self.statements.fenced(claim)).with_for_update()
         ).first()
         if owned is None:
             raise self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
@@ -83,7 +83,7 @@ class Workflows:
             return
         with self.statements.recording(job_id, steps):
             conn.execute(
-                insert(StepRecord).values(
+                insert(StepsTable).values(
                     [
                         {
                             "job_id": job_id,
@@ -101,21 +101,21 @@ class Workflows:
     def _unconsumed(self, conn: Connection, job_id: str, name: str) -> Any:
         """The oldest event ``name`` sent to the job and not consumed yet, locked."""
         return conn.execute(
-            select(EventRecord.id, EventRecord.payload)
+            select(EventsTable.id, EventsTable.payload)
             .where(
-                EventRecord.job_id == job_id,
-                EventRecord.name == name,
-                EventRecord.consumed_at.is_(None),
+                EventsTable.job_id == job_id,
+                EventsTable.name == name,
+                EventsTable.consumed_at.is_(None),
             )
-            .order_by(EventRecord.id)
+            .order_by(EventsTable.id)
             .limit(1)
             .with_for_update()
         ).first()
 
     def _consume(self, conn: Connection, event_id: int) -> None:
         conn.execute(
-            update(EventRecord)
-            .where(EventRecord.id == event_id, EventRecord.consumed_at.is_(None))
+            update(EventsTable)
+            .where(EventsTable.id == event_id, EventsTable.consumed_at.is_(None))
             .values(consumed_at=self.clock.now())
         )
 
@@ -158,14 +158,14 @@ class Workflows:
         with self.engine.begin() as conn:
             marked = list(
                 conn.execute(
-                    update(JobRecord)
+                    update(JobsTable)
                     .where(
-                        JobRecord.id.in_(list(child_ids)),
-                        JobRecord.parent_id == claim.job_id,
+                        JobsTable.id.in_(list(child_ids)),
+                        JobsTable.parent_id == claim.job_id,
                         state_in(UNFINISHED),
                     )
                     .values(awaited=True)
-                    .returning(JobRecord.id)
+                    .returning(JobsTable.id)
                 ).scalars()
             )
             fenced = self.statements.fenced(claim)
@@ -273,8 +273,8 @@ class Workflows:
         while parents:
             parent = parents.pop()
             children = conn.execute(
-                select(JobRecord.id).where(
-                    JobRecord.parent_id == parent, state_in(sources_of(State.CANCELLED))
+                select(JobsTable.id).where(
+                    JobsTable.parent_id == parent, state_in(sources_of(State.CANCELLED))
                 )
             ).scalars()
             for child in list(children):
@@ -353,14 +353,14 @@ class Workflows:
         """Move a job WAITING for event ``name`` to QUEUED with the event recorded under
         its wait's step and marked consumed (the caller holds the row's lock)."""
         waiting_for = conn.execute(
-            select(JobRecord.waiting_for).where(JobRecord.id == job_id)
+            select(JobsTable.waiting_for).where(JobsTable.id == job_id)
         ).scalar_one()
         moved = self.statements.transition(
             conn,
             job_id,
             State.QUEUED,
             only_from=[State.WAITING],
-            where=[JobRecord.wait_event == name],
+            where=[JobsTable.wait_event == name],
             changes=RowChanges(
                 run_after=self.clock.now(),
                 dispatched_at=self.clock.now(),  # every caller rings it after the commit
@@ -388,8 +388,8 @@ class Workflows:
         encode_json(payload, f"payload of event {name!r}", self.max_payload_bytes)
         with self.statements.unit(conn) as unit:
             row = unit.execute(
-                select(JobRecord.state, JobRecord.wait_event, JobRecord.fence)
-                .where(JobRecord.id == job_id)
+                select(JobsTable.state, JobsTable.wait_event, JobsTable.fence)
+                .where(JobsTable.id == job_id)
                 .with_for_update()
             ).first()
             if row is None:
@@ -399,14 +399,14 @@ class Workflows:
                     f"job {job_id!r} is {row.state}: an event goes to an unfinished job"
                 )
             event_id = unit.execute(
-                insert(EventRecord)
+                insert(EventsTable)
                 .values(job_id=job_id, name=name, payload=payload, sent_at=self.clock.now())
-                .returning(EventRecord.id)
+                .returning(EventsTable.id)
             ).scalar_one()
             if row.state != State.WAITING.value or row.wait_event != name:
                 return None
             event = unit.execute(
-                select(EventRecord.id, EventRecord.payload).where(EventRecord.id == event_id)
+                select(EventsTable.id, EventsTable.payload).where(EventsTable.id == event_id)
             ).one()
             return self._deliver(unit, job_id, name, event, row.fence, f"event:{name}"[:200])
 
@@ -421,17 +421,17 @@ class Workflows:
         waiting = [State.WAITING, State.WAITING_APPROVAL]
         with self.statements.read() as conn:
             candidates = conn.execute(
-                select(JobRecord.id)
-                .where(state_in(waiting), JobRecord.wait_deadline <= now)
-                .order_by(JobRecord.wait_deadline)
+                select(JobsTable.id)
+                .where(state_in(waiting), JobsTable.wait_deadline <= now)
+                .order_by(JobsTable.wait_deadline)
                 .limit(limit)
             ).all()
         fired = []
         for candidate in candidates:
             with self.engine.begin() as conn:
                 before = conn.execute(
-                    select(JobRecord.waiting_for, JobRecord.wait_event)
-                    .where(JobRecord.id == candidate.id)
+                    select(JobsTable.waiting_for, JobsTable.wait_event)
+                    .where(JobsTable.id == candidate.id)
                     .with_for_update()
                 ).first()
                 if before is None:
@@ -442,7 +442,7 @@ class Workflows:
                     candidate.id,
                     State.QUEUED,
                     only_from=waiting,
-                    where=[JobRecord.wait_deadline <= self.clock.now()],
+                    where=[JobsTable.wait_deadline <= self.clock.now()],
                     changes=RowChanges(
                         run_after=self.clock.now(),
                         dispatched_at=None,
@@ -469,11 +469,11 @@ class Workflows:
     def wake_stranded_parents(self, limit: int = 100) -> list[Job]:
         """The safety net: a parent WAITING for children none of which is unfinished any
         more (its last child's write should have woken it) back to QUEUED, unsent."""
-        child = JobRecord.__table__.alias("child")
+        child = JobsTable.__table__.alias("child")
         unfinished_child = exists(
             select(child.c.id).where(
                 and_(
-                    child.c.parent_id == JobRecord.id,
+                    child.c.parent_id == JobsTable.id,
                     child.c.awaited.is_(True),
                     child.c.state.in_([state.value for state in UNFINISHED]),
                 )
@@ -482,10 +482,10 @@ class Workflows:
         with self.statements.read() as conn:
             stranded = list(
                 conn.execute(
-                    select(JobRecord.id)
+                    select(JobsTable.id)
                     .where(
-                        JobRecord.state == State.WAITING.value,
-                        JobRecord.wait_event.is_(None),
+                        JobsTable.state == State.WAITING.value,
+                        JobsTable.wait_event.is_(None),
                         ~unfinished_child,
                     )
                     .limit(limit)
@@ -499,7 +499,7 @@ class Workflows:
                     job_id,
                     State.QUEUED,
                     only_from=[State.WAITING],
-                    where=[JobRecord.wait_event.is_(None), ~unfinished_child],
+                    where=[JobsTable.wait_event.is_(None), ~unfinished_child],
                     changes=RowChanges(
                         run_after=self.clock.now(),
                         dispatched_at=None,
