@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,49 +41,51 @@ def read_events(conn: Connection, queue: Queue, quiet_seconds: float = 2.0) -> l
     return messages
 
 
-@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
-def test_every_task_event_reaches_flower_and_a_drain_batches_them(stack: Stack) -> None:
-    events_queue = Queue(
+@pytest.fixture
+def events(stack: Stack) -> Iterator[tuple[Connection, Queue]]:
+    """A connection to the stack's broker and a queue of its own bound to Celery's
+    ``celeryev`` exchange for task events, declared before any worker starts."""
+    queue = Queue(
         f"events-{uuid.uuid4().hex}",
         Exchange("celeryev", "topic", durable=True),
         routing_key="task.#",
         exclusive=True,
     )
     with Connection(stack.env["JOBS_BROKER_URL"]) as conn:
-        events_queue(conn.default_channel).declare()
-        worker = stack.worker("A", pool="prefork", concurrency=2, wait=False)
-        worker.wait_ready()
-        ids = [
-            stack.submit("check_order", {"order_id": n, "check_seconds": 0.0}) for n in range(JOBS)
-        ]
-        for job_id in ids:
-            assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
-        messages = read_events(conn, events_queue)
+        queue(conn.default_channel).declare()
+        yield conn, queue
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_every_task_event_reaches_flower_and_a_drain_batches_them(
+    stack: Stack, events: tuple[Connection, Queue]
+) -> None:
+    conn, queue = events
+    worker = stack.worker("A", pool="prefork", concurrency=2, wait=False)
+    worker.wait_ready()
+    ids = [stack.submit("check_order", {"order_id": n, "check_seconds": 0.0}) for n in range(JOBS)]
+    for job_id in ids:
+        assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
+    messages = read_events(conn, queue)
     seen = Counter(event["type"] for batch in messages for event in batch)
     # Every delivery's events arrived: Flower shows each job's task as it went.
     for kind in ("task-received", "task-started", "task-succeeded"):
         assert seen[kind] >= JOBS, seen
-    events = sum(len(batch) for batch in messages)
-    print(f"\n[events] {events} task events in {len(messages)} messages")
-    assert len(messages) < events / 2, (len(messages), events)
+    sent = sum(len(batch) for batch in messages)
+    print(f"\n[events] {sent} task events in {len(messages)} messages")
+    assert len(messages) < sent / 2, (len(messages), sent)
 
 
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
-def test_a_warm_shutdown_sends_the_events_still_buffered(stack: Stack) -> None:
-    events_queue = Queue(
-        f"events-{uuid.uuid4().hex}",
-        Exchange("celeryev", "topic", durable=True),
-        routing_key="task.#",
-        exclusive=True,
-    )
-    with Connection(stack.env["JOBS_BROKER_URL"]) as conn:
-        events_queue(conn.default_channel).declare()
-        worker = stack.worker("A", pool="prefork", concurrency=1, wait=False)
-        worker.wait_ready()
-        job_id = stack.submit("check_order", {"order_id": 1, "check_seconds": 0.0})
-        assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
-        worker.kill(signal.SIGTERM)  # within the flush window of the job's last events
-        worker.popen.wait(30)
-        messages = read_events(conn, events_queue)
-    seen = Counter(event["type"] for batch in messages for event in batch)
+def test_a_warm_shutdown_sends_the_events_still_buffered(
+    stack: Stack, events: tuple[Connection, Queue]
+) -> None:
+    conn, queue = events
+    worker = stack.worker("A", pool="prefork", concurrency=1, wait=False)
+    worker.wait_ready()
+    job_id = stack.submit("check_order", {"order_id": 1, "check_seconds": 0.0})
+    assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
+    worker.kill(signal.SIGTERM)  # within the flush window of the job's last events
+    worker.popen.wait(30)
+    seen = Counter(event["type"] for batch in read_events(conn, queue) for event in batch)
     assert seen["task-succeeded"] == 1, seen
