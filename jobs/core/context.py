@@ -337,7 +337,7 @@ class JobContext(Workflow):
     def sleep(self, name: str, seconds: float | dt.timedelta) -> None:
         """Sleep durably for ``seconds`` (a number or a ``timedelta``), holding no worker,
         lease or message: the job goes back to QUEUED due at the database's now plus
-        ``seconds``, and the sweeper's dispatch wakes it. The handler is then run again
+        ``seconds``, and the sweeper rings it. The handler is then run again
         from the top; recorded steps replay, and this call (recorded as step ``name`` with
         ``{"wake_at": …}``) returns at once. ``seconds <= 0`` returns at once, recording
         nothing."""

@@ -97,7 +97,7 @@ JobsTable = TableColumns(
         Column("attempts", Integer, nullable=False, default=0),
         Column("max_attempts", Integer, nullable=False),
         Column("run_after", UtcDateTime(), nullable=False),
-        # 0 (default) to 9: higher is dispatched, delivered and claimed first (see the README).
+        # 0 (default) to 9: higher is rung, delivered and claimed first (see the README).
         Column("priority", SmallInteger, nullable=False, default=0, server_default="0"),
         # The queue its doorbells go to (NULL: JOBS_QUEUE), from @jobs.job(queue=…) or a
         # submit's queue=: a hand-back, a freed slot and the sweeper ring it there too.
@@ -132,7 +132,7 @@ JobsTable = TableColumns(
         Index("ix_jobs_state_run_after", "state", "run_after"),
         Index("ix_jobs_state_lease_until", "state", "lease_until"),
         CheckConstraint(f"priority >= 0 AND priority <= {MAX_PRIORITY}", name="priority"),
-        # Due dispatch and the next due job of a kind: the QUEUED rows of each priority
+        # Due doorbells and the next due job of a kind: the QUEUED rows of each priority
         # by due time (a plain index: Alembic cannot compare a DESC expression index).
         Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
         Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),

@@ -14,7 +14,7 @@ NAME_LENGTH = 200
 # A job may be tried at most this often, and delayed at most this long (a year).
 MAX_ATTEMPTS = 1000
 MAX_DELAY_SECONDS = 366 * 86_400.0
-#: Priorities run from 0 (the default) to this: higher is dispatched, delivered and claimed
+#: Priorities run from 0 (the default) to this: higher is rung, delivered and claimed
 #: first. Ten levels, as AMQP priority queues count them (RabbitMQ advises at most ten).
 MAX_PRIORITY = 9
 MIN_TIMEOUT_SECONDS = 0.1

@@ -1,1 +1,1 @@
-"""The Celery runtime: the app, the one task, dispatch, the sweeper, worker liveness."""
+"""The Celery runtime: the app, the one task, ringing doorbells, the sweeper, worker liveness."""

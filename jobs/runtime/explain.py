@@ -239,15 +239,15 @@ def _queued(
     unserved = _unserved(job, queue, workers)
     if unserved is not None:
         return unserved
-    dispatched = job.dispatched_at
-    if dispatched is None:
+    rung_at = job.dispatched_at
+    if rung_at is None:
         return (
             "not_sent",
             f"It is due since {_at(job.run_after)}{after_error} and its message is not sent "
             "yet (a failed publish or an ended backoff); the next sweep sends it.",
             ("check that a sweeper runs: jobctl sweeper",),
         )
-    sent_ago = (now - dispatched).total_seconds()
+    sent_ago = (now - rung_at).total_seconds()
     on_the_broker = (
         f"is the worker on the same broker? This process sends to {mask_url(settings.broker_url)} "
         f"(database {mask_url(settings.database_url)}); a worker logs its own at start-up "
@@ -256,7 +256,7 @@ def _queued(
     if sent_ago >= settings.ring_again_after_seconds:
         return (
             "message_lost",
-            f"Its message was sent at {_at(dispatched)}: dispatched {_span(sent_ago)} ago and "
+            f"Its message was sent at {_at(rung_at)}: rung {_span(sent_ago)} ago and "
             f"not claimed: {on_the_broker}. It counts as lost, and the next sweep sends it again.",
             (
                 "check that a sweeper runs: jobctl sweeper",
@@ -272,8 +272,8 @@ def _queued(
         return (
             "not_claimed",
             f"It has been due for {_span(due_for)}; its message was sent again at "
-            f"{_at(dispatched)}, yet no worker claimed it and no job is running anywhere: "
-            f"dispatched {_span(due_for)} ago and not claimed: {on_the_broker}.",
+            f"{_at(rung_at)}, yet no worker claimed it and no job is running anywhere: "
+            f"rung {_span(due_for)} ago and not claimed: {on_the_broker}.",
             (
                 f"check that workers consume queue {queue!r} on the same broker and know "
                 f"kind {job.kind!r}",
@@ -285,7 +285,7 @@ def _queued(
     return (
         "waiting_for_worker",
         f"It is due{after_error}; its message (priority {job.priority}) was sent at "
-        f"{_at(dispatched)} ({_span(sent_ago)} ago) and waits for a free worker on queue "
+        f"{_at(rung_at)} ({_span(sent_ago)} ago) and waits for a free worker on queue "
         f"{queue!r}, behind any of higher priority.{backlog}",
         (f"add workers on queue {queue!r} if the queue keeps growing (jobctl stats)",),
     )

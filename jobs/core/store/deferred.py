@@ -290,8 +290,8 @@ def can_hold(statements: Statements) -> bool:
 
 
 def holds_now(statements: Statements) -> bool:
-    """Whether a completion is to be held now: it can be, and the process is busy (a
-    statement followed its last completion within ``flush_after``)."""
+    """Whether a completion is to be held now: it can be, and the process is busy
+    (:meth:`HeldWrites.next_statement`)."""
     return can_hold(statements) and statements.held is not None and statements.held.busy
 
 

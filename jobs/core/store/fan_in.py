@@ -51,7 +51,7 @@ def settle_parent(
     """In the finishing transaction of job ``row`` (just moved to an end state): if its
     parent awaits it, count it down; the child that brings the count to 0 moves the
     parent WAITING → QUEUED and gets the parent's doorbell to ring after the commit
-    (``ringing``; else the parent is left unsent for the sweeper's dispatch)."""
+    (``ringing``; else the parent is left unrung for the sweeper)."""
     if row.parent_id is None or not row.awaited or State(row.state) not in TERMINAL:
         return None
     clock = statements.clock

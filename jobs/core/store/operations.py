@@ -148,7 +148,7 @@ class Operations:
         if row is None:
             return None
         # Workflows: its unfinished children are cancelled with it, and a child counts
-        # itself down in its waiting parent (left unsent, for the sweeper's dispatch).
+        # itself down in its waiting parent (left unrung, for the sweeper).
         if self.workflows is not None:
             self.workflows.cancel_children(unit, job_id, reason)
         settle_parent(self.statements, unit, row, ringing=False)
@@ -295,7 +295,7 @@ class Operations:
         """An operator's wake: a QUEUED job waiting on a timer (``ctx.sleep``, a submit's
         ``delay``/``run_at``, a retry's backoff) made due now. A compare-and-set on QUEUED
         and not due yet, with a QUEUED → QUEUED history row giving ``reason``. Marked
-        dispatched, as an approval is: the caller rings the doorbell after the commit (a
+        rung, as an approval is: the caller rings the doorbell after the commit (a
         failed ring is sent again by the sweeper). Any other job raises
         :class:`NothingToWake` (or :class:`UnknownJob`) and nothing changes."""
         check_text(reason, "wake reason")

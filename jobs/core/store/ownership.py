@@ -363,7 +363,7 @@ class Ownership:
         )
         if row is not None:
             # A child out of attempts counts itself down in its waiting parent; the parent
-            # is left unsent here, for the sweeper's dispatch (or the owner's ring).
+            # is left unsent here, for the sweeper to ring (or the owner).
             settle_parent(self.statements, conn, row, ringing=False)
         if row is None:
             row = self.statements.transition(
@@ -437,7 +437,7 @@ class Ownership:
         """A durable timer: back to QUEUED due at ``wake_at``, with the timer recorded as step
         ``name`` (``{"wake_at": …}``) and ``steps`` in the same fenced write. The attempt is
         given back (a sleep is not a failure) and no doorbell is owed: ``dispatched_at`` is
-        cleared, so the sweeper's dispatch sends it once due, and a claim before then (a
+        cleared, so the sweeper rings it once due, and a claim before then (a
         stray doorbell) finds it not due."""
         check_name(name, "timer name")
         instant = wake_at.astimezone(dt.UTC)

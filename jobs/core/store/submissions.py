@@ -300,7 +300,7 @@ class Submissions:
         table = JobsTable.__table__.c
         first = rows[0]
         given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
-        # A delayed job's due time (or a run_at's dispatch test) is an expression with its
+        # A delayed job's due time (or a run_at's due test) is an expression with its
         # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
         reusable = first["dispatched_at"] is first["run_after"]
 
@@ -349,7 +349,7 @@ class Submissions:
         ``own``: ``conn`` is the store's autocommit connection, not a caller's transaction
         (which only SQLAlchemy's execution may join: it knows what the caller began)."""
         table = JobsTable.__table__.c
-        # A delayed job's due time (or a run_at's dispatch test) is an expression with its
+        # A delayed job's due time (or a run_at's due test) is an expression with its
         # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
         reusable = values["dispatched_at"] is values["run_after"]
         params = {

@@ -416,7 +416,7 @@ class Workflows:
         """Every WAITING or WAITING_APPROVAL job whose wait's deadline passed (database
         clock) back to QUEUED, with ``{"timed_out": true}`` recorded under its wait's step
         (so the handler's re-run raises :class:`jobs.EventTimedOut`). Left unsent: the
-        sweeper's dispatch rings them in the same pass."""
+        sweeper rings them in the same pass."""
         now = self.clock.now()
         waiting = [State.WAITING, State.WAITING_APPROVAL]
         with self.statements.read() as conn:
