@@ -36,7 +36,12 @@ import logging
 from typing import Any
 
 from jobs.application import JobsApp, default_app
-from jobs.runtime.celery_app import Installed, install_runner
+from jobs.runtime.celery_app import (
+    Installed,
+    import_task_modules,
+    install_runner,
+    register_kind_tasks,
+)
 
 log = logging.getLogger("jobs")
 
@@ -54,7 +59,16 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     installed: Installed = install_runner(app, jobs_app)
     if installed.host is not jobs_app:
         raise ValueError("this Celery app already runs another jobs application's jobs")
+    if installed.on_users_app:
+        return jobs_app
+    installed.on_users_app = True
     jobs_app.adopt_celery(app)
+    registry = jobs_app.registry
+    # Every kind has its task in every process of the app, defined before install or after.
+    registry.on_register(lambda kind: register_kind_tasks(app, installed, [kind.name]))
+    register_kind_tasks(app, installed, registry.registered_names())
+    # A kind looked up and not known yet: import the app's task modules as its workers do.
+    registry.discover_with(lambda: import_task_modules(app))
     if app.conf.worker_consumer in (None, CELERY_DEFAULT_CONSUMER):
         app.conf.worker_consumer = GATED_CONSUMER
     elif app.conf.worker_consumer != GATED_CONSUMER:

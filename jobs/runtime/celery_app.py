@@ -32,6 +32,7 @@ import gc
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +42,7 @@ from celery.exceptions import Reject, Retry
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings, mask_url
-from jobs.core.validate import NAME_LENGTH
+from jobs.core.validate import NAME_LENGTH, clip
 from jobs.runtime.frameworks import set_up_for_job_modules
 from jobs.runtime.queues import (
     TASK_NAME,
@@ -149,6 +150,9 @@ class Installed:
         self.host = host
         self.dedicated = dedicated  # an app of durable jobs only (make_app), not a user's
         self.shutting_down = SharedFlag()
+        self.kind_tasks: set[str] = set()  # the kinds' task names registered on the app
+        self.kind_tasks_lock = threading.Lock()
+        self.on_users_app = False  # jobs.contrib.celery.install ran on it
 
         def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
             """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -250,14 +254,34 @@ def install_runner(celery: Celery, host: JobsHost, *, dedicated: bool = False) -
 def register_kind_tasks(celery: Celery, installed: Installed, kinds: Iterable[str]) -> list[str]:
     """One Celery task per job kind, named ``jobs.<kind>`` and running the same runner, so
     ``celery inspect registered`` lists the kinds and Flower shows each delivery by its
-    kind. Returns the names added."""
+    kind. Returns the names added. The app is not finalized for it: on an app that is not
+    yet, the tasks are registered when it is (the first look at ``app.tasks``)."""
     added = []
-    for kind in kinds:
-        name = kind_task_name(kind)
-        if name not in celery.tasks:
-            celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
-            added.append(name)
+    with installed.kind_tasks_lock:
+        for kind in kinds:
+            name = kind_task_name(kind)
+            if name not in installed.kind_tasks:
+                celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
+                installed.kind_tasks.add(name)
+                added.append(name)
     return added
+
+
+def import_task_modules(celery: Any) -> None:
+    """Import the Celery app's own task modules as its workers do (``include``, ``imports``,
+    ``autodiscover_tasks()``: Celery's ``loader.import_default_modules``), setting a Django
+    project up first, so a web process, a shell or ``jobctl`` knows the kinds defined there
+    as the workers do. A module that fails to import is one :class:`SettingsError` line."""
+    try:
+        set_up_for_job_modules()
+        celery.loader.import_default_modules()
+    except Exception as err:  # whatever the project's modules raise
+        detail = str(err).strip()
+        detail = clip(detail.splitlines()[0] if detail else "", 300)
+        raise SettingsError(
+            f"Celery app {celery.main!r}: cannot import its task modules: "
+            f"{type(err).__name__}: {detail}"
+        ) from err
 
 
 def outcome_for_celery(result: RunResult, summary: str) -> str:

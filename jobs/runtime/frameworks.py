@@ -14,8 +14,13 @@ import os
 
 
 def set_up_for_job_modules() -> None:
-    """``django.setup()`` when ``DJANGO_SETTINGS_MODULE`` names a project; otherwise nothing."""
+    """``django.setup()`` when ``DJANGO_SETTINGS_MODULE`` names a project whose apps are not
+    loaded yet (a web process's are: setting up again would redo its logging); otherwise
+    nothing."""
     if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        return
+    apps = importlib.import_module("django.apps").apps
+    if apps.ready or apps.loading:
         return
     django = importlib.import_module("django")
     django.setup()
