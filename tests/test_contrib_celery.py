@@ -75,7 +75,9 @@ def test_install_leaves_the_users_settings_and_tasks_as_they_were(tmp_path: Path
     app = user_app()
     before = {key: app.conf[key] for key in USER_CONF}
     install(app, jobs_app=jobs_app(tmp_path))
-    assert {key: app.conf[key] for key in USER_CONF} == before
+    routes = app.conf.task_routes  # the kinds' routes first, then the app's own as they were
+    assert routes[1:] == (before.pop("task_routes"),)
+    assert {key: app.conf[key] for key in USER_CONF if key != "task_routes"} == before
     add = app.tasks["proj.tasks.add"]
     assert add.acks_late is False  # the app's own default, not ours
     assert add.serializer == "yaml"
@@ -142,3 +144,47 @@ def test_jobs_celery_app_is_checked_and_must_install(
     monkeypatch.setenv("JOBS_CELERY_APP", "no_such_project_module")
     with pytest.raises(jobs.SettingsError, match="cannot import it"):
         JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+
+
+def test_install_puts_every_durable_queue_with_its_arguments_into_the_apps_config(
+    tmp_path: Path,
+) -> None:
+    app = user_app()
+    application = install(app, jobs_app=jobs_app(tmp_path))
+    queues = {queue.name: queue for queue in app.conf.task_queues}
+    # The app listed no queues: Celery's default queue stays, beside the durable ones.
+    assert set(queues) == {"default", "jobs", "video"}
+    assert queues["default"].queue_arguments is None
+    for name in ("jobs", "video"):
+        assert queues[name].queue_arguments == {"x-max-priority": 9}
+    # What a worker with no -Q consumes, and how every process of the app declares them.
+    assert set(app.amqp.queues.consume_from) == {"default", "jobs", "video"}
+    # A kind defined after install, with the app's queues already built: there at once.
+    application.registry.register("send_email", lambda ctx, to: to, queue="mail")
+    assert app.amqp.queues["mail"].queue_arguments == {"x-max-priority": 9}
+    assert "mail" in [queue.name for queue in app.conf.task_queues]
+    # Each kind's task is routed to its queue; the app's own routes still route its tasks.
+    router = app.amqp.router
+    assert router.route({}, "jobs.transcode")["queue"].name == "video"
+    assert router.route({}, "jobs.send_email")["queue"].name == "mail"
+    assert router.route({}, "jobs.run")["queue"].name == "jobs"
+    assert router.route({}, "proj.tasks.add")["queue"].name == "default"
+
+
+def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jobs.runtime.queues import declared_queue  # noqa: PLC0415
+
+    app = user_app(task_default_queue="jobs")
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        application = install(app, jobs_app=jobs_app(tmp_path))
+    assert "set JOBS_QUEUE to another name" in caplog.text
+    queues = [queue for queue in app.conf.task_queues if queue.name == "jobs"]
+    assert len(queues) == 1
+    assert queues[0].queue_arguments is None  # the app's own declaration, kept
+    # The doorbells declare it the same way, so no process is refused (PRECONDITION_FAILED).
+    assert declared_queue(app, application.settings, "jobs").queue_arguments is None
+    assert declared_queue(app, application.settings, "video").queue_arguments == {
+        "x-max-priority": 9
+    }

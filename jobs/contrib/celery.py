@@ -36,12 +36,15 @@ import logging
 from typing import Any
 
 from jobs.application import JobsApp, default_app
+from jobs.core.registry import JobKind
+from jobs.runtime.app_queues import add_durable_queues, route_kinds
 from jobs.runtime.celery_app import (
     Installed,
     import_task_modules,
     install_runner,
     register_kind_tasks,
 )
+from jobs.runtime.queues import kind_task_name, queue_names, with_bands
 
 log = logging.getLogger("jobs")
 
@@ -64,9 +67,20 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     installed.on_users_app = True
     jobs_app.adopt_celery(app)
     registry = jobs_app.registry
-    # Every kind has its task in every process of the app, defined before install or after.
-    registry.on_register(lambda kind: register_kind_tasks(app, installed, [kind.name]))
-    register_kind_tasks(app, installed, registry.registered_names())
+    routes = route_kinds(app, jobs_app.settings)
+
+    def on_kind(kind: JobKind) -> None:
+        """A kind defined, before install or after: its task, its queue and its route."""
+        settings = jobs_app.settings
+        register_kind_tasks(app, installed, [kind.name])
+        routes.queues[kind_task_name(kind.name)] = kind.queue or settings.queue
+        if kind.queue:
+            add_durable_queues(app, settings, with_bands(settings, [kind.queue]))
+
+    add_durable_queues(app, jobs_app.settings, queue_names(jobs_app.settings))
+    for name in registry.registered_names():
+        on_kind(registry.get(name))
+    registry.on_register(on_kind)
     # A kind looked up and not known yet: import the app's task modules as its workers do.
     registry.discover_with(lambda: import_task_modules(app))
     if app.conf.worker_consumer in (None, CELERY_DEFAULT_CONSUMER):

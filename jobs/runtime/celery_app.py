@@ -43,6 +43,7 @@ from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings, mask_url
 from jobs.core.validate import NAME_LENGTH, clip
+from jobs.runtime.app_queues import add_durable_queues, consume_as_declared
 from jobs.runtime.frameworks import set_up_for_job_modules
 from jobs.runtime.queues import (
     TASK_NAME,
@@ -153,6 +154,7 @@ class Installed:
         self.kind_tasks: set[str] = set()  # the kinds' task names registered on the app
         self.kind_tasks_lock = threading.Lock()
         self.on_users_app = False  # jobs.contrib.celery.install ran on it
+        self.start_notes: list[str] = []  # said once the worker's logging is set up
 
         def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
             """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -335,8 +337,17 @@ def _before_the_queues(instance: Any = None, options: Any = None, **_: Any) -> N
     _load_kinds(celery, installed)
     settings = installed.host.settings
     names = served_queues(settings, installed.host.registry.kinds())
-    if installed.dedicated:  # every queue such a worker consumes is a jobs queue
-        names = with_bands(settings, [*names, *_queues_option(options)])
+    if not installed.dedicated:  # a user's app: its configuration holds the queues
+        add_durable_queues(celery, settings, names)
+        for name in consume_as_declared(celery, _queues_option(options)):
+            installed.start_notes.append(
+                f"queue {name!r} is not among the Celery app's queues and exists on the "
+                "broker: consumed as it is declared there (jobs of kinds this worker does "
+                "not import stay QUEUED for a worker that does)"
+            )
+        return
+    # An app of durable jobs only: every queue such a worker consumes is a jobs queue.
+    names = with_bands(settings, [*names, *_queues_option(options)])
     known = celery.amqp.queues
     for name in names:
         if name not in known:
@@ -375,6 +386,8 @@ def _say_what_the_worker_runs(instance: Any = None, **_: Any) -> None:
         return
     names = installed.host.registry.registered_names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    for note in installed.start_notes:
+        log.warning(note)
     say_where_the_worker_listens(celery, installed.host.settings)
 
 

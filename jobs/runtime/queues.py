@@ -113,3 +113,13 @@ def task_queue(settings: Settings, name: str | None = None) -> Queue:
         queue_arguments=queue_arguments(settings),
         durable=True,
     )
+
+
+def declared_queue(celery: Any, settings: Settings, name: str) -> Queue:
+    """Queue ``name`` as the Celery app's configuration declares it (a user's app after
+    ``install``: :mod:`jobs.runtime.app_queues`, the queue a project already had of that
+    name among them), else :func:`task_queue`: what the doorbells declare, so they never
+    differ from the app's own workers and senders."""
+    known = celery.amqp.queues
+    found = known.get(name) if name in known else None  # .get: Celery makes no missing one
+    return found if isinstance(found, Queue) else task_queue(settings, name)

@@ -6,6 +6,7 @@ its plain tasks, on RabbitMQ and PostgreSQL of the test's own."""
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import Engine
 
 from jobs.core.states import State
+from tests.acceptance.conftest import Proc, wait_until
 from tests.acceptance.test_celery_project import Project, project_world
 from tests.celery_layouts import write_django_project
 
@@ -73,20 +75,98 @@ def test_a_shell_and_a_web_process_know_the_autodiscovered_kinds_without_jobs_im
     assert said[-1] == "jobs.check_order"
 
 
+def celery_worker(project: Project, name: str, *options: str) -> Proc:
+    """``celery -A proj worker`` of the project, with ``options`` (``-Q …``) and no others."""
+    proc = project.start(
+        name,
+        *(sys.executable, "-m", "celery", "-A", "proj", "worker", *options),
+        *("-c", "1", "--hostname", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
+    )
+    proc.wait_ready(timeout=120)  # a loaded machine starts Django and Celery slowly
+    return proc
+
+
+def submit(project: Project, kind: str, inputs: dict[str, object], *imports: str) -> str:
+    """A job submitted from ``manage.py shell`` (importing ``imports`` first)."""
+    code = "".join(f"import {module}; " for module in imports)
+    code += f"import jobs; print(jobs.submit({kind!r}, {inputs!r}))"
+    return manage(project, "shell", "-c", code).splitlines()[-1]
+
+
+def test_a_plain_worker_consumes_the_durable_queue_and_send_task_declares_it_alike(
+    django_project: Project,
+) -> None:
+    # The queue exists as the doorbells declare it (a priority queue) before any worker.
+    job_id = submit(django_project, "check_order", {"order_id": 7})
+    # celery -A proj worker, no -Q: the app's queues, the durable ones among them.
+    worker = celery_worker(django_project, "plain")
+    done = django_project.wait_state(job_id, State.COMPLETED)
+    assert done.result == {"order_id": 7, "ok": True}
+    # A plain task sent to the durable queue by name declares it as everyone does.
+    said = django_project.run(
+        WEB_PROCESS + "from proj import celery_app\n"
+        "print(celery_app.send_task('demoapp.tasks.add', args=(2, 3), queue='jobs').id)\n"
+    ).splitlines()[-1]
+    wait_until(
+        lambda: f"[{said}] succeeded" in worker.output(),
+        30,
+        "the plain task sent to the durable queue to run",
+        interval=0.2,
+    )
+    assert "PRECONDITION_FAILED" not in worker.output()
+
+
+def test_a_worker_of_a_durable_queue_whose_kinds_it_does_not_import_starts_and_leaves_them(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(tmp_path / "project")
+    (folder / "demoapp" / "mail_jobs.py").write_text(  # not a task module of the app
+        "import jobs\n\n\n@jobs.job('send_email', queue='email')\n"
+        "def send_email(ctx, to):\n    return to\n"
+    )
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        job_id = submit(project, "send_email", {"to": "a@example.com"}, "demoapp.mail_jobs")
+        worker = celery_worker(project, "mail", "-Q", "email")  # ready: it consumes
+        wait_until(
+            lambda: "does not know kind 'send_email'" in worker.output(),
+            30,
+            "the worker to leave the job for a worker that knows its kind",
+            interval=0.2,
+        )
+        assert "queue 'email' is not among the Celery app's queues" in worker.output()
+        assert "PRECONDITION_FAILED" not in worker.output()
+        job = project.job(job_id)
+        assert (job.state, job.attempts) == (State.QUEUED, 0)
+
+
+def test_a_project_whose_own_queue_is_called_jobs_runs_its_tasks_and_durable_jobs_there(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(
+        tmp_path / "project", settings_lines='CELERY_TASK_DEFAULT_QUEUE = "jobs"'
+    )
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        # The project's queue exists as the project always declared it: no arguments.
+        plain = project.run(
+            WEB_PROCESS + "from demoapp.tasks import add\nprint(add.delay(2, 3).id)\n"
+        ).splitlines()[-1]
+        job_id = submit(project, "check_order", {"order_id": 8})
+        worker = celery_worker(project, "own-jobs")
+        assert project.wait_state(job_id, State.COMPLETED).result == {"order_id": 8, "ok": True}
+        wait_until(
+            lambda: f"[{plain}] succeeded" in worker.output(),
+            30,
+            "the project's plain task to run",
+            interval=0.2,
+        )
+        assert "PRECONDITION_FAILED" not in worker.output()
+
+
 def test_the_projects_worker_runs_a_kind_submitted_from_a_shell(
     django_project: Project,
 ) -> None:
-    worker = django_project.start(
-        "worker",
-        *(sys.executable, "-m", "celery", "-A", "proj", "worker", "-Q", "celery,jobs"),
-        *("-c", "1", "--hostname", "django@%h", "-l", "INFO"),
-    )
-    worker.wait_ready()
-    job_id = manage(
-        django_project,
-        "shell",
-        "-c",
-        "import jobs; print(jobs.submit('check_order', {'order_id': 7}))",
-    ).splitlines()[-1]
+    celery_worker(django_project, "django", "-Q", "celery,jobs")
+    job_id = submit(django_project, "check_order", {"order_id": 7})
     done = django_project.wait_state(job_id, State.COMPLETED)
     assert done.result == {"order_id": 7, "ok": True}
+
