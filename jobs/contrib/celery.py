@@ -49,7 +49,8 @@ from jobs.runtime.queues import kind_task_name, queue_names, with_bands
 log = logging.getLogger("jobs")
 
 CELERY_DEFAULT_CONSUMER = "celery.worker.consumer:Consumer"
-GATED_CONSUMER = "jobs.runtime.doorbell:GuardedConsumer"
+GATED_CONSUMER = "jobs.runtime.doorbell:UsersAppConsumer"
+DEDICATED_CONSUMER = "jobs.runtime.doorbell:GuardedConsumer"  # Celery's steps left out
 
 
 def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
@@ -85,7 +86,7 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     registry.discover_with(lambda: import_task_modules(app))
     if app.conf.worker_consumer in (None, CELERY_DEFAULT_CONSUMER):
         app.conf.worker_consumer = GATED_CONSUMER
-    elif app.conf.worker_consumer != GATED_CONSUMER:
+    elif app.conf.worker_consumer not in (GATED_CONSUMER, DEDICATED_CONSUMER):
         log.warning(
             "the app has its own worker consumer (%s): durable jobs run on it, without the "
             "gate that drops messages that are not doorbells before Celery decodes them",

@@ -36,6 +36,22 @@ def kind_task_name(kind: str | None) -> str:
     return TASK_NAME if kind is None else KIND_TASK_PREFIX + kind
 
 
+DOORBELL_HEADER = "x-durable-jobs-doorbell"
+"""A header only the doorbells carry (set by :mod:`jobs.runtime.ringer`'s publishers): how a
+user's app with durable jobs installed tells a doorbell from its own tasks, whatever their
+names (a plain ``@app.task(name="jobs.sum_up")`` is the user's, and passes untouched)."""
+
+
+def is_doorbell(headers: object) -> bool:
+    """Whether a task message's headers are a doorbell's: a job task's name and
+    :data:`DOORBELL_HEADER`."""
+    return (
+        isinstance(headers, dict)
+        and headers.get(DOORBELL_HEADER) is True
+        and is_job_task_name(headers.get("task"))
+    )
+
+
 def is_job_task_name(name: object) -> bool:
     """Whether a task name is a doorbell's (:data:`TASK_NAME` or a kind's)."""
     return isinstance(name, str) and name.startswith(KIND_TASK_PREFIX)

@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
-from jobs.runtime.queues import declared_queue, kind_task_name, queue_for, queue_names
+from jobs.runtime.queues import (
+    DOORBELL_HEADER,
+    declared_queue,
+    kind_task_name,
+    queue_for,
+    queue_names,
+)
 
 
 class CeleryRinger:
@@ -70,6 +76,7 @@ class CeleryRinger:
                         queue=target,
                         producer=producer,
                         priority=priority,
+                        headers={DOORBELL_HEADER: True},
                     )
             return
         with self._lock:

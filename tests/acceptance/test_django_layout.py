@@ -5,6 +5,7 @@ its plain tasks, on RabbitMQ and PostgreSQL of the test's own."""
 
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from collections.abc import Iterator
@@ -170,3 +171,63 @@ def test_the_projects_worker_runs_a_kind_submitted_from_a_shell(
     done = django_project.wait_state(job_id, State.COMPLETED)
     assert done.result == {"order_id": 7, "ok": True}
 
+
+PLAIN_JOBS_NAMED_TASK = """
+@shared_task(name="jobs.sum_up")
+def sum_up(numbers):
+    return sum(numbers)
+"""
+
+
+def test_a_plain_task_named_like_a_kind_passes_untouched_with_its_result_delay_and_callback(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(
+        tmp_path / "project",
+        settings_lines='CELERY_RESULT_BACKEND = "rpc://"',
+        tasks_lines=PLAIN_JOBS_NAMED_TASK,
+    )
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        worker = celery_worker(project, "plain")
+        said = project.run(
+            WEB_PROCESS + "import datetime\n"
+            "from demoapp.tasks import add, sum_up\n"
+            "print(sum_up.delay([1, 2, 3]).get(timeout=30))\n"
+            "print(sum_up.apply_async(([4, 5],), countdown=1).get(timeout=30))\n"
+            "eta = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)\n"
+            "print(sum_up.apply_async(([6],), eta=eta).get(timeout=30))\n"
+            "print(sum_up.apply_async(([7, 8],), link=add.s(100)).get(timeout=30))\n"
+        ).splitlines()
+        assert said[-4:] == ["6", "9", "6", "15"]
+        wait_until(  # the callback ran with the task's result
+            lambda: re.search(r"demoapp.tasks.add\[.*\] succeeded in .*: 115", worker.output()),
+            30,
+            "the callback to run",
+            interval=0.2,
+        )
+        assert "dropped a message" not in worker.output()
+
+
+def test_a_countdown_on_quorum_queues_keeps_celerys_delayed_delivery(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(
+        tmp_path / "project",
+        # Celery's native delayed delivery: quorum queues behind a topic exchange.
+        settings_lines='CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"\n'
+        'CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"',
+    )
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        worker = celery_worker(project, "quorum")
+        task_id = project.run(
+            WEB_PROCESS + "from demoapp.tasks import add\n"
+            "print(add.apply_async((2, 3), countdown=2).id)\n"
+        ).splitlines()[-1]
+        wait_until(
+            lambda: f"[{task_id}] succeeded" in worker.output(),
+            60,
+            "the plain task with a countdown to run",
+            interval=0.2,
+        )
+        job_id = submit(project, "check_order", {"order_id": 9})
+        assert project.wait_state(job_id, State.COMPLETED).result == {"order_id": 9, "ok": True}
