@@ -28,10 +28,7 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
-import os
-import signal
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,6 +42,7 @@ from jobs.core.settings import Settings, mask_url
 from jobs.core.validate import NAME_LENGTH, clip
 from jobs.runtime.app_queues import add_durable_queues, consume_as_declared
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.pool_child import preload_for_the_pool, start_pool_child
 from jobs.runtime.queues import (
     TASK_NAME,
     kind_task_name,
@@ -155,6 +153,7 @@ class Installed:
         self.kind_tasks_lock = threading.Lock()
         self.on_users_app = False  # jobs.contrib.celery.install ran on it
         self.start_notes: list[str] = []  # said once the worker's logging is set up
+        self.runs_jobs = True  # a worker that consumes no durable queue: False at its start
 
         def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
             """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -365,15 +364,26 @@ def _queues_option(options: Any) -> list[str]:
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """Any worker of an app with durable jobs (Celery's in-process test worker too): the
-    kinds, a word about the pool, and the code its pool children run loaded before the
-    pool forks."""
-    celery = getattr(sender, "app", None)
+    kinds, a word about the pool, and, when it consumes a durable queue, the code its pool
+    children run loaded before the pool forks."""
+    celery: Any = getattr(sender, "app", None)
     installed = installed_on(celery)
     if installed is None:
         return
     _load_kinds(celery, installed)
-    warn_about_the_pool(sender, installed.host.settings)
-    _preload_for_the_pool(installed.host.settings)
+    settings = installed.host.settings
+    warn_about_the_pool(sender, settings)
+    consumed = list(getattr(celery.amqp.queues, "consume_from", None) or ())
+    served = served_queues(settings, installed.host.registry.kinds())
+    durable = consumed if installed.dedicated else [name for name in consumed if name in served]
+    installed.runs_jobs = bool(durable)
+    if installed.runs_jobs:  # process-wide tweaks: only where durable jobs run
+        preload_for_the_pool(settings)
+        installed.start_notes.append(
+            f"this worker runs durable jobs (queues {', '.join(durable)}): the code its pool "
+            "children share is frozen out of the garbage collector (gc.freeze), and a "
+            "prefork child's SIGALRM ends it past a job's time limit"
+        )
 
 
 @signals.celeryd_after_setup.connect
@@ -434,22 +444,6 @@ def warn_about_the_pool(worker: Any, settings: Settings) -> None:
         log.warning(SOLO_POOL_WARNING)
 
 
-def _preload_for_the_pool(settings: Settings) -> None:
-    """Load, before the pool forks, the code every pool child runs (the delivery, SQLAlchemy,
-    the database driver), without connecting anywhere, then freeze the garbage collector's
-    view of it: the children share those pages with this process instead of each importing
-    its own copy, and no collection in a child touches (and so copies) them. Measured on a
-    worker with two children: 116 MiB proportional set size (PSS) against 144 MiB when each
-    child imported on its own (bench: worker memory)."""
-    import jobs.runtime.delivery  # noqa: F401, PLC0415 - what every delivery runs
-
-    if settings.database_url.startswith("postgresql"):
-        import psycopg  # noqa: F401, PLC0415 - the driver the children's engines load
-
-    gc.collect()
-    gc.freeze()
-
-
 @signals.worker_shutting_down.connect
 def _hand_back_on_shutdown(**_: Any) -> None:
     """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
@@ -461,47 +455,8 @@ def _hand_back_on_shutdown(**_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _start_pool_child(**_: Any) -> None:
-    """A prefork child arms its time-limit backstop, then takes its own liveness lock before
-    it can claim anything, seeds the limits its kinds declare and writes their schedules.
-    (The main process never touches the database: it only consumes messages and hands them
-    to the pool, so it loads no SQLAlchemy.)"""
+    """A prefork child of a worker that runs durable jobs arms its time-limit backstop and
+    gets its database side ready in the background (:func:`start_pool_child`)."""
     installed = installed_on(current_app)
-    if installed is None:
-        return
-    runtime = installed.host.runtime
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
-    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
-    try:  # bounded by the connect timeout; taken again before the child's first claim
-        runtime.liveness_key()
-        runtime.seed_limits()
-        installed.host.sync_schedules()  # periodic kinds declared in code, fired by sweepers
-    except Exception as err:  # the database may be down: the child must still start
-        log.warning("liveness lock not taken yet: %s", type(err).__name__)
-
-
-EXIT_TIMED_OUT = 70
-"""Exit status of a pool child ended because a run passed its time limit (EX_SOFTWARE)."""
-
-
-def _end_timed_out_child(why: str) -> None:
-    """Celery's hard time limit, decided inside the child: billiard's pool ends a child
-    past ``time_limit`` with SIGTERM then SIGKILL from the main process, but only the child
-    knows a job's kind and its steps, so the child's heartbeat decides. By the time this
-    runs the run's outcome (retry or FAILED, fenced) is written; the stuck handler may be
-    in a C call no exception can interrupt, so the process exits at once. Celery sees the
-    child lost (``task_reject_on_worker_lost``: the doorbell goes back to the queue, and a
-    later claim finds the job not due or finished), and the pool starts a new child."""
-    log.error("%s; ending pool process %d (the pool starts a new one)", why, os.getpid())
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):  # the process ends next whatever happens
-            handler.flush()
-    os._exit(EXIT_TIMED_OUT)
-
-
-def _arm_alarm(seconds: float | None) -> None:
-    """The time-limit backstop of a pool child: the kernel's interval timer, whose SIGALRM
-    (default action) ends the process with no Python code running, so even a step holding
-    the GIL in C code, which keeps the heartbeat thread from ever running, is ended. Armed
-    one lease past the earliest deadline (the heartbeat's own stop comes first whenever it
-    can run), disarmed when the run ends."""
-    signal.setitimer(signal.ITIMER_REAL, 0.0 if seconds is None else max(seconds, 0.001))
+    if installed is not None and installed.runs_jobs:
+        start_pool_child(installed.host)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from jobs.core.states import State
 from tests.acceptance.conftest import Proc, wait_until
+from tests.acceptance.tcp_proxy import TcpProxy
 from tests.acceptance.test_celery_project import Project, project_world
 from tests.celery_layouts import write_django_project
 
@@ -231,3 +233,79 @@ def test_a_countdown_on_quorum_queues_keeps_celerys_delayed_delivery(
         )
         job_id = submit(project, "check_order", {"order_id": 9})
         assert project.wait_state(job_id, State.COMPLETED).result == {"order_id": 9, "ok": True}
+
+
+PROCESS_TASKS = """
+@shared_task
+def freeze_count():
+    import gc
+
+    return gc.get_freeze_count()
+"""
+
+
+def test_a_jobs_database_that_never_answers_delays_no_pool_child_and_no_plain_task(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(tmp_path / "project")
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        database_url = project.env["JOBS_DATABASE_URL"]
+        parsed = make_url(database_url)
+        hung = TcpProxy((parsed.host or "127.0.0.1", parsed.port or 5432)).start()
+        hung.cut()  # accepts connections, never answers
+        try:
+            # Plain tasks wait in their queue first: each pool child has one at its start.
+            sent = project.run(
+                WEB_PROCESS + "from demoapp.tasks import add\n"
+                "for _ in range(4):\n    print(add.delay(2, 3).id)\n"
+            ).splitlines()[-4:]
+            project.env["JOBS_DATABASE_URL"] = hung.url_for(database_url)
+            worker = celery_worker(project, "hung-db", "-c", "2")  # the durable queues too
+            for task_id in sent:
+                wait_until(
+                    lambda task_id=task_id: f"[{task_id}] succeeded" in worker.output(),
+                    60,
+                    "a plain task to run while the jobs database hangs",
+                    interval=0.2,
+                )
+            wait_until(
+                lambda: "liveness lock not taken yet" in worker.output(),
+                60,
+                "a pool child's connect to the jobs database to give up",
+                interval=0.2,
+            )
+            lines = worker.output().splitlines()
+            # A child ran its plain task while its connect to the jobs database still hung.
+            ran = [line for line in lines if "succeeded" in line]
+            children = {re.findall(r"ForkPoolWorker-\d+", line)[0] for line in ran}
+            for child in children:
+                own = [line for line in lines if f"/{child}]" in line]
+                first_success = next(i for i, line in enumerate(own) if "succeeded" in line)
+                gave_up = [i for i, line in enumerate(own) if "liveness lock not taken" in line]
+                assert not gave_up or first_success < gave_up[0], "\n".join(own)
+            assert "Timed out waiting for UP message" not in worker.output()
+        finally:
+            hung.close()
+
+
+def test_only_a_worker_that_runs_durable_jobs_changes_its_processes_and_says_so(
+    tmp_path: Path, pg_admin: Engine, amqp_url: str
+) -> None:
+    folder = write_django_project(
+        tmp_path / "project",
+        settings_lines='CELERY_RESULT_BACKEND = "rpc://"',
+        tasks_lines=PROCESS_TASKS,
+    )
+    with project_world(pg_admin, amqp_url, tmp_path, folder) as project:
+        plain = celery_worker(project, "plain-only", "-Q", "celery")
+        count = "from demoapp.tasks import freeze_count\n"
+        count += "print(freeze_count.apply_async(queue={!r}).get(timeout=60))\n"
+        assert project.run(WEB_PROCESS + count.format("celery")).splitlines()[-1] == "0"
+        assert "runs durable jobs" not in plain.output()
+        plain.terminate()
+        plain.popen.wait(30)
+        durable = celery_worker(project, "durable", "-Q", "celery,jobs")
+        said = [line for line in durable.output().splitlines() if "runs durable jobs" in line]
+        assert len(said) == 1
+        assert "queues jobs" in said[0]
+        assert int(project.run(WEB_PROCESS + count.format("celery")).splitlines()[-1]) > 0
