@@ -18,7 +18,7 @@ durable jobs a queue of their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kombu.entity import Queue
@@ -35,12 +35,14 @@ class KindRoutes:
     ``apply_async`` land where the kind's workers listen. Any other name is left to the
     app's own routes."""
 
-    def __init__(self, default_queue: str) -> None:
-        self.queues = {TASK_NAME: default_queue}
+    def __init__(self, default_queue: Callable[[], str]) -> None:
+        self.default_queue = default_queue  # JOBS_QUEUE, read when a task is routed
+        self.queues: dict[str, str | None] = {TASK_NAME: None}  # None: JOBS_QUEUE
 
     def __call__(self, name: str, *args: Any, **kwargs: Any) -> dict[str, str] | None:
-        queue = self.queues.get(name)
-        return None if queue is None else {"queue": queue}
+        if name not in self.queues:
+            return None
+        return {"queue": self.queues[name] or self.default_queue()}
 
 
 def arguments_of(queue: Queue) -> dict[str, Any]:
@@ -87,10 +89,10 @@ def add_durable_queues(celery: Any, settings: Settings, names: Iterable[str]) ->
     return [queue.name for queue in added]
 
 
-def route_kinds(celery: Any, settings: Settings) -> KindRoutes:
+def route_kinds(celery: Any, default_queue: Callable[[], str]) -> KindRoutes:
     """Put a :class:`KindRoutes` first in the app's ``task_routes`` (the app's own routes
     follow, as they were) and return it."""
-    routes = KindRoutes(settings.queue)
+    routes = KindRoutes(default_queue)
     existing = celery.conf.task_routes
     if existing is None:
         theirs: tuple[Any, ...] = ()
