@@ -12,8 +12,8 @@
   approve, retry; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
   may use them: ``authorize=`` (see :data:`Authorize`; a refusal answers 403) or an
   explicit ``insecure_no_auth=True``.
-- ``flask --app <app> jobs worker`` and ``flask --app <app> jobs sweeper`` run
-  ``jobctl worker``/``jobctl sweeper`` with the app's config.
+- ``flask --app <app> jobs <command>`` runs any ``jobctl`` command (``list``, ``explain``,
+  ``retry``, ``worker``, ``sweeper`` …) with the app's config.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
-from flask.cli import AppGroup
+from flask.cli import with_appcontext
 
 from jobs import api
 from jobs.application import default_app, reset_settings, set_defaults_source
@@ -103,10 +103,6 @@ def engine_url(app: Flask, db: Any) -> str | None:
     return str(url.render_as_string(hide_password=False))
 
 
-JOBCTL_COMMANDS = ("worker", "sweeper", "stats")
-"""The ``jobctl`` commands ``flask --app <app> jobs …`` runs with the app's config."""
-
-
 def export_app_settings(app: Flask, db: Any) -> None:
     """The app's jobs settings into the environment (set variables win), for a ``jobctl``
     command and the worker it execs: ``app.config["JOBS"]``, the database Flask-SQLAlchemy
@@ -116,22 +112,23 @@ def export_app_settings(app: Flask, db: Any) -> None:
     reset_settings()
 
 
-def jobctl_command(command: str, ext: Jobs) -> click.Command:
-    """``flask jobs <command> [jobctl options …]``: ``jobctl <command>`` with the app's
-    settings (:func:`export_app_settings`)."""
+def jobctl_commands(ext: Jobs) -> click.Command:
+    """``flask jobs <command> [options …]``: any ``jobctl`` command (``list``, ``explain``,
+    ``worker`` …) with the app's settings (:func:`export_app_settings`); its arguments and
+    ``--help`` go to ``jobctl`` unchanged."""
 
     @click.command(
-        command,
-        help=f"jobctl {command} with this app's config (JOBS_* variables win); "
-        f"jobctl {command}'s options pass through (flask jobs {command} -- --help).",
-        context_settings={"ignore_unknown_options": True},
+        "jobs",
+        help="Durable jobs with this app's config: any jobctl command (flask jobs --help).",
+        context_settings={"ignore_unknown_options": True, "help_option_names": []},
     )
     @click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+    @with_appcontext
     def run(arguments: tuple[str, ...]) -> None:
         from jobs.cli import main  # noqa: PLC0415 - the command line on need
 
         export_app_settings(current_app, ext.db)
-        main.main([command, *arguments], prog_name=f"flask jobs {command}")
+        main.main(list(arguments), prog_name="flask jobs")
 
     return run
 
@@ -201,10 +198,7 @@ class Jobs:
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
-        commands = AppGroup("jobs", help="Durable jobs with this app's config.")
-        for command in JOBCTL_COMMANDS:
-            commands.add_command(jobctl_command(command, self))
-        app.cli.add_command(commands)
+        app.cli.add_command(jobctl_commands(self))
 
     def _abandon_pools(self) -> None:
         """In a forked worker child: drop the pooled connections Flask-SQLAlchemy's engines
