@@ -106,6 +106,12 @@ class JobsApp(JobOperations):
                     settings = from_env(env)
                     if settings.celery_app is not None and self._adopted is None:
                         self._import_celery_app(settings.celery_app)
+                        if self._defaults_source is not source:
+                            # The import set a framework up (Celery's Django fix-up calls
+                            # django.setup()), whose settings now fill the gaps.
+                            source = self._defaults_source
+                            env = {**(source() if source else {}), **os.environ}
+                            settings = from_env(env)
                     self._settings = self._with_adopted_broker(settings, env)
                 settings = self._settings
         return settings

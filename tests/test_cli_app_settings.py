@@ -160,6 +160,41 @@ def test_manage_py_jobs_runs_every_jobctl_command(django_project: Project) -> No
     assert not django_project.own_database.exists()
 
 
+CELERY_MODULE = """
+import os
+
+from celery import Celery
+
+import jobs.contrib.celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+app = Celery("shop")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+jobs.contrib.celery.install(app)
+"""
+
+
+@pytest.mark.parametrize("shop_database", [SQLITE], indirect=True)
+def test_jobctl_with_a_django_projects_celery_app_reads_the_django_settings(
+    django_project: Project,
+) -> None:
+    """Celery's Django layout: ``JOBS_CELERY_APP`` alone, the app's module naming the settings
+    (Celery's Django fix-up sets Django up when the app imports its task modules). The
+    settings used to be read before that, without ``settings.JOBS`` and ``DATABASES``."""
+    (django_project.folder / "shop" / "celery.py").write_text(CELERY_MODULE)
+    job_id = submitted_from_a_shell(django_project)
+    env = {
+        key: value for key, value in django_project.env.items() if key != "DJANGO_SETTINGS_MODULE"
+    }
+    celery_project = Project(django_project.folder, {**env, "JOBS_CELERY_APP": "shop.celery:app"})
+
+    assert job_id in celery_project.ok(JOBCTL, "list")
+    explained = celery_project.ok(JOBCTL, "explain", job_id, "--no-workers")
+    assert f"Job {job_id} (check_shop_order) is QUEUED" in explained
+    assert not celery_project.own_database.exists()
+
+
 @pytest.fixture
 def flask_project(tmp_path: Path, shop_database: dict[str, str]) -> Project:
     """The example Flask shop (its module makes the app and the job tables)."""
