@@ -137,6 +137,9 @@ def test_jobctl_in_a_django_project_reads_settings_jobs_and_databases(
     assert state_of(django_project, JOBCTL, job_id=job_id) == "CANCELLED"
     django_project.ok(JOBCTL, "retry", job_id)
     assert state_of(django_project, JOBCTL, job_id=job_id) == "QUEUED"
+    limits = json.loads(django_project.ok(JOBCTL, "limits", "--json"))
+    assert limits["check_shop_order"]["max_queued"] == 20  # the kind, from settings.JOBS
+    assert "dead owners re-queued: 0" in django_project.ok(JOBCTL, "sweeper", "--once")
     assert not django_project.own_database.exists()
 
 
