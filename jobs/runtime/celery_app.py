@@ -44,7 +44,7 @@ from jobs.core.settings import Settings, mask_url
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
-from jobs.runtime.outcome_events import revoked_delivery
+from jobs.runtime.outcome_events import ended_elsewhere, revoked_delivery
 from jobs.runtime.queues import (
     TASK_NAME,
     kind_task_name,
@@ -56,7 +56,6 @@ from jobs.runtime.queues import (
 from jobs.runtime.shared_flag import SharedFlag
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
-    from jobs.core.records import Job
     from jobs.core.runner import RunResult
     from jobs.runtime.process import ProcessRuntime
 
@@ -180,28 +179,12 @@ class Installed:
         except DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.
             raise Reject(str(unreachable), requeue=True) from None
-        ended = self._ended_elsewhere(result)
+        ended = ended_elsewhere(self.host.runtime.store, result)
         if ended is not None and ended.state is State.CANCELLED:
             revoked_delivery(task, job_id, self._task_events(task))
         if ended is not None and ended.state is State.FAILED:
             raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
-
-    def _ended_elsewhere(self, result: RunResult) -> Job | None:
-        """The job, when a delivery that did not run it to an end of its own (not claimed,
-        or its run refused at a fenced write) finds it ended CANCELLED or FAILED by someone
-        else (an operator, a revoke, the sweeper): Flower then shows the delivery as what
-        became of the job (REVOKED, FAILURE), not as a success. One read, for those two
-        outcomes only."""
-        from jobs.core.runner import Outcome  # noqa: PLC0415 - loaded with the delivery
-
-        if result.outcome not in (Outcome.NOT_CLAIMED, Outcome.LEASE_LOST):
-            return None
-        try:
-            job = self.host.runtime.store.get(result.job_id)
-        except Exception:  # gone (pruned) or unreadable: report the delivery as it went
-            return None
-        return job if job.state in (State.CANCELLED, State.FAILED) else None
 
     def _task_events(self, task: Any) -> bool:
         """Whether this worker sends task events (``-E``, ``worker_send_task_events``)."""

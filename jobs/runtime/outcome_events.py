@@ -32,6 +32,8 @@ from jobs.runtime.queues import kind_task_name
 
 if TYPE_CHECKING:  # a worker's main process loads no SQLAlchemy
     from jobs.core.records import Job
+    from jobs.core.runner import RunResult
+    from jobs.core.store import JobStore
 
 log = logging.getLogger("jobs")
 
@@ -97,6 +99,22 @@ def task_events_of(job: Job) -> list[tuple[str, dict[str, Any]]]:
             {"uuid": task_id, "terminated": False, "signum": None, "expired": False},
         )
     return [("task-received", received), ended]
+
+
+def ended_elsewhere(store: JobStore, result: RunResult) -> Job | None:
+    """The job, when a delivery that did not run it to an end of its own (not claimed, or
+    its run refused at a fenced write) finds it ended CANCELLED or FAILED by someone else
+    (an operator, a revoke, the sweeper): Flower then shows the delivery as what became of
+    the job (REVOKED, FAILURE), not as a success. One read, for those two outcomes only."""
+    from jobs.core.runner import Outcome  # noqa: PLC0415 - loaded with the delivery
+
+    if result.outcome not in (Outcome.NOT_CLAIMED, Outcome.LEASE_LOST):
+        return None
+    try:
+        job = store.get(result.job_id)
+    except Exception:  # gone (pruned) or unreadable: report the delivery as it went
+        return None
+    return job if job.state in (State.CANCELLED, State.FAILED) else None
 
 
 def revoked_delivery(task: Any, job_id: str, events: bool) -> None:
