@@ -122,8 +122,11 @@ def sweeper(once: bool, as_json: bool) -> None:
     store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
-    # Flower hears of the jobs the sweeper fails (no delivery reports them).
-    announce = OutcomeEvents(lambda: default_app().celery, enabled=settings.task_events)
+    # Flower hears of the jobs the sweeper fails (no delivery reports them), on a broker.
+    announce = OutcomeEvents(
+        lambda: default_app().celery,
+        enabled=settings.task_events and not settings.is_embedded_broker,
+    )
     if once:
         report = sweep_once(
             store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch, announce
