@@ -111,3 +111,26 @@ def test_revoke_cancels_the_job_durably_and_still_broadcasts(on_postgres: JobsAp
     app.control.revoke(first)
     assert on_postgres.get(first).state is State.CANCELLED
     assert app.AsyncResult(first).state == "REVOKED"
+
+
+def test_async_result_of_a_plain_task_works_with_the_job_table_unreachable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A jobs database that refuses connections never stops Celery's own results."""
+    jobs_app = JobsApp(
+        from_env(
+            {
+                "JOBS_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+                "JOBS_DATA_DIR": str(tmp_path),
+            }
+        ),
+        registry=Registry(imports=()),
+    )
+    app = Celery("proj", broker=AMQP_URL, set_as_current=False)
+    install(app, jobs_app=jobs_app)
+    task_id = uuid.uuid4().hex
+    plain = app.AsyncResult(task_id)
+    assert type(plain) is not JobResult
+    assert plain.id == task_id
+    assert "job table not read" in caplog.text
+    jobs_app.reset()
