@@ -17,6 +17,7 @@ from celery import exceptions as celery_exceptions
 
 import jobs
 from jobs import testing
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
 from jobs.core.states import State
@@ -95,6 +96,24 @@ def test_apply_async_takes_celery_options() -> None:
     # The same ID again is idempotent, as jobs.submit is.
     assert capi_check_order.apply_async(args=(2,), job_id="order-2").id == "order-2"
     assert testing.drain() == []  # none is due
+
+
+def test_apply_async_joins_the_callers_transaction() -> None:
+    rung: list[str] = []
+    jobs.set_doorbell(rung.append)
+    assert jobs.list_jobs() == []  # the job tables made, before the caller's write lock
+    engine = default_app().runtime.engine
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        dropped = capi_check_order.apply_async(kwargs={"order_id": 1}, connection=conn)
+        transaction.rollback()
+    with pytest.raises(jobs.UnknownJob):
+        jobs.get(dropped.id)
+    with engine.begin() as conn:
+        kept = capi_check_order.apply_async(kwargs={"order_id": 2}, connection=conn)
+        assert rung == []  # not before the commit
+    assert rung == [kept.id]
+    assert kept.state == "PENDING"
 
 
 def test_options_without_meaning_for_a_job_are_refused_by_name() -> None:
