@@ -29,6 +29,7 @@ from typing import (
     TypedDict,
     TypeVar,
     Unpack,
+    overload,
 )
 
 from jobs.core.context import JobContext
@@ -218,12 +219,29 @@ class JobTask(Generic[P, R]):
         return JobResult(job_id, self._app)
 
 
+@overload
+def job(name: Callable[Concatenate[JobContext, P], R], /) -> JobTask[P, R]: ...
+
+
+@overload
 def job(
-    name: str, **options: Unpack[KindOptions]
-) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]:
+    name: str | None = None, /, **options: Unpack[KindOptions]
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]: ...
+
+
+def job(name: Any = None, /, **options: Any) -> Any:
     """Register the decorated function as job kind ``name`` (options as
-    :meth:`jobs.core.registry.Registry.job`) and return it as a :class:`JobTask`."""
-    return task_decorator(REGISTRY, name, None, **options)
+    :meth:`jobs.core.registry.Registry.job`) and return it as a :class:`JobTask`. Bare
+    (``@jobs.job``, as ``@app.task``) or without a name (``@jobs.job(max_attempts=3)``), the
+    kind is named after the function."""
+    if callable(name):
+        return task_decorator(REGISTRY, name.__name__, None)(name)
+
+    def decorate(handler: Callable[Concatenate[JobContext, P], R]) -> JobTask[P, R]:
+        kind = handler.__name__ if name is None else name
+        return task_decorator(REGISTRY, kind, None, **options)(handler)
+
+    return decorate
 
 
 def task_decorator(

@@ -49,6 +49,16 @@ def capi_fan(ctx: JobContext, ids: list[int]) -> list[Any]:
     return [ctx.wait_for([first], key="first")[0], mapped, by_task]
 
 
+@jobs.job
+def capi_bare(ctx: JobContext, text: str) -> str:
+    return text.upper()
+
+
+@jobs.job(max_attempts=4)
+def capi_unnamed(ctx: JobContext) -> str:
+    return "done"
+
+
 @pytest.fixture(autouse=True)
 def no_failures() -> None:
     FAILS["left"] = 0
@@ -59,6 +69,16 @@ def test_the_decorated_kind_still_calls_like_the_function() -> None:
     assert capi_check_order.__name__ == "capi_check_order"
     assert capi_check_order.name == "capi_check_order"
     assert jobs.REGISTRY.get("capi_check_order").handler is capi_check_order
+
+
+def test_a_bare_or_unnamed_decorator_names_the_kind_after_the_function() -> None:
+    assert capi_bare.name == "capi_bare"
+    assert capi_unnamed.name == "capi_unnamed"
+    assert jobs.REGISTRY.get("capi_unnamed").max_attempts == 4
+    assert capi_bare(None, "hi") == "HI"  # type: ignore[arg-type]
+    result = capi_bare.delay(text="hi")
+    testing.drain()
+    assert result.get(timeout=5) == "HI"
 
 
 def test_delay_submits_and_the_handle_follows_the_job() -> None:
@@ -194,8 +214,13 @@ def test_mypy_checks_delay_against_the_functions_signature(tmp_path: Path) -> No
             def check_order(ctx: jobs.JobContext, order_id: int) -> dict[str, int]:
                 return {"order": order_id}
 
+            @jobs.job
+            def bare(ctx: jobs.JobContext, text: str) -> str:
+                return text
+
             good: JobResult[dict[str, int]] = check_order.delay(order_id=42)
             check_order.s(order_id=42)
+            also: JobResult[str] = bare.delay(text="x")
             check_order.delay(order_idd=42)
             check_order.delay(order_id="42")
             """
