@@ -225,6 +225,34 @@ def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rol
         jobs.submit(kind)
 
 
+def test_a_plain_submit_or_delay_inside_atomic_joins_djangos_transaction(
+    shop: Doorbell,
+) -> None:
+    """jobs.submit and .delay() given no transaction join the caller's atomic() on the jobs'
+    database: a rollback leaves no job and rings nothing; a commit rings after it."""
+    from django.db import transaction  # noqa: PLC0415
+    from orders.jobs import check_order  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    alias = ROUTER.alias
+    before = len(jobs.list_jobs(kind=KIND, limit=1000))
+    ids = rolled_back(
+        alias, lambda: [jobs.submit(KIND, {"order_id": 1}), check_order.delay(order_id=2).id]
+    )
+    assert len(ids) == 2
+    for job_id in ids:
+        with pytest.raises(jobs.UnknownJob):
+            jobs.get(job_id)
+    assert len(jobs.list_jobs(kind=KIND, limit=1000)) == before
+    assert shop.rung == []
+    with transaction.atomic(using=alias):
+        joined = check_order.delay(order_id=3).id
+        assert shop.rung == []  # not before the commit
+    assert shop.rung == [joined]
+    assert jobs.get(joined).state is State.QUEUED
+
+
 def test_submit_on_commit_checks_admission_first_and_submits_after_the_commit(
     shop: Doorbell,
 ) -> None:

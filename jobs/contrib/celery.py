@@ -36,6 +36,7 @@ import logging
 from typing import Any
 
 from jobs.application import JobsApp, default_app
+from jobs.contrib.celery_control import wrap_results_and_revoke
 from jobs.runtime.celery_app import Installed, install_runner
 
 log = logging.getLogger("jobs")
@@ -55,6 +56,7 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     if installed.host is not jobs_app:
         raise ValueError("this Celery app already runs another jobs application's jobs")
     jobs_app.adopt_celery(app)
+    wrap_results_and_revoke(app, jobs_app)  # app.AsyncResult(job_id), app.control.revoke
     if app.conf.worker_consumer in (None, CELERY_DEFAULT_CONSUMER):
         app.conf.worker_consumer = GATED_CONSUMER
     elif app.conf.worker_consumer != GATED_CONSUMER:

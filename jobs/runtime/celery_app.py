@@ -41,8 +41,10 @@ from celery.exceptions import Reject, Retry
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings, mask_url
+from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.outcome_events import ended_elsewhere, revoked_delivery
 from jobs.runtime.queues import (
     TASK_NAME,
     kind_task_name,
@@ -177,7 +179,16 @@ class Installed:
         except DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.
             raise Reject(str(unreachable), requeue=True) from None
+        ended = ended_elsewhere(self.host.runtime.store, result)
+        if ended is not None and ended.state is State.CANCELLED:
+            revoked_delivery(task, job_id, self._task_events(task))
+        if ended is not None and ended.state is State.FAILED:
+            raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
+
+    def _task_events(self, task: Any) -> bool:
+        """Whether this worker sends task events (``-E``, ``worker_send_task_events``)."""
+        return bool(self.host.settings.task_events or task.app.conf.worker_send_task_events)
 
 
 def installed_on(celery: Any) -> Installed | None:

@@ -2,7 +2,8 @@
 
 - :func:`submit` writes the job through Django's own database connection, inside the
   current ``transaction.atomic()`` block: the job commits or rolls back with the view's
-  data, and its doorbell rings from ``transaction.on_commit``.
+  data, and its doorbell rings from ``transaction.on_commit``. A plain ``jobs.submit`` (or
+  a kind's ``.delay()``) inside ``atomic()`` on the jobs' database joins it the same way.
 - :func:`submit_on_commit` is for a job table in another database: it checks the inputs
   and the kind's queue limit now (a refusal can still roll the request back) and submits
   once the request's transaction has committed.
