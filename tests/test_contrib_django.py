@@ -353,3 +353,59 @@ def test_the_admin_shows_a_waiting_parent_its_children_and_a_childs_parent(
     assert f'<a href="/admin/durable_jobs/jobrow/{second}/change/">{second}</a> QUEUED' in page
     child = client.get(f"/admin/durable_jobs/jobrow/{second}/change/").content.decode()
     assert f'<a href="/admin/durable_jobs/jobrow/{parent.id}/change/">{parent.id}</a>' in child
+
+
+def staff_user(username: str, *codenames: str) -> Any:
+    """A staff user (not a superuser) holding the ``durable_jobs`` permissions named."""
+    from django.contrib.auth.models import Permission, User  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    users = User.objects.db_manager(ROUTER.alias)
+    users.filter(username=username).delete()
+    user = users.create_user(username, f"{username}@example.com", "pw", is_staff=True)
+    granted = Permission.objects.db_manager(ROUTER.alias).filter(
+        content_type__app_label="durable_jobs", codename__in=codenames
+    )
+    assert sorted(p.codename for p in granted) == sorted(codenames)
+    user.user_permissions.set(granted)
+    return users.get(pk=user.pk)  # a fresh object: no cached permissions
+
+
+def test_each_admin_action_needs_a_permission_of_its_own(shop: Doorbell) -> None:
+    """A staff user holding only the view permission sees jobs but is offered no action,
+    and a POST of one is refused (403) and changes nothing; ``approve_job`` offers Approve
+    and takes it (as that user), and still not Cancel or Retry."""
+    from django.test import Client  # noqa: PLC0415
+
+    changelist = "/admin/durable_jobs/jobrow/"
+    client = Client()
+    big = post(client, "/orders", {"customer": "gus", "total_cents": 300_000}).json()
+    testing.drain()
+    job_id = big["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    moves = len(jobs.history(job_id))
+
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    listing = client.get(changelist)
+    assert listing.status_code == 200
+    assert job_id in listing.content.decode()
+    for action in ("approve_jobs", "cancel_jobs", "retry_jobs"):
+        assert action not in listing.content.decode()
+        refused = client.post(changelist, {"action": action, "_selected_action": [job_id]})
+        assert refused.status_code == 403, (action, refused.status_code)
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    assert len(jobs.history(job_id)) == moves
+    assert client.get(f"{changelist}{job_id}/change/").status_code == 200
+
+    client.force_login(staff_user("approver", "view_jobrow", "approve_job"))
+    offered = client.get(changelist).content.decode()
+    assert "approve_jobs" in offered
+    assert "cancel_jobs" not in offered
+    assert "retry_jobs" not in offered
+    cancel = client.post(changelist, {"action": "cancel_jobs", "_selected_action": [job_id]})
+    assert cancel.status_code == 403
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approved = client.post(changelist, {"action": "approve_jobs", "_selected_action": [job_id]})
+    assert approved.status_code == 302
+    assert [t.approved_by for t in jobs.history(job_id) if t.approved_by] == ["admin:approver"]

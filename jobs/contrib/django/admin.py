@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
 from django.db import router, transaction
 from django.http import HttpRequest
 from django.urls import reverse
@@ -111,7 +112,31 @@ class JobAdmin(admin.ModelAdmin):
             ),
         )
 
-    @admin.action(description="Approve selected jobs (as you)")
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """The list; a POST of one of the jobs actions that the user may not take is
+        refused with 403 (Django would drop it as "no action selected")."""
+        action = request.POST.get("action", "") if request.method == "POST" else ""
+        if action in self.actions and action not in self.get_actions(request):
+            raise PermissionDenied(f"{action}: not permitted")
+        return super().changelist_view(request, extra_context)
+
+    def _may(self, request: HttpRequest, action: str) -> bool:
+        """Whether the user holds ``durable_jobs.<action>_job`` (a superuser holds all)."""
+        return bool(request.user.has_perm(f"{JobRow._meta.app_label}.{action}_job"))
+
+    def has_approve_permission(self, request: HttpRequest) -> bool:
+        """``durable_jobs.approve_job``: offered the Approve action, and its POST taken."""
+        return self._may(request, "approve")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """``durable_jobs.cancel_job``: offered the Cancel action, and its POST taken."""
+        return self._may(request, "cancel")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        """``durable_jobs.retry_job``: offered the Retry action, and its POST taken."""
+        return self._may(request, "retry")
+
+    @admin.action(description="Approve selected jobs (as you)", permissions=["approve"])
     def approve_jobs(self, request: HttpRequest, queryset: Any) -> None:
         by = f"admin:{request.user.get_username()}"
         using = router.db_for_write(JobRow)
@@ -119,13 +144,16 @@ class JobAdmin(admin.ModelAdmin):
             request, queryset, "approved", lambda job_id: approve(job_id, by=by, using=using)
         )
 
-    @admin.action(description="Cancel selected jobs")
+    @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: Any) -> None:
         why = f"cancelled in the admin by {request.user.get_username()}"
         using = router.db_for_write(JobRow)
         self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why, using=using))
 
-    @admin.action(description="Retry selected failed or cancelled jobs from the failed step")
+    @admin.action(
+        description="Retry selected failed or cancelled jobs from the failed step",
+        permissions=["retry"],
+    )
     def retry_jobs(self, request: HttpRequest, queryset: Any) -> None:
         by = f"admin:{request.user.get_username()}"
         using = router.db_for_write(JobRow)
