@@ -142,21 +142,36 @@ def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, st
     return jsonify(error="queue full", detail=str(err)), 429, {"Retry-After": retry}
 
 
+class BodyTooLarge(InvalidInput):
+    """A request body over ``JOBS_MAX_INPUT_BYTES`` (the blueprint answers 413)."""
+
+
 def request_json() -> Any:
     """The request's JSON body, or ``None`` when it is not JSON; a body nested too deeply
     for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500, and one
-    larger than ``JOBS_MAX_INPUT_BYTES`` is refused before it is read."""
+    larger than ``JOBS_MAX_INPUT_BYTES`` is refused (:class:`BodyTooLarge`): at once when
+    its ``Content-Length`` says so, and after at most the limit and one byte of a body sent
+    without one (chunked), so no body is held whole whatever its size."""
 
     limit = default_app().settings.max_input_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise InvalidInput(
+        raise BodyTooLarge(
             f"the request body is {request.content_length} bytes, over the limit of {limit} "
             "bytes (JOBS_MAX_INPUT_BYTES)"
         )
+    if not request.is_json:
+        return None
+    body = request.stream.read(limit + 1)
+    if len(body) > limit:
+        raise BodyTooLarge(
+            f"the request body is over the limit of {limit} bytes (JOBS_MAX_INPUT_BYTES)"
+        )
     try:
-        return request.get_json(silent=True)
+        return current_app.json.loads(body)
     except RecursionError:
         raise InvalidInput(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # not JSON (UnicodeDecodeError is one too), as get_json(silent=True)
+        return None
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -309,7 +324,7 @@ class Jobs:
         @routes.errorhandler(UnknownKind)
         @routes.errorhandler(DuplicateJob)
         def invalid(err: Exception) -> tuple[Response, int]:
-            return jsonify(error=str(err)), 400
+            return jsonify(error=str(err)), 413 if isinstance(err, BodyTooLarge) else 400
 
         @routes.post("/<kind>")
         def submit(kind: str) -> tuple[Response, int, dict[str, str]]:
