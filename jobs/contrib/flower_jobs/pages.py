@@ -13,7 +13,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from jobs.core.errors import InvalidInput
-from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
+from jobs.core.page_reads import PREVIEW_CHARS, ChildSummary, Page, StepPreview
+from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import MAX_LIST_LIMIT, printable
 from jobs.runtime.explain import Explanation, explain
@@ -68,16 +69,39 @@ class Overview:
     limits: list[LimitRow]
 
 
+#: Rows per page of a job's steps, history and children.
+PAGE_ROWS = {"steps": 50, "history": 100, "children": 100}
+
+#: The job's own values a page shows clipped, each served whole by the value page.
+JOB_VALUES = ("inputs", "result", "last_error")
+
+
+@dataclasses.dataclass(frozen=True)
+class Clipped:
+    """A value's text as a page shows it: at most :data:`PREVIEW_CHARS` characters, and
+    the whole text's length (longer: the page links to the value page)."""
+
+    text: str
+    length: int
+
+    @property
+    def clipped(self) -> bool:
+        """Whether the page shows only the start of the value."""
+        return self.length > len(self.text)
+
+
 @dataclasses.dataclass(frozen=True)
 class JobPage:
-    """One job's page: its record, steps, history, parent, children, the ``explain``
+    """One job's page: its record (its inputs, result and last error clipped), a page each
+    of its steps (outputs clipped), history and children, its parent, the ``explain``
     paragraph and the actions its state allows."""
 
     job: Job
-    steps: list[Step]
-    history: list[Transition]
+    values: dict[str, Clipped]  # inputs, result, last_error
+    steps: Page[StepPreview]
+    history: Page[Transition]
     parent: Job | None
-    children: list[Job]
+    children: Page[ChildSummary]
     explanation: Explanation
     actions: list[str]
 
@@ -170,22 +194,68 @@ def _next_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime | None:
         return None
 
 
-def job_page(app: JobsApp, job_id: str) -> JobPage:
-    """One job's page (raises :class:`jobs.UnknownJob` for an unknown ID)."""
+def page_offsets(given: dict[str, str]) -> dict[str, int]:
+    """Where each of a job's tables starts (``?steps=50&children=200``): a whole number, 0
+    for anything else."""
+    offsets = {}
+    for table in PAGE_ROWS:
+        text = given.get(table, "").strip()
+        offsets[table] = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else 0
+    return offsets
+
+
+def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -> JobPage:
+    """One job's page, its tables from ``offsets`` (:func:`page_offsets`) on (raises
+    :class:`jobs.UnknownJob` for an unknown ID). Every part is bounded: a page of each
+    table, outputs and the job's values clipped."""
+    starts = offsets or {}
     job = app.get(job_id)
     store = app.store
+    reader = store.reader
     parent = None
     if job.parent_id is not None:
         parent = next(iter(store.jobs_by_id([job.parent_id])), None)
     return JobPage(
         job=job,
-        steps=store.steps(job.id),
-        history=store.history(job.id),
+        values={name: clip(job_value(job, name)) for name in JOB_VALUES},
+        steps=reader.steps_page(job.id, starts.get("steps", 0), PAGE_ROWS["steps"]),
+        history=reader.history_page(job.id, starts.get("history", 0), PAGE_ROWS["history"]),
         parent=parent,
-        children=app.children(job.id),
+        children=reader.children_page(job.id, starts.get("children", 0), PAGE_ROWS["children"]),
         explanation=explain(store, app.settings, job.id),
         actions=[name for name, states in ACTIONS.items() if job.state in states],
     )
+
+
+def job_value(job: Job, name: str) -> str:
+    """One of :data:`JOB_VALUES` as text: the inputs and the result as indented JSON, the
+    last error as stored."""
+    if name == "last_error":
+        return job.last_error or ""
+    return as_json(job.inputs if name == "inputs" else job.result)
+
+
+def clip(text: str) -> Clipped:
+    """``text`` clipped to :data:`PREVIEW_CHARS` characters."""
+    return Clipped(text[:PREVIEW_CHARS], len(text))
+
+
+def full_value(app: JobsApp, job_id: str, step: str, field: str) -> str:
+    """The whole of a value a page clipped: the output of the step named ``step`` (its
+    stored JSON text), or the job's ``field`` (one of :data:`JOB_VALUES`). Each is bounded
+    by the limit it was checked against when it was written. Raises :class:`UnknownJob`
+    and, for an unknown step or field, :class:`InvalidInput`."""
+    if step:
+        text = app.store.reader.step_output_text(job_id, step)
+        if text is None:
+            app.get(job_id)  # an unknown job says so
+            raise InvalidInput(
+                f"job {printable(job_id[:80])!r} has no step {printable(step[:80])!r}"
+            )
+        return text
+    if field not in JOB_VALUES:
+        raise InvalidInput(f"no value {printable(field[:40])!r}: one of {', '.join(JOB_VALUES)}")
+    return job_value(app.get(job_id), field)
 
 
 def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start: bool) -> Job:
