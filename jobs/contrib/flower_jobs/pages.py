@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jobs.core.errors import InvalidInput
-from jobs.core.page_reads import PREVIEW_CHARS, ChildSummary, Page, StepPreview
+from jobs.core.page_reads import ChildSummary, Page, StepPreview
 from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import MAX_LIST_LIMIT, printable
 from jobs.runtime.explain import Explanation, explain
+from jobs.runtime.job_pages import (
+    JOB_VALUES,
+    PAGE_ROWS,
+    Clipped,
+    clip,
+    job_value,
+)
 
 if TYPE_CHECKING:
     from jobs.application import JobsApp
@@ -67,27 +73,6 @@ class Overview:
     oldest: tuple[str, float] | None  # (job id, seconds waited) of the oldest due job
     schedules: list[ScheduleRow]
     limits: list[LimitRow]
-
-
-#: Rows per page of a job's steps, history and children.
-PAGE_ROWS = {"steps": 50, "history": 100, "children": 100}
-
-#: The job's own values a page shows clipped, each served whole by the value page.
-JOB_VALUES = ("inputs", "result", "last_error")
-
-
-@dataclasses.dataclass(frozen=True)
-class Clipped:
-    """A value's text as a page shows it: at most :data:`PREVIEW_CHARS` characters, and
-    the whole text's length (longer: the page links to the value page)."""
-
-    text: str
-    length: int
-
-    @property
-    def clipped(self) -> bool:
-        """Whether the page shows only the start of the value."""
-        return self.length > len(self.text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,16 +179,6 @@ def _next_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime | None:
         return None
 
 
-def page_offsets(given: dict[str, str]) -> dict[str, int]:
-    """Where each of a job's tables starts (``?steps=50&children=200``): a whole number, 0
-    for anything else."""
-    offsets = {}
-    for table in PAGE_ROWS:
-        text = given.get(table, "").strip()
-        offsets[table] = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else 0
-    return offsets
-
-
 def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -> JobPage:
     """One job's page, its tables from ``offsets`` (:func:`page_offsets`) on (raises
     :class:`jobs.UnknownJob` for an unknown ID). Every part is bounded: a page of each
@@ -227,37 +202,6 @@ def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -
     )
 
 
-def job_value(job: Job, name: str) -> str:
-    """One of :data:`JOB_VALUES` as text: the inputs and the result as indented JSON, the
-    last error as stored."""
-    if name == "last_error":
-        return job.last_error or ""
-    return as_json(job.inputs if name == "inputs" else job.result)
-
-
-def clip(text: str) -> Clipped:
-    """``text`` clipped to :data:`PREVIEW_CHARS` characters."""
-    return Clipped(text[:PREVIEW_CHARS], len(text))
-
-
-def full_value(app: JobsApp, job_id: str, step: str, field: str) -> str:
-    """The whole of a value a page clipped: the output of the step named ``step`` (its
-    stored JSON text), or the job's ``field`` (one of :data:`JOB_VALUES`). Each is bounded
-    by the limit it was checked against when it was written. Raises :class:`UnknownJob`
-    and, for an unknown step or field, :class:`InvalidInput`."""
-    if step:
-        text = app.store.reader.step_output_text(job_id, step)
-        if text is None:
-            app.get(job_id)  # an unknown job says so
-            raise InvalidInput(
-                f"job {printable(job_id[:80])!r} has no step {printable(step[:80])!r}"
-            )
-        return text
-    if field not in JOB_VALUES:
-        raise InvalidInput(f"no value {printable(field[:40])!r}: one of {', '.join(JOB_VALUES)}")
-    return job_value(app.get(job_id), field)
-
-
 def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start: bool) -> Job:
     """Approve, wake, retry or cancel ``job_id`` for the Flower user ``user``, with the
     operator's ``note`` (may be empty). The store refuses a move the job's state does not
@@ -274,11 +218,6 @@ def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start
     if action == "cancel":
         return app.cancel(job_id, f"cancelled by {by}" + (f": {note}" if note else ""))
     raise InvalidInput(f"unknown action {printable(action[:40])!r}")
-
-
-def as_json(value: Any) -> str:
-    """A stored JSON value, indented for reading (the template escapes it)."""
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
 def one_line(text: str | None) -> str:

@@ -24,22 +24,19 @@ from tornado.ioloop import IOLoop
 
 from jobs.contrib.flower_jobs.pages import (
     DEFAULT_LIMIT,
-    PAGE_ROWS,
     Filters,
     JobPage,
     act,
-    as_json,
-    full_value,
     instant,
     job_filter,
     job_page,
     one_line,
     overview,
-    page_offsets,
 )
 from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
 from jobs.core.page_reads import Page
 from jobs.core.records import JobFilter
+from jobs.runtime.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -244,7 +241,7 @@ class JobValueView(JobsHandler):
         self.set_header("Content-Security-Policy", "default-src 'none'")
         self.set_header("Cache-Control", "no-store")
         try:
-            text = await self.off_loop(full_value, self.jobs_app, job_id, step, field)
+            text = await self.off_loop(full_value, self.jobs_app.store, job_id, step, field)
         except UnknownJob as err:
             self.set_status(404)
             text = str(err)
