@@ -142,19 +142,43 @@ def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Doorb
 
 
 def test_approval_through_the_app_resumes_a_waiting_job(shop: Doorbell) -> None:
+    """The shop's approve endpoint acts as the logged-in staff user holding
+    ``durable_jobs.approve_job`` and takes Django's CSRF token: anonymous is 401, without
+    the permission 403, without the token 403, each changing nothing; the approval is
+    recorded under the user's name, whatever the body's ``by`` says."""
     from django.test import Client  # noqa: PLC0415
 
-    client = Client()
+    client = Client(enforce_csrf_checks=True)
     created = post(client, "/orders", {"customer": "dee", "total_cents": 250_000}).json()
     testing.drain()
-    assert jobs.get(created["job_id"]).state is State.WAITING_APPROVAL
-    approved = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    job_id = created["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approve = f"/orders/{created['order_id']}/approve"
+    assert post(client, approve, {"by": "erin"}).status_code == 403  # no CSRF token
+    assert post(Client(), approve, {"by": "erin"}).status_code == 401  # not logged in
+
+    client.force_login(staff_user("clerk", "view_jobrow"))
+    client.get("/admin/")  # a page with a form: Django sets the csrftoken cookie
+    token = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
+    refused = client.post(approve, "{}", content_type="application/json", **token)
+    assert refused.status_code == 403, refused.content
+
+    client.force_login(staff_user("erin", "view_jobrow", "approve_job"))
+    client.get("/admin/")
+    token = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
+    forged = post(client, approve, {"by": "mallory"})  # no token: a cross-site form
+    assert forged.status_code == 403
+    assert b"CSRF" in forged.content
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+
+    body = json.dumps({"by": "mallory"})
+    approved = client.post(approve, body, content_type="application/json", **token)
     assert approved.status_code == 200, approved.content
-    assert shop.rung[-1] == created["job_id"]
-    again = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    assert shop.rung[-1] == job_id
+    again = client.post(approve, body, content_type="application/json", **token)
     assert again.status_code == 409
     testing.drain()
-    job = jobs.get(created["job_id"])
+    job = jobs.get(job_id)
     assert job.state is State.COMPLETED
     assert job.result == {"order_id": created["order_id"], "approved_by": "erin"}
 

@@ -58,7 +58,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
     else:
         url = request.getfixturevalue("clean_pg_web_url")
     app = shop_flask.create_app(
-        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF_TOKEN": "s3cret"}
+        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF": {"erin": "s3cret"}}
     )
     try:
         with app.app_context():
@@ -116,14 +116,22 @@ def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Shop)
 
 
 def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
+    """The shop's approve endpoint takes only a staff token (401 without one, or with a
+    wrong one, changing nothing) and records the user the token names, whatever the body's
+    ``by`` says."""
     created = shop.client.post("/orders", json={"customer": "dee", "total_cents": 250_000})
     order = created.get_json()
     testing.drain()
     assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
-    approved = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    approve = f"/orders/{order['order_id']}/approve"
+    assert shop.client.post(approve, json={"by": "erin"}).status_code == 401
+    guessed = shop.client.post(approve, json={"by": "erin"}, headers={"Authorization": "Bearer s"})
+    assert guessed.status_code == 401
+    assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
+    approved = shop.client.post(approve, json={"by": "mallory"}, headers=STAFF)
     assert approved.status_code == 200
     assert shop.rung[-1] == order["job_id"]
-    again = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    again = shop.client.post(approve, json={"by": "erin"}, headers=STAFF)
     assert again.status_code == 409
     testing.drain()
     assert jobs.get(order["job_id"]).result == {
@@ -132,7 +140,7 @@ def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
     }
 
 
-STAFF = {"Authorization": "Bearer s3cret", "X-Shop-User": "erin"}
+STAFF = {"Authorization": "Bearer s3cret"}  # erin's token
 
 
 def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
