@@ -21,7 +21,7 @@ import jobs
 from jobs import testing
 from jobs.application import default_app
 from jobs.core.states import State
-from tests.acceptance.conftest import KINDS, PG_RABBITMQ, Stack, free_port
+from tests.acceptance.conftest import BOTH, KINDS, PG_RABBITMQ, Stack, free_port
 from tests.conftest import IN_CI
 
 IMPORTS = f"{KINDS},jobs.examples.ship_order"
@@ -233,7 +233,7 @@ def peak_rss_mib(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+@pytest.mark.parametrize("stack", BOTH, indirect=True)
 def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) -> None:
     """A parent with 20,000 children and a job with sixty 1 MiB step outputs: each page is
     a page of rows (links to the next), outputs clipped with a link to the whole value

@@ -2,7 +2,12 @@
 job's steps and history, its parent and children as links (a parked parent shows how many
 children it still waits for), approve (recording the admin user), cancel, and retry a
 FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are
-read through the unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`."""
+read through the unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`.
+
+Each action needs a permission of its own (``durable_jobs.approve_job``, ``cancel_job``,
+``retry_job``); the view permission shows jobs and changes none. A job's page shows a page
+of its steps, history and children at a time (``?steps=50``), and clips outputs and the
+job's values with a link to ``<id>/value/``, which serves one whole as plain text."""
 
 from __future__ import annotations
 

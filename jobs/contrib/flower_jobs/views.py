@@ -5,7 +5,9 @@ OAuth ``--auth``; ``@web.authenticated``).
 Every write is a POST that must carry Tornado's XSRF token (``_xsrf``, from the cookie
 Flower's ``cookie_secret`` signs), on top of Flower's refusal of cross-site requests;
 Flower itself checks only the latter under basic auth. The pages are rendered on the
-server with autoescaping templates and need no JavaScript."""
+server with autoescaping templates and need no JavaScript. A job's page shows a page of its
+steps, history and children at a time, with outputs clipped; ``/jobs/value`` serves one
+value whole, as plain text."""
 
 from __future__ import annotations
 
