@@ -466,3 +466,41 @@ def test_a_chunked_body_over_the_limit_is_refused_413_with_memory_flat(
     finally:
         server.kill()
         server.wait()
+
+
+SHOP_SERVER = """
+import sys
+from werkzeug.serving import make_server
+from shop_flask import app
+
+server = make_server("127.0.0.1", 0, app)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+def test_the_example_shops_own_endpoints_bound_a_chunked_body(jobs_isolated: Path) -> None:
+    """The shop's ``POST /orders`` (its own view, not the blueprint's) on a real server: a
+    chunked body past ``JOBS_MAX_INPUT_BYTES`` is refused with 413 after at most that much
+    is read (``request_json``), and the server's peak memory stays where it was."""
+    import subprocess  # noqa: PLC0415
+
+    env = {
+        **os.environ,
+        "JOBS_DATA_DIR": str(jobs_isolated),
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), *sys.path]),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-c", SHOP_SERVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        before = peak_rss_mib(server.pid)
+        answer = send_chunked(port, "/orders", 300 * 1024 * 1024)
+        grown = peak_rss_mib(server.pid) - before
+        assert answer.split(b" ")[1] == b"413", answer[:200]
+        assert grown < 30, f"the shop grew by {grown:.0f} MiB"
+    finally:
+        server.kill()
+        server.wait()

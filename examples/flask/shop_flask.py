@@ -26,7 +26,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import jobs
-from jobs.contrib.flask import Jobs
+from jobs.contrib.flask import Jobs, request_json
 
 APPROVAL_OVER_CENTS = 100_000
 
@@ -114,7 +114,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     @app.post("/orders")
     def create_order() -> tuple[Response, int]:
-        body = request.get_json(force=True)
+        body = request_json(force=True)  # bounded: 413 past JOBS_MAX_INPUT_BYTES, chunked too
+        if not isinstance(body, dict):
+            return jsonify(error="the body must be a JSON object"), 400
         order = Order(customer=body["customer"], total_cents=body["total_cents"])
         db.session.add(order)
         db.session.flush()  # the order's ID, for the job's inputs

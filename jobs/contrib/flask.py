@@ -6,7 +6,9 @@
 - :meth:`Jobs.submit` writes the job through Flask-SQLAlchemy's ``db.session``: it commits
   with the request's ``db.session.commit()`` (the doorbell rings after it) and is rolled
   back with it.
-- A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
+- A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``;
+  :func:`request_json` reads a view's JSON body bounded (413 past ``JOBS_MAX_INPUT_BYTES``,
+  sent chunked too).
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
   approve, retry; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
@@ -146,8 +148,9 @@ class BodyTooLarge(InvalidInput):
     """A request body over ``JOBS_MAX_INPUT_BYTES`` (the blueprint answers 413)."""
 
 
-def request_json() -> Any:
-    """The request's JSON body, or ``None`` when it is not JSON; a body nested too deeply
+def request_json(*, force: bool = False) -> Any:
+    """The request's JSON body, or ``None`` when it is not JSON (``force``: whatever its
+    content type says, as ``request.get_json(force=True)``); a body nested too deeply
     for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500, and one
     larger than ``JOBS_MAX_INPUT_BYTES`` is refused (:class:`BodyTooLarge`): at once when
     its ``Content-Length`` says so, and after at most the limit and one byte of a body sent
@@ -159,7 +162,7 @@ def request_json() -> Any:
             f"the request body is {request.content_length} bytes, over the limit of {limit} "
             "bytes (JOBS_MAX_INPUT_BYTES)"
         )
-    if not request.is_json:
+    if not force and not request.is_json:
         return None
     body = request.stream.read(limit + 1)
     if len(body) > limit:
@@ -172,6 +175,11 @@ def request_json() -> Any:
         raise InvalidInput(f"the request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError:  # not JSON (UnicodeDecodeError is one too), as get_json(silent=True)
         return None
+
+
+def too_large_response(err: BodyTooLarge) -> tuple[Response, int]:
+    """413 Content Too Large, for a body :func:`request_json` refused."""
+    return jsonify(error="request body too large", detail=str(err)), 413
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -216,6 +224,7 @@ class Jobs:
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
+        app.register_error_handler(BodyTooLarge, too_large_response)
         commands = AppGroup("jobs", help="Durable jobs with this app's config.")
         for command in JOBCTL_COMMANDS:
             commands.add_command(jobctl_command(command, self))
