@@ -519,3 +519,31 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     assert client.get(value, {"field": "inputs"}).content.decode() == '{\n  "steps": 60\n}'
     client.force_login(staff_user("nobody"))
     assert client.get(value, {"step": "big-07"}).status_code == 403
+
+
+@jobs.job("shop_padded")
+def shop_padded(ctx: jobs.JobContext, pad: str) -> int:
+    return len(pad)
+
+
+def test_the_admin_list_reads_no_inputs_or_results(shop: Doorbell) -> None:
+    """Thirty jobs with inputs of almost 1 MiB each: the list page (100 to a page) reads
+    none of them, so rendering it allocates little."""
+    import tracemalloc  # noqa: PLC0415
+
+    from django.test import Client  # noqa: PLC0415
+
+    for _ in range(30):
+        jobs.submit("shop_padded", {"pad": "p" * 1_000_000})
+    client = Client()
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    client.get("/admin/durable_jobs/jobrow/")  # warm
+    tracemalloc.start()
+    try:
+        listing = client.get("/admin/durable_jobs/jobrow/")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert listing.status_code == 200
+    print(f"admin list: {len(listing.content)} bytes, peak allocation {peak / 2**20:.1f} MiB")
+    assert peak < 10 * 2**20
