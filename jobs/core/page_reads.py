@@ -12,10 +12,10 @@ import dataclasses
 import datetime as dt
 from typing import Generic, TypeVar
 
-from sqlalchemy import Connection, Text, case, cast, func, literal, select
+from sqlalchemy import ColumnElement, Connection, Text, case, cast, func, literal, select
 
 from jobs.core.models import JobsTable, StepsTable, TransitionsTable
-from jobs.core.records import Transition
+from jobs.core.records import JobFilter, Transition
 from jobs.core.states import State
 
 Row = TypeVar("Row")
@@ -75,6 +75,25 @@ class ChildSummary:
     updated_at: dt.datetime
 
 
+@dataclasses.dataclass(frozen=True)
+class JobSummary:
+    """A job as a list shows it: no inputs or result, its last error clipped."""
+
+    id: str
+    kind: str
+    state: State
+    queue: str | None
+    priority: int
+    attempts: int
+    max_attempts: int
+    updated_at: dt.datetime
+    last_error: str | None  # its first :data:`LIST_ERROR_CHARS` characters
+
+
+#: Characters of a job's last error a list shows.
+LIST_ERROR_CHARS = 200
+
+
 def _bounds(offset: int, limit: int) -> tuple[int, int]:
     return max(0, int(offset)), max(1, min(int(limit), MAX_PAGE_ROWS))
 
@@ -84,6 +103,46 @@ class PageReads:
 
     def _read(self) -> Connection:
         raise NotImplementedError  # JobReader's
+
+    def _conditions(self, where: JobFilter) -> list[ColumnElement[bool]]:
+        raise NotImplementedError  # JobReader's: the WHERE conditions of a filter
+
+    def list_summaries(self, where: JobFilter, limit: int) -> list[JobSummary]:
+        """The newest ``limit`` jobs ``where`` selects (as :meth:`JobReader.list` orders
+        them), without their inputs and results and with their errors clipped by the
+        database: a list page's size does not grow with what the jobs carry."""
+        stmt = (
+            select(
+                JobsTable.id,
+                JobsTable.kind,
+                JobsTable.state,
+                JobsTable.queue,
+                JobsTable.priority,
+                JobsTable.attempts,
+                JobsTable.max_attempts,
+                JobsTable.updated_at,
+                func.substr(JobsTable.last_error, 1, LIST_ERROR_CHARS).label("last_error"),
+            )
+            .where(*self._conditions(where))
+            .order_by(JobsTable.created_at.desc(), JobsTable.id)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            JobSummary(
+                row.id,
+                row.kind,
+                State(row.state),
+                row.queue,
+                row.priority,
+                row.attempts,
+                row.max_attempts,
+                row.updated_at,
+                row.last_error,
+            )
+            for row in rows
+        ]
 
     def steps_page(
         self, job_id: str, offset: int = 0, limit: int = 50, preview_chars: int = PREVIEW_CHARS
@@ -207,4 +266,13 @@ class PageReads:
         return Page(children, offset, limit, int(total))
 
 
-__all__ = ["MAX_PAGE_ROWS", "PREVIEW_CHARS", "ChildSummary", "Page", "PageReads", "StepPreview"]
+__all__ = [
+    "LIST_ERROR_CHARS",
+    "MAX_PAGE_ROWS",
+    "PREVIEW_CHARS",
+    "ChildSummary",
+    "JobSummary",
+    "Page",
+    "PageReads",
+    "StepPreview",
+]

@@ -236,6 +236,9 @@ class JobReader(PageReads):
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(**{READ_ONLY: True})
 
+    def _conditions(self, where: JobFilter) -> builtins.list[ColumnElement[bool]]:
+        return filtered(where)
+
     def list(
         self,
         state: State | None = None,

@@ -213,6 +213,11 @@ def page_leaf(ctx: jobs.JobContext, n: int) -> int:
     return n
 
 
+@jobs.job("page_padded")
+def page_padded(ctx: jobs.JobContext, pad: str) -> int:
+    return len(pad)
+
+
 @jobs.job("page_many_children")
 def page_many_children(ctx: jobs.JobContext, count: int) -> int:
     return len(ctx.map("page_leaf", [{"n": n} for n in range(count)]))
@@ -243,6 +248,8 @@ def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) 
     with default_app().runtime.doorbell_off():
         parent = testing.perform_job("page_many_children", {"count": CHILDREN})
         big = testing.perform_job("page_big_outputs", {"steps": BIG_STEPS})
+        for _ in range(40):  # jobs the list shows, with inputs of almost 1 MiB each
+            stack.submit("page_padded", {"pad": "p" * OUTPUT_CHARS})
     assert parent.state is State.WAITING, parent.last_error
     assert big.state is State.COMPLETED, big.last_error
     port = free_port()
@@ -278,10 +285,15 @@ def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) 
     assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in outputs.text
     assert "<script>" not in outputs.text
     assert "<img" not in outputs.text
+    listed_jobs = session.get(f"{base}/jobs", params={"limit": 1000}, timeout=120)
+    assert listed_jobs.status_code == 200
+    assert listed_jobs.text.count("page_padded") >= 40
+    assert len(listed_jobs.content) < 400_000, len(listed_jobs.content)
     grown = peak_rss_mib(flower.pid) - before
     print(
         f"children page {len(children.content)} bytes, outputs page {len(outputs.content)} "
-        f"bytes, Flower's peak {before:.0f} MiB -> {before + grown:.0f} MiB"
+        f"bytes, list page {len(listed_jobs.content)} bytes, "
+        f"Flower's peak {before:.0f} MiB -> {before + grown:.0f} MiB"
     )
     assert grown < 40, f"Flower grew by {grown:.0f} MiB"
 

@@ -12,7 +12,7 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from jobs.core.errors import InvalidInput
-from jobs.core.page_reads import ChildSummary, Page, StepPreview
+from jobs.core.page_reads import ChildSummary, JobSummary, Page, StepPreview
 from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import MAX_LIST_LIMIT, printable
@@ -65,7 +65,7 @@ class Overview:
 
     where: JobFilter
     limit: int
-    jobs: list[Job]
+    jobs: list[JobSummary]
     states: list[str]
     counts: dict[str, dict[str, int]]  # kind -> state -> jobs
     state_totals: dict[str, int]
@@ -161,7 +161,7 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     return Overview(
         where=where,
         limit=limit,
-        jobs=store.list(limit=limit, where=where),
+        jobs=store.reader.list_summaries(where, limit),
         states=states,
         counts=counts,
         state_totals=totals,
