@@ -65,6 +65,7 @@ def configure(default_sqlite: Path) -> None:
         ],
         MIDDLEWARE=[
             "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
             "django.contrib.auth.middleware.AuthenticationMiddleware",
             "django.contrib.messages.middleware.MessageMiddleware",
             "jobs.contrib.django.AdmissionRefusedMiddleware",

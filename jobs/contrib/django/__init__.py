@@ -14,8 +14,9 @@
   with Django set up; job handlers may use the ORM (stale connections are closed around
   each job, as Celery's Django fix-up does).
 - The admin lists jobs (filters by state and kind, search by ID), shows a job's steps and
-  history, and approves (recording the admin user), cancels, or retries a FAILED or
-  CANCELLED job from the step that failed, through :mod:`jobs.api`.
+  history a page at a time, and approves (recording the admin user), cancels, or retries a
+  FAILED or CANCELLED job from the step that failed, through :mod:`jobs.api`; each action
+  needs its own permission (``durable_jobs.approve_job``, ``cancel_job``, ``retry_job``).
 """
 
 from __future__ import annotations
