@@ -464,7 +464,7 @@ def test_a_body_over_the_input_limit_is_refused_before_it_is_read(
     answer = app.test_client().post(
         "/jobs/hostile_echo", data='{"x": "' + "y" * 5000 + '"}', content_type="application/json"
     )
-    assert answer.status_code == 400, answer.data
+    assert answer.status_code == 413, answer.data
     assert "request body is" in answer.get_json()["error"]
     assert jobs.list_jobs() == []
 

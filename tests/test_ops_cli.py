@@ -308,6 +308,7 @@ def test_explain_names_the_schedule_behind_a_periodic_job() -> None:
 
 
 def test_explain_of_an_unknown_id_is_one_line() -> None:
+    jobctl("db", "upgrade")
     one_line_error(jobctl("explain", "nope"), 1, "unknown job id 'nope'")
 
 

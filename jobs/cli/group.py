@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from jobs.cli.app_settings import read_the_app_settings
 from jobs.core.errors import JobError
 
 
@@ -64,9 +65,23 @@ class Finite(click.ParamType[float]):
         return number
 
 
-class JobctlGroup(click.Group):
+class SettingsFirst(click.Command):
+    """A ``jobctl`` command that finds the app's settings (:mod:`jobs.cli.app_settings`)
+    once its arguments are parsed (so ``--help`` sets nothing up) and before it runs; a
+    group does so when it runs itself (``jobctl limits``), not before a subcommand."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if not isinstance(self, click.Group) or ctx.invoked_subcommand is None:
+            read_the_app_settings(ctx)
+        return super().invoke(ctx)
+
+
+class JobctlGroup(click.Group, SettingsFirst):
     """Every subcommand (and sub-group) runs inside this invoke, so one place turns user
-    mistakes into one line."""
+    mistakes into one line. Its commands and sub-groups read the app's settings first."""
+
+    command_class = SettingsFirst
+    group_class = type
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -112,6 +112,7 @@ def worker(
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
+    from jobs.runtime.outcome_events import OutcomeEvents  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
@@ -121,9 +122,14 @@ def sweeper(once: bool, as_json: bool) -> None:
     store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
+    # Flower hears of the jobs the sweeper fails (no delivery reports them), on a broker.
+    announce = OutcomeEvents(
+        lambda: default_app().celery,
+        enabled=settings.task_events and not settings.is_embedded_broker,
+    )
     if once:
         report = sweep_once(
-            store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch=watch
+            store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch, announce
         )
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(report), indent=2))
@@ -138,7 +144,14 @@ def sweeper(once: bool, as_json: bool) -> None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
         serve(store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue)
-    run_forever(store, settings, runtime.ring_batch, waiting=runtime.waiting_doorbells, watch=watch)
+    run_forever(
+        store,
+        settings,
+        runtime.ring_batch,
+        waiting=runtime.waiting_doorbells,
+        watch=watch,
+        announce=announce,
+    )
 
 
 @main.command()

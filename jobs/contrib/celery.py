@@ -41,6 +41,7 @@ import logging
 from typing import Any
 
 from jobs.application import JobsApp, default_app
+from jobs.contrib.celery_control import wrap_results_and_revoke
 from jobs.core.errors import SettingsError
 from jobs.core.registry import JobKind
 from jobs.core.settings import Settings
@@ -74,6 +75,7 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
         return jobs_app
     installed.on_users_app = True
     jobs_app.adopt_celery(app)
+    wrap_results_and_revoke(app, jobs_app)  # app.AsyncResult(job_id), app.control.revoke
     registry = jobs_app.registry
     routes = route_kinds(app, lambda: jobs_app.settings.queue)
 

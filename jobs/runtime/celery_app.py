@@ -39,9 +39,11 @@ from celery.exceptions import Reject, Retry
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings, mask_url
+from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH, clip
 from jobs.runtime.app_queues import add_durable_queues, consume_as_declared
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.outcome_events import ended_elsewhere, revoked_delivery
 from jobs.runtime.pool_child import preload_for_the_pool, start_pool_child
 from jobs.runtime.queues import (
     TASK_NAME,
@@ -182,7 +184,16 @@ class Installed:
         except DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.
             raise Reject(str(unreachable), requeue=True) from None
+        ended = ended_elsewhere(self.host.runtime.store, result)
+        if ended is not None and ended.state is State.CANCELLED:
+            revoked_delivery(task, job_id, self._task_events(task))
+        if ended is not None and ended.state is State.FAILED:
+            raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
+
+    def _task_events(self, task: Any) -> bool:
+        """Whether this worker sends task events (``-E``, ``worker_send_task_events``)."""
+        return bool(self.host.settings.task_events or task.app.conf.worker_send_task_events)
 
 
 def installed_on(celery: Any) -> Installed | None:
