@@ -188,3 +188,36 @@ def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_i
     assert declared_queue(app, application.settings, "video").queue_arguments == {
         "x-max-priority": 9
     }
+
+
+def test_a_kind_looked_up_imports_the_apps_task_modules_once_and_a_broken_one_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobs  # noqa: PLC0415
+
+    (tmp_path / "shop_tasks.py").write_text(
+        "from jobs.core.registry import REGISTRY\nimport shop_counter\nshop_counter.imported += 1\n"
+    )
+    (tmp_path / "shop_counter.py").write_text("imported = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = user_app(include=["shop_tasks", "shop_kinds"])
+    application = install(app, jobs_app=jobs_app(tmp_path))
+    (tmp_path / "shop_kinds.py").write_text("raise RuntimeError('no database configured')\n")
+    with pytest.raises(jobs.SettingsError, match="cannot import its task modules: RuntimeError"):
+        application.registry.get("ship")
+    (tmp_path / "shop_kinds.py").write_text(  # fixed: the next look-up imports again
+        "import jobs.contrib.celery\n"
+        "from tests.test_contrib_celery import INSTALLED\n"
+        "INSTALLED[0].registry.register('ship', lambda ctx, order: order)\n"
+    )
+    INSTALLED[:] = [application]
+    assert application.registry.get("ship").name == "ship"
+    assert app.tasks["jobs.ship"].acks_late is True
+    with pytest.raises(jobs.UnknownKind):
+        application.registry.get("not_a_kind")  # no second import of the app's modules
+    import shop_counter  # noqa: PLC0415
+
+    assert shop_counter.imported == 1
+
+
+INSTALLED: list[JobsApp] = []
