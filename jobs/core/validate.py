@@ -240,6 +240,20 @@ def check_text(value: object, what: str, limit: int = TEXT_LENGTH) -> None:
         raise InvalidInput(f"{what} must not contain NUL or undecodable bytes")
 
 
+#: The longest error text a filter looks for (``--error-like``, Flower's "error contains").
+ERROR_PATTERN_LENGTH = 1000
+
+
+def check_error_pattern(value: object, what: str) -> None:
+    """Text to look for in jobs' last errors: a literal substring (``%``, ``_`` and ``\\``
+    are characters like any other), not blank, at most :data:`ERROR_PATTERN_LENGTH`
+    characters, without NUL."""
+    check_text(value, what, ERROR_PATTERN_LENGTH)
+    assert isinstance(value, str)
+    if not value.strip():
+        raise InvalidInput(f"{what} needs some text to match, not only blanks")
+
+
 def check_person(value: object, what: str) -> None:
     """Who approved: a name as people write it (``Alice Smith``), printable, at most
     NAME_LENGTH characters, not blank."""
