@@ -26,7 +26,7 @@ import click
 
 from jobs.cli.group import main
 from jobs.core.errors import IllegalTransition, InvalidInput
-from jobs.core.states import RETRYABLE, State
+from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
 from jobs.core.validate import (
     ERROR_PATTERN_LENGTH,
     MAX_LIST_LIMIT,
@@ -344,7 +344,7 @@ def bulk_approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> b
     action = Action(
         "approve",
         "approved",
-        (State.WAITING_APPROVAL,),
+        APPROVABLE,
         lambda batch: app.approve_selected(batch, by=by, note=note),
     )
     return run_bulk(action, job_id, bulk)
@@ -356,7 +356,7 @@ def bulk_cancel(job_id: str | None, reason: str, bulk: Bulk) -> bool:
     action = Action(
         "cancel",
         "cancelled",
-        (State.QUEUED, State.WAITING_APPROVAL, State.RUNNING),
+        CANCELLABLE,
         lambda batch: app.cancel_selected(batch, reason=reason),
     )
     return run_bulk(action, job_id, bulk)
