@@ -287,13 +287,29 @@ MAX_SUBMIT_MANY = 10_000
 TICK_ID = re.compile(r".*@\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", re.DOTALL)
 
 
+#: What separates a child's ID from its parent's (``order-7.charge``): no caller-chosen ID
+#: holds it, so no caller can take a child's ID before its parent spawns it.
+CHILD_SEPARATOR = "."
+
+#: A child ID too long to spell out: a digest of its parent and key
+#: (:func:`jobs.core.waits.child_id_of`), reserved as the separator is.
+CHILD_DIGEST = re.compile(r"child-[0-9a-f]{64}")
+
+
 def check_user_job_id(value: object) -> None:
-    """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form."""
+    """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form
+    and not of a child's (no ``.``, not a child's digest)."""
     check_name(value, "job id")
-    if TICK_ID.fullmatch(str(value)):
+    text = str(value)
+    if TICK_ID.fullmatch(text):
         raise InvalidInput(
             f"job id {value!r}: IDs of the form NAME@YYYY-MM-DDTHH:MM:SSZ are reserved for "
             "schedule ticks; choose another"
+        )
+    if CHILD_SEPARATOR in text or CHILD_DIGEST.fullmatch(text):
+        raise InvalidInput(
+            f"job id {value!r}: IDs with a {CHILD_SEPARATOR!r} (or of the form child-<digest>) "
+            "are reserved for child jobs (<parent>.<key>); choose another, e.g. with '-'"
         )
 
 
