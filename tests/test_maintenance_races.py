@@ -4,10 +4,16 @@ with its own engine, meet at a barrier and then do their own work at once.
 Retention against a bulk retry: a FAILED job an operator retries while a prune pass is
 deleting old finished jobs is either deleted whole (job, steps and history) or kept whole;
 never kept without the steps it recorded (its re-run would then do every step again).
+
+Ringing doorbells against owners: a due job the sweeper picked to ring, which its owner
+claims and puts to sleep before the sweeper marks it rung, is not marked rung (a sleeping
+job's doorbell is the sweeper's to send once it is due; marked, it would wait a further
+``JOBS_RING_AGAIN_AFTER_SECONDS``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing.pool
 from collections.abc import Iterator
 
@@ -23,6 +29,7 @@ from tests import racing
 pytestmark = pytest.mark.postgres
 
 OLD_FAILURES = 2000
+DOORBELLS = 600
 DAY = 86_400.0
 
 
@@ -56,6 +63,30 @@ def _retention_or_retry(args: tuple[str, str]) -> list[str]:
     finally:
         store.engine.dispose()
     return touched
+
+
+def _sweeper_or_sleeper(args: tuple[str, str]) -> int:
+    """One process: ``sweeper`` takes the due doorbells again and again (every one counts as
+    lost at once) until no due job is left; ``sleeper`` claims each job in turn and puts it
+    to sleep for a day, as a handler's ``ctx.sleep`` does. Returns how many it handled."""
+    url, role = args
+    store = JobStore(make_engine(url))
+    handled = 0
+    try:
+        racing.meet()
+        if role == "sweeper":
+            while taken := store.take_due_doorbells(0.0, limit=200):
+                handled += len(taken)
+        else:
+            ids = sorted(store.next_claimable(limit=DOORBELLS))
+            for job_id in ids:
+                claim = store.claim(job_id, "sleeper", 60)
+                assert claim is not None
+                store.sleep(claim, "nap", store.now() + dt.timedelta(days=1))
+                handled += 1
+    finally:
+        store.engine.dispose()
+    return handled
 
 
 def _old_failures_with_steps(engine: Engine) -> None:
@@ -114,3 +145,36 @@ def test_a_failed_job_retried_while_retention_prunes_keeps_its_steps_and_history
         f"{len(without_steps)} of {len(kept)} retried jobs lost their recorded steps"
     )
     assert all(row.state == State.QUEUED.value and row.history == 2 for row in kept)
+
+
+def test_a_job_put_to_sleep_while_its_doorbell_is_taken_is_not_marked_rung(
+    pair: multiprocessing.pool.Pool, clean_pg_engine: Engine, pg_url: str
+) -> None:
+    with clean_pg_engine.begin() as conn:  # set-up: due jobs never rung
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, kind, state, inputs, fence, attempts, max_attempts, "
+                "run_after, created_at, updated_at) "
+                "SELECT 'due-' || lpad(n::text, 5, '0'), 'nap', 'QUEUED', '{}', 0, 0, 3, "
+                "now() - interval '1 minute', now(), now() "
+                "FROM generate_series(1, :count) AS n"
+            ),
+            {"count": DOORBELLS},
+        )
+
+    rung, slept = pair.map(_sweeper_or_sleeper, [(pg_url, "sweeper"), (pg_url, "sleeper")])
+
+    assert slept == DOORBELLS
+    assert rung > 0
+    with clean_pg_engine.connect() as conn:
+        marked = (
+            conn.execute(
+                text(
+                    "SELECT id FROM jobs WHERE state = 'QUEUED' AND run_after > now() "
+                    "AND dispatched_at IS NOT NULL ORDER BY id"
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert marked == [], f"{len(marked)} sleeping jobs were marked rung: {marked[:5]}"
