@@ -108,9 +108,15 @@ class Schedules:
         compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
         tick one moves it and submits, and the others (blocked on the schedule's row until
         that commits, or serialized by SQLite) find it moved and submit nothing (None).
+        ``schedule`` is the caller's view: if an operator changed the schedule since it was
+        read (kind, spec, time zone, inputs, catch-up), nothing is written either (None),
+        and the next pass fires the tick from the schedule as it is now.
         ``(job, created)`` otherwise; ``created`` is False if the job ID already existed."""
-        with self.engine.begin() as conn:
+        with self.engine.connect() as conn, conn.begin() as transaction:
             if not self.advance_schedule(schedule.name, tick, conn=conn):
+                return None
+            if not self._unchanged(conn, schedule):  # the row is ours now (locked)
+                transaction.rollback()
                 return None
             return self.submissions.create(
                 schedule.kind,
@@ -122,6 +128,27 @@ class Schedules:
                 conn=conn,
                 queue=queue,
             )
+
+    @staticmethod
+    def _unchanged(conn: Connection, schedule: Schedule) -> bool:
+        """Whether the stored schedule still defines what ``schedule`` (a view read
+        earlier) does."""
+        stored = conn.execute(
+            select(
+                SchedulesTable.kind,
+                SchedulesTable.spec,
+                SchedulesTable.timezone,
+                SchedulesTable.inputs,
+                SchedulesTable.catch_up,
+            ).where(SchedulesTable.name == schedule.name)
+        ).one_or_none()
+        return stored is not None and (
+            stored.kind,
+            stored.spec,
+            stored.timezone,
+            stored.inputs,
+            stored.catch_up,
+        ) == (schedule.kind, schedule.spec, schedule.timezone, schedule.inputs, schedule.catch_up)
 
     def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:
         """Delete one batch of finished jobs (COMPLETED, FAILED, CANCELLED) that finished more
