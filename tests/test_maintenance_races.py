@@ -39,12 +39,12 @@ def pair() -> Iterator[multiprocessing.pool.Pool]:
         yield workers
 
 
-def _retention_or_retry(args: tuple[str, str]) -> list[str]:
+def _retention_or_retry(args: tuple[str, str, int]) -> list[str]:
     """One process: ``prune`` deletes old finished jobs in small batches until none is
-    left; ``retry`` retries every FAILED job in the bulk command's batches of 100, the
-    newest first. Returns
-    the IDs it deleted, or retried."""
-    url, role = args
+    left; ``retry`` retries every FAILED job in batches of ``batch`` (the bulk command's
+    100, or one at a time as an operator's script would), the newest first. Returns the
+    IDs it deleted, or retried."""
+    url, role, batch = args
     store = JobStore(make_engine(url))
     touched: list[str] = []
     try:
@@ -57,8 +57,8 @@ def _retention_or_retry(args: tuple[str, str]) -> list[str]:
                 JobFilter(state=State.FAILED), OLD_FAILURES, [State.FAILED]
             )
             selected.reverse()  # the newest first: the two meet among the oldest half
-            for start in range(0, len(selected), 100):
-                outcome = store.retry_selected(selected[start : start + 100], "ops", "fixed")
+            for start in range(0, len(selected), batch):
+                outcome = store.retry_selected(selected[start : start + batch], "ops", "fixed")
                 touched += [job.id for job in outcome.done]
     finally:
         store.engine.dispose()
@@ -119,12 +119,15 @@ def _old_failures_with_steps(engine: Engine) -> None:
         )
 
 
+@pytest.mark.parametrize("batch", [100, 1], ids=["bulk-retry", "one-by-one"])
 def test_a_failed_job_retried_while_retention_prunes_keeps_its_steps_and_history(
-    pair: multiprocessing.pool.Pool, clean_pg_engine: Engine, pg_url: str
+    pair: multiprocessing.pool.Pool, clean_pg_engine: Engine, pg_url: str, batch: int
 ) -> None:
     _old_failures_with_steps(clean_pg_engine)
 
-    pruned, retried = pair.map(_retention_or_retry, [(pg_url, "prune"), (pg_url, "retry")])
+    pruned, retried = pair.map(
+        _retention_or_retry, [(pg_url, "prune", batch), (pg_url, "retry", batch)]
+    )
 
     print(f"\n{len(retried)} retried, {len(pruned)} pruned")
     assert retried, "the retry lost every job to retention: no race to judge"
