@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import jobs
+from jobs import api
 from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.context import JobContext
@@ -97,4 +98,6 @@ def test_a_caller_cannot_take_a_child_s_id(squat: str) -> None:
     assert "Traceback" not in result.output
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "reserved for child jobs" in result.stderr
+    with pytest.raises(InvalidInput, match="reserved for child jobs"):
+        api.check_submit("collide_leaf", {"who": "squat"}, job_id=squat)
     assert jobs.list_jobs(limit=10) == []

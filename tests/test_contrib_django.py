@@ -353,3 +353,23 @@ def test_the_admin_shows_a_waiting_parent_its_children_and_a_childs_parent(
     assert f'<a href="/admin/durable_jobs/jobrow/{second}/change/">{second}</a> QUEUED' in page
     child = client.get(f"/admin/durable_jobs/jobrow/{second}/change/").content.decode()
     assert f'<a href="/admin/durable_jobs/jobrow/{parent.id}/change/">{parent.id}</a>' in child
+
+
+def test_submit_on_commit_refuses_a_reserved_job_id_before_the_commit(shop: Doorbell) -> None:
+    """A caller-chosen ID of a child's form (or a tick's) is refused while the view can
+    still roll back, not after its commit, when the refusal could only be logged."""
+    from django.db import transaction  # noqa: PLC0415
+
+    import jobs.contrib.django  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    for reserved in ("order-1.charge", "report@2030-01-01T00:00:00Z"):
+        with (
+            pytest.raises(jobs.InvalidInput, match="reserved"),
+            transaction.atomic(using=ROUTER.alias),
+        ):
+            jobs.contrib.django.submit_on_commit(
+                KIND, {"order_id": 1}, using=ROUTER.alias, job_id=reserved
+            )
+        with pytest.raises(jobs.UnknownJob):
+            jobs.get(reserved)
