@@ -464,6 +464,8 @@ def current(as_json: bool) -> None:
         echo_json({"revision": revision, "head": head, "at_head": revision == head})
     elif revision == head:
         click.echo(f"{revision} (head)")
+    elif revision is not None and revision not in schema.known_revisions():
+        click.echo(f"{revision} (newer than this code's head {head}: upgrade the code)")
     else:
         click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")
 

@@ -337,6 +337,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if installed is None:
         return
     _load_kinds(celery, installed)
+    refuse_at_start(installed.host.settings, getattr(sender, "hostname", None))
     warn_about_the_pool(sender, installed.host.settings)
     _preload_for_the_pool(installed.host.settings)
 
@@ -379,6 +380,16 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
             mask_url(listening),
             mask_url(settings.broker_url),
         )
+
+
+def refuse_at_start(settings: Settings, node_name: str | None) -> None:
+    """Exit in one line, before the worker says "ready", on what would fail every job: an
+    owner name that cannot be stored, a schema behind or ahead of the code
+    (:mod:`jobs.runtime.startup_checks`; loaded here so other processes that import the
+    app do not load SQLAlchemy)."""
+    from jobs.runtime.startup_checks import refuse_what_fails_every_job  # noqa: PLC0415
+
+    refuse_what_fails_every_job(settings, node_name)
 
 
 SOLO_POOL_WARNING = (

@@ -1,0 +1,79 @@
+"""What a worker checks before it says "ready": anything that would fail every job it
+claims. Each is one line naming the fix, and the worker exits (status 1) instead of
+taking deliveries it can only fail.
+
+- Its owner name (``<node name>:<pid>``, stamped on every claim) must fit the ``owner``
+  column (``varchar(200)`` on PostgreSQL): a longer Celery node name failed every claim.
+- The job tables must be at the revision this code needs: a schema behind it failed
+  every delivery; a newer one (written by a newer release) is named as such.
+
+A database that cannot be reached is not a refusal: pool processes retry it on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+
+from jobs.core.db import make_engine
+from jobs.core.errors import SettingsError
+from jobs.core.models import ID_LENGTH
+from jobs.core.settings import Settings
+from jobs.schema import current_revision, is_newer, skew
+
+log = logging.getLogger("jobs")
+
+# Linux PIDs are below 2**22 (4,194,304): at most 7 digits after the node name's colon.
+PID_DIGITS = 7
+MAX_NODE_NAME = ID_LENGTH - 1 - PID_DIGITS
+
+
+def node_name_problem(node_name: str) -> str | None:
+    """Why claims signed ``<node_name>:<pid>`` cannot be stored, or None."""
+    if len(node_name) <= MAX_NODE_NAME:
+        return None
+    return (
+        f"the worker's node name is {len(node_name)} characters ({node_name[:40]!r}…): "
+        f"the owner it signs claims with must fit {ID_LENGTH} characters, so name the node "
+        f"in at most {MAX_NODE_NAME} (-n/--hostname)"
+    )
+
+
+def schema_problem(settings: Settings) -> str | None:
+    """Why the job tables cannot serve this code (behind, or newer), or None; None too
+    when the database cannot be reached now, or on SQLite below the code's revision (it
+    upgrades itself on first use)."""
+    engine = make_engine(settings.database_url, poolclass=NullPool)
+    try:
+        current = current_revision(engine)
+        if engine.dialect.name == "sqlite" and not is_newer(current):
+            return None
+        return skew(engine, current)
+    except DBAPIError as err:
+        log.warning("schema not checked at start-up (database unreachable now): %s", err.orig)
+        return None
+    finally:
+        engine.dispose()
+
+
+def problems(settings: Settings, node_name: str | None) -> list[str]:
+    """Every reason this worker would fail every job: :func:`node_name_problem`, then
+    :func:`schema_problem`."""
+    found = [] if node_name is None else [node_name_problem(node_name)]
+    found.append(schema_problem(settings))
+    return [problem for problem in found if problem is not None]
+
+
+def refuse_what_fails_every_job(settings: Settings, node_name: str | None) -> None:
+    """Log each of :func:`problems` on one line and exit with status 1 (Celery swallows
+    an exception from a signal handler, not SystemExit)."""
+    try:
+        found = problems(settings, node_name)
+    except SettingsError as err:
+        found = [str(err)]
+    for problem in found:
+        log.critical("%s; the worker will not start", problem)
+    if found:
+        raise SystemExit(1)
