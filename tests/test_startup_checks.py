@@ -18,7 +18,7 @@ from jobs.core.db import make_engine
 from jobs.core.models import SCHEMA_REVISION
 from jobs.core.settings import from_env
 from jobs.core.store import JobStore
-from jobs.schema import known_revisions, upgrade
+from jobs.schema import alembic_config, known_revisions, upgrade
 from tests.conftest import private_pg_database
 
 
@@ -62,7 +62,7 @@ def _worker_env(tmp_path: Path, database_url: str | None = None) -> dict[str, st
     return env
 
 
-def _start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[int | None, str]:
+def start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[int | None, str]:
     """Start ``jobctl worker`` and read it until it says "ready" (then stop it: exit status
     None) or exits by itself (its status), with everything it printed."""
     proc = subprocess.Popen(
@@ -91,7 +91,7 @@ def _start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple
             proc.wait()
 
 
-def _refused(status: int | None, output: str, *fragments: str) -> None:
+def refused(status: int | None, output: str, *fragments: str) -> None:
     assert status is not None, f"the worker started:\n{output}"
     assert status != 0
     assert "Traceback" not in output, output
@@ -101,13 +101,13 @@ def _refused(status: int | None, output: str, *fragments: str) -> None:
         assert fragment in refusals[0], refusals[0]
 
 
-def test_a_node_name_too_long_to_store_is_refused_at_start(tmp_path: Path) -> None:
+def test_a_node_name_too_long_to_store_isrefused_at_start(tmp_path: Path) -> None:
     """A node name of ~195 characters or more: the worker said "ready" and every claim then
     failed on PostgreSQL's varchar(200) owner column."""
     name = "w" * 190 + "@host"
-    status, output = _start_worker(_worker_env(tmp_path), "-n", name)
-    _refused(status, output, "node name is 195 characters", "at most 192")
-    status, output = _start_worker(_worker_env(tmp_path), "-n", "w" * 187 + "@host")
+    status, output = start_worker(_worker_env(tmp_path), "-n", name)
+    refused(status, output, "node name is 195 characters", "at most 192")
+    status, output = start_worker(_worker_env(tmp_path), "-n", "w" * 187 + "@host")
     assert status is None, output  # 192 characters: <name>:<7-digit pid> fits in 200
 
 
@@ -127,8 +127,8 @@ def test_a_worker_on_a_schema_behind_the_code_stops_naming_both_revisions(
     """It said "ready" and failed every delivery with a traceback (the README said it stops)."""
     with private_pg_database("jobs_behind") as url:
         _schema_at(url, "0005")
-        status, output = _start_worker(_worker_env(tmp_path, url))
-    _refused(status, output, "at 0005", f"needs {SCHEMA_REVISION}", "run `jobctl db upgrade`")
+        status, output = start_worker(_worker_env(tmp_path, url))
+    refused(status, output, "at 0005", f"needs {SCHEMA_REVISION}", "run `jobctl db upgrade`")
 
 
 @pytest.mark.postgres
@@ -138,8 +138,8 @@ def test_a_schema_newer_than_the_code_is_named_and_never_upgraded(tmp_path: Path
     with private_pg_database("jobs_newer") as url:
         _schema_at(url, "0099")
         env = _worker_env(tmp_path, url)
-        status, output = _start_worker(env)
-        _refused(status, output, "at 0099", "newer than this code", "upgrade durable-jobs")
+        status, output = start_worker(env)
+        refused(status, output, "at 0099", "newer than this code", "upgrade durable-jobs")
         for command in (["db", "upgrade"], ["list"]):
             done = subprocess.run(
                 [sys.executable, "-m", "jobs", *command],
@@ -181,3 +181,13 @@ def test_an_embedded_schema_newer_than_the_code_is_one_line(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "is at 0099, newer than this code" in line, line
+
+
+def test_known_revisions_are_alembics() -> None:
+    """The revisions read from the migration files' names are Alembic's own, oldest first."""
+    from alembic.script import ScriptDirectory  # noqa: PLC0415
+
+    engine = make_engine("sqlite://")
+    script = ScriptDirectory.from_config(alembic_config(engine))
+    assert known_revisions() == [rev.revision for rev in reversed(list(script.walk_revisions()))]
+    assert known_revisions()[-1] == SCHEMA_REVISION

@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import shlex
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
@@ -92,19 +92,26 @@ def parse_instant(text: str, what: str) -> dt.datetime:
     return instant
 
 
-def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
+def read_inputs_file(source: TextIO, max_line_chars: int) -> list[dict[str, Any]]:
     """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
-    is reported with its number and nothing is submitted."""
+    is reported with its number and nothing is submitted. No line is read past
+    ``max_line_chars`` (one job's input limit), so an endless file (``/dev/zero``) ends
+    in one line, not in memory exhaustion."""
     inputs: list[dict[str, Any]] = []
-    numbered = enumerate(lines, 1)
     number = 0
     while True:
         try:
-            number, line = next(numbered)
-        except StopIteration:
-            return inputs
+            line = source.readline(max_line_chars + 1)
         except UnicodeDecodeError:
             raise InvalidInput(f"line {number + 1} is not valid UTF-8 text") from None
+        if not line:
+            return inputs
+        number += 1
+        if len(line.removesuffix("\n")) > max_line_chars:
+            raise InvalidInput(
+                f"line {number} is longer than {max_line_chars} characters, one job's "
+                "input limit (JOBS_MAX_INPUT_BYTES); nothing was submitted"
+            )
         if not line.strip():
             continue
         if len(inputs) == MAX_SUBMIT_MANY:  # stop reading: the rest would be refused anyway
@@ -188,7 +195,7 @@ def submit(
                 raise click.UsageError("--from-file does not combine with --input, --id or --wait")
             ids = jobs.submit_many(
                 kind,
-                read_inputs_file(from_file),
+                read_inputs_file(from_file, runtime().settings.max_input_bytes),
                 max_attempts=max_attempts,
                 delay_seconds=delay,
                 run_at=start,

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import re
+import unicodedata
 from typing import Any
 
 from jobs.core.errors import InvalidInput, UnknownJob
@@ -276,6 +277,12 @@ TICK_ID = re.compile(r".*@\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", re.DOTALL)
 def check_user_job_id(value: object) -> None:
     """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form."""
     check_name(value, "job id")
+    if not unicodedata.is_normalized("NFC", str(value)):
+        raise InvalidInput(
+            f"job id {value!r} is not in Unicode NFC form: write it as "
+            f"{unicodedata.normalize('NFC', str(value))!r} (its other spellings look the "
+            "same, so an ID has one)"
+        )
     if TICK_ID.fullmatch(str(value)):
         raise InvalidInput(
             f"job id {value!r}: IDs of the form NAME@YYYY-MM-DDTHH:MM:SSZ are reserved for "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
 from jobs.core.states import State
-from jobs.core.validate import NAME_LENGTH, check_name, check_timeout
+from jobs.core.validate import NAME_LENGTH, check_timeout
 
 if TYPE_CHECKING:  # annotations only
     from jobs.core.outage import LeaseHold
@@ -81,6 +81,8 @@ class Workflow:
         def job_id(self) -> str: ...
 
         def _use(self, name: str) -> None: ...
+
+        def _storable_name(self, value: object, what: str) -> None: ...
 
         def check_lease(self) -> None: ...
 
@@ -165,7 +167,7 @@ class Workflow:
         ``spawn:<key>`` in the same transaction as the child's insert, so a re-run after a
         crash returns the same ID and never creates a second child. Wait for children
         with :meth:`wait_for`."""
-        check_name(key, "spawn key")
+        self._storable_name(key, "spawn key")
         name = f"spawn:{key}"
         done, recorded = self._replay(name)
         if done:
@@ -192,7 +194,7 @@ class Workflow:
     ) -> list[str]:
         """Submit one child of ``kind`` per input with one bulk insert, recorded as step
         ``spawn:<key>``; returns their IDs (``<parent id>.<key>.<index>``) in order."""
-        check_name(key, "spawn key")
+        self._storable_name(key, "spawn key")
         if isinstance(inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per child")
         name = f"spawn:{key}"
@@ -225,7 +227,7 @@ class Workflow:
         naming it and its error (catch it, or the attempt fails like any handler error)."""
         ids = list(child_ids)
         name = key or self._count("wait")
-        check_name(name, "wait key")
+        self._storable_name(name, "wait key")
         done, recorded = self._replay(name)
         if done:
             results: list[Any] = recorded["results"]
@@ -281,11 +283,11 @@ class Workflow:
         An event sent before this call is kept and consumed here, once. With ``timeout``
         (seconds, on the database clock) the sweeper ends the wait then, and this call
         raises :class:`jobs.EventTimedOut`."""
-        check_name(name, "event name")
+        self._storable_name(name, "event name")
         if timeout is not None:
             check_timeout(timeout, f"timeout of event {name!r}")
         step_name = key or self._count(f"event:{name}")
-        check_name(step_name, "event key")
+        self._storable_name(step_name, "event key")
         done, recorded = self._replay(step_name)
         if done:
             if isinstance(recorded, dict) and recorded.get(TIMED_OUT):

@@ -6,6 +6,7 @@ taking deliveries it can only fail.
   column (``varchar(200)`` on PostgreSQL): a longer Celery node name failed every claim.
 - The job tables must be at the revision this code needs: a schema behind it failed
   every delivery; a newer one (written by a newer release) is named as such.
+- The role must be allowed to write them (PostgreSQL): a read-only role failed every claim.
 
 A database that cannot be reached is not a refusal: pool processes retry it on first use.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from jobs.core.db import make_engine
 from jobs.core.errors import SettingsError
-from jobs.core.models import ID_LENGTH
+from jobs.core.models import ID_LENGTH, metadata
 from jobs.core.settings import Settings
 from jobs.schema import current_revision, is_newer, skew
 
@@ -41,28 +43,56 @@ def node_name_problem(node_name: str) -> str | None:
     )
 
 
-def schema_problem(settings: Settings) -> str | None:
+def schema_problem(engine: Engine) -> str | None:
     """Why the job tables cannot serve this code (behind, or newer), or None; None too
-    when the database cannot be reached now, or on SQLite below the code's revision (it
-    upgrades itself on first use)."""
-    engine = make_engine(settings.database_url, poolclass=NullPool)
-    try:
-        current = current_revision(engine)
-        if engine.dialect.name == "sqlite" and not is_newer(current):
-            return None
-        return skew(engine, current)
-    except DBAPIError as err:
-        log.warning("schema not checked at start-up (database unreachable now): %s", err.orig)
+    on SQLite below the code's revision (it upgrades itself on first use)."""
+    current = current_revision(engine)
+    if engine.dialect.name == "sqlite" and not is_newer(current):
         return None
-    finally:
-        engine.dispose()
+    return skew(engine, current)
+
+
+# Per table and privilege: has_table_privilege with a list is true if any one is held.
+_MISSING_PRIVILEGES_SQL = text(
+    "SELECT tab || ': ' || priv FROM unnest(CAST(:tables AS text[])) AS tab, "
+    "unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS priv "
+    "WHERE NOT has_table_privilege(tab, priv)"
+)
+
+
+def write_problem(engine: Engine) -> str | None:
+    """Why this role cannot write the job tables (PostgreSQL: a read-only role, a standby),
+    or None."""
+    if engine.dialect.name != "postgresql":
+        return None
+    tables = [table.name for table in metadata.sorted_tables]
+    with engine.connect() as conn:
+        if conn.execute(text("SHOW transaction_read_only")).scalar() == "on":
+            return "the database accepts no writes here (a standby, or read-only by default)"
+        missing = conn.execute(_MISSING_PRIVILEGES_SQL, {"tables": tables}).scalars().all()
+    if not missing:
+        return None
+    return (
+        f"the role in JOBS_DATABASE_URL may not write the job tables (missing "
+        f"{', '.join(missing[:4])}{', …' if len(missing) > 4 else ''}): grant it SELECT, "
+        "INSERT, UPDATE and DELETE on them"
+    )
 
 
 def problems(settings: Settings, node_name: str | None) -> list[str]:
     """Every reason this worker would fail every job: :func:`node_name_problem`, then
-    :func:`schema_problem`."""
+    :func:`schema_problem` and :func:`write_problem` (none when the database cannot be
+    reached now)."""
     found = [] if node_name is None else [node_name_problem(node_name)]
-    found.append(schema_problem(settings))
+    engine = make_engine(settings.database_url, poolclass=NullPool)
+    try:
+        found.append(schema_problem(engine))
+        if found[-1] is None:
+            found.append(write_problem(engine))
+    except DBAPIError as err:
+        log.warning("schema not checked at start-up (database unreachable now): %s", err.orig)
+    finally:
+        engine.dispose()
     return [problem for problem in found if problem is not None]
 
 
