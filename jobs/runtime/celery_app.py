@@ -433,6 +433,28 @@ def _hand_back_on_shutdown(**_: Any) -> None:
         installed.shutting_down.set()
 
 
+@signals.worker_ready.connect
+def _hand_back_on_restart(**_: Any) -> None:
+    """SIGHUP: off a terminal, Celery restarts the worker (a warm stop, then it executes
+    itself again) without sending ``worker_shutting_down``, so running jobs were not handed
+    back: the restart waited for them to finish. Wrap Celery's handler so they are, as on
+    a warm shutdown. (On a terminal Celery installs none: SIGHUP is the terminal closing.)"""
+    installed = installed_on(current_app)
+    restart = signal.getsignal(signal.SIGHUP)
+    if installed is None or not callable(restart):
+        return
+    flag = installed.shutting_down
+
+    def hand_back_then_restart(signum: int, frame: Any) -> None:
+        flag.set()
+        restart(signum, frame)
+
+    try:
+        signal.signal(signal.SIGHUP, hand_back_then_restart)
+    except ValueError:  # not the main thread: leave Celery's handler as it is
+        log.warning("SIGHUP restarts this worker without handing running jobs back")
+
+
 @signals.worker_process_init.connect
 def _start_pool_child(**_: Any) -> None:
     """A prefork child arms its time-limit backstop, then takes its own liveness lock before
