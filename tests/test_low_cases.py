@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
+import threading
 import unicodedata
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +19,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.context import JobContext
 from jobs.core.db import make_engine
 from jobs.core.errors import InvalidInput, UnknownKind
 from jobs.core.registry import Registry
 from jobs.core.states import State
+from jobs.runtime.sweeper import run_forever
 from jobs.schema import upgrade
 from jobs.testing import perform_job
 from tests.conftest import PG_ADMIN_URL, private_pg_database
@@ -172,3 +178,85 @@ def test_a_read_only_role_is_one_line(tmp_path: Path) -> None:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{read_only.database}" WITH (FORCE)'))
                 conn.execute(text(f"DROP ROLE IF EXISTS {role}"))
     admin.dispose()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB file system (tmpfs) that a test can fill: needs root on Linux."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root on Linux")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        default_app().reset()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk is full; returns it (delete it to make room again)."""
+    filler = disk / "filler"
+    with filler.open("wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _use_data_dir(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    monkeypatch.setenv("JOBS_DATA_DIR", str(folder))
+    default_app().reset_settings()
+    default_app().reset()
+    default_app().use_doorbell(None)
+
+
+FULL_DISK: dict[str, Path] = {}
+
+
+@jobs.job("low_disk_fills", max_attempts=3)
+def low_disk_fills(ctx: JobContext) -> str:
+    ctx.step("first", lambda: 1)
+    filler = fill(FULL_DISK["disk"])
+    threading.Timer(1.0, filler.unlink).start()  # room again a second later
+    ctx.step("second", lambda: "x" * 300_000)
+    return "done"
+
+
+def test_a_full_disk_is_an_outage_not_the_jobs_failure(
+    tiny_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's "database or disk is full" counted as the job's own failure (an attempt
+    spent, the error recorded as the job's). It is the database failing to write: the
+    write is held, as through any outage, and lands once there is room."""
+    _use_data_dir(monkeypatch, tiny_disk)
+    FULL_DISK["disk"] = tiny_disk
+    job = perform_job("low_disk_fills", {})
+    assert (job.state, job.attempts, job.last_error) == (State.COMPLETED, 1, None)
+    assert [step.name for step in jobs.steps(job.id)] == ["first", "second"]
+
+
+def test_a_sweeper_on_a_full_disk_logs_one_line_a_pass(
+    tiny_disk: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each pass logged a traceback."""
+    _use_data_dir(monkeypatch, tiny_disk)
+    store = default_app().runtime.store
+    for number in range(20):
+        store.create("low_child", {"pad": "p" * 5000}, job_id=f"j{number}", max_attempts=3)
+        assert store.claim(f"j{number}", "gone", 0.01) is not None  # leases run out at once
+    filler = fill(tiny_disk)
+    settings = dataclasses.replace(default_app().settings, sweep_interval_seconds=0.2)
+    stop = threading.Event()
+    threading.Timer(1.5, stop.set).start()
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        run_forever(store, settings, default_app().runtime.ring_batch, stop=stop)
+    filler.unlink()
+    failed = [record for record in caplog.records if "pass failed" in record.getMessage()]
+    assert failed, [record.getMessage() for record in caplog.records]
+    assert all(record.exc_info is None for record in failed)
+    assert all("disk is full" in record.getMessage() for record in failed)
