@@ -92,26 +92,22 @@ def parse_instant(text: str, what: str) -> dt.datetime:
     return instant
 
 
-def read_inputs_file(source: TextIO, max_line_chars: int) -> list[dict[str, Any]]:
-    """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
-    is reported with its number and nothing is submitted. No line is read past
-    ``max_line_chars`` (one job's input limit), so an endless file (``/dev/zero``) ends
-    in one line, not in memory exhaustion."""
+def read_inputs_file(source: TextIO, limit: int) -> list[dict[str, Any]]:
+    """The inputs of a JSON-lines file, one object per non-blank line (the first bad line
+    named, nothing submitted). No line is read past ``limit`` characters: ``/dev/zero`` is
+    one line of error, not memory exhaustion."""
     inputs: list[dict[str, Any]] = []
     number = 0
     while True:
         try:
-            line = source.readline(max_line_chars + 1)
+            line = source.readline(limit + 1)
         except UnicodeDecodeError:
             raise InvalidInput(f"line {number + 1} is not valid UTF-8 text") from None
         if not line:
             return inputs
         number += 1
-        if len(line.removesuffix("\n")) > max_line_chars:
-            raise InvalidInput(
-                f"line {number} is longer than {max_line_chars} characters, one job's "
-                "input limit (JOBS_MAX_INPUT_BYTES); nothing was submitted"
-            )
+        if len(line.removesuffix("\n")) > limit:
+            raise InvalidInput(f"line {number} is over {limit} characters (JOBS_MAX_INPUT_BYTES)")
         if not line.strip():
             continue
         if len(inputs) == MAX_SUBMIT_MANY:  # stop reading: the rest would be refused anyway
@@ -122,9 +118,8 @@ def read_inputs_file(source: TextIO, max_line_chars: int) -> list[dict[str, Any]
         try:
             inputs.append(parse_inputs(line))
         except InvalidInput as err:
-            raise InvalidInput(
-                f"line {number}: {str(err).replace('--input', 'the line')}"
-            ) from None
+            shown = str(err).replace("--input", "the line")
+            raise InvalidInput(f"line {number}: {shown}") from None
 
 
 @main.command()

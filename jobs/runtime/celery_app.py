@@ -52,6 +52,7 @@ from jobs.runtime.queues import (
     with_bands,
 )
 from jobs.runtime.shared_flag import SharedFlag
+from jobs.runtime.worker_signals import hand_back_before_restart
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
     from jobs.core.runner import RunResult
@@ -383,10 +384,8 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
 
 
 def refuse_at_start(settings: Settings, node_name: str | None) -> None:
-    """Exit in one line, before the worker says "ready", on what would fail every job: an
-    owner name that cannot be stored, a schema behind or ahead of the code
-    (:mod:`jobs.runtime.startup_checks`; loaded here so other processes that import the
-    app do not load SQLAlchemy)."""
+    """Exit in one line on what would fail every job (:mod:`.startup_checks`, loaded here
+    so that processes importing the app do not load SQLAlchemy)."""
     from jobs.runtime.startup_checks import refuse_what_fails_every_job  # noqa: PLC0415
 
     refuse_what_fails_every_job(settings, node_name)
@@ -435,24 +434,10 @@ def _hand_back_on_shutdown(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _hand_back_on_restart(**_: Any) -> None:
-    """SIGHUP: off a terminal, Celery restarts the worker (a warm stop, then it executes
-    itself again) without sending ``worker_shutting_down``, so running jobs were not handed
-    back: the restart waited for them to finish. Wrap Celery's handler so they are, as on
-    a warm shutdown. (On a terminal Celery installs none: SIGHUP is the terminal closing.)"""
+    """SIGHUP restarts a worker: hand its running jobs back first (:mod:`.worker_signals`)."""
     installed = installed_on(current_app)
-    restart = signal.getsignal(signal.SIGHUP)
-    if installed is None or not callable(restart):
-        return
-    flag = installed.shutting_down
-
-    def hand_back_then_restart(signum: int, frame: Any) -> None:
-        flag.set()
-        restart(signum, frame)
-
-    try:
-        signal.signal(signal.SIGHUP, hand_back_then_restart)
-    except ValueError:  # not the main thread: leave Celery's handler as it is
-        log.warning("SIGHUP restarts this worker without handing running jobs back")
+    if installed is not None:
+        hand_back_before_restart(installed.shutting_down)
 
 
 @signals.worker_process_init.connect
