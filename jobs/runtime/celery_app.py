@@ -338,7 +338,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if installed is None:
         return
     _load_kinds(celery, installed)
-    refuse_at_start(installed.host.settings, getattr(sender, "hostname", None))
+    refuse_at_start(installed.host, getattr(sender, "hostname", None))
     warn_about_the_pool(sender, installed.host.settings)
     _preload_for_the_pool(installed.host.settings)
 
@@ -383,12 +383,12 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
         )
 
 
-def refuse_at_start(settings: Settings, node_name: str | None) -> None:
+def refuse_at_start(host: JobsHost, node_name: str | None) -> None:
     """Exit in one line on what would fail every job (:mod:`.startup_checks`, loaded here
     so that processes importing the app do not load SQLAlchemy)."""
     from jobs.runtime.startup_checks import refuse_what_fails_every_job  # noqa: PLC0415
 
-    refuse_what_fails_every_job(settings, node_name)
+    refuse_what_fails_every_job(host.settings, node_name, host.runtime.pooled)
 
 
 SOLO_POOL_WARNING = (

@@ -79,12 +79,12 @@ def write_problem(engine: Engine) -> str | None:
     )
 
 
-def problems(settings: Settings, node_name: str | None) -> list[str]:
+def problems(settings: Settings, node_name: str | None, pooled: bool = False) -> list[str]:
     """Every reason this worker would fail every job: :func:`node_name_problem`, then
     :func:`schema_problem` and :func:`write_problem` (none when the database cannot be
-    reached now)."""
+    reached now; ``pooled``: it is reached through a pooler, as the runtime decides)."""
     found = [] if node_name is None else [node_name_problem(node_name)]
-    engine = make_engine(settings.database_url, poolclass=NullPool)
+    engine = make_engine(settings.database_url, pooled=pooled, poolclass=NullPool)
     try:
         found.append(schema_problem(engine))
         if found[-1] is None:
@@ -96,11 +96,13 @@ def problems(settings: Settings, node_name: str | None) -> list[str]:
     return [problem for problem in found if problem is not None]
 
 
-def refuse_what_fails_every_job(settings: Settings, node_name: str | None) -> None:
+def refuse_what_fails_every_job(
+    settings: Settings, node_name: str | None, pooled: bool = False
+) -> None:
     """Log each of :func:`problems` on one line and exit with status 1 (Celery swallows
     an exception from a signal handler, not SystemExit)."""
     try:
-        found = problems(settings, node_name)
+        found = problems(settings, node_name, pooled)
     except SettingsError as err:
         found = [str(err)]
     for problem in found:
