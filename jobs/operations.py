@@ -176,6 +176,8 @@ class JobOperations:
         or none), and caller-chosen ``job_ids`` are idempotent one by one."""
         if isinstance(inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per job")
+        if isinstance(job_ids, str | bytes | dict):  # a str is a sequence of one-letter IDs
+            raise InvalidInput("job_ids must be a list of job IDs, one per input, not one string")
         if job_ids is not None and len(job_ids) != len(inputs):
             raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
         if len(inputs) > MAX_SUBMIT_MANY:  # one transaction holds SQLite's write lock throughout

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import re
+import unicodedata
 from typing import Any
 
 from jobs.core.errors import InvalidInput, UnknownJob
@@ -300,6 +301,12 @@ def check_user_job_id(value: object) -> None:
     """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form
     and not of a child's (no ``.``, not a child's digest)."""
     check_name(value, "job id")
+    if not unicodedata.is_normalized("NFC", str(value)):
+        raise InvalidInput(
+            f"job id {value!r} is not in Unicode NFC form: write it as "
+            f"{unicodedata.normalize('NFC', str(value))!r} (its other spellings look the "
+            "same, so an ID has one)"
+        )
     text = str(value)
     if TICK_ID.fullmatch(text):
         raise InvalidInput(

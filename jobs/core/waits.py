@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
 from jobs.core.signatures import KindRef, Signature, kind_name, one_kind
 from jobs.core.states import State
-from jobs.core.validate import CHILD_SEPARATOR, NAME_LENGTH, check_name, check_timeout
+from jobs.core.validate import CHILD_SEPARATOR, NAME_LENGTH, check_timeout
 
 if TYPE_CHECKING:  # annotations only
     from jobs.core.outage import LeaseHold
@@ -102,6 +102,8 @@ class Workflow:
         def job_id(self) -> str: ...
 
         def _use(self, name: str) -> None: ...
+
+        def _storable_name(self, value: object, what: str) -> None: ...
 
         def check_lease(self) -> None: ...
 
@@ -194,7 +196,7 @@ class Workflow:
             priority = kind.priority if priority is None else priority
             queue = kind.queue if queue is None else queue
         child_kind = kind_name(kind.kind if isinstance(kind, Signature) else kind)
-        check_name(key, "spawn key")
+        self._storable_name(key, "spawn key")
         name = f"spawn:{key}"
         done, recorded = self._replay(name)
         if done:
@@ -223,7 +225,7 @@ class Workflow:
         ``spawn:<key>``; returns their IDs (``<parent id>.<key>.<index>``) in order.
         ``kind`` may instead be a list of signatures of one kind, with no ``inputs``."""
         child_kind, child_inputs = _fan_out(kind, inputs)
-        check_name(key, "spawn key")
+        self._storable_name(key, "spawn key")
         if isinstance(child_inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per child")
         name = f"spawn:{key}"
@@ -256,7 +258,7 @@ class Workflow:
         naming it and its error (catch it, or the attempt fails like any handler error)."""
         ids = list(child_ids)
         name = key or self._count("wait")
-        check_name(name, "wait key")
+        self._storable_name(name, "wait key")
         done, recorded = self._replay(name)
         if done:
             results: list[Any] = recorded["results"]
@@ -314,11 +316,11 @@ class Workflow:
         An event sent before this call is kept and consumed here, once. With ``timeout``
         (seconds, on the database clock) the sweeper ends the wait then, and this call
         raises :class:`jobs.EventTimedOut`."""
-        check_name(name, "event name")
+        self._storable_name(name, "event name")
         if timeout is not None:
             check_timeout(timeout, f"timeout of event {name!r}")
         step_name = key or self._count(f"event:{name}")
-        check_name(step_name, "event key")
+        self._storable_name(step_name, "event key")
         done, recorded = self._replay(step_name)
         if done:
             if isinstance(recorded, dict) and recorded.get(TIMED_OUT):
