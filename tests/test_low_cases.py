@@ -29,7 +29,7 @@ from jobs.core.states import State
 from jobs.runtime.sweeper import run_forever
 from jobs.schema import upgrade
 from jobs.testing import perform_job
-from tests.conftest import PG_ADMIN_URL, private_pg_database
+from tests.conftest import AMQP_URL, PG_ADMIN_URL, private_pg_database
 from tests.test_startup_checks import refused, start_worker
 
 
@@ -158,6 +158,7 @@ def test_a_read_only_role_is_one_line(tmp_path: Path) -> None:
             read_only = make_url(url).set(username=role, password="pw")
             env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
             env["JOBS_DATABASE_URL"] = read_only.render_as_string(hide_password=False)
+            env["JOBS_BROKER_URL"] = AMQP_URL  # a server database needs a real broker
             env["JOBS_DATA_DIR"] = str(tmp_path)
             done = subprocess.run(
                 [sys.executable, "-m", "jobs", "cancel", "some-job"],

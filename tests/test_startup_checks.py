@@ -19,7 +19,7 @@ from jobs.core.models import SCHEMA_REVISION
 from jobs.core.settings import from_env
 from jobs.core.store import JobStore
 from jobs.schema import alembic_config, known_revisions, upgrade
-from tests.conftest import private_pg_database
+from tests.conftest import AMQP_URL, private_pg_database
 
 
 @pytest.mark.postgres
@@ -59,6 +59,7 @@ def _worker_env(tmp_path: Path, database_url: str | None = None) -> dict[str, st
     env["JOBS_DATA_DIR"] = str(tmp_path / "data")
     if database_url is not None:
         env["JOBS_DATABASE_URL"] = database_url
+        env["JOBS_BROKER_URL"] = AMQP_URL  # a server database needs a real broker
     return env
 
 
