@@ -176,6 +176,8 @@ class JobOperations:
         or none), and caller-chosen ``job_ids`` are idempotent one by one."""
         if isinstance(inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per job")
+        if isinstance(job_ids, str | bytes | dict):  # a str is a sequence of one-letter IDs
+            raise InvalidInput("job_ids must be a list of job IDs, one per input, not one string")
         if job_ids is not None and len(job_ids) != len(inputs):
             raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
         if len(inputs) > MAX_SUBMIT_MANY:  # one transaction holds SQLite's write lock throughout
@@ -201,14 +203,21 @@ class JobOperations:
             return self._insert(job_kind, rows, joined)
 
     def check_submit(
-        self, kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1
+        self,
+        kind: str,
+        inputs: dict[str, Any] | None = None,
+        *,
+        count: int = 1,
+        job_id: str | None = None,
     ) -> None:
         """Raise now what submitting ``count`` such jobs would raise
         (:class:`jobs.InvalidInput`, :class:`jobs.UnknownKind`, :class:`jobs.AdmissionRefused`
-        for a full queue) and write nothing. For a submit made after the caller's commit
-        (``submit_on_commit`` in ``jobs.contrib``): a refusal found here can still roll the
-        caller's work back. The queue may fill up between the check and the submit."""
-        job_kind, _row = self._prepare(kind, inputs, None, SubmitOptions(), 0, None)
+        for a full queue) and write nothing; with ``job_id``, its caller-chosen ID is
+        checked too (one reserved for schedule ticks or child jobs is refused). For a submit
+        made after the caller's commit (``submit_on_commit`` in ``jobs.contrib``): a refusal
+        found here can still roll the caller's work back. The queue may fill up between the
+        check and the submit."""
+        job_kind, _row = self._prepare(kind, inputs, job_id, SubmitOptions(), 0, None)
         runtime = self.runtime
         runtime.seed_limits([job_kind])
         runtime.store.check_admission(kind, count)

@@ -575,3 +575,23 @@ def test_the_admin_list_reads_no_inputs_or_results(shop: Doorbell) -> None:
     assert listing.status_code == 200
     print(f"admin list: {len(listing.content)} bytes, peak allocation {peak / 2**20:.1f} MiB")
     assert peak < 10 * 2**20
+
+
+def test_submit_on_commit_refuses_a_reserved_job_id_before_the_commit(shop: Doorbell) -> None:
+    """A caller-chosen ID of a child's form (or a tick's) is refused while the view can
+    still roll back, not after its commit, when the refusal could only be logged."""
+    from django.db import transaction  # noqa: PLC0415
+
+    import jobs.contrib.django  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    for reserved in ("order-1.charge", "report@2030-01-01T00:00:00Z"):
+        with (
+            pytest.raises(jobs.InvalidInput, match="reserved"),
+            transaction.atomic(using=ROUTER.alias),
+        ):
+            jobs.contrib.django.submit_on_commit(
+                KIND, {"order_id": 1}, using=ROUTER.alias, job_id=reserved
+            )
+        with pytest.raises(jobs.UnknownJob):
+            jobs.get(reserved)

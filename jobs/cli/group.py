@@ -13,14 +13,24 @@ import click
 from jobs.cli.app_settings import read_the_app_settings
 from jobs.core.errors import JobError
 
+# SQLSTATEs of a role that may not write here: insufficient_privilege (a read-only role)
+# and read_only_sql_transaction (a standby, default_transaction_read_only).
+NOT_ALLOWED_TO_WRITE = frozenset({"42501", "25006"})
+
 
 def _is_database_error(err: Exception) -> bool:
-    """An unreachable or misnamed database is a set-up mistake too. SQLAlchemy is only
-    consulted if a command loaded it (``--help`` must not pay for importing it)."""
+    """An unreachable or misnamed database, or a role that may not write the job tables, is
+    a set-up mistake too. SQLAlchemy is only consulted if a command loaded it (``--help``
+    must not pay for importing it)."""
     exc = sys.modules.get("sqlalchemy.exc")
-    return exc is not None and isinstance(
-        err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError)
-    )
+    if exc is None:
+        return False
+    if (
+        isinstance(err, exc.DBAPIError)
+        and getattr(err.orig, "sqlstate", None) in NOT_ALLOWED_TO_WRITE
+    ):
+        return True
+    return isinstance(err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError))
 
 
 # How libpq lists each host it tried when every one of a host list failed.
@@ -32,6 +42,12 @@ def _database_failure(err: Exception) -> click.ClickException:
     (libpq's own first line names only the last)."""
     orig = getattr(err, "orig", None)
     detail = str(orig if orig is not None else err).strip().splitlines()
+    if getattr(orig, "sqlstate", None) in NOT_ALLOWED_TO_WRITE:
+        first = detail[0] if detail else type(err).__name__
+        return click.ClickException(
+            f"database error: {first} (the role in JOBS_DATABASE_URL needs SELECT, INSERT, "
+            "UPDATE and DELETE on the job tables, on a server that accepts writes)"
+        )
     tried = [found.groups() for found in map(_TRIED.match, detail) if found is not None]
     if len(tried) > 1:
         hosts = "; ".join(f"{host}:{port}: {why.strip()}" for host, port, why in tried)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -172,6 +174,17 @@ def demo(job_id: str, timeout: float) -> None:
         raise SystemExit(1)
 
 
+def refuse_spaced_values(flower_args: Sequence[str]) -> None:
+    """Flower (Tornado) reads its options only as ``--name=value``: ``--port 5555`` ended
+    in a Tornado traceback. Say how to write it instead."""
+    for option, following in itertools.pairwise(flower_args):
+        if option.startswith("--") and "=" not in option and not following.startswith("-"):
+            raise click.ClickException(
+                f"Flower takes its options as --name=value: write {option}={following} "
+                f"instead of {option} {following}"
+            )
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option(
     "--basic-auth",
@@ -198,6 +211,7 @@ def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[st
             "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
             "--insecure-no-auth starts it without credentials"
         )
+    refuse_spaced_values(flower_args)
     flower_options = []
     if basic_auth is not None:
         pairs = [pair.strip() for pair in basic_auth.split(",")]

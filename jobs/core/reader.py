@@ -530,14 +530,20 @@ def filtered(where: JobFilter) -> builtins.list[ColumnElement[bool]]:
     if where.since is not None:
         conditions.append(JobsTable.updated_at >= where.since)
     if where.error_like is not None:
-        pattern = where.error_like if "%" in where.error_like else f"%{where.error_like}%"
-        conditions.append(JobsTable.last_error.ilike(pattern))
+        conditions.append(JobsTable.last_error.ilike(contains(where.error_like), escape="\\"))
     if where.queue is not None:
         named = JobsTable.queue == where.queue
         if where.queue == where.default_queue:  # a job that names no queue goes there too
             named = or_(named, JobsTable.queue.is_(None))
         conditions.append(named)
     return conditions
+
+
+def contains(text: str) -> str:
+    """A ``LIKE`` pattern (with ``ESCAPE '\\'``) matching ``text`` anywhere, literally: its
+    ``%``, ``_`` and ``\\`` escaped, so they mean the same on SQLite and PostgreSQL."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def without_priority(by_priority: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], int]:

@@ -54,6 +54,7 @@ from jobs.runtime.queues import (
     with_bands,
 )
 from jobs.runtime.shared_flag import SharedFlag
+from jobs.runtime.worker_signals import hand_back_before_restart
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
     from jobs.core.runner import RunResult
@@ -382,6 +383,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if installed is None:
         return
     _load_kinds(celery, installed)
+    refuse_at_start(installed.host, getattr(sender, "hostname", None))
     settings = installed.host.settings
     warn_about_the_pool(sender, settings)
     consumed = list(getattr(celery.amqp.queues, "consume_from", None) or ())
@@ -439,6 +441,14 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
         )
 
 
+def refuse_at_start(host: JobsHost, node_name: str | None) -> None:
+    """Exit in one line on what would fail every job (:mod:`.startup_checks`, loaded here
+    so that processes importing the app do not load SQLAlchemy)."""
+    from jobs.runtime.startup_checks import refuse_what_fails_every_job  # noqa: PLC0415
+
+    refuse_what_fails_every_job(host.settings, node_name, host.runtime.pooled)
+
+
 SOLO_POOL_WARNING = (
     "the solo pool stalls for up to 2 s between deliveries with late acknowledgement "
     "(Celery 5.7 and RabbitMQ: measured 35 one-step jobs in 9 s, against 3,000 with "
@@ -462,6 +472,14 @@ def _hand_back_on_shutdown(**_: Any) -> None:
     if installed is not None:
         log.info("warm shutdown: running jobs will be handed back at their next step")
         installed.shutting_down.set()
+
+
+@signals.worker_ready.connect
+def _hand_back_on_restart(**_: Any) -> None:
+    """SIGHUP restarts a worker: hand its running jobs back first (:mod:`.worker_signals`)."""
+    installed = installed_on(current_app)
+    if installed is not None:
+        hand_back_before_restart(installed.shutting_down)
 
 
 @signals.worker_process_init.connect

@@ -131,7 +131,8 @@ def owner_alive(store: JobStore, liveness_key: int | None) -> bool | None:
     if store.engine.dialect.name == "postgresql":
         return liveness_key in liveness.held_keys(store.engine)
     if store.engine.dialect.name == "sqlite":
-        return liveness.process_alive(liveness_key)
+        pid = liveness.pid_of_key(liveness_key)  # None: another host or PID namespace
+        return None if pid is None else liveness.process_alive(pid)
     return None
 
 

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
+from jobs.core.outage import first_line, is_disconnect
 from jobs.core.records import Doorbell, Job, RingBatch, in_batches
 from jobs.core.settings import Settings
 from jobs.core.states import State
@@ -220,8 +221,15 @@ def run_forever(
             report = sweep_once(store, settings, ring_batch, waiting, watch, announce)
             if report:
                 log.info("sweeper: %s", report)
-        except Exception:  # the database may be restarting: try again next pass
-            log.exception(
-                "sweeper: pass failed; next try in %.1fs", settings.sweep_interval_seconds
-            )
+        except Exception as err:  # the database may be restarting: try again next pass
+            if is_disconnect(err):  # unreachable, or its disk full: one line, no traceback
+                log.warning(
+                    "sweeper: pass failed (%s); next try in %.1fs",
+                    first_line(err),
+                    settings.sweep_interval_seconds,
+                )
+            else:
+                log.exception(
+                    "sweeper: pass failed; next try in %.1fs", settings.sweep_interval_seconds
+                )
         stop.wait(settings.sweep_interval_seconds)

@@ -116,7 +116,7 @@ def submit_on_commit(
     chosen now. The risk: the queue may fill up, or the process die, between the commit
     and the submit; the saved data then has no job (logged, never raised into the
     commit)."""
-    api.check_submit(kind, inputs)
+    api.check_submit(kind, inputs, job_id=job_id)
     chosen = job_id or api.new_job_id()
     transaction.on_commit(
         lambda: api.submit(kind, inputs, job_id=chosen, **options),

@@ -15,7 +15,7 @@ from jobs.core.errors import InvalidInput
 from jobs.core.page_reads import ChildSummary, JobSummary, Page, StepPreview
 from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
-from jobs.core.validate import MAX_LIST_LIMIT, printable
+from jobs.core.validate import MAX_LIST_LIMIT, check_error_pattern, printable
 from jobs.runtime.explain import Explanation, explain
 from jobs.runtime.job_pages import (
     JOB_VALUES,
@@ -113,8 +113,8 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     if state and state not in {s.value for s in State}:
         raise InvalidInput(f"unknown state {printable(state[:40])!r}")
     error_like = filters.error_like.strip()
-    if error_like and not error_like.strip("% "):
-        raise InvalidInput("error contains needs some text to match, not only % or blanks")
+    if error_like:
+        check_error_pattern(error_like, "error contains")
     text = filters.limit.strip()
     if text and (not text.isascii() or not text.isdigit() or len(text) > 6):
         raise InvalidInput(f"limit {printable(text[:40])!r} is not a whole number")
