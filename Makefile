@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with Python 3.11+:
 #   make demo   - the T-42 crash-and-resume story on the embedded default (SQLite + filesystem broker)
-#   make test   - ruff, mypy --strict and the whole test-suite (PostgreSQL and RabbitMQ tests included)
+#   make test   - ruff, mypy --strict, the strict docs build and the whole test-suite (PostgreSQL and RabbitMQ tests included)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -30,7 +30,7 @@ lint: install
 
 # Two test processes (pytest-xdist; one test file stays in one process), then the tests that
 # must run alone: they stop or reconfigure the shared RabbitMQ every other test uses.
-test: lint
+test: lint docs
 	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"
 	$(PY) -m pytest -m serial
 
