@@ -168,3 +168,17 @@ def test_the_quickstart_completes_a_users_own_job_in_a_fresh_folder(tmp_path: Pa
     worker_b = (tmp_path / "worker-b.log").read_text()
     assert "replayed ['fetch_order']" in worker_b
     assert "fetching order 43" not in worker_b  # the recorded step did not run again
+
+
+def test_every_python_block_on_every_page_is_python() -> None:
+    blocks = 0
+    for path in sorted(DOCS.rglob("*.md")):
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
+            blocks += 1
+            if block.startswith("--8<--"):  # an included file, compiled where it lives
+                continue
+            try:
+                compile(block, str(path), "exec")
+            except SyntaxError as err:
+                pytest.fail(f"{path.relative_to(ROOT)}: {err.msg}: {err.text}")
+    assert blocks >= 15
