@@ -32,7 +32,9 @@ SETTING_MEANINGS = {
         "standbys: libpq's host list, `postgresql://u:…@db1:5432,db2:5432/jobs?"
         "target_session_attrs=read-write` or `…/jobs?host=db1,db2&port=5432,5432&"
         "target_session_attrs=read-write` (every host and port checked; see "
-        "[PostgreSQL](../operations/postgresql.md))"
+        "[PostgreSQL](../operations/postgresql.md)). The URL's own `options=` (or libpq's "
+        "`PGOPTIONS`), e.g. `?options=-csearch_path%3Dtenant_a` for one tenant's schema, is "
+        "kept: the session time-outs are added before it, so a setting it names wins"
     ),
     "BROKER_URL": (
         "`amqp://…` for RabbitMQ (`amqp`, `amqps`, `pyamqp`, `filesystem`, `memory` only); the "
@@ -89,7 +91,10 @@ SETTING_MEANINGS = {
     "LIVENESS_DATABASE_URL": (
         "a direct PostgreSQL URL for the workers' liveness locks when `JOBS_DATABASE_URL` "
         "goes through PgBouncer in transaction mode (see "
-        "[PostgreSQL](../operations/postgresql.md))"
+        "[PostgreSQL](../operations/postgresql.md)). It must reach the jobs' own database on "
+        "the same server: one that lands on another database or server (where the sweeper "
+        "cannot see the locks) turns liveness off, with one log line, and dead workers' jobs "
+        "are recovered by their lease"
     ),
     "RETENTION_DAYS": (
         "finished jobs older than this are deleted by the sweeper; `none` keeps them"
