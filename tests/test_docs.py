@@ -116,8 +116,12 @@ def test_the_strict_build_passes_and_its_pages_list_everything(tmp_path: Path) -
         assert f"JOBS_{name}" in page("reference/settings")
     for reason in gen_reference.explain_reasons():
         assert f"<code>{reason}</code>" in page("reference/explain")
-    for name, *_ in gen_reference.metrics():
+    for name, kind, *_ in gen_reference.metrics():
         assert name in page("reference/metrics")
+        exported = f"{name}_total" if kind == "counter" else name
+        assert f"<code>{exported}{{" in page("operations/monitoring") or (
+            f"<code>{exported}</code>" in page("operations/monitoring")
+        ), f"{exported} is not on the monitoring page"
     api = page("reference/api")
     for name in ("submit", "approve", "JobContext", "JobError", "job"):
         assert f'id="jobs.{name}"' in api
