@@ -186,3 +186,44 @@ def test_every_python_block_on_every_page_is_python() -> None:
             except SyntaxError as err:
                 pytest.fail(f"{path.relative_to(ROOT)}: {err.msg}: {err.text}")
     assert blocks >= 15
+
+
+def _short_readme() -> Path:
+    """The README once it is the short one, else the proposal waiting to replace it."""
+    readme = ROOT / "README.md"
+    return readme if len(readme.read_text().splitlines()) <= 200 else DOCS / "README-short.md"
+
+
+@pytest.mark.acceptance
+@pytest.mark.slow
+def test_the_short_readmes_first_job_completes_in_a_fresh_folder(tmp_path: Path) -> None:
+    text = _short_readme().read_text()
+    assert len(text.splitlines()) <= 200
+    python = re.search(r"```python\n# shop_jobs.py\n(.*?)```", text, re.S)
+    shell = re.search(r"```sh\n(export JOBS_IMPORTS=.*?)```", text, re.S)
+    assert python is not None
+    assert shell is not None
+    (tmp_path / "shop_jobs.py").write_text(python.group(1))
+    script = f"set -eu\n{shell.group(1)}".replace(
+        "jobctl submit receipt --input '{\"order_id\": 42}' --wait",
+        "jobctl submit receipt --input '{\"order_id\": 42}' --wait --timeout 120",
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("JOBS_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    log = tmp_path / "output.log"
+    with log.open("w") as sink:  # a file, not a pipe: the worker and sweeper keep it open
+        process = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=180)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)  # the worker and sweeper it left running
+    output = log.read_text()
+    assert process.returncode == 0, output
+    assert '{"sent": "receipt for order 42"}' in output
