@@ -1,22 +1,27 @@
 # Two commands do all set-up on a fresh machine with Python 3.11+:
 #   make demo   - the T-42 crash-and-resume story on the embedded default (SQLite + filesystem broker)
-#   make test   - ruff, mypy --strict and the whole test-suite (PostgreSQL and RabbitMQ tests included)
+#   make test   - ruff, mypy --strict, the strict docs build and the whole test-suite (PostgreSQL and RabbitMQ tests included)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast lint bench chaos clean
+.PHONY: install demo test test-fast lint docs bench chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[dev,docs]' --config-settings editable_mode=compat
 	touch $@
 
 install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/jobctl demo
+
+# The documentation site into site/ (mkdocs.yml, docs/): --strict fails on any warning,
+# a broken link or anchor, or a generated reference table missing something the code defines.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: install
 	$(PY) -m ruff check .
@@ -25,7 +30,7 @@ lint: install
 
 # Two test processes (pytest-xdist; one test file stays in one process), then the tests that
 # must run alone: they stop or reconfigure the shared RabbitMQ every other test uses.
-test: lint
+test: lint docs
 	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"
 	$(PY) -m pytest -m serial
 
@@ -48,4 +53,4 @@ chaos: install
 		$(PY) -m pytest -q -s -p no:randomly tests/acceptance/test_chaos.py
 
 clean:
-	rm -rf $(VENV) jobs-data .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) site jobs-data .pytest_cache .mypy_cache .ruff_cache .hypothesis

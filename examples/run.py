@@ -1,13 +1,13 @@
-"""One command for an example shop: its worker and its web app, together.
+"""One command for an example shop: its worker, its sweeper and its web app, together.
 
     python examples/run.py django [--port 8000]   # or: make shop-django
     python examples/run.py flask  [--port 5000]   # or: make shop-flask
 
-Both processes get this environment: nothing set runs on the embedded default (a SQLite file
+The three processes get this environment: nothing set runs on the embedded default (a SQLite file
 and a folder broker under the example's ``jobs-data/``); ``SHOP_DATABASE_URL=postgresql://…``
 and ``JOBS_BROKER_URL=amqp://…`` put the shop on PostgreSQL and RabbitMQ. The Django shop is
 migrated first (which also brings the job tables to head); the Flask shop's tables are created
-first (``flask --app shop_flask init-db``). Ctrl-C or SIGTERM stops both.
+first (``flask --app shop_flask init-db``). Ctrl-C or SIGTERM stops all three.
 """
 
 from __future__ import annotations
@@ -25,14 +25,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def commands(shop: str, port: int) -> tuple[Path, list[list[str]], list[str]]:
-    """(folder, set-up commands, [worker, web]) of a shop."""
+    """(folder, set-up commands, [worker, sweeper, web]) of a shop."""
     python = sys.executable
     if shop == "django":
         manage = [python, "manage.py"]
         return (
             HERE / "django",
             [[*manage, "migrate", "--verbosity", "0"]],
-            [[*manage, "jobs_worker"], [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"]],
+            [
+                [*manage, "jobs_worker"],
+                [*manage, "jobs_sweeper"],
+                [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+            ],
         )
     flask = [python, "-m", "flask", "--app", "shop_flask"]
     return (
@@ -42,6 +46,7 @@ def commands(shop: str, port: int) -> tuple[Path, list[list[str]], list[str]]:
         [[*flask, "init-db"]],
         [
             [*flask, "jobs", "worker"],
+            [*flask, "jobs", "sweeper"],
             [*flask, "run", "--port", str(port)],
         ],
     )
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="the web app's port (8000 / 5000)")
     args = parser.parse_args(argv)
     port = args.port or (8000 if args.shop == "django" else 5000)
-    folder, setup, (worker_argv, web_argv) = commands(args.shop, port)
+    folder, setup, processes = commands(args.shop, port)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
     for command in setup:
@@ -61,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"examples/run.py: {' '.join(command[1:])} failed", file=sys.stderr)
             return 1
     children = [
-        subprocess.Popen(argv, cwd=folder, env=env, start_new_session=True)
-        for argv in (worker_argv, web_argv)
+        subprocess.Popen(argv, cwd=folder, env=env, start_new_session=True) for argv in processes
     ]
     stopping = False
 

@@ -1,6 +1,6 @@
 """``make shop-flask`` / ``make shop-django`` (``examples/run.py``): one command starts a shop's
-worker and web app, an order placed over HTTP is checked by the worker, and SIGTERM stops both
-(embedded default; the shops themselves are tested in depth in test_web_examples.py)."""
+worker, sweeper and web app, an order placed over HTTP is checked by the worker, and SIGTERM
+stops all (embedded default; the shops themselves are tested in depth in test_web_examples.py)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def test_one_command_runs_a_shop_and_stops_it(shop: str, tmp_path: Path) -> None
             "the worker to check the order",
         )
         family = psutil.Process(runner.pid).children(recursive=True)
-        assert len(family) >= 2  # the worker (and its pool) and the web app
+        assert len(family) >= 3  # the worker (and its pool), the sweeper and the web app
+        commands = [" ".join(process.cmdline()) for process in family]
+        assert any("sweeper" in command for command in commands), commands
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=30) == 0
         time.sleep(0.5)

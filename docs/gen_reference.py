@@ -1,0 +1,314 @@
+"""Reference tables generated from the code, for the documentation site.
+
+Each ``*_table`` function returns Markdown built from what the code defines (the settings'
+names and defaults, the state table, the explain reason codes, the metrics, the error
+classes), so a reference page cannot leave one out. ``docs/hooks.py`` puts each table where
+a page says ``<!-- gen:NAME -->``; ``tests/test_docs.py`` checks every table is complete.
+Descriptions the code does not carry (a setting's meaning, a reason's meaning) live in the
+dictionaries below: a name the code defines without one here is reported as missing, and
+``mkdocs build --strict`` fails on it.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import jobs.core.errors as errors_module
+from jobs.core import settings as settings_module
+from jobs.core.states import TERMINAL, TRANSITIONS, State
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETTING_MEANINGS = {
+    "DATABASE_URL": (
+        "`sqlite:///…` or `postgresql://…` (psycopg 3; other drivers refused). In-memory SQLite "
+        "is refused (every job would vanish with the process), and so is a SQLite path whose "
+        "folder does not exist (a typo would silently start an empty database). A primary with "
+        "standbys: libpq's host list, `postgresql://u:…@db1:5432,db2:5432/jobs?"
+        "target_session_attrs=read-write` or `…/jobs?host=db1,db2&port=5432,5432&"
+        "target_session_attrs=read-write` (every host and port checked; see "
+        "[PostgreSQL](../operations/postgresql.md)). The URL's own `options=` (or libpq's "
+        "`PGOPTIONS`), e.g. `?options=-csearch_path%3Dtenant_a` for one tenant's schema, is "
+        "kept: the session time-outs are added before it, so a setting it names wins"
+    ),
+    "BROKER_URL": (
+        "`amqp://…` for RabbitMQ (`amqp`, `amqps`, `pyamqp`, `filesystem`, `memory` only); the "
+        "embedded `filesystem://` keeps its messages under `$JOBS_DATA_DIR/broker`"
+    ),
+    "DATA_DIR": (
+        "the embedded database, broker folder and demo logs (must be a folder, not a file)"
+    ),
+    "LEASE_SECONDS": "a claim's lease (1 s to 1 day); renewed every third of it while the "
+    "handler runs",
+    "SWEEP_INTERVAL_SECONDS": "time between sweeper passes (0.05 s to 1 h)",
+    "RING_AGAIN_AFTER_SECONDS": (
+        "a QUEUED job rung this long ago and still unclaimed is rung again (1 s to 1 day; the "
+        "old name `JOBS_REDISPATCH_AFTER_SECONDS` is read as it, with a warning)"
+    ),
+    "HOLD_COMPLETION_SECONDS": (
+        "PostgreSQL workers: while a pool process is busy, a one-step job's completion is held "
+        "this long for the next claim to carry it in the same round trip (one round trip per "
+        "job), then sent alone; an idle process writes it at once; the job is COMPLETED only "
+        "once it commits, and a worker killed meanwhile leaves the job to be run again from its "
+        "last recorded step (see [Writes per job](../explanation/writes.md))"
+    ),
+    "DELIVERY_BUDGET_SECONDS": (
+        "one delivery stops at the next step boundary after this (see "
+        "[Long jobs](../explanation/long-jobs.md))"
+    ),
+    "IMPORTS": (
+        "comma-separated modules that define job kinds; a module that raises anything stops "
+        "`jobctl` with one line naming it, and stops `celery -A jobs.celery_app worker` with "
+        "one log line instead of starting with no kinds"
+    ),
+    "MAX_INPUT_BYTES": ("limit for inputs, step outputs and results (JSON bytes; at most 256 MiB)"),
+    "DEFAULT_MAX_ATTEMPTS": "when neither `submit` nor `@jobs.job` says (1 to 1000)",
+    "RETRY_BACKOFF_SECONDS": "the first retry's backoff after an error; it doubles per attempt",
+    "RETRY_BACKOFF_MAX_SECONDS": "the longest retry backoff",
+    "QUEUE": ("the Celery queue the doorbells go to, for kinds that name no `queue=` of their own"),
+    "QUEUE_TYPE": (
+        "`classic` (a priority queue) or `quorum` (replicated on a RabbitMQ cluster; "
+        "priorities 5 to 9 then use a second queue, `<JOBS_QUEUE>.high`, see "
+        "[Priorities](../guides/priorities.md)); every process declares the queues with it, so "
+        "set it everywhere alike (see [RabbitMQ](../operations/rabbitmq.md))"
+    ),
+    "DOORBELL_CONFIRMS": (
+        "RabbitMQ only. `background`: a publish returns once written, RabbitMQ's "
+        "confirmations are read at the next publish and by a watcher thread, and a doorbell "
+        "refused, unroutable, caught on a broken connection or unconfirmed for 30 s marks its "
+        "job unsent for the sweeper; `wait`: every publish waits for RabbitMQ's confirmation"
+    ),
+    "TASK_EVENTS": (
+        "`on`/`off`: Celery's task events (`worker_send_task_events`, `-E` on `jobctl "
+        "worker`), what Flower's task list, charts and task states are made of; Flower's Jobs "
+        "view (`/jobs`) reads the job table and needs none"
+    ),
+    "LIVENESS_DATABASE_URL": (
+        "a direct PostgreSQL URL for the workers' liveness locks when `JOBS_DATABASE_URL` "
+        "goes through PgBouncer in transaction mode (see "
+        "[PostgreSQL](../operations/postgresql.md)). It must reach the jobs' own database on "
+        "the same server: one that lands on another database or server (where the sweeper "
+        "cannot see the locks) turns liveness off, with one log line, and dead workers' jobs "
+        "are recovered by their lease"
+    ),
+    "RETENTION_DAYS": (
+        "finished jobs older than this are deleted by the sweeper; `none` keeps them"
+    ),
+    "METRICS_PORT": (
+        "the sweeper serves Prometheus metrics on this port (needs the `metrics` extra)"
+    ),
+    "CELERY_APP": (
+        "a project's own Celery app (`proj`, `proj.celery:app`) whose module calls "
+        "`jobs.contrib.celery.install(app)`: every process imports it and sends doorbells "
+        "through it (see [Your own Celery app](../guides/celery-app.md))"
+    ),
+    "TEST_POSTGRES_URL": "read by the test-suite and tools only: the PostgreSQL server to test on",
+    "TEST_AMQP_URL": "read by the test-suite and tools only: the RabbitMQ server to test on",
+}
+
+SETTING_DEFAULTS = {
+    "DATA_DIR": "`./jobs-data`",
+    "DATABASE_URL": "`sqlite:///$JOBS_DATA_DIR/jobs.sqlite3`",
+    "BROKER_URL": "`filesystem://`",
+}
+
+REASON_MEANINGS = {
+    "sleeping": "a durable timer: until when, which timer",
+    "not_due": "a retry's backoff or a start time: until when, and after which error",
+    "waiting_for_slot": "its kind's `max_running` is reached: n of m running",
+    "no_worker_on_queue": "no live worker consumes the job's queue",
+    "kind_unknown_to_workers": (
+        "the workers on its queue do not know its kind: they leave it QUEUED"
+    ),
+    "waiting_for_worker": "message sent, how long ago, the oldest due job's wait",
+    "not_claimed": (
+        "due for longer than `JOBS_RING_AGAIN_AFTER_SECONDS` with nothing running: check "
+        "that a sweeper runs and that workers consume its queue and know its kind"
+    ),
+    "message_lost": (
+        "sent longer than `JOBS_RING_AGAIN_AFTER_SECONDS` ago: the next sweep re-sends it"
+    ),
+    "not_sent": "its doorbell is not sent yet (or was lost): the next sweep sends it",
+    "waiting_approval": "since when, why",
+    "waiting_children": "parked until its children finish: how many are left",
+    "waiting_event": "parked until an event arrives (or its deadline passes)",
+    "running": "owner, alive or not, lease end",
+    "owner_dead": "its owner's process is gone: the next sweep re-queues it",
+    "lease_expired": "the next sweep re-queues it",
+    "failed": "after n of m attempts, with the error",
+    "completed": "finished",
+    "cancelled": "stopped by an operator (or its parent's cancel), with the reason",
+}
+
+Problems = list[str]
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell (reST roles and double backticks as Markdown)."""
+    text = re.sub(r":(?:class|func|data|mod|meth):`~?([^`]+)`", r"`\1`", text)
+    text = text.replace("``", "`")
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def setting_names() -> list[str]:
+    """Every ``JOBS_*`` name the settings module reads, in its own order."""
+    return sorted(settings_module.KNOWN, key=lambda name: (name.startswith("TEST_"), name))
+
+
+def _default(name: str) -> str:
+    if name in SETTING_DEFAULTS:
+        return SETTING_DEFAULTS[name]
+    fields = {field.name: field for field in dataclasses.fields(settings_module.Settings)}
+    field = fields.get(name.lower())
+    if field is None or field.default is dataclasses.MISSING:
+        return "(none)"
+    value = field.default
+    if value is None or value == ():
+        return "(none)"
+    if isinstance(value, bool):
+        return "`on`" if value else "`off`"
+    return f"`{value}`"
+
+
+def settings_table(problems: Problems) -> str:
+    """The ``JOBS_*`` settings: name, default, meaning."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name in setting_names():
+        meaning = SETTING_MEANINGS.get(name)
+        if meaning is None:
+            problems.append(f"setting JOBS_{name} has no meaning in docs/gen_reference.py")
+            meaning = ""
+        rows.append(f"| `JOBS_{name}` | {_default(name)} | {_cell(meaning)} |")
+    for old, new in settings_module.RENAMED.items():
+        rows.append(f"| `JOBS_{old}` | | the old name of `JOBS_{new}`, read as it with a warning |")
+    return "\n".join(rows)
+
+
+def states_table(problems: Problems) -> str:
+    """The states, and every transition with who makes it."""
+    lines = ["| state | final |", "| --- | --- |"]
+    for state in State:
+        lines.append(f"| `{state.value}` | {'yes' if state in TERMINAL else ''} |")
+    lines += ["", "| from | to | who makes the move |", "| --- | --- | --- |"]
+    for (source, target), who in TRANSITIONS.items():
+        origin = "(submit)" if source is None else f"`{source.value}`"
+        lines.append(f"| {origin} | `{target.value}` | {_cell(who)} |")
+    return "\n".join(lines)
+
+
+def explain_reasons() -> list[str]:
+    """Every reason code :func:`jobs.runtime.explain.explain` can give, read from its source:
+    the string first in a returned tuple, or assigned to ``reason``."""
+    tree = ast.parse((ROOT / "jobs" / "runtime" / "explain.py").read_text())
+    found: list[str] = []
+    for node in ast.walk(tree):
+        value: ast.expr | None = None
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+            value = node.value.elts[0] if node.value.elts else None
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "reason" for target in node.targets
+        ):
+            value = node.value
+        text = value.value if isinstance(value, ast.Constant) else None
+        if isinstance(text, str) and text not in found:
+            found.append(text)
+    return found
+
+
+def explain_table(problems: Problems) -> str:
+    """The reason codes of ``jobctl explain --json``."""
+    rows = ["| reason | what it means |", "| --- | --- |"]
+    for reason in explain_reasons():
+        meaning = REASON_MEANINGS.get(reason)
+        if meaning is None:
+            problems.append(f"explain reason {reason!r} has no meaning in docs/gen_reference.py")
+            meaning = ""
+        rows.append(f"| `{reason}` | {_cell(meaning)} |")
+    for reason in REASON_MEANINGS:
+        if reason not in explain_reasons():
+            problems.append(f"explain reason {reason!r} is documented but not in the code")
+    return "\n".join(rows)
+
+
+METRIC_CALLS = {
+    "Counter": "counter",
+    "CounterMetricFamily": "counter",
+    "Histogram": "histogram",
+    "GaugeMetricFamily": "gauge",
+    "Gauge": "gauge",
+}
+
+
+def metrics() -> list[tuple[str, str, str, list[str]]]:
+    """Every metric :mod:`jobs.runtime.metrics` defines: (name, type, help, labels), read
+    from its source (the first two string arguments of each metric's constructor)."""
+    tree = ast.parse((ROOT / "jobs" / "runtime" / "metrics.py").read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if called not in METRIC_CALLS or len(node.args) < 2:
+            continue
+        name, doc = node.args[0], node.args[1]
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+            continue
+        text = ast.literal_eval(doc) if isinstance(doc, ast.Constant | ast.JoinedStr) else ""
+        labels: list[str] = []
+        for candidate in [*node.args[2:], *(keyword.value for keyword in node.keywords)]:
+            if isinstance(candidate, ast.List) and all(
+                isinstance(item, ast.Constant) for item in candidate.elts
+            ):
+                labels = [str(ast.literal_eval(item)) for item in candidate.elts]
+        found.append((name.value, METRIC_CALLS[called], str(text), labels))
+    return found
+
+
+def metrics_table(problems: Problems) -> str:
+    """The Prometheus metrics: name as exported, type, labels, help."""
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for name, kind, text, labels in metrics():
+        exported = f"{name}_total" if kind == "counter" and not name.endswith("_total") else name
+        if not text:
+            problems.append(f"metric {name} has no help text")
+        shown = ", ".join(f"`{label}`" for label in labels)
+        rows.append(f"| `{exported}` | {kind} | {shown} | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def error_classes() -> list[type[Exception]]:
+    """Every error class of :mod:`jobs.core.errors`, base first."""
+    return [
+        value
+        for _, value in inspect.getmembers(errors_module, inspect.isclass)
+        if issubclass(value, Exception) and value.__module__ == errors_module.__name__
+    ]
+
+
+def errors_table(problems: Problems) -> str:
+    """The error classes, each under :class:`jobs.JobError`."""
+    rows = ["| error | is a | when |", "| --- | --- | --- |"]
+    for error in sorted(
+        error_classes(), key=lambda cls: (cls is not errors_module.JobError, cls.__name__)
+    ):
+        doc = inspect.getdoc(error) or ""
+        if not doc:
+            problems.append(f"error {error.__name__} has no docstring")
+        base = error.__mro__[1].__name__
+        rows.append(f"| `jobs.{error.__name__}` | `{base}` | {_cell(doc)} |")
+    return "\n".join(rows)
+
+
+TABLES: dict[str, Callable[[Problems], str]] = {
+    "settings": settings_table,
+    "states": states_table,
+    "explain": explain_table,
+    "metrics": metrics_table,
+    "errors": errors_table,
+}
