@@ -36,6 +36,7 @@ from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, Transitions
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import completion_ended, hold, holds_now
+from jobs.core.store.flights import flies, move_in_flight
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
@@ -281,7 +282,10 @@ class Ownership:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
         In a worker that holds completions (:mod:`jobs.core.store.deferred`) and is busy,
         the move of a job without a parent, of a kind without a running limit, is held for
-        the next flight, and the job returned is the claimed one (still RUNNING)."""
+        the next flight, and the job returned is the claimed one (still RUNNING). In a
+        worker whose jobs share the process, it is committed before this returns, in a
+        flight shared with the completions of the jobs beside it
+        (:mod:`jobs.core.store.flights`)."""
         encode_json(result, "result", self.max_payload_bytes)
         if claim.job.parent_id is not None and self.finish_child is not None:
             return self.finish_child(
@@ -292,6 +296,12 @@ class Ownership:
                 steps,
             )
         statements = self.statements
+        if flies(statements):  # jobs share this process: committed in a shared flight
+            changes = RowChanges.finished(self.clock.now(), result=result)
+            statement = statements.owner_move_statement(
+                claim, State.COMPLETED, changes, "completed", steps
+            )
+            return move_in_flight(statements, claim, State.COMPLETED, statement, steps)
         plain = claim.max_running is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)

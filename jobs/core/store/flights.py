@@ -1,0 +1,199 @@
+"""Completions of jobs that share a process, committed before each run returns, many in one
+flight.
+
+On a threads, gevent or eventlet pool, many jobs run in one process at once, and their
+completions come close together. A completion held for the next claim
+(:mod:`jobs.core.store.deferred`) needs one job per process: one slot, one next claim. Here
+each completion is committed before its run returns (so before Celery acknowledges the
+delivery), and the completions that arrive while one flight is in the air wait for the
+next, which takes them all: one round trip and one commit for many jobs (group commit).
+
+- The first completion to find no flight in the air becomes the pilot: it takes every
+  completion waiting (its own among them), sends them in one pipeline as one transaction
+  (:func:`jobs.core.driver.run_together`), hands each its row, and returns. Completions
+  that came meanwhile wait; when the flight lands, the first of them flies the next.
+- Each completion is its fenced compare-and-set, as when written alone: a refused one
+  (lease lost, job cancelled) matches no row and the others still apply. An error in one
+  statement rolls the transaction back; each is then sent alone, so one job's error is its
+  own. A lost connection is every passenger's error (nobody can know whether the commit
+  landed), and each caller retries as it would a completion written alone: a second
+  application of a fenced move is refused, never applied twice.
+- A run's outcome is never reported before its completion committed: nothing is held, so
+  a warm shutdown or a crash finds no completion waiting in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Executable
+from sqlalchemy.exc import DBAPIError
+
+from jobs.core.db import retry_on_disconnect
+from jobs.core.driver import run_together, runs_on_driver
+from jobs.core.records import Claim, Job, PendingStep
+from jobs.core.states import State
+from jobs.core.store.deferred import HeldWrite
+
+if TYPE_CHECKING:
+    from jobs.core.store.statements import Statements
+
+SendTogether = Callable[[Sequence[HeldWrite]], list[Any]]
+"""Sends writes in one flight and one transaction: each one's row (or ``None``), or raises."""
+SendAlone = Callable[[HeldWrite], Any]
+"""Sends one write on its own: its row (or ``None``), or raises."""
+
+
+@dataclasses.dataclass
+class _Seat:
+    write: HeldWrite
+    done: bool = False
+    row: Any = None
+    error: BaseException | None = None
+
+
+class SharedFlights:
+    """The completions of one process's concurrent runs, sent many to a flight (see the
+    module's docstring). Thread-safe, and greenlet-safe under gevent's or eventlet's
+    monkey-patched ``threading``."""
+
+    def __init__(self, send_together: SendTogether, send_alone: SendAlone) -> None:
+        self._send_together = send_together
+        self._send_alone = send_alone
+        self._lock = threading.Condition()
+        self._waiting: list[_Seat] = []
+        self._flying = False
+        # How the completions went: how many, in how many flights, the largest flight.
+        self.sent = 0
+        self.flights = 0
+        self.largest = 0
+
+    def send(self, write: HeldWrite) -> Any:
+        """Commit ``write`` with whichever completions fly with it; returns its first row,
+        ``None`` when it was refused, or raises the error it met."""
+        seat = _Seat(write)
+        with self._lock:
+            self._waiting.append(seat)
+            while not seat.done and self._flying:
+                self._lock.wait()
+            if not seat.done:  # no flight in the air: this caller flies the next one
+                self._flying = True
+                passengers, self._waiting = self._waiting, []
+        if not seat.done:
+            self._fly(passengers)
+        if seat.error is not None:
+            raise seat.error
+        return seat.row
+
+    def _fly(self, passengers: list[_Seat]) -> None:
+        try:
+            self._land(passengers)
+        finally:
+            with self._lock:
+                for seat in passengers:
+                    seat.done = True
+                self._flying = False
+                self.sent += len(passengers)
+                self.flights += 1
+                self.largest = max(self.largest, len(passengers))
+                self._lock.notify_all()
+
+    def _land(self, passengers: list[_Seat]) -> None:
+        """Each passenger's row or error: together, or one by one after an error that did
+        not lose the connection (the transaction rolled back, nothing applied)."""
+        try:
+            rows = self._send_together([seat.write for seat in passengers])
+        except DBAPIError as err:
+            if err.connection_invalidated or len(passengers) == 1:
+                for seat in passengers:
+                    seat.error = err
+                return
+        except BaseException as err:  # the pilot's own interruption: every passenger's error
+            for seat in passengers:
+                seat.error = err
+            raise
+        else:
+            for seat, row in zip(passengers, rows, strict=True):
+                seat.row = row
+            return
+        for seat in passengers:
+            try:
+                seat.row = self._send_alone(seat.write)
+            except Exception as err:
+                seat.error = err
+
+
+def share_flights(statements: Statements) -> None:
+    """From now on, ``statements``' owner's completions share flights (on PostgreSQL's
+    driver; elsewhere each is written alone, as before)."""
+    if statements.flights is not None:
+        return
+
+    def send_together(writes: Sequence[HeldWrite]) -> list[Any]:
+        # Rows locked in one order by every flight: two flights never wait on each other
+        # in a circle.
+        order = sorted(range(len(writes)), key=lambda index: writes[index].job_id)
+        with statements.unit(None, one_statement=True) as conn:
+            rows = run_together(conn, [(writes[i].statement, writes[i].values) for i in order])
+        found: list[Any] = [None] * len(writes)
+        for index, row in zip(order, rows, strict=True):
+            found[index] = row
+        return found
+
+    def send_alone(write: HeldWrite) -> Any:
+        with statements.unit(None, one_statement=True) as conn:
+            return write.statement.first(conn, write.values)
+
+    statements.flights = SharedFlights(send_together, send_alone)
+
+
+def flies(statements: Statements) -> bool:
+    """Whether owner's completions share flights now (PostgreSQL's driver)."""
+    return (
+        statements.flights is not None
+        and statements.on_driver
+        and runs_on_driver(statements.engine.dialect)
+    )
+
+
+def move_in_flight(
+    statements: Statements,
+    claim: Claim,
+    target: State,
+    statement: tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]],
+    steps: Sequence[PendingStep],
+) -> Job:
+    """``claim``'s owner's move (the reusable ``statement``: key, builder, values), committed
+    in a shared flight before this returns; a refusal raises why, as a move written alone
+    does (:meth:`jobs.core.store.statements.Statements.owner_move`)."""
+    flights = statements.flights
+    assert flights is not None
+    key, build, values = statement
+    clock_values = statements.clock.values()
+    if clock_values:
+        values = {**values, **clock_values}
+    driver = statements.driver_statement(key, build, values)
+    write = HeldWrite(driver, values, claim.job_id, target.value.lower())
+
+    def attempt() -> Job:
+        with statements.recording(claim.job_id, steps):
+            row = flights.send(write)
+        if row is None:
+            with statements.unit(None, one_statement=True) as conn:
+                raise statements.explain(conn, claim.job_id, target, claim)
+        return Job.from_row(row)
+
+    return retry_on_disconnect(attempt)
+
+
+__all__ = [
+    "SendAlone",
+    "SendTogether",
+    "SharedFlights",
+    "flies",
+    "move_in_flight",
+    "share_flights",
+]
