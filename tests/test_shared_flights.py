@@ -235,3 +235,34 @@ def test_only_a_delivery_on_the_main_thread_runs_one_job_at_a_time() -> None:
     thread.start()
     thread.join()
     assert seen == [False]
+
+
+def test_a_heartbeat_renewal_and_a_flight_lock_rows_in_one_order(
+    engine: Engine, clean_pg_engine: Engine
+) -> None:
+    """A flight's transaction locks its jobs' rows one by one in ID order while the
+    process's heartbeat renews every lease in one statement. Here the flight has locked
+    "a" and is about to lock "b" (stored first, so a scan meets it first): the renewal
+    must wait for "a" before it takes "b", or the two wait on each other in a circle and
+    PostgreSQL ends one a second later (deadlock detected)."""
+    store = JobStore(engine)
+    claims = {claim.job_id: claim for claim in _claimed(store, ["b", "a"])}
+    renewed: list[set[str] | BaseException] = []
+
+    def renew() -> None:
+        try:
+            pairs = [(job_id, claims[job_id].fence) for job_id in ("b", "a")]
+            renewed.append(store.renew_leases("W", pairs, 30))
+        except BaseException as err:
+            renewed.append(err)
+
+    touch = text("UPDATE jobs SET attempts = attempts WHERE id = :id")
+    with clean_pg_engine.connect() as flight:
+        with flight.begin():
+            flight.execute(touch, {"id": "a"})
+            renewal = threading.Thread(target=renew)
+            renewal.start()
+            time.sleep(0.5)  # the renewal is waiting now
+            flight.execute(touch, {"id": "b"})
+        renewal.join(30)
+    assert renewed == [{"a", "b"}]

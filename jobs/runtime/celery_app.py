@@ -35,6 +35,7 @@ import signal
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from billiard.process import current_process
 from celery import Celery, current_app, signals
 from celery.exceptions import Reject, Retry
 
@@ -432,8 +433,11 @@ def _start_pool_child(**_: Any) -> None:
     if installed is None:
         return
     runtime = installed.host.runtime
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
-    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
+    # The solo pool sends this signal too, in the worker's own process: ended at a time
+    # limit, it would take the whole worker with it. There the stuck step runs on.
+    if current_process().name != "MainProcess":  # billiard's name for a prefork child
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
+        runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()

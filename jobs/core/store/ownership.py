@@ -197,20 +197,24 @@ class Ownership:
         the answer lost its lease (expired, taken over, cancelled) and must stop."""
         if not claims:
             return set()
+        live = [
+            tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
+            JobsTable.owner == owner,
+            JobsTable.state == State.RUNNING.value,
+            JobsTable.lease_until > self.clock.now(),
+        ]
         with self.statements.unit(None, one_statement=True) as conn:
-            return set(
-                conn.execute(
-                    update(JobsTable)
-                    .where(
-                        tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
-                        JobsTable.owner == owner,
-                        JobsTable.state == State.RUNNING.value,
-                        JobsTable.lease_until > self.clock.now(),
-                    )
-                    .values(lease_until=self.clock.after(lease_seconds))
-                    .returning(JobsTable.id)
-                ).scalars()
-            )
+            renewal = update(JobsTable).values(lease_until=self.clock.after(lease_seconds))
+            if conn.dialect.name == "postgresql":
+                # The rows locked in ID order, as a shared flight of completions locks them
+                # (jobs.core.store.flights): the two never wait on each other in a circle.
+                locked = (
+                    select(JobsTable.id).where(*live).order_by(JobsTable.id).with_for_update()
+                ).cte("locked")
+                renewal = renewal.where(JobsTable.id == locked.c.id)
+            else:
+                renewal = renewal.where(*live)
+            return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
 
     def why_lost(self, claim: Claim) -> LeaseLost:
         """Why ``claim`` no longer holds its job, read from the row after one of its fenced
