@@ -103,8 +103,8 @@ def test_concurrent_completions_commit_before_they_return_many_to_a_flight(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
-    store.share_completion_flights()
     claims = _claimed(store, [f"j{n:02d}" for n in range(12)])
+    store.share_flights()  # the claims above went alone: only completions fly
     took_off = _slow_first_flight(store, 0.5)
     outcomes = _complete_at_once(store, claims, took_off, clean_pg_engine)
     assert all(isinstance(job, Job) and job.state is State.COMPLETED for job in outcomes.values())
@@ -169,8 +169,8 @@ def test_a_refused_completion_raises_and_the_others_in_its_flight_commit(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
-    store.share_completion_flights()
     claims = _claimed(store, ["first", "a", "cancelled", "b"])
+    store.share_flights()
     JobStore(clean_pg_engine).cancel("cancelled", reason="operator")
     took_off = _slow_first_flight(store, 0.5)
     outcomes = _complete_at_once(store, claims, took_off, clean_pg_engine)
@@ -189,9 +189,9 @@ def test_an_error_in_one_completion_is_its_own_and_the_others_commit(
     """A completion that records a step already recorded fails; the flight's transaction
     rolls back, and each is sent again alone."""
     store = JobStore(engine)
-    store.share_completion_flights()
     claims = _claimed(store, ["first", "a", "twice", "b"])
     store.record_step(claims[2], "step", 1)
+    store.share_flights()
     outcomes: dict[str, Any] = {}
     took_off = _slow_first_flight(store, 0.5)
 
@@ -220,7 +220,7 @@ def test_a_lone_completion_in_a_shared_process_is_committed_when_it_returns(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
-    store.share_completion_flights()
+    store.share_flights()
     (claim,) = _claimed(store, ["alone"])
     assert store.complete(claim, "ok").state is State.COMPLETED
     assert _committed_state(clean_pg_engine, "alone") == "COMPLETED"
@@ -266,3 +266,40 @@ def test_a_heartbeat_renewal_and_a_flight_lock_rows_in_one_order(
             flight.execute(touch, {"id": "b"})
         renewal.join(30)
     assert renewed == [{"a", "b"}]
+
+
+def test_concurrent_claims_and_step_records_share_flights_too(
+    engine: Engine, clean_pg_engine: Engine
+) -> None:
+    """Each committed when it returns, those that came while a flight was in the air in the
+    next one."""
+    store = JobStore(engine)
+    job_ids = [f"c{n:02d}" for n in range(8)]
+    for job_id in job_ids:
+        store.create("k", {}, job_id=job_id, max_attempts=3)
+    store.share_flights()
+    flights = store.statements.flights
+    assert flights is not None
+    took_off = _slow_first_flight(store, 0.5)
+    seen: dict[str, tuple[str, list[str]]] = {}
+
+    def run(job_id: str) -> None:
+        if job_id != job_ids[0]:
+            assert took_off.wait(10)
+        claim = store.claim(job_id, "W", 30)
+        assert claim is not None
+        state = _committed_state(clean_pg_engine, job_id)
+        store.record_step(claim, "step", job_id)
+        recorded = [step.name for step in JobStore(clean_pg_engine).steps(job_id)]
+        seen[job_id] = (state, recorded)
+
+    threads = [threading.Thread(target=run, args=(job_id,)) for job_id in job_ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert seen == {job_id: ("RUNNING", ["step"]) for job_id in job_ids}
+    # The first claim flew alone; the other seven claims together; the records after them.
+    assert flights.sent == 16
+    assert flights.largest >= 7
+    assert flights.flights < 16

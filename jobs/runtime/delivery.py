@@ -65,15 +65,16 @@ def _deliver(
     """:func:`deliver` itself. In a process that runs one job at a time, a plain job's
     completion is held and carried by the next claim's flight
     (:mod:`jobs.core.store.deferred`), or sent alone on a short deadline; where jobs share
-    the process, it commits before the run returns, in a flight shared with the
-    completions beside it (:mod:`jobs.core.store.flights`)."""
+    the process, the claim, the step records and the completion each commit before they
+    return, in flights shared with the writes of the jobs beside them
+    (:mod:`jobs.core.store.flights`)."""
     settings = runtime.settings
     if runs_one_job_at_a_time():
         # Through an outage a held completion is tried again for half a lease: the lease
         # was renewed at most a third of a lease before the run ended, and the fence decides.
         runtime.store.hold_completions(settings.hold_completion_seconds, settings.lease_seconds / 2)
     else:
-        runtime.store.share_completion_flights()
+        runtime.store.share_flights()
     _stores.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
@@ -121,7 +122,7 @@ def send_held_completions(**_: object) -> None:
         held, flights = store.statements.held, store.statements.flights
         if flights is not None:
             log.info(
-                "completions: %d committed in %d shared flights (at most %d in one)",
+                "writes: %d committed in %d shared flights (at most %d in one)",
                 flights.sent,
                 flights.flights,
                 flights.largest,

@@ -250,9 +250,9 @@ class JobStore(StoreReads):
         (:func:`jobs.core.store.deferred.hold_completions`)"""
         hold_completions(self.statements, flush_after, keep_trying_for)
 
-    def share_completion_flights(self) -> None:
-        """Jobs share this process (threads, gevent): each completion commits before its run
-        returns, many in one flight. (:func:`jobs.core.store.flights.share_flights`)"""
+    def share_flights(self) -> None:
+        """Jobs share this process (threads, gevent): each claim, step record and completion
+        commits before it returns, many in one flight. (:func:`.flights.share_flights`)"""
         share_flights(self.statements)
 
     def flush_held(self) -> None:

@@ -1,25 +1,28 @@
-"""Completions of jobs that share a process, committed before each run returns, many in one
-flight.
+"""The hot path's writes of jobs that share a process, each committed before it returns,
+many in one flight.
 
-On a threads, gevent or eventlet pool, many jobs run in one process at once, and their
-completions come close together. A completion held for the next claim
+On a threads or gevent pool many jobs run in one process at once, and their claims, step
+records and completions come close together. A completion held for the next claim
 (:mod:`jobs.core.store.deferred`) needs one job per process: one slot, one next claim. Here
-each completion is committed before its run returns (so before Celery acknowledges the
-delivery), and the completions that arrive while one flight is in the air wait for the
-next, which takes them all: one round trip and one commit for many jobs (group commit).
+each write is committed before it returns (a completion before its run returns, so before
+Celery acknowledges the delivery), and the writes that arrive while one flight is in the
+air wait for the next, which takes them all: one round trip and one commit for many jobs
+(group commit). On a loaded server the commits' WAL flushes were what a threads worker
+waited on; a flight of many pays for one.
 
-- The first completion to find no flight in the air becomes the pilot: it takes every
-  completion waiting (its own among them), sends them in one pipeline as one transaction
-  (:func:`jobs.core.driver.run_together`), hands each its row, and returns. Completions
-  that came meanwhile wait; when the flight lands, the first of them flies the next.
-- Each completion is its fenced compare-and-set, as when written alone: a refused one
-  (lease lost, job cancelled) matches no row and the others still apply. An error in one
-  statement rolls the transaction back; each is then sent alone, so one job's error is its
-  own. A lost connection is every passenger's error (nobody can know whether the commit
-  landed), and each caller retries as it would a completion written alone: a second
-  application of a fenced move is refused, never applied twice.
-- A run's outcome is never reported before its completion committed: nothing is held, so
-  a warm shutdown or a crash finds no completion waiting in memory.
+- The first write to find no flight in the air becomes the pilot: it takes every write
+  waiting (its own among them), sends them in one pipeline as one transaction
+  (:func:`jobs.core.driver.run_together`), hands each its row, and returns. Writes that
+  came meanwhile wait; when the flight lands, the first of them flies the next.
+- Each write is its own compare-and-set, as when sent alone: a refused one (lease lost, job
+  cancelled, a claim someone else won) matches no row and the others still apply. An
+  error in one statement rolls the transaction back; each is then sent alone, so one
+  job's error is its own. A lost connection is every passenger's error (nobody can know
+  whether the commit landed), and each caller retries as it would a write sent alone: a
+  second application of a fenced move or a claim is refused, never applied twice.
+- The statements run in job ID order, and a heartbeat's renewal locks its rows in the same
+  order, so the two never wait on each other in a circle.
+- Nothing is held: a warm shutdown or a crash finds no write waiting in memory.
 """
 
 from __future__ import annotations
@@ -56,9 +59,8 @@ class _Seat:
 
 
 class SharedFlights:
-    """The completions of one process's concurrent runs, sent many to a flight (see the
-    module's docstring). Thread-safe, and greenlet-safe under gevent's or eventlet's
-    monkey-patched ``threading``."""
+    """The writes of one process's concurrent runs, sent many to a flight (see the module's
+    docstring). Thread-safe, and greenlet-safe under gevent's monkey-patched ``threading``."""
 
     def __init__(self, send_together: SendTogether, send_alone: SendAlone) -> None:
         self._send_together = send_together
@@ -66,13 +68,13 @@ class SharedFlights:
         self._lock = threading.Condition()
         self._waiting: list[_Seat] = []
         self._flying = False
-        # How the completions went: how many, in how many flights, the largest flight.
+        # How the writes went: how many, in how many flights, the largest flight.
         self.sent = 0
         self.flights = 0
         self.largest = 0
 
     def send(self, write: HeldWrite) -> Any:
-        """Commit ``write`` with whichever completions fly with it; returns its first row,
+        """Commit ``write`` with whichever writes fly with it; returns its first row,
         ``None`` when it was refused, or raises the error it met."""
         seat = _Seat(write)
         with self._lock:
@@ -127,8 +129,8 @@ class SharedFlights:
 
 
 def share_flights(statements: Statements) -> None:
-    """From now on, ``statements``' owner's completions share flights (on PostgreSQL's
-    driver; elsewhere each is written alone, as before)."""
+    """From now on, ``statements``' claims, step records and completions share flights (on
+    PostgreSQL's driver; elsewhere each is written alone, as before)."""
     if statements.flights is not None:
         return
 
@@ -151,12 +153,52 @@ def share_flights(statements: Statements) -> None:
 
 
 def flies(statements: Statements) -> bool:
-    """Whether owner's completions share flights now (PostgreSQL's driver)."""
+    """Whether claims and owner's writes share flights now (PostgreSQL's driver)."""
     return (
         statements.flights is not None
         and statements.on_driver
         and runs_on_driver(statements.engine.dialect)
     )
+
+
+def first_in_flight(
+    statements: Statements,
+    key: tuple[Any, ...],
+    build: Callable[[], Executable],
+    values: dict[str, Any],
+    job_id: str,
+    what: str,
+) -> Any:
+    """Run one of ``statements``' reusable statements (an owner's write, a claim) in a shared
+    flight, committed before this returns; its first row, or ``None`` when it matched none.
+    A lost connection raises (``connection_invalidated``), for the caller to retry as it
+    would the statement sent alone."""
+    flights = statements.flights
+    assert flights is not None
+    clock_values = statements.clock.values()
+    if clock_values:
+        values = {**values, **clock_values}
+    driver = statements.driver_statement(key, build, values)
+    return flights.send(HeldWrite(driver, values, job_id, what))
+
+
+def owner_write_in_flight(
+    statements: Statements,
+    claim: Claim,
+    target: State,
+    statement: tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]],
+    steps: Sequence[PendingStep] = (),
+) -> Any:
+    """``claim``'s owner's write (the reusable ``statement``: key, builder, values; a move to
+    ``target``, or steps recorded while it stays RUNNING) in a shared flight, committed
+    before this returns; its row. A refusal raises why, as the write sent alone does."""
+    key, build, values = statement
+    with statements.recording(claim.job_id, steps):
+        row = first_in_flight(statements, key, build, values, claim.job_id, target.value)
+    if row is None:
+        with statements.unit(None, one_statement=True) as conn:
+            raise statements.explain(conn, claim.job_id, target, claim)
+    return row
 
 
 def move_in_flight(
@@ -166,34 +208,20 @@ def move_in_flight(
     statement: tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]],
     steps: Sequence[PendingStep],
 ) -> Job:
-    """``claim``'s owner's move (the reusable ``statement``: key, builder, values), committed
-    in a shared flight before this returns; a refusal raises why, as a move written alone
-    does (:meth:`jobs.core.store.statements.Statements.owner_move`)."""
-    flights = statements.flights
-    assert flights is not None
-    key, build, values = statement
-    clock_values = statements.clock.values()
-    if clock_values:
-        values = {**values, **clock_values}
-    driver = statements.driver_statement(key, build, values)
-    write = HeldWrite(driver, values, claim.job_id, target.value.lower())
-
-    def attempt() -> Job:
-        with statements.recording(claim.job_id, steps):
-            row = flights.send(write)
-        if row is None:
-            with statements.unit(None, one_statement=True) as conn:
-                raise statements.explain(conn, claim.job_id, target, claim)
-        return Job.from_row(row)
-
-    return retry_on_disconnect(attempt)
+    """``claim``'s owner's move to ``target`` in a shared flight (:func:`owner_write_in_flight`),
+    tried once more on a fresh connection if the flight lost its own."""
+    return retry_on_disconnect(
+        lambda: Job.from_row(owner_write_in_flight(statements, claim, target, statement, steps))
+    )
 
 
 __all__ = [
     "SendAlone",
     "SendTogether",
     "SharedFlights",
+    "first_in_flight",
     "flies",
     "move_in_flight",
+    "owner_write_in_flight",
     "share_flights",
 ]

@@ -17,7 +17,6 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     Executable,
     Row,
     bindparam,
@@ -36,11 +35,11 @@ from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, Transitions
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import completion_ended, hold, holds_now
-from jobs.core.store.flights import flies, move_in_flight
+from jobs.core.store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
-from jobs.core.store.workflows import settle_parent
 from jobs.core.validate import check_name, encode_json
 
 
@@ -115,6 +114,8 @@ class Ownership:
                 "lease": float(lease_seconds),
                 "key": liveness_key,
             }
+            if flies(statements):  # jobs share this process: the claim joins a flight
+                return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
                 row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
                 return row
@@ -264,12 +265,17 @@ class Ownership:
             ).returning(StepsTable.job_id)
             return insert_steps
 
+        key = ("record", len(steps))
+
         def attempt() -> None:
+            if flies(statements):  # jobs share this process: the record joins a flight
+                owner_write_in_flight(statements, claim, State.RUNNING, (key, build, params), steps)
+                return
             with (
                 statements.unit(None, one_statement=True) as conn,
                 statements.recording(claim.job_id, steps),
             ):
-                if statements.one_reusable(conn, ("record", len(steps)), build, params) is None:
+                if statements.one_reusable(conn, key, build, params) is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
@@ -302,10 +308,10 @@ class Ownership:
         statements = self.statements
         if flies(statements):  # jobs share this process: committed in a shared flight
             changes = RowChanges.finished(self.clock.now(), result=result)
-            statement = statements.owner_move_statement(
+            move = statements.owner_move_statement(
                 claim, State.COMPLETED, changes, "completed", steps
             )
-            return move_in_flight(statements, claim, State.COMPLETED, statement, steps)
+            return move_in_flight(statements, claim, State.COMPLETED, move, steps)
         plain = claim.max_running is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
@@ -345,62 +351,6 @@ class Ownership:
             steps,
         )
 
-    def requeue_or_fail(
-        self,
-        conn: Connection,
-        job_id: str,
-        where: Sequence[ColumnElement[bool]],
-        *,
-        owner: str,
-        fence: int,
-        error: str,
-        reason: str,
-        run_after: ColumnElement[dt.datetime],
-        steps: Sequence[PendingStep] = (),
-    ) -> Row[Any] | None:
-        """RUNNING → FAILED when no attempts remain, else RUNNING → QUEUED due at ``run_after``:
-        two compare-and-sets of which at most one matches, so a QUEUED job always has an
-        attempt left and a claim never runs it past ``max_attempts``. Shared by an owner's
-        retry and the sweeper's expiry (:mod:`jobs.core.store.operations`)."""
-        exhausted = f"{error}; attempts exhausted"
-        row = self.statements.transition(
-            conn,
-            job_id,
-            State.FAILED,
-            only_from=[State.RUNNING],
-            where=[*where, JobsTable.attempts >= JobsTable.max_attempts],
-            changes=RowChanges.finished(self.clock.now(), last_error=exhausted),
-            owner=owner,
-            fence=fence,
-            reason=exhausted,
-            steps=steps,
-        )
-        if row is not None:
-            # A child out of attempts counts itself down in its waiting parent; the parent
-            # is left unsent here, for the sweeper to ring (or the owner).
-            settle_parent(self.statements, conn, row, ringing=False)
-        if row is None:
-            row = self.statements.transition(
-                conn,
-                job_id,
-                State.QUEUED,
-                only_from=[State.RUNNING],
-                where=where,
-                changes=RowChanges(
-                    last_error=error,
-                    owner=None,
-                    lease_until=None,
-                    liveness_key=None,
-                    dispatched_at=None,
-                    run_after=run_after,
-                ),
-                owner=owner,
-                fence=fence,
-                reason=reason,
-                steps=steps,
-            )
-        return row
-
     def retry(
         self,
         claim: Claim,
@@ -412,7 +362,8 @@ class Ownership:
         """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
         the job's attempts are exhausted. ``steps`` that ran before the error are recorded."""
         with self.engine.begin() as conn:
-            row = self.requeue_or_fail(
+            row = requeue_or_fail(
+                self.statements,
                 conn,
                 claim.job_id,
                 self.statements.fenced(claim),
