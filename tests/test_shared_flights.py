@@ -51,12 +51,13 @@ def _claimed(store: JobStore, job_ids: Sequence[str]) -> list[Claim]:
     return claims
 
 
-def _slow_first_flight(store: JobStore, pause: float) -> threading.Event:
-    """The first flight waits ``pause`` seconds in the air (a slow network), so every
-    completion that comes meanwhile waits for the next flight. Returns an event set once
-    the first flight took off."""
+def _slow_first_flight(store: JobStore, pause: float, in_the_air: int = 1) -> threading.Event:
+    """The first flight waits ``pause`` seconds in the air (a slow network), and at most
+    ``in_the_air`` fly at once, so with one every write that comes meanwhile waits for the
+    next flight. Returns an event set once the first flight took off."""
     flights = store.statements.flights
     assert flights is not None
+    flights.most_in_the_air = in_the_air
     send_together = flights._send_together
     took_off = threading.Event()
 
@@ -303,3 +304,23 @@ def test_concurrent_claims_and_step_records_share_flights_too(
     assert flights.sent == 16
     assert flights.largest >= 7
     assert flights.flights < 16
+
+
+def test_the_next_flight_boards_while_one_is_in_the_air(
+    engine: Engine, clean_pg_engine: Engine
+) -> None:
+    """Two flights may be in the air at once (the default): with the first held up, the
+    second takes off at once, and what comes after waits for either to land."""
+    store = JobStore(engine)
+    claims = _claimed(store, [f"j{n:02d}" for n in range(6)])
+    store.share_flights()
+    took_off = _slow_first_flight(store, 1.0, in_the_air=2)
+    started = time.monotonic()
+    threads = [threading.Thread(target=store.complete, args=(claims[0], None))]
+    threads[0].start()
+    assert took_off.wait(10)
+    store.complete(claims[1], None)  # not behind the first: the second flight is free
+    assert time.monotonic() - started < 1.0
+    assert _committed_state(clean_pg_engine, claims[0].job_id) == "RUNNING"
+    threads[0].join(30)
+    assert _committed_state(clean_pg_engine, claims[0].job_id) == "COMPLETED"

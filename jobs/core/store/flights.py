@@ -53,21 +53,34 @@ SendAlone = Callable[[HeldWrite], Any]
 @dataclasses.dataclass
 class _Seat:
     write: HeldWrite
+    boarded: bool = False
     done: bool = False
     row: Any = None
     error: BaseException | None = None
 
 
+MOST_IN_THE_AIR = 2
+"""Flights of one process in the air at once: the next boards while one waits for its
+commit's WAL flush (PostgreSQL flushes concurrent commits together)."""
+
+
 class SharedFlights:
     """The writes of one process's concurrent runs, sent many to a flight (see the module's
-    docstring). Thread-safe, and greenlet-safe under gevent's monkey-patched ``threading``."""
+    docstring), at most ``most_in_the_air`` flights at once. Thread-safe, and greenlet-safe
+    under gevent's monkey-patched ``threading``."""
 
-    def __init__(self, send_together: SendTogether, send_alone: SendAlone) -> None:
+    def __init__(
+        self,
+        send_together: SendTogether,
+        send_alone: SendAlone,
+        most_in_the_air: int = MOST_IN_THE_AIR,
+    ) -> None:
         self._send_together = send_together
         self._send_alone = send_alone
+        self.most_in_the_air = most_in_the_air
         self._lock = threading.Condition()
         self._waiting: list[_Seat] = []
-        self._flying = False
+        self._in_the_air = 0
         # How the writes went: how many, in how many flights, the largest flight.
         self.sent = 0
         self.flights = 0
@@ -77,14 +90,20 @@ class SharedFlights:
         """Commit ``write`` with whichever writes fly with it; returns its first row,
         ``None`` when it was refused, or raises the error it met."""
         seat = _Seat(write)
+        passengers: list[_Seat] = []
         with self._lock:
             self._waiting.append(seat)
-            while not seat.done and self._flying:
+            while not seat.boarded and self._in_the_air >= self.most_in_the_air:
                 self._lock.wait()
-            if not seat.done:  # no flight in the air: this caller flies the next one
-                self._flying = True
+            if not seat.boarded:  # room in the air: this caller flies every write waiting
+                self._in_the_air += 1
                 passengers, self._waiting = self._waiting, []
-        if not seat.done:
+                for passenger in passengers:
+                    passenger.boarded = True
+            else:
+                while not seat.done:
+                    self._lock.wait()
+        if passengers:
             self._fly(passengers)
         if seat.error is not None:
             raise seat.error
@@ -97,7 +116,7 @@ class SharedFlights:
             with self._lock:
                 for seat in passengers:
                     seat.done = True
-                self._flying = False
+                self._in_the_air -= 1
                 self.sent += len(passengers)
                 self.flights += 1
                 self.largest = max(self.largest, len(passengers))
@@ -216,6 +235,7 @@ def move_in_flight(
 
 
 __all__ = [
+    "MOST_IN_THE_AIR",
     "SendAlone",
     "SendTogether",
     "SharedFlights",
