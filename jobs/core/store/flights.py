@@ -53,10 +53,13 @@ SendAlone = Callable[[HeldWrite], Any]
 @dataclasses.dataclass
 class _Seat:
     write: HeldWrite
-    boarded: bool = False
     done: bool = False
     row: Any = None
     error: BaseException | None = None
+    # Set once, when the seat's flight landed or when this caller is to fly the next one
+    # (``flight``): each waiting caller is woken once, never for another's flight.
+    woken: threading.Event = dataclasses.field(default_factory=threading.Event)
+    flight: list[_Seat] | None = None
 
 
 MOST_IN_THE_AIR = 2
@@ -78,7 +81,7 @@ class SharedFlights:
         self._send_together = send_together
         self._send_alone = send_alone
         self.most_in_the_air = most_in_the_air
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._waiting: list[_Seat] = []
         self._in_the_air = 0
         # How the writes went: how many, in how many flights, the largest flight.
@@ -90,26 +93,27 @@ class SharedFlights:
         """Commit ``write`` with whichever writes fly with it; returns its first row,
         ``None`` when it was refused, or raises the error it met."""
         seat = _Seat(write)
-        passengers: list[_Seat] = []
         with self._lock:
             self._waiting.append(seat)
-            while not seat.boarded and self._in_the_air >= self.most_in_the_air:
-                self._lock.wait()
-            if not seat.boarded:  # room in the air: this caller flies every write waiting
-                self._in_the_air += 1
-                passengers, self._waiting = self._waiting, []
-                for passenger in passengers:
-                    passenger.boarded = True
-            else:
-                while not seat.done:
-                    self._lock.wait()
-        if passengers:
-            self._fly(passengers)
+            flight = self._board() if self._in_the_air < self.most_in_the_air else None
+        if flight is None:  # wait for a flight to take this write, or to be its pilot
+            seat.woken.wait()
+            flight = seat.flight
+        if flight is not None:
+            self._fly(flight)
         if seat.error is not None:
             raise seat.error
         return seat.row
 
+    def _board(self) -> list[_Seat]:
+        """Every write waiting, on the next flight (called with the lock held)."""
+        self._in_the_air += 1
+        flight, self._waiting = self._waiting, []
+        return flight
+
     def _fly(self, passengers: list[_Seat]) -> None:
+        """Fly ``passengers``, then wake each, and hand the next flight (the writes that
+        came meanwhile) to the first of them to wait."""
         try:
             self._land(passengers)
         finally:
@@ -120,7 +124,13 @@ class SharedFlights:
                 self.sent += len(passengers)
                 self.flights += 1
                 self.largest = max(self.largest, len(passengers))
-                self._lock.notify_all()
+                pilot = self._waiting[0] if self._waiting else None
+                if pilot is not None:
+                    pilot.flight = self._board()
+            for seat in passengers:
+                seat.woken.set()
+            if pilot is not None:
+                pilot.woken.set()
 
     def _land(self, passengers: list[_Seat]) -> None:
         """Each passenger's row or error: together, or one by one after an error that did
