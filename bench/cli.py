@@ -70,6 +70,11 @@ NOTES = [
     "polls while parked: the parent's moves, claims and dropped deliveries between its park "
     "and its wake (the children's countdowns of its counter are its only writes then; the "
     "sweeper's pass runs its fixed statements whether or not a parent waits).",
+    "pools: the drain on each Celery pool, durable jobs vs plain Celery with the same pool, "
+    "concurrency and settings, back to back (bench.pools): agent-shaped jobs (a 100 ms model "
+    "call, a 50 ms tool call and a small write, three recorded steps; plain: the same sleeps "
+    "in one task; ceiling concurrency / 150 ms) and no-op jobs (one step; plain: a no-op "
+    "task), on threads x50, gevent x100 and prefork x20; rate from the 20th completion.",
     "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
     "sides back to back); durable and plain-celery columns are medians over repeats.",
     "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "

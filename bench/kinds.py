@@ -6,11 +6,13 @@ import time
 from pathlib import Path
 
 import jobs
+from bench.agent_shape import MODEL_SECONDS, TOOL_SECONDS
 
 STEP = "bench_step"
 ZERO = "bench_zero"
 HOLD = "bench_hold"
 THREE = "bench_three"
+AGENT = "bench_agent"
 
 
 def _noop() -> None:
@@ -36,6 +38,15 @@ def three_steps(ctx: jobs.JobContext) -> None:
     ctx.step("one", _noop)
     ctx.step("two", _noop)
     ctx.step("three", _noop)
+
+
+@jobs.job(AGENT)
+def agent(ctx: jobs.JobContext) -> None:
+    """An agent's turn (bench.pools): a model call, a tool call and a small write, three
+    recorded steps; plain Celery's side sleeps the same in one task."""
+    ctx.step("model", time.sleep, MODEL_SECONDS)
+    ctx.step("tool", time.sleep, TOOL_SECONDS)
+    ctx.step("write", _noop)
 
 
 @jobs.job(ZERO)

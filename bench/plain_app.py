@@ -17,11 +17,13 @@ from typing import Any
 from celery import Celery
 
 from bench import marks
+from bench.agent_shape import MODEL_SECONDS, TOOL_SECONDS
 
 CONFIG_ENV = "BENCH_PLAIN_CONFIG"
 # A result backend for the chord of the fan-out scenario (bench.fanout); unset elsewhere.
 RESULT_BACKEND_ENV = "BENCH_RESULT_BACKEND"
 NOOP = "bench.noop"
+AGENT = "bench.agent"
 HOLD = "bench.hold"
 CHORD_MEMBER = "bench.chord_member"
 CHORD_DONE = "bench.chord_done"
@@ -68,6 +70,14 @@ if os.environ.get(RESULT_BACKEND_ENV):
 @app.task(name=NOOP, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
 def noop(self: Any, tag: str) -> None:
     """The trivial task: its only work is the completion mark."""
+    marks.record("done", tag, getattr(self.request, "hostname", None) or "-")
+
+
+@app.task(name=AGENT, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def agent(self: Any, tag: str) -> None:
+    """The agent-shaped job's sleeps (bench.pools) in one task, then the completion mark."""
+    time.sleep(MODEL_SECONDS)
+    time.sleep(TOOL_SECONDS)
     marks.record("done", tag, getattr(self.request, "hostname", None) or "-")
 
 

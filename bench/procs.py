@@ -75,8 +75,9 @@ class Processes:
         concurrency: int,
         env: dict[str, str],
         loglevel: str = "INFO",
+        pool: str = "prefork",
     ) -> Child:
-        """A real ``celery worker`` (prefork, ``-c concurrency``) on its own queue: the plain
+        """A real ``celery worker`` (``pool``, ``-c concurrency``) on its own queue: the plain
         side as ``celery -A app worker``; the durable side (``app`` is ``jobs.celery_app``) as
         the process ``jobctl worker`` execs, each as its users run it."""
         hostname = f"{name}@%h"
@@ -92,6 +93,8 @@ class Processes:
             queue,
             "-c",
             str(concurrency),
+            "-P",
+            pool,
             "-n",
             hostname,
             "-l",

@@ -73,6 +73,7 @@ class Options:
         "latency",
         "recovery",
         "fanout",
+        "pools",
     )
 
 
@@ -554,6 +555,12 @@ class BackendRun:
             f"touched {got['polls']:.0f} times while parked"
         )
 
+    def pools(self, repeat: int) -> None:
+        """The drain on each Celery pool against plain Celery's (bench.pools)."""
+        from bench.pools import measure_pools  # noqa: PLC0415 - it imports this module
+
+        measure_pools(self, repeat)
+
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
         d_e2e: list[float] = []
@@ -704,19 +711,11 @@ def run_backend(
         )
         run.start()
         run.warm_up()
+        repeated = ("drain", "peer", "native", "throughput", "latency", "fanout", "pools")
         for r in range(opts.repeat):
-            if "drain" in opts.scenarios:
-                run.drain(r)
-            if "peer" in opts.scenarios:
-                run.peer(r)
-            if "native" in opts.scenarios:
-                run.native(r)
-            if "throughput" in opts.scenarios:
-                run.throughput(r)
-            if "latency" in opts.scenarios:
-                run.latency(r)
-            if "fanout" in opts.scenarios:
-                run.fanout(r)
+            for scenario in repeated:
+                if scenario in opts.scenarios:
+                    getattr(run, scenario)(r)
         if opts.recovery and "recovery" in opts.scenarios and backend == PG_RABBITMQ:
             for r in range(max(opts.repeat, opts.recovery_samples)):
                 run.recovery(r)

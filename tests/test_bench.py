@@ -86,6 +86,7 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
         "latency",
         "recovery",
         "fanout",
+        "pools",
     )
     with pytest.raises(SystemExit):
         parser().parse_args(["--only", "drains"])

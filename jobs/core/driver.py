@@ -167,6 +167,39 @@ class DriverStatement:
         return self._row(found)
 
 
+def run_together(
+    conn: Connection, writes: Sequence[tuple[DriverStatement, Mapping[str, Any]]]
+) -> list[Any]:
+    """Run ``writes`` in one flight and one transaction: psycopg's pipeline mode on
+    ``conn``'s DBAPI connection (in autocommit mode) sends every statement before reading
+    any result and one Sync after the last, so PostgreSQL runs them as one implicit
+    transaction, committed once. Returns each statement's first row (or ``None``), in
+    order. An error in any of them rolls every one back and raises (SQLAlchemy's error;
+    ``connection_invalidated`` when the connection was lost, and then nobody can know
+    whether the commit landed)."""
+    dbapi_connection: Any = conn.connection.driver_connection
+    if not dbapi_connection.autocommit:
+        raise ValueError("statements run together on an autocommit connection only")
+    cursors = [dbapi_connection.cursor() for _ in writes]
+    params = [driver._params(values) for driver, values in writes]
+    try:
+        with dbapi_connection.pipeline():
+            for cursor, (driver, _values), bound in zip(cursors, writes, params, strict=True):
+                cursor.execute(driver.sql, bound)
+        return [
+            driver._row(cursor.fetchone())
+            for cursor, (driver, _values) in zip(cursors, writes, strict=True)
+        ]
+    except conn.dialect.loaded_dbapi.Error as err:
+        failed = next(
+            (i for i, cursor in enumerate(cursors) if cursor.pgresult is None), len(writes) - 1
+        )
+        raise writes[failed][0]._error(conn, err, params[failed]) from err
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
 def sqlalchemy_error(
     conn: Connection,
     err: Any,
@@ -279,5 +312,6 @@ __all__ = [
     "forget_pipeline_verdict",
     "pipeline_sync_problem",
     "pipeline_sync_verified",
+    "run_together",
     "runs_on_driver",
 ]

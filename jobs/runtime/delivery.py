@@ -5,6 +5,8 @@ process (which only consumes and hands messages to the pool) never loads SQLAlch
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -32,8 +34,9 @@ class DatabaseUnreachable(Exception):
     it into a requeue. The outage itself is logged once per process, not per delivery."""
 
 
-# The stores of this process that hold completions: sent before a pool process exits.
-_holding: weakref.WeakSet[JobStore] = weakref.WeakSet()
+# The stores of this process's deliveries: a completion held is sent before the process
+# exits, and how completions went is logged.
+_stores: weakref.WeakSet[JobStore] = weakref.WeakSet()
 
 
 def deliver(
@@ -59,13 +62,20 @@ def deliver(
 def _deliver(
     runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
 ) -> tuple[RunResult, str]:
-    """:func:`deliver` itself. A plain job's completion is held and carried by the next
-    claim's flight (:mod:`jobs.core.store.deferred`), or sent alone on a short deadline."""
+    """:func:`deliver` itself. In a process that runs one job at a time, a plain job's
+    completion is held and carried by the next claim's flight
+    (:mod:`jobs.core.store.deferred`), or sent alone on a short deadline; where jobs share
+    the process, the claim, the step records and the completion each commit before they
+    return, in flights shared with the writes of the jobs beside them
+    (:mod:`jobs.core.store.flights`)."""
     settings = runtime.settings
-    # Through an outage a held completion is tried again for half a lease: the lease was
-    # renewed at most a third of a lease before the run ended, and the fence decides.
-    runtime.store.hold_completions(settings.hold_completion_seconds, settings.lease_seconds / 2)
-    _holding.add(runtime.store)
+    if runs_one_job_at_a_time():
+        # Through an outage a held completion is tried again for half a lease: the lease
+        # was renewed at most a third of a lease before the run ended, and the fence decides.
+        runtime.store.hold_completions(settings.hold_completion_seconds, settings.lease_seconds / 2)
+    else:
+        runtime.store.share_flights()
+    _stores.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
     if result.outcome is Outcome.NOT_CLAIMED:
@@ -89,11 +99,34 @@ def _deliver(
     return result, f"{job_id}: {result.outcome.value}"
 
 
+def runs_one_job_at_a_time() -> bool:
+    """Whether this process runs one job at a time, so that a completion may wait in its one
+    slot for the next claim: the delivery runs on the process's main thread (a prefork pool
+    child, the solo pool) and no green-thread library has patched ``threading``. A threads
+    pool runs its deliveries on threads of its own, gevent and eventlet on greenlets: there
+    several jobs share the process, and their completions share flights instead."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        return False
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    if eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("thread"):
+        return False
+    return threading.current_thread() is threading.main_thread()
+
+
 def send_held_completions(**_: object) -> None:
-    """A pool process stopping (warm shutdown, max tasks per child) sends the completion it
-    holds rather than leave its job to be recovered and its last step run again."""
-    for store in list(_holding):
-        held = store.statements.held
+    """A process stopping (a prefork pool child at a warm shutdown or at its max tasks per
+    child; a solo worker's main process at the end of its shutdown) sends the completion
+    it holds rather than leave its job to be recovered and its last step run again."""
+    for store in list(_stores):
+        held, flights = store.statements.held, store.statements.flights
+        if flights is not None:
+            log.info(
+                "writes: %d committed in %d shared flights (at most %d in one)",
+                flights.sent,
+                flights.flights,
+                flights.largest,
+            )
         if held is not None:
             log.info(
                 "completions: %d held and carried by the next claim, %d held and sent alone, "
@@ -108,7 +141,8 @@ def send_held_completions(**_: object) -> None:
             log.warning("held completion not sent at exit: %s", type(err).__name__)
 
 
-signals.worker_process_shutdown.connect(send_held_completions)
+signals.worker_process_shutdown.connect(send_held_completions)  # a prefork pool child
+signals.worker_shutdown.connect(send_held_completions)  # the worker's own process, last
 
 
 def make_runner(

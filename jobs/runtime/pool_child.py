@@ -17,6 +17,8 @@ import signal
 import threading
 from typing import Any
 
+from billiard.process import current_process
+
 from jobs.core.settings import Settings
 
 log = logging.getLogger("jobs.worker")
@@ -51,8 +53,11 @@ def start_pool_child(host: Any) -> None:
     database on its own. (The main process never touches the database: it only consumes
     messages and hands them to the pool, so it loads no SQLAlchemy.)"""
     runtime = host.runtime
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
-    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
+    # The solo pool sends this signal too, in the worker's own process: ended at a time
+    # limit, it would take the whole worker with it. There the stuck step runs on.
+    if current_process().name != "MainProcess":  # billiard's name for a prefork child
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
+        runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
     threading.Thread(
         target=_ready_the_database_side, args=(host,), name="jobs-child-start", daemon=True
     ).start()

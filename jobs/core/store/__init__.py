@@ -17,7 +17,8 @@ concern, and all share one execution layer (one statement cache, one clock):
 - :mod:`~jobs.core.store.workflows`: children (spawn, fan-in), events, wait deadlines;
   :mod:`~jobs.core.store.fan_in`: a finishing child's countdown of its parent.
 - :mod:`~jobs.core.store.deferred`: a completion held for the next claim's flight, and
-  writes held through a database outage.
+  writes held through a database outage; :mod:`~jobs.core.store.flights`: the completions
+  of jobs that share a process, many in one flight.
 
 Reads are :class:`jobs.core.reader.JobReader`'s, composed in (``store.reader``) and
 exposed here too (:mod:`~jobs.core.store.reads`). Every state change is a single
@@ -55,6 +56,7 @@ from jobs.core.records import (
 from jobs.core.schedule import Schedule
 from jobs.core.store.deferred import hold_completions
 from jobs.core.store.doorbells import Doorbells
+from jobs.core.store.flights import share_flights
 from jobs.core.store.operations import Operations
 from jobs.core.store.ownership import Ownership
 from jobs.core.store.reads import StoreReads
@@ -247,6 +249,11 @@ class JobStore(StoreReads):
         through a database outage for ``keep_trying_for`` seconds after it was held.
         (:func:`jobs.core.store.deferred.hold_completions`)"""
         hold_completions(self.statements, flush_after, keep_trying_for)
+
+    def share_flights(self) -> None:
+        """Jobs share this process (threads, gevent): each claim, step record and completion
+        commits before it returns, many in one flight. (:func:`.flights.share_flights`)"""
+        share_flights(self.statements)
 
     def flush_held(self) -> None:
         """Send a held completion now, if any (a process about to stop, a test)."""

@@ -18,6 +18,7 @@ from jobs.core.models import JobsTable, StepsTable
 from jobs.core.records import BulkOutcome, Job, Selected
 from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
 from jobs.core.store.ownership import Ownership
+from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
 from jobs.core.store.workflows import Workflows, settle_parent
@@ -356,7 +357,8 @@ class Operations:
         if only_if_expired:
             stale.append(JobsTable.lease_until <= self.clock.now())
         with self.engine.begin() as conn:
-            row = self.ownership.requeue_or_fail(
+            row = requeue_or_fail(
+                self.statements,
                 conn,
                 job_id,
                 stale,

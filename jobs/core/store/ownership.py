@@ -17,7 +17,6 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     Executable,
     Row,
     bindparam,
@@ -36,10 +35,11 @@ from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, Transitions
 from jobs.core.records import Claim, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import completion_ended, hold, holds_now
+from jobs.core.store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements, kind_in, param
 from jobs.core.store.submissions import lock_limits, running_of_kind
-from jobs.core.store.workflows import settle_parent
 from jobs.core.validate import check_name, encode_json
 
 
@@ -114,6 +114,8 @@ class Ownership:
                 "lease": float(lease_seconds),
                 "key": liveness_key,
             }
+            if flies(statements):  # jobs share this process: the claim joins a flight
+                return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
                 row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
                 return row
@@ -196,20 +198,24 @@ class Ownership:
         the answer lost its lease (expired, taken over, cancelled) and must stop."""
         if not claims:
             return set()
+        live = [
+            tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
+            JobsTable.owner == owner,
+            JobsTable.state == State.RUNNING.value,
+            JobsTable.lease_until > self.clock.now(),
+        ]
         with self.statements.unit(None, one_statement=True) as conn:
-            return set(
-                conn.execute(
-                    update(JobsTable)
-                    .where(
-                        tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
-                        JobsTable.owner == owner,
-                        JobsTable.state == State.RUNNING.value,
-                        JobsTable.lease_until > self.clock.now(),
-                    )
-                    .values(lease_until=self.clock.after(lease_seconds))
-                    .returning(JobsTable.id)
-                ).scalars()
-            )
+            renewal = update(JobsTable).values(lease_until=self.clock.after(lease_seconds))
+            if conn.dialect.name == "postgresql":
+                # The rows locked in ID order, as a shared flight of completions locks them
+                # (jobs.core.store.flights): the two never wait on each other in a circle.
+                locked = (
+                    select(JobsTable.id).where(*live).order_by(JobsTable.id).with_for_update()
+                ).cte("locked")
+                renewal = renewal.where(JobsTable.id == locked.c.id)
+            else:
+                renewal = renewal.where(*live)
+            return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
 
     def why_lost(self, claim: Claim) -> LeaseLost:
         """Why ``claim`` no longer holds its job, read from the row after one of its fenced
@@ -259,12 +265,17 @@ class Ownership:
             ).returning(StepsTable.job_id)
             return insert_steps
 
+        key = ("record", len(steps))
+
         def attempt() -> None:
+            if flies(statements):  # jobs share this process: the record joins a flight
+                owner_write_in_flight(statements, claim, State.RUNNING, (key, build, params), steps)
+                return
             with (
                 statements.unit(None, one_statement=True) as conn,
                 statements.recording(claim.job_id, steps),
             ):
-                if statements.one_reusable(conn, ("record", len(steps)), build, params) is None:
+                if statements.one_reusable(conn, key, build, params) is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
@@ -281,7 +292,10 @@ class Ownership:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
         In a worker that holds completions (:mod:`jobs.core.store.deferred`) and is busy,
         the move of a job without a parent, of a kind without a running limit, is held for
-        the next flight, and the job returned is the claimed one (still RUNNING)."""
+        the next flight, and the job returned is the claimed one (still RUNNING). In a
+        worker whose jobs share the process, it is committed before this returns, in a
+        flight shared with the completions of the jobs beside it
+        (:mod:`jobs.core.store.flights`)."""
         encode_json(result, "result", self.max_payload_bytes)
         if claim.job.parent_id is not None and self.finish_child is not None:
             return self.finish_child(
@@ -292,6 +306,12 @@ class Ownership:
                 steps,
             )
         statements = self.statements
+        if flies(statements):  # jobs share this process: committed in a shared flight
+            changes = RowChanges.finished(self.clock.now(), result=result)
+            move = statements.owner_move_statement(
+                claim, State.COMPLETED, changes, "completed", steps
+            )
+            return move_in_flight(statements, claim, State.COMPLETED, move, steps)
         plain = claim.max_running is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
@@ -331,62 +351,6 @@ class Ownership:
             steps,
         )
 
-    def requeue_or_fail(
-        self,
-        conn: Connection,
-        job_id: str,
-        where: Sequence[ColumnElement[bool]],
-        *,
-        owner: str,
-        fence: int,
-        error: str,
-        reason: str,
-        run_after: ColumnElement[dt.datetime],
-        steps: Sequence[PendingStep] = (),
-    ) -> Row[Any] | None:
-        """RUNNING → FAILED when no attempts remain, else RUNNING → QUEUED due at ``run_after``:
-        two compare-and-sets of which at most one matches, so a QUEUED job always has an
-        attempt left and a claim never runs it past ``max_attempts``. Shared by an owner's
-        retry and the sweeper's expiry (:mod:`jobs.core.store.operations`)."""
-        exhausted = f"{error}; attempts exhausted"
-        row = self.statements.transition(
-            conn,
-            job_id,
-            State.FAILED,
-            only_from=[State.RUNNING],
-            where=[*where, JobsTable.attempts >= JobsTable.max_attempts],
-            changes=RowChanges.finished(self.clock.now(), last_error=exhausted),
-            owner=owner,
-            fence=fence,
-            reason=exhausted,
-            steps=steps,
-        )
-        if row is not None:
-            # A child out of attempts counts itself down in its waiting parent; the parent
-            # is left unsent here, for the sweeper to ring (or the owner).
-            settle_parent(self.statements, conn, row, ringing=False)
-        if row is None:
-            row = self.statements.transition(
-                conn,
-                job_id,
-                State.QUEUED,
-                only_from=[State.RUNNING],
-                where=where,
-                changes=RowChanges(
-                    last_error=error,
-                    owner=None,
-                    lease_until=None,
-                    liveness_key=None,
-                    dispatched_at=None,
-                    run_after=run_after,
-                ),
-                owner=owner,
-                fence=fence,
-                reason=reason,
-                steps=steps,
-            )
-        return row
-
     def retry(
         self,
         claim: Claim,
@@ -398,7 +362,8 @@ class Ownership:
         """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
         the job's attempts are exhausted. ``steps`` that ran before the error are recorded."""
         with self.engine.begin() as conn:
-            row = self.requeue_or_fail(
+            row = requeue_or_fail(
+                self.statements,
                 conn,
                 claim.job_id,
                 self.statements.fenced(claim),

@@ -52,6 +52,7 @@ from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Claim, Doorbell, Job, PendingStep
 from jobs.core.states import State
 from jobs.core.store.deferred import HeldWrites, carrying
+from jobs.core.store.flights import SharedFlights
 from jobs.core.store.row_changes import NO_CHANGES, RowChanges
 
 # Every job snapshot the store returns, plus whether recorded steps exist (a claim reads
@@ -124,8 +125,11 @@ class Statements:
         # process runtime. ``None``: such jobs are left unsent, for the sweeper to ring.
         self.ring: Callable[[Sequence[Doorbell]], object] | None = None
         self.driver_statements: dict[tuple[Any, ...], DriverStatement] = {}
-        # A worker's completion held for its next flight (jobs.core.store.deferred).
+        # A worker's completion held for its next flight (jobs.core.store.deferred), in a
+        # process that runs one job at a time; or, where jobs share the process, the
+        # flights its concurrent completions share (jobs.core.store.flights).
         self.held: HeldWrites | None = None
+        self.flights: SharedFlights | None = None
 
     # -- connections and units of work ---------------------------------------------------
 
