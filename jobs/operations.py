@@ -140,7 +140,7 @@ class JobOperations:
 
         ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among
         due jobs, higher priorities are rung, delivered and claimed first. It orders
-        waiting work; it never stops a running job (see the README's "Priorities").
+        waiting work; it never stops a running job (see docs/guides/priorities.md).
 
         ``queue`` (default the kind's ``@jobs.job(queue=…)``, else ``JOBS_QUEUE``): where
         the job's doorbells go, so only workers consuming that queue run it.

@@ -38,7 +38,7 @@ own default for a polling backend)."""
 
 
 def celery_state(job: Job) -> str:
-    """The Celery state name for a job's state (the README's "Migrating from Celery tasks"):
+    """The Celery state name for a job's state (docs/guides/migrating.md):
 
     - QUEUED: PENDING before its first attempt; RETRY once an attempt failed (its last
       error is kept) and it waits to run again; STARTED once it has run without failing

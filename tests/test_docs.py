@@ -188,17 +188,30 @@ def test_every_python_block_on_every_page_is_python() -> None:
     assert blocks >= 15
 
 
-def _short_readme() -> Path:
-    """The README once it is the short one, else the proposal waiting to replace it."""
-    readme = ROOT / "README.md"
-    return readme if len(readme.read_text().splitlines()) <= 200 else DOCS / "README-short.md"
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_short_starts_with_the_set_up_and_links_to_pages_that_exist() -> None:
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 200
+    assert lines[2] == "```sh", lines[:6]  # the set-up commands come first
+    assert lines[3].startswith("make demo "), lines[:6]
+    assert lines[4].startswith("make test "), lines[:6]
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert len([target for target in targets if target.startswith("docs/")]) >= 40
+    for target in targets:
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).is_file(), f"README.md links to {target}, which is not there"
+    linked = {target for target in targets if target.startswith("docs/")}
+    pages = {str(path.relative_to(ROOT)) for path in DOCS.rglob("*.md")}
+    assert pages - linked == {"docs/index.md"}, "a page the README does not link to"
 
 
 @pytest.mark.acceptance
 @pytest.mark.slow
 def test_the_short_readmes_first_job_completes_in_a_fresh_folder(tmp_path: Path) -> None:
-    text = _short_readme().read_text()
-    assert len(text.splitlines()) <= 200
+    text = README.read_text()
     python = re.search(r"```python\n# shop_jobs.py\n(.*?)```", text, re.S)
     shell = re.search(r"```sh\n(export JOBS_IMPORTS=.*?)```", text, re.S)
     assert python is not None

@@ -4,6 +4,7 @@ queue watch (issue 10). The cluster scenarios are in tests/acceptance/test_rabbi
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,10 @@ from jobs.runtime.queues import (
 )
 from jobs.runtime.sweeper import ring_all_due, sweep_once
 from tests.conftest import AMQP_URL, service_unavailable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+
+import gen_reference
 
 QUORUM = {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
 
@@ -263,18 +268,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_docs_match_the_queue_settings() -> None:
     deploy = (ROOT / "deploy" / "README.md").read_text()
-    readme = (ROOT / "README.md").read_text()
+    celery_page = (ROOT / "docs" / "explanation" / "celery-settings.md").read_text()
+    settings_page = gen_reference.settings_table([])
     assert "made by the Celery configuration in\n  `jobs.celery_app`" not in deploy
     assert "`JOBS_QUEUE_TYPE=quorum`" in deploy
     assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in deploy
-    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in readme
+    assert f"`x-delivery-limit: {QUORUM_DELIVERY_LIMIT}`" in celery_page
     default = Settings.__dataclass_fields__["queue_type"].default
-    assert f"| `JOBS_QUEUE_TYPE` | `{default}` |" in readme
+    assert f"| `JOBS_QUEUE_TYPE` | `{default}` |" in settings_page
     assert f"**The default is `{default}`**" in deploy
     first, longest = broker_errors.FIRST_PAUSE_SECONDS, broker_errors.LONGEST_PAUSE_SECONDS
     assert f"retrying in {first}s (error 1 in a row)" in deploy
     assert f"doubling to {longest:g} s" in deploy
-    assert f"doubling from {first:g} s to {longest:g} s" in readme
+    assert f"doubling from {first:g} s to {longest:g} s" in celery_page
     sizing = (ROOT / "deploy" / "SIZING.md").read_text()
     assert "SWEEPER_TABLE" not in sizing
     assert "python -m bench.sizing" in sizing

@@ -32,7 +32,7 @@ What ``install`` sets, and what it leaves alone:
 - Worker-wide settings cannot be set per task, so they stay the user's: the consumer (the
   doorbell gate is installed only where the app uses Celery's default consumer, keeping
   every step of Celery's own), the prefetch multiplier, the pool and task events. The
-  README's "Your own Celery app" says what each choice costs.
+  guide docs/guides/celery-app.md says what each choice costs.
 """
 
 from __future__ import annotations

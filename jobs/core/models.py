@@ -97,7 +97,7 @@ JobsTable = TableColumns(
         Column("attempts", Integer, nullable=False, default=0),
         Column("max_attempts", Integer, nullable=False),
         Column("run_after", UtcDateTime(), nullable=False),
-        # 0 (default) to 9: higher is rung, delivered and claimed first (see the README).
+        # 0 (default) to 9: higher is rung, delivered and claimed first (docs/guides/priorities.md).
         Column("priority", SmallInteger, nullable=False, default=0, server_default="0"),
         # The queue its doorbells go to (NULL: JOBS_QUEUE), from @jobs.job(queue=…) or a
         # submit's queue=: a hand-back, a freed slot and the sweeper ring it there too.

@@ -64,7 +64,7 @@ class Settings:
     # for the sweeper); "wait": a publish returns once RabbitMQ confirmed them.
     doorbell_confirms: str = "background"
     # Celery's task events (worker_send_task_events, -E): Flower's task views need them;
-    # off saves the worker's main process a publish per event batch (see the README).
+    # off saves the worker's main process a publish per event batch (docs/reference/settings.md).
     task_events: bool = True
     # A direct PostgreSQL URL for the workers' liveness locks, when database_url goes
     # through a pooler in transaction mode (PgBouncer): see jobs.runtime.liveness.

@@ -78,7 +78,7 @@ class BrokerPause:
 UPGRADE_HINT = (
     " (the queue was declared before job priorities: once every process runs this version, "
     "delete it with rabbitmqctl delete_queue; workers declare it again within seconds and "
-    "the sweeper rings the due jobs again; see the README's 'Priorities')"
+    "the sweeper rings the due jobs again; see docs/guides/priorities.md)"
 )
 """Said after RabbitMQ's refusal of ``x-max-priority`` on a classic queue that an older
 version declared without it."""

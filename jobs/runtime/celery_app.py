@@ -3,7 +3,8 @@ worker signals. ``celery -A jobs.celery_app worker`` runs the default applicatio
 (:mod:`jobs.celery_app`) as users run any Celery daemon.
 
 A message carries one thing, a job ID; the job table holds the rest. Each setting below
-closes one of Celery's known ways to lose or double-run work (see the README):
+closes one of Celery's known ways to lose or double-run work
+(see docs/explanation/celery-settings.md):
 
 - ``task_acks_late``: the message is acknowledged after the task returns, so a worker
   that dies before it claimed the job does not swallow the doorbell.
@@ -64,8 +65,8 @@ log = logging.getLogger("jobs.worker")
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """The Celery configuration every process uses for these settings (the README's
-    "Celery settings, and why" says what each entry is for); the bench's plain side gets
+    """The Celery configuration every process uses for these settings (docs/explanation/
+    celery-settings.md says what each entry is for); the bench's plain side gets
     the same one."""
     config: dict[str, Any] = {
         "broker_url": settings.broker_url,

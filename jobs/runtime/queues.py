@@ -111,8 +111,8 @@ def queue_arguments(settings: Settings) -> dict[str, Any]:
     A classic queue is a priority queue (``x-max-priority``: RabbitMQ delivers a ready
     message of a higher priority first). A quorum queue on RabbitMQ 3.x has no priorities
     (it refuses ``x-max-priority``) and delivers in publish order: high priorities then get
-    a quorum queue of their own, a band (:func:`jobs.runtime.ringer.queue_for`); see the
-    README's "Priorities"."""
+    a quorum queue of their own, a band (:func:`jobs.runtime.ringer.queue_for`); see
+    docs/guides/priorities.md."""
     if settings.queue_type == "quorum":
         return {"x-queue-type": "quorum", "x-delivery-limit": QUORUM_DELIVERY_LIMIT}
     return {"x-max-priority": MAX_PRIORITY}
