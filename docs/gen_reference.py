@@ -51,11 +51,12 @@ SETTING_MEANINGS = {
         "old name `JOBS_REDISPATCH_AFTER_SECONDS` is read as it, with a warning)"
     ),
     "HOLD_COMPLETION_SECONDS": (
-        "PostgreSQL workers: while a pool process is busy, a one-step job's completion is held "
-        "this long for the next claim to carry it in the same round trip (one round trip per "
-        "job), then sent alone; an idle process writes it at once; the job is COMPLETED only "
-        "once it commits, and a worker killed meanwhile leaves the job to be run again from its "
-        "last recorded step (see [Writes per job](../explanation/writes.md))"
+        "PostgreSQL workers of one job per process (prefork, solo; threads and gevent never "
+        "hold, see [Pools](../guides/pools.md)): while a pool process is busy, a one-step job's"
+        " completion is held this long for the next claim to carry it in the same round trip "
+        "(one round trip per job), then sent alone; an idle process writes it at once; the job "
+        "is COMPLETED only once it commits, and a worker killed meanwhile leaves the job to be "
+        "run again from its last recorded step (see [Writes per job](../explanation/writes.md))"
     ),
     "DELIVERY_BUDGET_SECONDS": (
         "one delivery stops at the next step boundary after this (see "
