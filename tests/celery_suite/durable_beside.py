@@ -47,7 +47,7 @@ from jobs.core.settings import from_env, normalize_database_url
 from jobs.core.states import State
 from jobs.runtime.queues import queue_names
 from jobs.schema import upgrade
-from tests.celery_suite.outcomes import OUTCOMES_ENV
+from tests.celery_suite.outcomes import OUTCOMES_ENV, QUEUE_TYPE_ENV
 
 KIND = "celery_suite_beside"
 JOB_WAIT_SECONDS = 30.0
@@ -96,6 +96,7 @@ class Beside:
                 "JOBS_DATABASE_URL": url,
                 "JOBS_BROKER_URL": os.environ.get("TEST_BROKER", "pyamqp://"),
                 "JOBS_DATA_DIR": tempfile.mkdtemp(prefix="celery-suite-jobs-"),
+                "JOBS_QUEUE_TYPE": os.environ.get(QUEUE_TYPE_ENV, "classic"),
             }
         )
         self.registry = Registry(imports=())

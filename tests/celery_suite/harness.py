@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from tests.celery_suite.outcomes import OUTCOMES_ENV
+from tests.celery_suite.outcomes import OUTCOMES_ENV, QUEUE_TYPE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CACHE = ROOT / ".cache" / "celery-sdist"
@@ -223,14 +223,47 @@ def _outcome(by_phase: dict[str, dict[str, object]]) -> tuple[str, str]:
     return str(call["outcome"]), str(call["message"])
 
 
+QUEUE_TYPES = ("classic", "quorum")
+
+
+def pass_tree(tree: Path, out: Path, queue_type: str) -> Path:
+    """A copy of the suite for one pass (``out/celery``): the suite reads its configuration
+    overrides from ``integration-tests-config.json`` in its root, and two passes at once
+    must not share one. ``quorum``: every queue Celery declares is a quorum queue, as a
+    cluster's Celery is configured (topic exchanges, so countdowns use RabbitMQ's native
+    delayed delivery), and the durable jobs' are too."""
+    if queue_type not in QUEUE_TYPES:
+        raise ValueError(f"queue type {queue_type!r}: classic or quorum")
+    copy = out / "celery"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(tree, copy)
+    if queue_type == "quorum":
+        overrides = {
+            "task_default_queue_type": "quorum",
+            # Native delayed delivery (countdown, eta) needs a topic exchange.
+            "task_default_exchange_type": "topic",
+            "broker_transport_options": {"confirm_publish": True},
+        }
+        (copy / "integration-tests-config.json").write_text(json.dumps(overrides))
+    return copy
+
+
 def run_pass(
-    mode: str, tree: Path, tests: Sequence[str], out: Path, *, private_services: bool
+    mode: str,
+    tree: Path,
+    tests: Sequence[str],
+    out: Path,
+    *,
+    private_services: bool,
+    queue_type: str = "classic",
 ) -> Pass:
     """One pass of ``tests`` (paths under ``tree``): ``mode`` is ``plain`` or
-    ``installed`` (durable jobs on the suite's app and beside its tests)."""
+    ``installed`` (durable jobs on the suite's app and beside its tests); ``queue_type``
+    the queues' (:func:`pass_tree`)."""
     if mode not in ("plain", "installed"):
         raise ValueError(f"mode {mode!r}: plain or installed")
     out.mkdir(parents=True, exist_ok=True)
+    tree = pass_tree(tree, out, queue_type)
     outcomes_file = out / "outcomes.jsonl"
     outcomes_file.unlink(missing_ok=True)
     log = out / "pytest.log"
@@ -248,6 +281,7 @@ def run_pass(
                 "REDIS_HOST": host,
                 "REDIS_PORT": str(port),
                 OUTCOMES_ENV: str(outcomes_file),
+                QUEUE_TYPE_ENV: queue_type,
                 "PYTHONPATH": os.pathsep.join(
                     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
                 ),
@@ -278,7 +312,7 @@ def run_pass(
 
 
 def run_both(
-    tests: Sequence[str], out: Path, *, plain_again: bool = False
+    tests: Sequence[str], out: Path, *, plain_again: bool = False, queue_type: str = "classic"
 ) -> tuple[Pass, Pass, Pass | None]:
     """The plain and the installed pass (and a second plain one, to find the tests that
     are flaky on plain Celery), at once when each can have a Redis of its own."""
@@ -288,7 +322,12 @@ def run_both(
 
     def one(mode: str) -> Pass:
         return run_pass(
-            mode.removesuffix("-again"), tree, tests, out / mode, private_services=private
+            mode.removesuffix("-again"),
+            tree,
+            tests,
+            out / mode,
+            private_services=private,
+            queue_type=queue_type,
         )
 
     if private:

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 OUTCOMES_ENV = "CELERY_SUITE_OUTCOMES"
+QUEUE_TYPE_ENV = "CELERY_SUITE_QUEUE_TYPE"
+"""The pass's queue type (``classic`` or ``quorum``): the durable jobs beside use it too."""
 
 
 def _message(report: Any) -> str:
