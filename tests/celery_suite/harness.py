@@ -182,21 +182,30 @@ class Pass:
 def read_outcomes(path: Path) -> tuple[dict[str, str], dict[str, str], dict[str, object]]:
     """Each test's outcome from :mod:`tests.celery_suite.outcomes`' lines: ``passed``,
     ``failed``, ``skipped``, ``xfailed``, ``xpassed``, ``error`` (its set-up failed) or
-    ``collection error``, with ``+teardown error`` when its teardown failed; the message of
-    each test that did not pass; and the durable jobs' summary (installed pass)."""
+    ``collection error``, with ``+N subtest(s) failed`` and ``+teardown error`` when they
+    did; the message of each test that did not pass; and the durable jobs' summary (the
+    installed pass)."""
     phases: dict[str, dict[str, dict[str, object]]] = {}
     beside: dict[str, object] = {}
+    failed_subtests: dict[str, list[str]] = {}
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     for line in lines:
         record = json.loads(line)
         if "beside" in record:
             beside = record["beside"]
-            continue
-        phases.setdefault(record["test"], {})[record["when"]] = record
+        elif record["when"] == "subtest":
+            if record["outcome"] == "failed":
+                failed_subtests.setdefault(record["test"], []).append(str(record["message"]))
+        else:
+            phases.setdefault(record["test"], {})[record["when"]] = record
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
     for test, by_phase in phases.items():
         outcome, why = _outcome(by_phase)
+        failed = failed_subtests.get(test, [])
+        if failed:
+            outcome += f"+{len(failed)} subtest(s) failed"
+            why = f"{why}; subtest: {failed[0]}" if why else f"subtest: {failed[0]}"
         teardown = by_phase.get("teardown")
         if teardown is not None and teardown["outcome"] == "failed":
             outcome += "+teardown error"

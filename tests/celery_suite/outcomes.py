@@ -4,8 +4,9 @@ outcome, one JSON object a line, to the file ``CELERY_SUITE_OUTCOMES`` names.
 Each line is one report: ``{"test": nodeid, "when": "setup"|"call"|"teardown",
 "outcome": "passed"|"failed"|"skipped", "xfail": bool, "message": first line of the
 reason}``. A test rerun by pytest-rerunfailures (``@flaky``) reports again; the last report
-of each phase counts (:func:`tests.celery_suite.harness.read_outcomes`). A collection error
-is a report of ``when == "collect"`` for the module.
+of each phase counts (:func:`tests.celery_suite.harness.read_outcomes`). A subtest
+(pytest's ``subtests`` fixture, which the suite uses) reports with ``when == "subtest"``;
+a collection error with ``when == "collect"``, for the module.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def _write(line: dict[str, Any]) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.outcome == "rerun":  # pytest-rerunfailures: a later report follows
         return
+    subtest = hasattr(report, "context")  # pytest's subtests: reports of their own
     _write(
         {
             "test": report.nodeid,
-            "when": report.when,
+            "when": "subtest" if subtest else report.when,
             "outcome": report.outcome,
             "xfail": hasattr(report, "wasxfail"),
             "message": _message(report)[:300],
