@@ -295,6 +295,9 @@ def run_pass(
                     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
                 ),
                 "PYTHONDONTWRITEBYTECODE": "1",
+                # The suite starts ``celery`` programs of its own: this Python's, as in an
+                # activated virtual environment.
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             }
         )
         if "JOBS_TEST_POSTGRES_URL" in os.environ:
