@@ -56,8 +56,14 @@ SUBSET = (
 """What tests/acceptance/test_celery_suite.py runs: tasks, inspect and canvas's chains, a
 few minutes here (canvas's chords alone take 20 minutes: ``make celery-suite`` runs them)."""
 
-FLAKY_ON_PLAIN_CELERY: dict[str, str] = {}
-"""Tests whose outcome differs between two passes of plain Celery here, left out of the
+FLAKY_ON_PLAIN_CELERY: dict[str, str] = {
+    # Two whole plain passes at once agreed test for test (``--plain-again``); this one
+    # passed in a plain pass run alone and timed out in both plain passes run beside others.
+    "t/integration/test_tasks.py::test_tasks::test_revoked_by_headers_complex_canvas": (
+        "a 20 s pytest-timeout over a canvas of sleeps: passes alone, times out on a loaded machine"
+    ),
+}
+"""Tests whose outcome differs between passes of plain Celery here, left out of the
 comparison, each with why."""
 
 PASS_TIMEOUT_SECONDS = 3 * 3600
