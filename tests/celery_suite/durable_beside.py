@@ -80,17 +80,9 @@ class Beside:
         admin_url = normalize_database_url(
             os.environ.get("JOBS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
         )
-        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
         name = f"celery_suite_{uuid.uuid4().hex[:10]}"
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        self.database = name
         url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        engine = make_engine(url)
-        try:
-            upgrade(engine)
-        finally:
-            engine.dispose()
+        # The settings first: a bad TEST_BROKER stops the run before a database is made.
         self.settings = from_env(
             {
                 "JOBS_DATABASE_URL": url,
@@ -99,6 +91,15 @@ class Beside:
                 "JOBS_QUEUE_TYPE": os.environ.get(QUEUE_TYPE_ENV, "classic"),
             }
         )
+        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.database = name
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
         self.registry = Registry(imports=())
         self.registry.register(KIND, beside, max_attempts=3)
         self.app = JobsApp(self.settings, registry=self.registry)
