@@ -12,6 +12,7 @@ Public API::
 
     job_id = jobs.submit("check_order", {"order_id": 42})
     jobs.approve(job_id, by="alice")
+    result = check_order.delay(order_id=42)   # Celery's way: a jobs.JobResult handle
 
 Importing :mod:`jobs` imports no Celery, no SQLAlchemy and none of ``JOBS_IMPORTS``: a
 module that only defines jobs stays light (a worker's main process never connects to the
@@ -39,8 +40,10 @@ from jobs.core.errors import (
     UnknownJob,
     UnknownKind,
 )
-from jobs.core.registry import REGISTRY, job
+from jobs.core.registry import REGISTRY
+from jobs.core.signatures import Signature
 from jobs.core.states import TRANSITIONS, State
+from jobs.tasks import JobTask, job
 
 if TYPE_CHECKING:
     from jobs.api import (
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
     from jobs.application import JobsApp, default_app
     from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
+    from jobs.results import JobFailure, JobResult
     from jobs.submit_options import SubmitOptions
 
 _LAZY = {
@@ -100,6 +104,7 @@ _LAZY = {
     **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
     "SubmitOptions": "jobs.submit_options",
+    **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
     "Schedule": "jobs.core.schedule",
 }
 
@@ -126,13 +131,17 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobFailure",
     "JobFilter",
+    "JobResult",
+    "JobTask",
     "JobsApp",
     "KindLimits",
     "LeaseLost",
     "NothingToWake",
     "Schedule",
     "SettingsError",
+    "Signature",
     "State",
     "Step",
     "StepError",

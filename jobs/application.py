@@ -106,6 +106,12 @@ class JobsApp(JobOperations):
                     settings = from_env(env)
                     if settings.celery_app is not None and self._adopted is None:
                         self._import_celery_app(settings.celery_app)
+                        if self._defaults_source is not source:
+                            # The import set a framework up (Celery's Django fix-up calls
+                            # django.setup()), whose settings now fill the gaps.
+                            source = self._defaults_source
+                            env = {**(source() if source else {}), **os.environ}
+                            settings = from_env(env)
                     self._settings = self._with_adopted_broker(settings, env)
                 settings = self._settings
         return settings
@@ -141,6 +147,13 @@ class JobsApp(JobOperations):
             self._defaults_source = source
             self._defaults_source_name = name
             self.reset_settings()
+
+    @property
+    def defaults_source_name(self) -> str | None:
+        """Where the settings the environment leaves unset come from (``settings.JOBS``, an
+        app's ``app.config``), or ``None`` without a defaults source: how ``jobctl`` knows
+        a framework has already supplied them (``manage.py jobs``, ``flask jobs``)."""
+        return self._defaults_source_name if self._defaults_source is not None else None
 
     def source_settings(self) -> dict[str, str]:
         """The ``JOBS_*`` values the defaults source supplies (``{}`` without one): what a
@@ -231,6 +244,12 @@ class JobsApp(JobOperations):
         with self._guard:
             self._injected_ringer = (ringer,)
         self.runtime.use_doorbell(ringer)
+
+    @property
+    def doorbell_replaced(self) -> bool:
+        """Whether :meth:`use_doorbell` replaced the broker's doorbell (a test's, or none):
+        then no doorbell goes to the broker the settings name."""
+        return self._injected_ringer is not None
 
     def reset(self) -> None:
         """Close and forget the runtime (engine, doorbell, locks) and an injected doorbell;

@@ -120,7 +120,7 @@ def _wait_for(check: Callable[[], Job | None], timeout: float, what: str) -> Job
 
 
 def _free_id(store: JobStore, wanted: str) -> str:
-    """``wanted``, or ``wanted.2``, ``wanted.3`` … when an earlier demo on a shared
+    """``wanted``, or ``wanted-2``, ``wanted-3`` … when an earlier demo on a shared
     database already used it (job IDs are never reused)."""
     candidate, n = wanted, 1
     while True:
@@ -129,7 +129,7 @@ def _free_id(store: JobStore, wanted: str) -> str:
         except UnknownJob:
             return candidate
         n += 1
-        candidate = f"{wanted}.{n}"
+        candidate = f"{wanted}-{n}"
 
 
 def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) -> bool:

@@ -9,11 +9,12 @@ QUEUED (the caller's own transaction's, when it passes ``connection=``/``session
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobs.core.errors import AdmissionRefused, InvalidInput
@@ -52,12 +53,17 @@ if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main pr
 
 log = logging.getLogger("jobs")
 
+AmbientUnit = Callable[[], contextlib.AbstractContextManager["UnitOfWork | None"]]
+"""Where a submit given no transaction finds the caller's own, if it is in one (Django's
+``transaction.atomic()``: ``jobs.contrib.django``)."""
+
 
 class JobOperations:
     """What an application does with jobs (see the module's docstring). Mixed into
     :class:`jobs.application.JobsApp`, which provides the four members below."""
 
     registry: Registry
+    _ambient_unit: AmbientUnit | None = None
 
     @property
     def settings(self) -> Settings:
@@ -75,6 +81,27 @@ class JobOperations:
         raise NotImplementedError
 
     # -- submitting ------------------------------------------------------------------------
+
+    def join_transactions_from(self, source: AmbientUnit | None) -> None:
+        """Let a submit given no ``connection=``/``session=``/``unit=`` join the
+        transaction ``source()`` finds the caller in (a context manager yielding a unit of
+        work, or ``None`` when there is none): how a plain ``jobs.submit`` (or ``.delay()``)
+        inside Django's ``transaction.atomic()`` commits or rolls back with it. ``None``
+        removes the source."""
+        self._ambient_unit = source
+
+    def _joined(
+        self,
+        connection: Connection | None,
+        session: Session | scoped_session[Any] | None,
+        unit: UnitOfWork | None,
+    ) -> contextlib.AbstractContextManager[UnitOfWork | None]:
+        """The transaction a submit joins: the one it was given, else the caller's ambient
+        one (:meth:`join_transactions_from`), else none (it commits alone)."""
+        given = _unit_for(connection, session, unit)
+        if given is not None or self._ambient_unit is None:
+            return contextlib.nullcontext(given)
+        return self._ambient_unit()
 
     def submit(
         self,
@@ -102,7 +129,9 @@ class JobOperations:
         With ``connection=`` (a SQLAlchemy ``Connection`` in a transaction), ``session=`` (a
         SQLAlchemy ``Session``) or ``unit=``, the job is written in the caller's
         transaction: a rollback leaves no job, and the doorbell rings only after the commit.
-        On an error, roll the caller's transaction back.
+        On an error, roll the caller's transaction back. Without them, a transaction the
+        caller is in joins the same way where a framework says how to find it
+        (:meth:`join_transactions_from`: Django's ``atomic()`` on the jobs' database).
 
         A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=``
         is the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused),
@@ -121,7 +150,8 @@ class JobOperations:
         """
         chosen = _chosen(options, max_attempts, delay, delay_seconds, run_at, priority, queue)
         job_kind, row = self._prepare(kind, inputs, job_id, chosen, *chosen.start())
-        return self._insert(job_kind, [row], _unit_for(connection, session, unit))[0]
+        with self._joined(connection, session, unit) as joined:
+            return self._insert(job_kind, [row], joined)[0]
 
     def submit_many(
         self,
@@ -146,6 +176,8 @@ class JobOperations:
         or none), and caller-chosen ``job_ids`` are idempotent one by one."""
         if isinstance(inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per job")
+        if isinstance(job_ids, str | bytes | dict):  # a str is a sequence of one-letter IDs
+            raise InvalidInput("job_ids must be a list of job IDs, one per input, not one string")
         if job_ids is not None and len(job_ids) != len(inputs):
             raise InvalidInput(f"{len(job_ids)} job ids given for {len(inputs)} inputs")
         if len(inputs) > MAX_SUBMIT_MANY:  # one transaction holds SQLite's write lock throughout
@@ -167,17 +199,25 @@ class JobOperations:
             rows.append(row)
         if not rows:
             return []
-        return self._insert(job_kind, rows, _unit_for(connection, session, unit))
+        with self._joined(connection, session, unit) as joined:
+            return self._insert(job_kind, rows, joined)
 
     def check_submit(
-        self, kind: str, inputs: dict[str, Any] | None = None, *, count: int = 1
+        self,
+        kind: str,
+        inputs: dict[str, Any] | None = None,
+        *,
+        count: int = 1,
+        job_id: str | None = None,
     ) -> None:
         """Raise now what submitting ``count`` such jobs would raise
         (:class:`jobs.InvalidInput`, :class:`jobs.UnknownKind`, :class:`jobs.AdmissionRefused`
-        for a full queue) and write nothing. For a submit made after the caller's commit
-        (``submit_on_commit`` in ``jobs.contrib``): a refusal found here can still roll the
-        caller's work back. The queue may fill up between the check and the submit."""
-        job_kind, _row = self._prepare(kind, inputs, None, SubmitOptions(), 0, None)
+        for a full queue) and write nothing; with ``job_id``, its caller-chosen ID is
+        checked too (one reserved for schedule ticks or child jobs is refused). For a submit
+        made after the caller's commit (``submit_on_commit`` in ``jobs.contrib``): a refusal
+        found here can still roll the caller's work back. The queue may fill up between the
+        check and the submit."""
+        job_kind, _row = self._prepare(kind, inputs, job_id, SubmitOptions(), 0, None)
         runtime = self.runtime
         runtime.seed_limits([job_kind])
         runtime.store.check_admission(kind, count)

@@ -2,7 +2,9 @@
 
 The embedded default (SQLite) upgrades itself on first use so ``import jobs`` just
 works on a laptop; a shared PostgreSQL is upgraded only by ``jobctl db upgrade``, and
-a process that finds it behind stops with a message saying so.
+a process that finds it behind stops with a message saying so. A schema newer than the
+code (written by a newer release) is never "upgraded": the message names both revisions
+and says to upgrade the code.
 """
 
 from __future__ import annotations
@@ -21,6 +23,43 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def known_revisions() -> list[str]:
+    """Every revision this code's migrations know, oldest first, read from the migration
+    files' names (``0006_workflows.py`` is revision ``0006``) without loading Alembic."""
+    return sorted(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+
+
+def is_newer(current: str | None) -> bool:
+    """Whether ``current`` is a revision this code does not know: a newer release's."""
+    return current is not None and current not in known_revisions()
+
+
+def skew(engine: Engine, current: str | None, needed: str = SCHEMA_REVISION) -> str | None:
+    """Why the job tables at ``current`` cannot serve this code, in one line naming both
+    revisions and what to run, or None when they are at ``needed``."""
+    if current == needed:
+        return None
+    where = engine.url.render_as_string(hide_password=True)
+    if is_newer(current):
+        return (
+            f"the jobs schema in {where} is at {current}, newer than this code (it knows "
+            f"up to {needed}): upgrade durable-jobs on this host to the release that wrote "
+            "it; `jobctl db upgrade` never takes a schema back"
+        )
+    return (
+        f"the jobs schema in {where} is at {current or 'nothing'}, this code needs "
+        f"{needed}: run `jobctl db upgrade`"
+    )
+
+
+def refuse_newer(engine: Engine) -> None:
+    """Raise :class:`SettingsError` if the job tables are at a revision this code does not
+    know (Alembic would fail with a traceback on it)."""
+    current = current_revision(engine)
+    if is_newer(current):
+        raise SettingsError(skew(engine, current) or "")
 
 
 def alembic_config(engine: Engine) -> Config:
@@ -67,6 +106,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     serializes them)."""
     from alembic import command  # noqa: PLC0415
 
+    refuse_newer(engine)
     config = alembic_config(engine)
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -79,13 +119,11 @@ def ensure_schema(engine: Engine) -> None:
     """Check (PostgreSQL) or bring up to date (SQLite) the job tables; the revision the
     code needs is :data:`jobs.core.models.SCHEMA_REVISION`, checked against Alembic's head
     by the test-suite, so a process whose schema is current never imports Alembic."""
-    current, head = current_revision(engine), SCHEMA_REVISION
+    current = current_revision(engine)
     if engine.dialect.name == "sqlite":
-        if current != head:
-            upgrade(engine)
+        if current != SCHEMA_REVISION:
+            upgrade(engine)  # refuses a newer schema in one line
         return
-    if current != head:
-        raise SettingsError(
-            f"the jobs schema in {engine.url.render_as_string(hide_password=True)} is at "
-            f"{current or 'nothing'}, this code needs {head}: run `jobctl db upgrade`"
-        )
+    message = skew(engine, current)
+    if message is not None:
+        raise SettingsError(message)

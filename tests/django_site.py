@@ -65,6 +65,7 @@ def configure(default_sqlite: Path) -> None:
         ],
         MIDDLEWARE=[
             "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
             "django.contrib.auth.middleware.AuthenticationMiddleware",
             "django.contrib.messages.middleware.MessageMiddleware",
             "jobs.contrib.django.AdmissionRefusedMiddleware",
@@ -142,11 +143,14 @@ def django_world(
     jobs_isolated: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
     """Django set up, the settings.JOBS source in place for this test only."""
-    from jobs.application import set_defaults_source  # noqa: PLC0415
-    from jobs.contrib.django.apps import settings_env  # noqa: PLC0415
+    from jobs.application import default_app, set_defaults_source  # noqa: PLC0415
+    from jobs.contrib.django.ambient import joining_django_transactions  # noqa: PLC0415
+    from jobs.contrib.django.apps import database_url, settings_env  # noqa: PLC0415
 
     configure(tmp_path_factory.getbasetemp() / "django-default.sqlite3")
     set_defaults_source(settings_env)
+    # What the app's ready() does (once per process), for this test only.
+    default_app().join_transactions_from(joining_django_transactions(database_url))
     try:
         yield
     finally:
@@ -159,3 +163,4 @@ def django_world(
             del connections.settings[alias]
         ROUTER.alias = "default"
         set_defaults_source(None)
+        default_app().join_transactions_from(None)

@@ -23,7 +23,7 @@ from jobs.core.errors import SettingsError
 from jobs.core.settings import from_env
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.celery_app import make_app
-from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.queues import DOORBELL_HEADER, TASK_NAME
 from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
@@ -67,7 +67,12 @@ def take_all(publisher: CeleryRinger) -> list[Any]:
 
 
 def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryRinger) -> None:
-    publisher.app.send_task(TASK_NAME, args=("by-celery",), queue=publisher.settings.queue)
+    publisher.app.send_task(  # with the header only doorbells carry
+        TASK_NAME,
+        args=("by-celery",),
+        queue=publisher.settings.queue,
+        headers={DOORBELL_HEADER: True},
+    )
     publisher(["by-us"])
     first, by_celery, by_us = take_all(publisher)
     assert json.loads(first.body)[0] == ["first"]

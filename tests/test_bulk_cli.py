@@ -148,7 +148,7 @@ def test_bulk_refuses_without_a_filter_or_with_an_id_too() -> None:
     one_line_error(jobctl("retry", job_id, "--dry-run"), "go with filters", code=2)
     one_line_error(jobctl("retry", "--state", "RUNNING"), "FAILED or CANCELLED", "not RUNNING")
     one_line_error(jobctl("retry", "--since", "yesterday"), "--since")
-    one_line_error(jobctl("retry", "--error-like", "%%"), "--error-like")
+    one_line_error(jobctl("retry", "--error-like", "  "), "--error-like", "only blanks")
     assert jobs.get(job_id).state is State.FAILED
 
 

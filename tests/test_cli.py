@@ -342,6 +342,7 @@ def test_show_text_lists_record_steps_and_history() -> None:
 
 
 def test_show_of_an_unknown_id_is_one_line() -> None:
+    jobctl("db", "upgrade")
     assert_one_line_error(jobctl("show", "nope"), "unknown job id 'nope'")
     assert_one_line_error(jobctl("show", "nope", "--json"), "unknown job id 'nope'")
 
@@ -381,6 +382,7 @@ def test_list_table_has_a_header_and_one_row_per_job_with_its_priority() -> None
 
 
 def test_list_with_no_jobs_says_so() -> None:
+    jobctl("db", "upgrade")
     assert jobctl("list").stdout == "no jobs\n"
     assert json.loads(jobctl("list", "--json").stdout) == []
 
@@ -475,6 +477,7 @@ def test_stats_text_shows_queue_depth() -> None:
 
 
 def test_stats_of_an_empty_ledger() -> None:
+    jobctl("db", "upgrade")
     figures = json.loads(jobctl("stats", "--json").stdout)
 
     assert (figures["total"], figures["queue_depth"], figures["oldest_queued"]) == (0, 0, None)
@@ -574,6 +577,7 @@ def test_installed_jobctl_submits_and_shows(cli_env: dict[str, str]) -> None:
 
 
 def test_python_dash_m_jobs_reports_mistakes_in_one_line(cli_env: dict[str, str]) -> None:
+    child([sys.executable, "-m", "jobs", "db", "upgrade"], cli_env)
     unknown = child([sys.executable, "-m", "jobs", "show", "nope"], cli_env)
     bad_json = child(
         [sys.executable, "-m", "jobs", "submit", "child_check", "--input", "{"], cli_env
@@ -624,6 +628,7 @@ def test_out_of_range_numbers_are_usage_errors(args: list[str]) -> None:
 
 def test_an_id_that_is_not_utf8_is_one_line(cli_env: dict[str, str]) -> None:
     """Bytes that are not UTF-8 reach Python as surrogates; the database cannot encode them."""
+    child([sys.executable, "-m", "jobs", "db", "upgrade"], cli_env)
     result = subprocess.run(
         [sys.executable, "-m", "jobs", "show", b"\xff\xfe".decode("utf-8", "surrogateescape")],
         env=cli_env,

@@ -64,18 +64,20 @@ def test_install_adds_the_runner_and_a_task_per_kind_with_durability_options(
         assert task.ignore_result is True
     assert installed_on(app) is not None
     assert installed_on(app).host is installed  # type: ignore[union-attr]
-    # A kind registered later gets its task when a worker starts (register_kind_tasks).
+    # A kind registered after install gets its task at once, in any process of the app.
     installed.registry.register("send_email", lambda ctx, to: to, queue="mail")
-    added = register_kind_tasks(app, installed_on(app), installed.registry.names())  # type: ignore[arg-type]
-    assert added == ["jobs.send_email"]
     assert tasks["jobs.send_email"].acks_late is True
+    added = register_kind_tasks(app, installed_on(app), installed.registry.names())  # type: ignore[arg-type]
+    assert added == []  # nothing left to add
 
 
 def test_install_leaves_the_users_settings_and_tasks_as_they_were(tmp_path: Path) -> None:
     app = user_app()
     before = {key: app.conf[key] for key in USER_CONF}
     install(app, jobs_app=jobs_app(tmp_path))
-    assert {key: app.conf[key] for key in USER_CONF} == before
+    routes = app.conf.task_routes  # the kinds' routes first, then the app's own as they were
+    assert routes[1:] == (before.pop("task_routes"),)
+    assert {key: app.conf[key] for key in USER_CONF if key != "task_routes"} == before
     add = app.tasks["proj.tasks.add"]
     assert add.acks_late is False  # the app's own default, not ours
     assert add.serializer == "yaml"
@@ -142,3 +144,80 @@ def test_jobs_celery_app_is_checked_and_must_install(
     monkeypatch.setenv("JOBS_CELERY_APP", "no_such_project_module")
     with pytest.raises(jobs.SettingsError, match="cannot import it"):
         JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+
+
+def test_install_puts_every_durable_queue_with_its_arguments_into_the_apps_config(
+    tmp_path: Path,
+) -> None:
+    app = user_app()
+    application = install(app, jobs_app=jobs_app(tmp_path))
+    queues = {queue.name: queue for queue in app.conf.task_queues}
+    # The app listed no queues: Celery's default queue stays, beside the durable ones.
+    assert set(queues) == {"default", "jobs", "video"}
+    assert queues["default"].queue_arguments is None
+    for name in ("jobs", "video"):
+        assert queues[name].queue_arguments == {"x-max-priority": 9}
+    # What a worker with no -Q consumes, and how every process of the app declares them.
+    assert set(app.amqp.queues.consume_from) == {"default", "jobs", "video"}
+    # A kind defined after install, with the app's queues already built: there at once.
+    application.registry.register("send_email", lambda ctx, to: to, queue="mail")
+    assert app.amqp.queues["mail"].queue_arguments == {"x-max-priority": 9}
+    assert "mail" in [queue.name for queue in app.conf.task_queues]
+    # Each kind's task is routed to its queue; the app's own routes still route its tasks.
+    router = app.amqp.router
+    assert router.route({}, "jobs.transcode")["queue"].name == "video"
+    assert router.route({}, "jobs.send_email")["queue"].name == "mail"
+    assert router.route({}, "jobs.run")["queue"].name == "jobs"
+    assert router.route({}, "proj.tasks.add")["queue"].name == "default"
+
+
+def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jobs.runtime.queues import declared_queue  # noqa: PLC0415
+
+    app = user_app(task_default_queue="jobs")
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        application = install(app, jobs_app=jobs_app(tmp_path))
+    assert "set JOBS_QUEUE to another name" in caplog.text
+    queues = [queue for queue in app.conf.task_queues if queue.name == "jobs"]
+    assert len(queues) == 1
+    assert queues[0].queue_arguments is None  # the app's own declaration, kept
+    # The doorbells declare it the same way, so no process is refused (PRECONDITION_FAILED).
+    assert declared_queue(app, application.settings, "jobs").queue_arguments is None
+    assert declared_queue(app, application.settings, "video").queue_arguments == {
+        "x-max-priority": 9
+    }
+
+
+def test_a_kind_looked_up_imports_the_apps_task_modules_once_and_a_broken_one_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobs  # noqa: PLC0415
+
+    (tmp_path / "shop_tasks.py").write_text(
+        "from jobs.core.registry import REGISTRY\nimport shop_counter\nshop_counter.imported += 1\n"
+    )
+    (tmp_path / "shop_counter.py").write_text("imported = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = user_app(include=["shop_tasks", "shop_kinds"])
+    application = install(app, jobs_app=jobs_app(tmp_path))
+    (tmp_path / "shop_kinds.py").write_text("raise RuntimeError('no database configured')\n")
+    with pytest.raises(jobs.SettingsError, match="cannot import its task modules: RuntimeError"):
+        application.registry.get("ship")
+    (tmp_path / "shop_kinds.py").write_text(  # fixed: the next look-up imports again
+        "import jobs.contrib.celery\n"
+        "from tests.test_contrib_celery import INSTALLED\n"
+        "INSTALLED[0].registry.register('ship', lambda ctx, order: order)\n"
+    )
+    INSTALLED[:] = [application]
+    assert application.registry.get("ship").name == "ship"
+    assert app.tasks["jobs.ship"].acks_late is True
+    with pytest.raises(jobs.UnknownKind):
+        application.registry.get("not_a_kind")  # no second import of the app's modules
+    import shop_counter  # noqa: PLC0415
+
+    assert shop_counter.imported == 1
+
+
+INSTALLED: list[JobsApp] = []

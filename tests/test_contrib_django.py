@@ -7,6 +7,7 @@ admin user) and cancels, settings come from settings.JOBS under the environment.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,19 +142,43 @@ def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Doorb
 
 
 def test_approval_through_the_app_resumes_a_waiting_job(shop: Doorbell) -> None:
+    """The shop's approve endpoint acts as the logged-in staff user holding
+    ``durable_jobs.approve_job`` and takes Django's CSRF token: anonymous is 401, without
+    the permission 403, without the token 403, each changing nothing; the approval is
+    recorded under the user's name, whatever the body's ``by`` says."""
     from django.test import Client  # noqa: PLC0415
 
-    client = Client()
+    client = Client(enforce_csrf_checks=True)
     created = post(client, "/orders", {"customer": "dee", "total_cents": 250_000}).json()
     testing.drain()
-    assert jobs.get(created["job_id"]).state is State.WAITING_APPROVAL
-    approved = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    job_id = created["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approve = f"/orders/{created['order_id']}/approve"
+    assert post(client, approve, {"by": "erin"}).status_code == 403  # no CSRF token
+    assert post(Client(), approve, {"by": "erin"}).status_code == 401  # not logged in
+
+    client.force_login(staff_user("clerk", "view_jobrow"))
+    client.get("/admin/")  # a page with a form: Django sets the csrftoken cookie
+    token = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
+    refused = client.post(approve, "{}", content_type="application/json", **token)
+    assert refused.status_code == 403, refused.content
+
+    client.force_login(staff_user("erin", "view_jobrow", "approve_job"))
+    client.get("/admin/")
+    token = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
+    forged = post(client, approve, {"by": "mallory"})  # no token: a cross-site form
+    assert forged.status_code == 403
+    assert b"CSRF" in forged.content
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+
+    body = json.dumps({"by": "mallory"})
+    approved = client.post(approve, body, content_type="application/json", **token)
     assert approved.status_code == 200, approved.content
-    assert shop.rung[-1] == created["job_id"]
-    again = post(client, f"/orders/{created['order_id']}/approve", {"by": "erin"})
+    assert shop.rung[-1] == job_id
+    again = client.post(approve, body, content_type="application/json", **token)
     assert again.status_code == 409
     testing.drain()
-    job = jobs.get(created["job_id"])
+    job = jobs.get(job_id)
     assert job.state is State.COMPLETED
     assert job.result == {"order_id": created["order_id"], "approved_by": "erin"}
 
@@ -223,6 +248,34 @@ def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rol
         jobs.contrib.django.submit(kind, using=ROUTER.alias)
     with pytest.raises(AdmissionRefused):
         jobs.submit(kind)
+
+
+def test_a_plain_submit_or_delay_inside_atomic_joins_djangos_transaction(
+    shop: Doorbell,
+) -> None:
+    """jobs.submit and .delay() given no transaction join the caller's atomic() on the jobs'
+    database: a rollback leaves no job and rings nothing; a commit rings after it."""
+    from django.db import transaction  # noqa: PLC0415
+    from orders.jobs import check_order  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    alias = ROUTER.alias
+    before = len(jobs.list_jobs(kind=KIND, limit=1000))
+    ids = rolled_back(
+        alias, lambda: [jobs.submit(KIND, {"order_id": 1}), check_order.delay(order_id=2).id]
+    )
+    assert len(ids) == 2
+    for job_id in ids:
+        with pytest.raises(jobs.UnknownJob):
+            jobs.get(job_id)
+    assert len(jobs.list_jobs(kind=KIND, limit=1000)) == before
+    assert shop.rung == []
+    with transaction.atomic(using=alias):
+        joined = check_order.delay(order_id=3).id
+        assert shop.rung == []  # not before the commit
+    assert shop.rung == [joined]
+    assert jobs.get(joined).state is State.QUEUED
 
 
 def test_submit_on_commit_checks_admission_first_and_submits_after_the_commit(
@@ -353,3 +406,192 @@ def test_the_admin_shows_a_waiting_parent_its_children_and_a_childs_parent(
     assert f'<a href="/admin/durable_jobs/jobrow/{second}/change/">{second}</a> QUEUED' in page
     child = client.get(f"/admin/durable_jobs/jobrow/{second}/change/").content.decode()
     assert f'<a href="/admin/durable_jobs/jobrow/{parent.id}/change/">{parent.id}</a>' in child
+
+
+def staff_user(username: str, *codenames: str) -> Any:
+    """A staff user (not a superuser) holding the ``durable_jobs`` permissions named."""
+    from django.contrib.auth.models import Permission, User  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    users = User.objects.db_manager(ROUTER.alias)
+    users.filter(username=username).delete()
+    user = users.create_user(username, f"{username}@example.com", "pw", is_staff=True)
+    granted = Permission.objects.db_manager(ROUTER.alias).filter(
+        content_type__app_label="durable_jobs", codename__in=codenames
+    )
+    assert sorted(p.codename for p in granted) == sorted(codenames)
+    user.user_permissions.set(granted)
+    return users.get(pk=user.pk)  # a fresh object: no cached permissions
+
+
+def test_each_admin_action_needs_a_permission_of_its_own(shop: Doorbell) -> None:
+    """A staff user holding only the view permission sees jobs but is offered no action,
+    and a POST of one is refused (403) and changes nothing; ``approve_job`` offers Approve
+    and takes it (as that user), and still not Cancel or Retry."""
+    from django.test import Client  # noqa: PLC0415
+
+    changelist = "/admin/durable_jobs/jobrow/"
+    client = Client()
+    big = post(client, "/orders", {"customer": "gus", "total_cents": 300_000}).json()
+    testing.drain()
+    job_id = big["job_id"]
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    moves = len(jobs.history(job_id))
+
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    listing = client.get(changelist)
+    assert listing.status_code == 200
+    assert job_id in listing.content.decode()
+    for action in ("approve_jobs", "cancel_jobs", "retry_jobs"):
+        assert action not in listing.content.decode()
+        refused = client.post(changelist, {"action": action, "_selected_action": [job_id]})
+        assert refused.status_code == 403, (action, refused.status_code)
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    assert len(jobs.history(job_id)) == moves
+    assert client.get(f"{changelist}{job_id}/change/").status_code == 200
+
+    client.force_login(staff_user("approver", "view_jobrow", "approve_job"))
+    offered = client.get(changelist).content.decode()
+    assert "approve_jobs" in offered
+    assert "cancel_jobs" not in offered
+    assert "retry_jobs" not in offered
+    cancel = client.post(changelist, {"action": "cancel_jobs", "_selected_action": [job_id]})
+    assert cancel.status_code == 403
+    assert jobs.get(job_id).state is State.WAITING_APPROVAL
+    approved = client.post(changelist, {"action": "approve_jobs", "_selected_action": [job_id]})
+    assert approved.status_code == 302
+    assert [t.approved_by for t in jobs.history(job_id) if t.approved_by] == ["admin:approver"]
+
+
+ADMIN_CHILDREN = 20_000
+ADMIN_OUTPUT_CHARS = 1_000_000
+ADMIN_HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="alert(1)">'
+
+
+@jobs.job("shop_many_children")
+def shop_many_children(ctx: jobs.JobContext, count: int) -> int:
+    return len(ctx.map("shop_square", [{"n": n} for n in range(count)]))
+
+
+@jobs.job("shop_big_outputs")
+def shop_big_outputs(ctx: jobs.JobContext, steps: int) -> int:
+    ctx.step("hostile", lambda: ADMIN_HOSTILE)
+    for index in range(steps):
+        ctx.step(f"big-{index:02d}", lambda index=index: str(index % 10) * ADMIN_OUTPUT_CHARS)
+    return steps
+
+
+def test_the_admin_change_page_pages_and_clips_with_memory_flat(
+    shop: Doorbell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent with 20,000 children and a job with sixty 1 MiB outputs: the change page
+    shows a page of each table (links to the next), outputs clipped with a link to the
+    whole value (plain text, for a user who may view jobs), stored HTML escaped; the page
+    is small and rendering it allocates little."""
+    import tracemalloc  # noqa: PLC0415
+
+    from django.test import Client  # noqa: PLC0415
+
+    from jobs.application import reset_settings  # noqa: PLC0415
+
+    monkeypatch.setenv("JOBS_LEASE_SECONDS", "600")  # in-process runs that write a lot
+    reset_settings()
+    jobs.api.reset()
+    parent = testing.perform_job("shop_many_children", {"count": ADMIN_CHILDREN})
+    big = testing.perform_job("shop_big_outputs", {"steps": 60})
+    assert parent.state is State.WAITING, parent.last_error
+    assert big.state is State.COMPLETED, big.last_error
+    client = Client()
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    page_of = "/admin/durable_jobs/jobrow/{}/change/"
+
+    client.get(page_of.format(parent.id))  # warm: templates, permissions
+    tracemalloc.start()
+    try:
+        children = client.get(page_of.format(parent.id))
+        outputs = client.get(page_of.format(big.id))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert children.status_code == 200
+    assert outputs.status_code == 200
+    print(
+        f"admin: children page {len(children.content)} bytes, outputs page "
+        f"{len(outputs.content)} bytes, peak allocation {peak / 2**20:.1f} MiB"
+    )
+    assert len(children.content) < 200_000
+    assert len(outputs.content) < 400_000
+    assert peak < 30 * 2**20
+    first = set(re.findall(rf">({re.escape(parent.id)}\.map\.\d+)</a>", children.content.decode()))
+    assert len(first) == 100
+    assert f"1-100 of {ADMIN_CHILDREN}" in children.content.decode()
+    following = client.get(page_of.format(parent.id), {"children": 100}).content.decode()
+    second = set(re.findall(rf">({re.escape(parent.id)}\.map\.\d+)</a>", following))
+    assert len(second) == 100
+    assert not first & second
+    assert "children=200" in following
+
+    shown = outputs.content.decode()
+    assert f"the whole {ADMIN_OUTPUT_CHARS + 2} characters" in shown
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in shown
+    assert "<script>window" not in shown
+    assert "<img src=x" not in shown
+    value = f"/admin/durable_jobs/jobrow/{big.id}/value/"
+    whole = client.get(value, {"step": "big-07"})
+    assert whole.status_code == 200
+    assert whole["Content-Type"].startswith("text/plain")
+    assert whole["X-Content-Type-Options"] == "nosniff"
+    assert whole.content.decode() == '"' + "7" * ADMIN_OUTPUT_CHARS + '"'
+    assert client.get(value, {"step": "nope"}).status_code == 400
+    assert client.get(value, {"field": "inputs"}).content.decode() == '{\n  "steps": 60\n}'
+    client.force_login(staff_user("nobody"))
+    assert client.get(value, {"step": "big-07"}).status_code == 403
+
+
+@jobs.job("shop_padded")
+def shop_padded(ctx: jobs.JobContext, pad: str) -> int:
+    return len(pad)
+
+
+def test_the_admin_list_reads_no_inputs_or_results(shop: Doorbell) -> None:
+    """Thirty jobs with inputs of almost 1 MiB each: the list page (100 to a page) reads
+    none of them, so rendering it allocates little."""
+    import tracemalloc  # noqa: PLC0415
+
+    from django.test import Client  # noqa: PLC0415
+
+    for _ in range(30):
+        jobs.submit("shop_padded", {"pad": "p" * 1_000_000})
+    client = Client()
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    client.get("/admin/durable_jobs/jobrow/")  # warm
+    tracemalloc.start()
+    try:
+        listing = client.get("/admin/durable_jobs/jobrow/")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert listing.status_code == 200
+    print(f"admin list: {len(listing.content)} bytes, peak allocation {peak / 2**20:.1f} MiB")
+    assert peak < 10 * 2**20
+
+
+def test_submit_on_commit_refuses_a_reserved_job_id_before_the_commit(shop: Doorbell) -> None:
+    """A caller-chosen ID of a child's form (or a tick's) is refused while the view can
+    still roll back, not after its commit, when the refusal could only be logged."""
+    from django.db import transaction  # noqa: PLC0415
+
+    import jobs.contrib.django  # noqa: PLC0415
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    for reserved in ("order-1.charge", "report@2030-01-01T00:00:00Z"):
+        with (
+            pytest.raises(jobs.InvalidInput, match="reserved"),
+            transaction.atomic(using=ROUTER.alias),
+        ):
+            jobs.contrib.django.submit_on_commit(
+                KIND, {"order_id": 1}, using=ROUTER.alias, job_id=reserved
+            )
+        with pytest.raises(jobs.UnknownJob):
+            jobs.get(reserved)

@@ -58,7 +58,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
     else:
         url = request.getfixturevalue("clean_pg_web_url")
     app = shop_flask.create_app(
-        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF_TOKEN": "s3cret"}
+        {"SQLALCHEMY_DATABASE_URI": url, "TESTING": True, "SHOP_STAFF": {"erin": "s3cret"}}
     )
     try:
         with app.app_context():
@@ -116,14 +116,22 @@ def test_a_full_queue_answers_429_with_retry_after_and_saves_nothing(shop: Shop)
 
 
 def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
+    """The shop's approve endpoint takes only a staff token (401 without one, or with a
+    wrong one, changing nothing) and records the user the token names, whatever the body's
+    ``by`` says."""
     created = shop.client.post("/orders", json={"customer": "dee", "total_cents": 250_000})
     order = created.get_json()
     testing.drain()
     assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
-    approved = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    approve = f"/orders/{order['order_id']}/approve"
+    assert shop.client.post(approve, json={"by": "erin"}).status_code == 401
+    guessed = shop.client.post(approve, json={"by": "erin"}, headers={"Authorization": "Bearer s"})
+    assert guessed.status_code == 401
+    assert jobs.get(order["job_id"]).state is State.WAITING_APPROVAL
+    approved = shop.client.post(approve, json={"by": "mallory"}, headers=STAFF)
     assert approved.status_code == 200
     assert shop.rung[-1] == order["job_id"]
-    again = shop.client.post(f"/orders/{order['order_id']}/approve", json={"by": "erin"})
+    again = shop.client.post(approve, json={"by": "erin"}, headers=STAFF)
     assert again.status_code == 409
     testing.drain()
     assert jobs.get(order["job_id"]).result == {
@@ -132,7 +140,7 @@ def test_approval_through_the_app_resumes_a_waiting_job(shop: Shop) -> None:
     }
 
 
-STAFF = {"Authorization": "Bearer s3cret", "X-Shop-User": "erin"}
+STAFF = {"Authorization": "Bearer s3cret"}  # erin's token
 
 
 def test_the_blueprint_submits_shows_and_approves(shop: Shop) -> None:
@@ -373,3 +381,126 @@ def test_the_sweeper_uses_the_apps_config_and_says_when_settings_are_mixed(
         assert (
             "JOBS_DATABASE_URL, JOBS_DATA_DIR, JOBS_IMPORTS from tiny_app's app.config" in (said[0])
         )
+
+
+CHUNKED_SERVER = """
+import sys
+from flask import Flask
+from werkzeug.serving import make_server
+from jobs.contrib.flask import Jobs
+
+app = Flask("chunked")
+app.register_blueprint(Jobs(app).blueprint(insecure_no_auth=True))
+server = make_server("127.0.0.1", 0, app)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def send_chunked(port: int, path: str, total_bytes: int) -> bytes:
+    """POST a JSON body of ``total_bytes`` in chunks, with no Content-Length; stop sending
+    as soon as the server answers, and return the answer's bytes."""
+    import select  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    chunk = b"y" * 65_536
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as conn:
+        conn.sendall(head + b'7\r\n{"x": "\r\n')
+        sent = 0
+        while sent < total_bytes:
+            readable, _, _ = select.select([conn], [], [], 0)
+            if readable:
+                break
+            try:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        else:
+            conn.sendall(b'2\r\n"}\r\n0\r\n\r\n')
+        conn.shutdown(socket.SHUT_WR)  # the end of what we send: werkzeug stops draining
+        while True:  # the answer, to the end (the server closes the connection)
+            try:
+                data = conn.recv(65_536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+    return answer
+
+
+def test_a_chunked_body_over_the_limit_is_refused_413_with_memory_flat(
+    jobs_isolated: Path,
+) -> None:
+    """A real HTTP server (werkzeug's) and 300 MiB sent chunked, with no Content-Length:
+    the blueprint reads at most the limit and one byte, answers 413, and the server's peak
+    memory stays where it was (it grew by the whole body before)."""
+    import subprocess  # noqa: PLC0415
+
+    env = {**os.environ, "JOBS_DATA_DIR": str(jobs_isolated)}
+    server = subprocess.Popen(
+        [sys.executable, "-c", CHUNKED_SERVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        before = peak_rss_mib(server.pid)
+        answer = send_chunked(port, f"/jobs/{KIND}", 300 * 1024 * 1024)
+        grown = peak_rss_mib(server.pid) - before
+        assert answer.split(b" ")[1] == b"413", answer[:200]
+        assert b"over the limit of 1048576 bytes" in answer
+        assert grown < 30, f"the server grew by {grown:.0f} MiB"
+    finally:
+        server.kill()
+        server.wait()
+
+
+SHOP_SERVER = """
+import sys
+from werkzeug.serving import make_server
+from shop_flask import app
+
+server = make_server("127.0.0.1", 0, app)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+def test_the_example_shops_own_endpoints_bound_a_chunked_body(jobs_isolated: Path) -> None:
+    """The shop's ``POST /orders`` (its own view, not the blueprint's) on a real server: a
+    chunked body past ``JOBS_MAX_INPUT_BYTES`` is refused with 413 after at most that much
+    is read (``request_json``), and the server's peak memory stays where it was."""
+    import subprocess  # noqa: PLC0415
+
+    env = {
+        **os.environ,
+        "JOBS_DATA_DIR": str(jobs_isolated),
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), *sys.path]),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-c", SHOP_SERVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        before = peak_rss_mib(server.pid)
+        answer = send_chunked(port, "/orders", 300 * 1024 * 1024)
+        grown = peak_rss_mib(server.pid) - before
+        assert answer.split(b" ")[1] == b"413", answer[:200]
+        assert grown < 30, f"the shop grew by {grown:.0f} MiB"
+    finally:
+        server.kill()
+        server.wait()

@@ -111,12 +111,9 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/x.db")
     upgrade(engine)
     sqlite_store = JobStore(engine)
-    assert (
-        JobsApp(
-            dataclasses.replace(get_settings(), database_url=f"sqlite:///{tmp_path}/x.db")
-        ).runtime.liveness_key()
-        == os.getpid()
-    )
+    assert JobsApp(
+        dataclasses.replace(get_settings(), database_url=f"sqlite:///{tmp_path}/x.db")
+    ).runtime.liveness_key() == liveness.pid_key(os.getpid())
     finished = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -128,7 +125,8 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     assert liveness.process_alive(os.getpid())
     for job_id, pid in (("alive", os.getpid()), ("dead", dead_pid)):
         sqlite_store.create("k", {}, job_id=job_id, max_attempts=3)
-        assert sqlite_store.claim(job_id, f"w:{pid}", 300, liveness_key=pid) is not None
+        key = liveness.pid_key(pid)
+        assert sqlite_store.claim(job_id, f"w:{pid}", 300, liveness_key=key) is not None
         assert sqlite_store.claim(job_id, "B", 300) is None
     rescued = liveness.rescue_dead_owners(sqlite_store)
     assert [job.id for job in rescued] == ["dead"]
@@ -181,3 +179,64 @@ def test_a_lock_missing_on_both_looks_is_a_dead_owner(
 @pytest.mark.postgres
 def test_the_server_uptime_is_known(store: JobStore) -> None:
     assert liveness.server_uptime(store.engine) > 0
+
+
+def _in_another_pid_namespace(argv: list[str], env: dict[str, str]) -> str:
+    """Run ``argv`` as another container would: its own PID namespace (and /proc), the same
+    files. Needs root (CAP_SYS_ADMIN) and util-linux's unshare."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("another PID namespace needs root on Linux")
+    finished = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", *argv],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    return finished.stdout
+
+
+def test_a_sweeper_in_another_pid_namespace_leaves_a_live_owner_alone(tmp_path: object) -> None:
+    """A sweeper in another container sharing the embedded data folder sees none of this
+    namespace's PIDs: it must not call this live owner dead (it did, and the step ran three
+    times at once). The owner's job is left to its lease there."""
+    url = f"sqlite:///{tmp_path}/x.db"
+    app = JobsApp(dataclasses.replace(get_settings(), database_url=url))
+    store = app.runtime.store
+    store.create("k", {}, job_id="alive", max_attempts=3)
+    claimed = store.claim("alive", f"w:{os.getpid()}", 300, liveness_key=app.runtime.liveness_key())
+    assert claimed is not None
+    env = {**os.environ, "JOBS_DATABASE_URL": url, "JOBS_DATA_DIR": str(tmp_path)}
+    env.pop("JOBS_IMPORTS", None)
+    out = _in_another_pid_namespace([sys.executable, "-m", "jobs", "sweeper", "--once"], env)
+    assert "dead owners re-queued: 0" in out, out
+    job = store.get("alive")
+    assert (job.state, job.owner, job.fence) == (State.RUNNING, claimed.owner, claimed.fence)
+    app.reset()
+
+
+@pytest.mark.postgres
+def test_locks_taken_where_the_sweeper_cannot_see_them_turn_liveness_off(
+    store: JobStore, pg_url: str
+) -> None:
+    """A JOBS_LIVENESS_DATABASE_URL naming another database than the jobs' put every lock
+    out of the sweeper's sight (it reads the jobs database's locks), so every live owner
+    looked dead. Such a lock proves nothing: liveness is off and the lease decides."""
+    settings = dataclasses.replace(
+        get_settings(), database_url=pg_url, liveness_database_url=PG_ADMIN_URL
+    )
+    app = JobsApp(settings)
+    try:
+        key = app.runtime.liveness_key()
+        store.create("k", {}, job_id="J", max_attempts=3)
+        assert store.claim("J", "A", 300, liveness_key=key) is not None
+        assert liveness.rescue_dead_owners(store, recheck_seconds=0) == []
+        assert store.get("J").state is State.RUNNING
+        assert key is None
+        assert "liveness: OFF" in liveness.describe(
+            settings, liveness._elsewhere_reason(pg_url, PG_ADMIN_URL)
+        )
+    finally:
+        app.reset()

@@ -142,6 +142,27 @@ def test_a_sweeper_that_looked_before_another_advanced_submits_nothing_twice(
     assert len(store.list(kind="k")) == 1
 
 
+def test_a_tick_fired_from_a_view_an_operator_changed_since_submits_nothing(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """A sweeper reads the schedules, an operator changes one (another kind, inputs, spec),
+    then the sweeper fires from what it read: nothing is submitted and ``last_tick`` stays,
+    so the next pass fires the tick from the schedule as it is now."""
+    store.put_schedule(Schedule("beat", "k", "every 10s", inputs={"v": 1}, catch_up="all"))
+    clock.advance(10)
+    stale_view = store.schedules()[0]
+    store.put_schedule(Schedule("beat", "k2", "every 10s", inputs={"v": 2}, catch_up="all"))
+    tick = stale_view.due_ticks(clock.instant())[0]
+
+    fired = store.fire_tick(stale_view, tick, job_id=tick_job_id("beat", tick), max_attempts=3)
+
+    assert fired is None
+    assert store.schedule("beat").last_tick is None
+    assert store.list(kind="k") == []
+    assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]
+    assert [(job.kind, job.inputs) for job in store.list()] == [("k2", {"v": 2})]
+
+
 def test_catch_up_latest_skips_the_missed_ticks(store: JobStore, clock: LogicalClock) -> None:
     store.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(10)

@@ -20,6 +20,7 @@ from jobs.core.context import JobContext
 from jobs.core.models import SCHEMA_REVISION
 from jobs.core.store import JobStore
 from jobs.runtime.explain import explain
+from jobs.runtime.liveness import pid_key
 
 
 @jobs.job("ops_lookup")
@@ -260,7 +261,7 @@ def test_explain_a_job_waiting_for_approval() -> None:
 def test_explain_running_under_a_live_or_dead_owner_or_an_expired_lease() -> None:
     store = the_store()
     live = jobs.submit("ops_lookup", {"order_id": 1})
-    assert store.claim(live, "w-live", 60, liveness_key=os.getpid()) is not None
+    assert store.claim(live, "w-live", 60, liveness_key=pid_key(os.getpid())) is not None
     found = explained(live)
     assert found["reason"] == "running"
     assert "owner w-live" in found["explanation"]
@@ -269,7 +270,7 @@ def test_explain_running_under_a_live_or_dead_owner_or_an_expired_lease() -> Non
     gone = jobs.submit("ops_lookup", {"order_id": 2})
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert store.claim(gone, "w-dead", 60, liveness_key=int(dead_pid)) is not None
+    assert store.claim(gone, "w-dead", 60, liveness_key=pid_key(int(dead_pid))) is not None
     assert explained(gone)["reason"] == "owner_dead"
 
     expired = jobs.submit("ops_lookup", {"order_id": 3})
@@ -308,6 +309,7 @@ def test_explain_names_the_schedule_behind_a_periodic_job() -> None:
 
 
 def test_explain_of_an_unknown_id_is_one_line() -> None:
+    jobctl("db", "upgrade")
     one_line_error(jobctl("explain", "nope"), 1, "unknown job id 'nope'")
 
 

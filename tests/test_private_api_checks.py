@@ -26,7 +26,7 @@ from jobs.runtime import doorbell_encoding, fs_transport
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.celery_app import make_app
 from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
-from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.queues import DOORBELL_HEADER, TASK_NAME
 from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
@@ -147,7 +147,9 @@ def test_on_the_pinned_py_amqp_the_check_passes_and_the_fast_path_publishes(
         publisher(["fast-1", "fast-2"], 4)
     except OSError as err:
         service_unavailable("RabbitMQ", err)
-    publisher.app.send_task(TASK_NAME, args=("by-celery",), queue=rabbit)
+    publisher.app.send_task(
+        TASK_NAME, args=("by-celery",), queue=rabbit, headers={DOORBELL_HEADER: True}
+    )
     publisher.flush()
     assert publisher._amqp is not None
     assert publisher._amqp.fast is True
@@ -182,7 +184,9 @@ def test_a_changed_py_amqp_falls_back_to_basic_publish_with_one_warning(
         service_unavailable("RabbitMQ", err)
     second_publisher = publisher_for(lost, confirms, monkeypatch)
     second_publisher(["plain-3"])
-    publisher.app.send_task(TASK_NAME, args=("by-celery",), queue=rabbit)
+    publisher.app.send_task(
+        TASK_NAME, args=("by-celery",), queue=rabbit, headers={DOORBELL_HEADER: True}
+    )
     publisher.flush()
     second_publisher.flush()
     assert publisher._amqp is not None

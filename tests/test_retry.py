@@ -191,7 +191,8 @@ def test_select_jobs_by_kind_state_since_and_error(store: JobStore, clock: Logic
     assert selected[0] == Selected("a", State.FAILED, 1)
     by_error = store.select_jobs(JobFilter(error_like="TIMEOUT"), 10)[1]
     assert [s.id for s in by_error] == ["a", "c"]  # case-insensitive, anywhere in the error
-    assert [s.id for s in store.select_jobs(JobFilter(error_like="KeyError%"), 10)[1]] == ["b"]
+    assert [s.id for s in store.select_jobs(JobFilter(error_like="KeyError:"), 10)[1]] == ["b"]
+    assert store.select_jobs(JobFilter(error_like="KeyError%"), 10)[1] == []  # literal %
     assert [s.id for s in store.select_jobs(JobFilter(since=later), 10)[1]] == ["c", "d"]
     count, first = store.select_jobs(JobFilter(kind="sync"), 2)
     assert (count, [s.id for s in first]) == (3, ["a", "b"])  # the count is of all matches

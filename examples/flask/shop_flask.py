@@ -5,7 +5,10 @@
     flask --app shop_flask jobs worker    # a worker: the job runs in this app's context
     flask --app shop_flask jobs sweeper   # recovery, timers, schedules, retention
 
-The jobs blueprint lets in requests with ``Authorization: Bearer $SHOP_STAFF_TOKEN``.
+Staff authenticate with a token of their own (``SHOP_STAFF_TOKENS="erin:<token>,..."``, sent
+as ``Authorization: Bearer <token>``): the token names the user, whom the approve endpoint
+and the jobs blueprint record as the approver (never a name the request gives). A browser
+never attaches a bearer token by itself, so a cross-site form cannot forge a request.
 
 An order and its check job are written in one transaction (the request's ``db.session``):
 both commit, or neither does. A full queue answers 429 with ``Retry-After``.
@@ -23,7 +26,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import jobs
-from jobs.contrib.flask import Jobs
+from jobs.contrib.flask import Jobs, request_json
 
 APPROVAL_OVER_CENTS = 100_000
 
@@ -72,15 +75,27 @@ def check_order(ctx: jobs.JobContext, order_id: int) -> dict[str, Any]:
     return {"order_id": order_id, "approved_by": approved_by}
 
 
+def staff_tokens(text: str | None) -> dict[str, str]:
+    """``SHOP_STAFF_TOKENS`` (``user:token,user:token``) as {user: token}."""
+    pairs = (entry.partition(":") for entry in (text or "").split(",") if entry.strip())
+    named = {user.strip(): token.strip() for user, _, token in pairs}
+    return {user: token for user, token in named.items() if user and token}
+
+
+def authenticated_staff() -> str | None:
+    """The staff user whose token the request carries (``Authorization: Bearer <token>``),
+    or ``None``. Every token is compared, in constant time."""
+    given = request.headers.get("Authorization", "").encode()
+    found = None
+    for user, token in (current_app.config.get("SHOP_STAFF") or {}).items():
+        if hmac.compare_digest(given, f"Bearer {token}".encode()):
+            found = user
+    return found
+
+
 def shop_staff(action: str, kind: str, job: jobs.Job | None) -> str | None:
-    """Who may use the jobs blueprint: a request carrying the staff token
-    (``Authorization: Bearer $SHOP_STAFF_TOKEN``), acting as the ``X-Shop-User`` header's
-    name. Without a token configured every request is refused (403)."""
-    token = current_app.config.get("SHOP_STAFF_TOKEN")
-    given = request.headers.get("Authorization", "")
-    if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return None
-    return request.headers.get("X-Shop-User") or "staff"
+    """Who may use the jobs blueprint: staff, as the user their token names (403 else)."""
+    return authenticated_staff()
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
@@ -91,7 +106,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         os.environ.get("SHOP_DATABASE_URL") or f"sqlite:///{data_dir / 'shop.sqlite3'}"
     )
     app.config["JOBS"] = {"DATA_DIR": str(data_dir)}
-    app.config["SHOP_STAFF_TOKEN"] = os.environ.get("SHOP_STAFF_TOKEN")
+    app.config["SHOP_STAFF"] = staff_tokens(os.environ.get("SHOP_STAFF_TOKENS"))
     app.config.update(config or {})
     db.init_app(app)
     jobs_ext.init_app(app, db)
@@ -99,7 +114,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     @app.post("/orders")
     def create_order() -> tuple[Response, int]:
-        body = request.get_json(force=True)
+        body = request_json(force=True)  # bounded: 413 past JOBS_MAX_INPUT_BYTES, chunked too
+        if not isinstance(body, dict):
+            return jsonify(error="the body must be a JSON object"), 400
         order = Order(customer=body["customer"], total_cents=body["total_cents"])
         db.session.add(order)
         db.session.flush()  # the order's ID, for the job's inputs
@@ -123,12 +140,14 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     @app.post("/orders/<int:order_id>/approve")
     def approve_order(order_id: int) -> tuple[Response, int]:
+        user = authenticated_staff()
+        if user is None:
+            return jsonify(error="staff only: Authorization: Bearer <token>"), 401
         order = db.session.get(Order, order_id)
         if order is None:
             return jsonify(error="no such order"), 404
-        body = request.get_json(silent=True) or {}
         try:
-            job = jobs_ext.approve(order.job_id, by=body.get("by", "shop"))
+            job = jobs_ext.approve(order.job_id, by=user)
         except jobs.IllegalTransition as err:
             return jsonify(error=str(err)), 409
         db.session.commit()

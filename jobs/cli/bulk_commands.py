@@ -26,8 +26,15 @@ import click
 
 from jobs.cli.group import main
 from jobs.core.errors import IllegalTransition, InvalidInput
-from jobs.core.states import RETRYABLE, State
-from jobs.core.validate import MAX_LIST_LIMIT, check_instant, clip, printable
+from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
+from jobs.core.validate import (
+    ERROR_PATTERN_LENGTH,
+    MAX_LIST_LIMIT,
+    check_error_pattern,
+    check_instant,
+    clip,
+    printable,
+)
 
 if TYPE_CHECKING:  # SQLAlchemy loads only when a command runs
     from jobs.application import JobsApp
@@ -83,8 +90,8 @@ def job_filter(
     """The options of ``jobctl list`` and of the bulk actions as a :class:`JobFilter`."""
     from jobs.core.records import JobFilter  # noqa: PLC0415
 
-    if error_like is not None and not error_like.strip("% "):
-        raise InvalidInput("--error-like needs some text to match, not only % or blanks")
+    if error_like is not None:
+        check_error_pattern(error_like, "--error-like")
     return JobFilter(
         state=State(state.upper()) if state else None,
         kind=kind,
@@ -106,8 +113,9 @@ def filter_options(command: F) -> F:
     command = click.option(
         "--error-like",
         "error_like",
-        metavar="PATTERN",
-        help="Only jobs whose last error matches (case-insensitive; % and _ are wildcards).",
+        metavar="TEXT",
+        help="Only jobs whose last error contains TEXT (case-insensitive and literal: % and _ "
+        f"are no wildcards; at most {ERROR_PATTERN_LENGTH} characters).",
     )(command)
     return click.option(
         "--since",
@@ -336,7 +344,7 @@ def bulk_approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> b
     action = Action(
         "approve",
         "approved",
-        (State.WAITING_APPROVAL,),
+        APPROVABLE,
         lambda batch: app.approve_selected(batch, by=by, note=note),
     )
     return run_bulk(action, job_id, bulk)
@@ -348,7 +356,7 @@ def bulk_cancel(job_id: str | None, reason: str, bulk: Bulk) -> bool:
     action = Action(
         "cancel",
         "cancelled",
-        (State.QUEUED, State.WAITING_APPROVAL, State.RUNNING),
+        CANCELLABLE,
         lambda batch: app.cancel_selected(batch, reason=reason),
     )
     return run_bulk(action, job_id, bulk)

@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import shlex
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
@@ -92,19 +92,22 @@ def parse_instant(text: str, what: str) -> dt.datetime:
     return instant
 
 
-def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The inputs of a JSON-lines file, one object per non-blank line; the first bad line
-    is reported with its number and nothing is submitted."""
+def read_inputs_file(source: TextIO, limit: int) -> list[dict[str, Any]]:
+    """The inputs of a JSON-lines file, one object per non-blank line (the first bad line
+    named, nothing submitted). No line is read past ``limit`` characters: ``/dev/zero`` is
+    one line of error, not memory exhaustion."""
     inputs: list[dict[str, Any]] = []
-    numbered = enumerate(lines, 1)
     number = 0
     while True:
         try:
-            number, line = next(numbered)
-        except StopIteration:
-            return inputs
+            line = source.readline(limit + 1)
         except UnicodeDecodeError:
             raise InvalidInput(f"line {number + 1} is not valid UTF-8 text") from None
+        if not line:
+            return inputs
+        number += 1
+        if len(line.removesuffix("\n")) > limit:
+            raise InvalidInput(f"line {number} is over {limit} characters (JOBS_MAX_INPUT_BYTES)")
         if not line.strip():
             continue
         if len(inputs) == MAX_SUBMIT_MANY:  # stop reading: the rest would be refused anyway
@@ -115,9 +118,8 @@ def read_inputs_file(lines: Iterable[str]) -> list[dict[str, Any]]:
         try:
             inputs.append(parse_inputs(line))
         except InvalidInput as err:
-            raise InvalidInput(
-                f"line {number}: {str(err).replace('--input', 'the line')}"
-            ) from None
+            shown = str(err).replace("--input", "the line")
+            raise InvalidInput(f"line {number}: {shown}") from None
 
 
 @main.command()
@@ -188,7 +190,7 @@ def submit(
                 raise click.UsageError("--from-file does not combine with --input, --id or --wait")
             ids = jobs.submit_many(
                 kind,
-                read_inputs_file(from_file),
+                read_inputs_file(from_file, runtime().settings.max_input_bytes),
                 max_attempts=max_attempts,
                 delay_seconds=delay,
                 run_at=start,
@@ -464,6 +466,8 @@ def current(as_json: bool) -> None:
         echo_json({"revision": revision, "head": head, "at_head": revision == head})
     elif revision == head:
         click.echo(f"{revision} (head)")
+    elif revision is not None and revision not in schema.known_revisions():
+        click.echo(f"{revision} (newer than this code's head {head}: upgrade the code)")
     else:
         click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")
 

@@ -10,16 +10,27 @@ from typing import Any
 
 import click
 
+from jobs.cli.app_settings import read_the_app_settings
 from jobs.core.errors import JobError
+
+# SQLSTATEs of a role that may not write here: insufficient_privilege (a read-only role)
+# and read_only_sql_transaction (a standby, default_transaction_read_only).
+NOT_ALLOWED_TO_WRITE = frozenset({"42501", "25006"})
 
 
 def _is_database_error(err: Exception) -> bool:
-    """An unreachable or misnamed database is a set-up mistake too. SQLAlchemy is only
-    consulted if a command loaded it (``--help`` must not pay for importing it)."""
+    """An unreachable or misnamed database, or a role that may not write the job tables, is
+    a set-up mistake too. SQLAlchemy is only consulted if a command loaded it (``--help``
+    must not pay for importing it)."""
     exc = sys.modules.get("sqlalchemy.exc")
-    return exc is not None and isinstance(
-        err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError)
-    )
+    if exc is None:
+        return False
+    if (
+        isinstance(err, exc.DBAPIError)
+        and getattr(err.orig, "sqlstate", None) in NOT_ALLOWED_TO_WRITE
+    ):
+        return True
+    return isinstance(err, (exc.OperationalError, exc.InterfaceError, exc.ArgumentError))
 
 
 # How libpq lists each host it tried when every one of a host list failed.
@@ -31,6 +42,12 @@ def _database_failure(err: Exception) -> click.ClickException:
     (libpq's own first line names only the last)."""
     orig = getattr(err, "orig", None)
     detail = str(orig if orig is not None else err).strip().splitlines()
+    if getattr(orig, "sqlstate", None) in NOT_ALLOWED_TO_WRITE:
+        first = detail[0] if detail else type(err).__name__
+        return click.ClickException(
+            f"database error: {first} (the role in JOBS_DATABASE_URL needs SELECT, INSERT, "
+            "UPDATE and DELETE on the job tables, on a server that accepts writes)"
+        )
     tried = [found.groups() for found in map(_TRIED.match, detail) if found is not None]
     if len(tried) > 1:
         hosts = "; ".join(f"{host}:{port}: {why.strip()}" for host, port, why in tried)
@@ -64,9 +81,23 @@ class Finite(click.ParamType[float]):
         return number
 
 
-class JobctlGroup(click.Group):
+class SettingsFirst(click.Command):
+    """A ``jobctl`` command that finds the app's settings (:mod:`jobs.cli.app_settings`)
+    once its arguments are parsed (so ``--help`` sets nothing up) and before it runs; a
+    group does so when it runs itself (``jobctl limits``), not before a subcommand."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if not isinstance(self, click.Group) or ctx.invoked_subcommand is None:
+            read_the_app_settings(ctx)
+        return super().invoke(ctx)
+
+
+class JobctlGroup(click.Group, SettingsFirst):
     """Every subcommand (and sub-group) runs inside this invoke, so one place turns user
-    mistakes into one line."""
+    mistakes into one line. Its commands and sub-groups read the app's settings first."""
+
+    command_class = SettingsFirst
+    group_class = type
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -112,6 +114,7 @@ def worker(
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
     from jobs import api  # noqa: PLC0415
+    from jobs.runtime.outcome_events import OutcomeEvents  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
 
@@ -121,9 +124,14 @@ def sweeper(once: bool, as_json: bool) -> None:
     store = runtime.store
     api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
+    # Flower hears of the jobs the sweeper fails (no delivery reports them), on a broker.
+    announce = OutcomeEvents(
+        lambda: default_app().celery,
+        enabled=settings.task_events and not settings.is_embedded_broker,
+    )
     if once:
         report = sweep_once(
-            store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch=watch
+            store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch, announce
         )
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(report), indent=2))
@@ -138,7 +146,14 @@ def sweeper(once: bool, as_json: bool) -> None:
         from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
 
         serve(store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue)
-    run_forever(store, settings, runtime.ring_batch, waiting=runtime.waiting_doorbells, watch=watch)
+    run_forever(
+        store,
+        settings,
+        runtime.ring_batch,
+        waiting=runtime.waiting_doorbells,
+        watch=watch,
+        announce=announce,
+    )
 
 
 @main.command()
@@ -157,6 +172,17 @@ def demo(job_id: str, timeout: float) -> None:
     ok = run_demo(job_id=job_id, timeout=timeout, echo=click.echo)
     if not ok:
         raise SystemExit(1)
+
+
+def refuse_spaced_values(flower_args: Sequence[str]) -> None:
+    """Flower (Tornado) reads its options only as ``--name=value``: ``--port 5555`` ended
+    in a Tornado traceback. Say how to write it instead."""
+    for option, following in itertools.pairwise(flower_args):
+        if option.startswith("--") and "=" not in option and not following.startswith("-"):
+            raise click.ClickException(
+                f"Flower takes its options as --name=value: write {option}={following} "
+                f"instead of {option} {following}"
+            )
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -185,6 +211,7 @@ def flower(basic_auth: str | None, insecure_no_auth: bool, flower_args: tuple[st
             "Flower needs --basic-auth user:password (or FLOWER_BASIC_AUTH); "
             "--insecure-no-auth starts it without credentials"
         )
+    refuse_spaced_values(flower_args)
     flower_options = []
     if basic_auth is not None:
         pairs = [pair.strip() for pair in basic_auth.split(",")]

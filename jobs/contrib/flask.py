@@ -6,14 +6,16 @@
 - :meth:`Jobs.submit` writes the job through Flask-SQLAlchemy's ``db.session``: it commits
   with the request's ``db.session.commit()`` (the doorbell rings after it) and is rolled
   back with it.
-- A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``.
+- A view that raises :class:`jobs.AdmissionRefused` answers 429 with ``Retry-After``;
+  :func:`request_json` reads a view's JSON body bounded (413 past ``JOBS_MAX_INPUT_BYTES``,
+  sent chunked too).
 - Job handlers run inside the app's application context (``db.session`` works in them).
 - :meth:`Jobs.blueprint` adds JSON endpoints: submit (202 with the job's URL), show,
   approve, retry; unknown IDs answer 404, illegal transitions 409. It needs a decision about who
   may use them: ``authorize=`` (see :data:`Authorize`; a refusal answers 403) or an
   explicit ``insecure_no_auth=True``.
-- ``flask --app <app> jobs worker`` and ``flask --app <app> jobs sweeper`` run
-  ``jobctl worker``/``jobctl sweeper`` with the app's config.
+- ``flask --app <app> jobs <command>`` runs any ``jobctl`` command (``list``, ``explain``,
+  ``retry``, ``worker``, ``sweeper`` …) with the app's config.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import click
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
-from flask.cli import AppGroup
+from flask.cli import with_appcontext
 
 from jobs import api
 from jobs.application import default_app, reset_settings, set_defaults_source
@@ -103,10 +105,6 @@ def engine_url(app: Flask, db: Any) -> str | None:
     return str(url.render_as_string(hide_password=False))
 
 
-JOBCTL_COMMANDS = ("worker", "sweeper", "stats")
-"""The ``jobctl`` commands ``flask --app <app> jobs …`` runs with the app's config."""
-
-
 def export_app_settings(app: Flask, db: Any) -> None:
     """The app's jobs settings into the environment (set variables win), for a ``jobctl``
     command and the worker it execs: ``app.config["JOBS"]``, the database Flask-SQLAlchemy
@@ -116,22 +114,23 @@ def export_app_settings(app: Flask, db: Any) -> None:
     reset_settings()
 
 
-def jobctl_command(command: str, ext: Jobs) -> click.Command:
-    """``flask jobs <command> [jobctl options …]``: ``jobctl <command>`` with the app's
-    settings (:func:`export_app_settings`)."""
+def jobctl_commands(ext: Jobs) -> click.Command:
+    """``flask jobs <command> [options …]``: any ``jobctl`` command (``list``, ``explain``,
+    ``worker`` …) with the app's settings (:func:`export_app_settings`); its arguments and
+    ``--help`` go to ``jobctl`` unchanged."""
 
     @click.command(
-        command,
-        help=f"jobctl {command} with this app's config (JOBS_* variables win); "
-        f"jobctl {command}'s options pass through (flask jobs {command} -- --help).",
-        context_settings={"ignore_unknown_options": True},
+        "jobs",
+        help="Durable jobs with this app's config: any jobctl command (flask jobs --help).",
+        context_settings={"ignore_unknown_options": True, "help_option_names": []},
     )
     @click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+    @with_appcontext
     def run(arguments: tuple[str, ...]) -> None:
         from jobs.cli import main  # noqa: PLC0415 - the command line on need
 
         export_app_settings(current_app, ext.db)
-        main.main([command, *arguments], prog_name=f"flask jobs {command}")
+        main.main(list(arguments), prog_name="flask jobs")
 
     return run
 
@@ -142,21 +141,42 @@ def refused_response(err: AdmissionRefused) -> tuple[Response, int, dict[str, st
     return jsonify(error="queue full", detail=str(err)), 429, {"Retry-After": retry}
 
 
-def request_json() -> Any:
-    """The request's JSON body, or ``None`` when it is not JSON; a body nested too deeply
+class BodyTooLarge(InvalidInput):
+    """A request body over ``JOBS_MAX_INPUT_BYTES`` (the blueprint answers 413)."""
+
+
+def request_json(*, force: bool = False) -> Any:
+    """The request's JSON body, or ``None`` when it is not JSON (``force``: whatever its
+    content type says, as ``request.get_json(force=True)``); a body nested too deeply
     for Python's parser (``[[[[…`` a hundred thousand deep) is a 400, not a 500, and one
-    larger than ``JOBS_MAX_INPUT_BYTES`` is refused before it is read."""
+    larger than ``JOBS_MAX_INPUT_BYTES`` is refused (:class:`BodyTooLarge`): at once when
+    its ``Content-Length`` says so, and after at most the limit and one byte of a body sent
+    without one (chunked), so no body is held whole whatever its size."""
 
     limit = default_app().settings.max_input_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise InvalidInput(
+        raise BodyTooLarge(
             f"the request body is {request.content_length} bytes, over the limit of {limit} "
             "bytes (JOBS_MAX_INPUT_BYTES)"
         )
+    if not force and not request.is_json:
+        return None
+    body = request.stream.read(limit + 1)
+    if len(body) > limit:
+        raise BodyTooLarge(
+            f"the request body is over the limit of {limit} bytes (JOBS_MAX_INPUT_BYTES)"
+        )
     try:
-        return request.get_json(silent=True)
+        return current_app.json.loads(body)
     except RecursionError:
         raise InvalidInput(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # not JSON (UnicodeDecodeError is one too), as get_json(silent=True)
+        return None
+
+
+def too_large_response(err: BodyTooLarge) -> tuple[Response, int]:
+    """413 Content Too Large, for a body :func:`request_json` refused."""
+    return jsonify(error="request body too large", detail=str(err)), 413
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -201,10 +221,8 @@ class Jobs:
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
         app.register_error_handler(AdmissionRefused, refused_response)
-        commands = AppGroup("jobs", help="Durable jobs with this app's config.")
-        for command in JOBCTL_COMMANDS:
-            commands.add_command(jobctl_command(command, self))
-        app.cli.add_command(commands)
+        app.register_error_handler(BodyTooLarge, too_large_response)
+        app.cli.add_command(jobctl_commands(self))
 
     def _abandon_pools(self) -> None:
         """In a forked worker child: drop the pooled connections Flask-SQLAlchemy's engines
@@ -309,7 +327,7 @@ class Jobs:
         @routes.errorhandler(UnknownKind)
         @routes.errorhandler(DuplicateJob)
         def invalid(err: Exception) -> tuple[Response, int]:
-            return jsonify(error=str(err)), 400
+            return jsonify(error=str(err)), 413 if isinstance(err, BodyTooLarge) else 400
 
         @routes.post("/<kind>")
         def submit(kind: str) -> tuple[Response, int, dict[str, str]]:

@@ -17,7 +17,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import EventTimedOut, InvalidInput, LeaseLost, StepError
-from jobs.core.validate import check_instant, check_name, check_text, check_timeout, seconds_of
+from jobs.core.validate import (
+    NAME_LENGTH,
+    check_instant,
+    check_name,
+    check_text,
+    check_timeout,
+    seconds_of,
+)
 from jobs.core.waits import TIMED_OUT, Workflow
 
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
@@ -163,7 +170,15 @@ class JobContext(Workflow):
         self.lost_reason = reason
         self._lost.set()
 
+    def _storable_name(self, value: object, what: str) -> None:
+        """A name the run is about to record (a step's, a key's): one that can never be
+        stored fails the job now (:class:`Unstorable`) instead of at each retry."""
+        _storable(lambda: check_name(value, what))
+
     def _use(self, name: str) -> None:
+        # Derived names (``spawn:<key>``, ``event:<name>:2``) can outgrow the column.
+        shown = "step name" if len(name) <= NAME_LENGTH else f"step name {name[:40]!r}…"
+        self._storable_name(name, shown)
         if name in self._used:
             raise StepError(
                 f"job {self.job_id!r}: step name {name!r} used twice in one run; "

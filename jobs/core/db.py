@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -97,16 +98,35 @@ def make_engine(url: str, *, pooled: bool = False, **kwargs: Any) -> Engine:
     else:
         # Our transactions last milliseconds. One left open by a stopped (SIGSTOP) or wedged
         # process would hold its row locks and stall every sweeper and claim behind it.
-        connect_args["options"] = (
-            f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
-            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
-        )
+        connect_args["options"] = session_options(own_options(parsed.query))
     kwargs.setdefault("connect_args", connect_args)
     engine = create_engine(url, **kwargs)
     if not pooled:
         _unprepare_behind_a_proxy(engine, url_ports_of(url))
         _without_options_where_refused(engine)
     return engine
+
+
+SESSION_TIMEOUTS = (
+    f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} "
+    f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+)
+
+
+def own_options(query: Any) -> str:
+    """The ``options`` a URL's query names itself (``?options=-csearch_path%3Dtenant_a``),
+    else libpq's ``PGOPTIONS``: what the session time-outs must not replace."""
+    given = query.get("options")
+    if isinstance(given, tuple):
+        given = " ".join(given)
+    return str(given) if given else os.environ.get("PGOPTIONS", "")
+
+
+def session_options(own: str) -> str:
+    """The ``options`` start-up parameter: our session time-outs, then the URL's own
+    options, which therefore win for a setting both name (a tenant's ``search_path``,
+    a longer ``statement_timeout``)."""
+    return f"{SESSION_TIMEOUTS} {own}".strip()
 
 
 def _without_options_where_refused(engine: Engine) -> None:

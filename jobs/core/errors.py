@@ -33,9 +33,20 @@ class UnknownKind(JobError):
     """No handler is registered for this kind in this process: the message lists the known
     kinds; a worker missing one usually lacks the module in ``JOBS_IMPORTS``."""
 
+    #: At most this many known kinds are named, and this much of the unknown name shown.
+    MAX_NAMED = 20
+    MAX_NAME_CHARS = 100
+
     def __init__(self, kind: str, known: list[str]) -> None:
-        hint = ", ".join(sorted(known)) or "none registered; check JOBS_IMPORTS"
-        super().__init__(f"unknown job kind {kind!r} (known kinds: {hint})")
+        named = sorted(known)[: self.MAX_NAMED]
+        hint = ", ".join(name[: self.MAX_NAME_CHARS] for name in named)
+        hint = hint or "none registered; check JOBS_IMPORTS"
+        if len(known) > len(named):
+            hint += f", and {len(known) - len(named)} more"
+        shown = repr(kind[: self.MAX_NAME_CHARS])
+        if len(kind) > self.MAX_NAME_CHARS:
+            shown += f"… ({len(kind)} characters)"
+        super().__init__(f"unknown job kind {shown} (known kinds: {hint})")
         self.kind = kind
 
 

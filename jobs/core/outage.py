@@ -42,6 +42,11 @@ log = logging.getLogger("jobs.outage")
 # down"). Class 08 (connection exceptions) counts too; a client-side connection failure
 # (refused, reset, timed out) has no SQLSTATE at all.
 DISCONNECT_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# A database that cannot write at all now is out as much as one that cannot be reached: a
+# full disk (PostgreSQL's disk_full, SQLite's SQLITE_FULL). Not the job's failure: its
+# writes are held, and land once there is room.
+FULL_SQLSTATES = frozenset({"53100"})
+SQLITE_FULL = 13
 # Backoff between held attempts: short first (a blip), then at most this.
 FIRST_RETRY_SECONDS = 0.1
 MAX_RETRY_SECONDS = 1.0
@@ -52,7 +57,8 @@ def is_disconnect(err: BaseException) -> bool:
     or closed, the server shutting down or starting up), as opposed to a refusal by the
     database (a fence, a constraint, a time-out of a statement that did run). The one
     place that draws this line: the runner, the heartbeat, a delivery and the sweeper ask
-    it. SQLite's "database is locked" is not a disconnect."""
+    it. SQLite's "database is locked" is not a disconnect; a full disk counts as one (the
+    database cannot write anything now, whatever the statement)."""
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError  # noqa: PLC0415
 
     if not isinstance(err, DBAPIError):
@@ -62,9 +68,14 @@ def is_disconnect(err: BaseException) -> bool:
     if not isinstance(err, (OperationalError, InterfaceError)):
         return False
     if not hasattr(err.orig, "sqlstate"):  # not PostgreSQL's driver (SQLite)
-        return False
+        return getattr(err.orig, "sqlite_errorcode", None) == SQLITE_FULL
     state = getattr(err.orig, "sqlstate", None)
-    return state is None or str(state).startswith("08") or state in DISCONNECT_SQLSTATES
+    return (
+        state is None
+        or str(state).startswith("08")
+        or state in DISCONNECT_SQLSTATES
+        or state in FULL_SQLSTATES
+    )
 
 
 def first_line(err: BaseException) -> str:

@@ -23,6 +23,7 @@ from jobs.core.models import (
     StepsTable,
     TransitionsTable,
 )
+from jobs.core.page_reads import PageReads
 from jobs.core.records import Doorbell, Job, JobFilter, KindLimits, Selected, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import TERMINAL, State
@@ -31,9 +32,10 @@ JOB_COLUMNS = tuple(JobsTable.__table__.c)
 SCHEDULE_COLUMNS = tuple(SchedulesTable.__table__.c)
 
 
-class JobReader:
+class JobReader(PageReads):
     """Reads over one engine and one clock; :class:`jobs.core.store.JobStore` composes one
-    (``store.reader``), exposes its reads and adds the writes."""
+    (``store.reader``), exposes its reads and adds the writes. The paged reads of one job's
+    rows (:class:`jobs.core.page_reads.PageReads`) are used through ``store.reader``."""
 
     def __init__(
         self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576
@@ -233,6 +235,9 @@ class JobReader:
 
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(**{READ_ONLY: True})
+
+    def _conditions(self, where: JobFilter) -> builtins.list[ColumnElement[bool]]:
+        return filtered(where)
 
     def list(
         self,
@@ -525,14 +530,20 @@ def filtered(where: JobFilter) -> builtins.list[ColumnElement[bool]]:
     if where.since is not None:
         conditions.append(JobsTable.updated_at >= where.since)
     if where.error_like is not None:
-        pattern = where.error_like if "%" in where.error_like else f"%{where.error_like}%"
-        conditions.append(JobsTable.last_error.ilike(pattern))
+        conditions.append(JobsTable.last_error.ilike(contains(where.error_like), escape="\\"))
     if where.queue is not None:
         named = JobsTable.queue == where.queue
         if where.queue == where.default_queue:  # a job that names no queue goes there too
             named = or_(named, JobsTable.queue.is_(None))
         conditions.append(named)
     return conditions
+
+
+def contains(text: str) -> str:
+    """A ``LIKE`` pattern (with ``ESCAPE '\\'``) matching ``text`` anywhere, literally: its
+    ``%``, ``_`` and ``\\`` escaped, so they mean the same on SQLite and PostgreSQL."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def without_priority(by_priority: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], int]:

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import Row
 
 from jobs.core.states import State
+from jobs.core.validate import check_error_pattern
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,10 +160,12 @@ class Doorbell(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class JobFilter:
     """Which jobs ``jobctl list`` shows and a bulk action selects: of one ``state``, one
-        ``kind``, changed (``updated_at``) at or after ``since``, and whose last error matches
-        ``error_like`` (case-insensitive; SQL ``LIKE`` with ``%`` and ``_``, a pattern without
-        ``%`` matching anywhere in the error), and whose doorbells go to ``queue`` (a job that
-    names no queue goes to ``default_queue``, ``JOBS_QUEUE``). ``None`` leaves a filter out."""
+    ``kind``, changed (``updated_at``) at or after ``since``, whose last error contains
+    ``error_like`` (a literal substring, case-insensitive: ``%``, ``_`` and ``\\`` match
+    only themselves, on every backend; at most
+    :data:`jobs.core.validate.ERROR_PATTERN_LENGTH` characters), and whose doorbells go to
+    ``queue`` (a job that names no queue goes to ``default_queue``, ``JOBS_QUEUE``).
+    ``None`` leaves a filter out."""
 
     state: State | None = None
     kind: str | None = None
@@ -170,6 +173,10 @@ class JobFilter:
     error_like: str | None = None
     queue: str | None = None
     default_queue: str | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.error_like is not None:
+            check_error_pattern(self.error_like, "error_like")
 
     @property
     def empty(self) -> bool:

@@ -88,6 +88,10 @@ class Registry:
         self._importing: int | None = None  # the thread importing JOBS_IMPORTS, if any
         self._lock = threading.RLock()
         self._scopes: list[JobScope] = []
+        # Each runs once, after JOBS_IMPORTS, on the first need of the kinds (a Celery app's
+        # own task modules: jobs.contrib.celery.install); each is told of every kind added.
+        self._discoverers: list[Callable[[], Any]] = []
+        self._listeners: list[Callable[[JobKind], Any]] = []
 
     def register(
         self,
@@ -147,15 +151,24 @@ class Registry:
                     "handler must take none beyond ctx (or give them defaults); use "
                     "jobs.schedule(..., inputs=…) for a schedule with inputs"
                 ) from None
+        self._add(kind)
+        return kind
+
+    def _add(self, kind: JobKind) -> None:
+        """Store ``kind`` (the same handler again, or one of the same qualified name, a
+        module imported twice, replaces it), and tell the listeners of a new one."""
+        handler = kind.handler
         with self._lock:
-            existing = self._kinds.get(name)
+            existing = self._kinds.get(kind.name)
             if existing is not None and existing.handler is not handler:
                 qual = f"{existing.handler.__module__}.{existing.handler.__qualname__}"
                 same = qual == f"{handler.__module__}.{handler.__qualname__}"
                 if not same:
-                    raise SettingsError(f"job kind {name!r} is already registered by {qual}")
-            self._kinds[name] = kind
-        return kind
+                    raise SettingsError(f"job kind {kind.name!r} is already registered by {qual}")
+            self._kinds[kind.name] = kind
+            listeners = list(self._listeners) if existing is None else []
+        for listener in listeners:
+            listener(kind)
 
     def job(
         self,
@@ -203,37 +216,61 @@ class Registry:
         return decorate
 
     def _ensure_imported(self) -> None:
-        """Import ``JOBS_IMPORTS`` once. Other threads wait under the lock until every
-        module is imported (``_imported`` turns true only then: a thread that saw it true
-        early would miss the kinds still being registered); the importing thread itself,
-        re-entering from a module that looks a kind up, goes on without waiting."""
-        if self._imported or self._importing == threading.get_ident():
+        """Import ``JOBS_IMPORTS`` once, then run each discoverer (:meth:`discover_with`)
+        once. Other threads wait under the lock until every module is imported
+        (``_imported`` turns true only then: a thread that saw it true early would miss the
+        kinds still being registered); the importing thread itself, re-entering from a
+        module that looks a kind up, goes on without waiting."""
+        if self._importing == threading.get_ident():
+            return
+        if self._imported and not self._discoverers:
             return
         with self._lock:
-            if self._imported or self._importing is not None:
+            if self._importing is not None:
                 return
             self._importing = threading.get_ident()
             try:
-                names: Iterable[str]
-                if self._imports is not None:
-                    names = self._imports
-                elif self._imports_source is not None:
-                    names = self._imports_source()
-                else:
-                    names = from_env().imports
-                for module in names:
-                    try:
-                        importlib.import_module(module)
-                    except Exception as err:  # whatever a user's module raises
-                        detail = str(err).strip()
-                        detail = clip(detail.splitlines()[0] if detail else "", 300)
-                        raise SettingsError(
-                            f"JOBS_IMPORTS: cannot import {module!r}: "
-                            f"{type(err).__name__}: {detail}"
-                        ) from err
-                self._imported = True  # only now: the next call tries (and reports) again
+                if not self._imported:
+                    self._import_listed()
+                    self._imported = True  # only now: the next call tries (and reports) again
+                while self._discoverers:
+                    self._discoverers[0]()
+                    self._discoverers.pop(0)  # only once it succeeded
             finally:
                 self._importing = None
+
+    def _import_listed(self) -> None:
+        names: Iterable[str]
+        if self._imports is not None:
+            names = self._imports
+        elif self._imports_source is not None:
+            names = self._imports_source()
+        else:
+            names = from_env().imports
+        for module in names:
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # whatever a user's module raises
+                detail = str(err).strip()
+                detail = clip(detail.splitlines()[0] if detail else "", 300)
+                raise SettingsError(
+                    f"JOBS_IMPORTS: cannot import {module!r}: {type(err).__name__}: {detail}"
+                ) from err
+
+    def discover_with(self, discover: Callable[[], Any]) -> None:
+        """Run ``discover()`` once, after ``JOBS_IMPORTS``, on the first need of the kinds
+        (a kind looked up and not found, every kind listed): how a Celery app's own task
+        modules (``include``, ``imports``, ``autodiscover_tasks()``) are imported wherever
+        the app is, not only in its workers. A discoverer that raises is run again at the
+        next need."""
+        with self._lock:
+            self._discoverers.append(discover)
+
+    def on_register(self, listener: Callable[[JobKind], Any]) -> None:
+        """Call ``listener(kind)`` for every kind registered from now on (a Celery app with
+        durable jobs installed adds the kind's task and queue)."""
+        with self._lock:
+            self._listeners.append(listener)
 
     def get(self, name: str) -> JobKind:
         """The kind called ``name``, importing ``JOBS_IMPORTS`` first if needed; raises

@@ -119,12 +119,27 @@ def _bad_interval(spec: object) -> InvalidInput:
     )
 
 
+# Files of the zone database folder that are no IANA zone: ``localtime`` is whatever zone
+# the host running the sweeper is set to (two hosts, two schedules), ``posixrules`` and
+# ``Factory`` are not places; ``right/`` zones count leap seconds, ``posix/`` ones repeat.
+NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+NOT_ZONE_PREFIXES = ("right/", "posix/")
+
+
 def check_timezone(name: str) -> str:
-    """An IANA zone name (``Europe/Berlin``); raises :class:`InvalidInput` if unknown."""
+    """An IANA zone name (``Europe/Berlin``); raises :class:`InvalidInput` if unknown, or
+    if it names no real zone (``localtime``: the host's own setting)."""
+    if not isinstance(name, str) or name in NOT_ZONES or name.startswith(NOT_ZONE_PREFIXES):
+        raise InvalidInput(
+            f"{str(name)[:60]!r} is not an IANA time zone (use one such as 'Europe/Berlin' "
+            "or 'UTC'; 'localtime' would follow each host's own setting)"
+        )
     try:
         zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
-        raise InvalidInput(f"unknown time zone {name!r} (use an IANA name such as 'UTC')") from None
+        raise InvalidInput(
+            f"unknown time zone {name[:60]!r} (use an IANA name such as 'UTC')"
+        ) from None
     return name
 
 

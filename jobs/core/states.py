@@ -77,6 +77,14 @@ def sources_of(target: State) -> tuple[State, ...]:
     return tuple(source for (source, to) in TRANSITIONS if to is target and source is not None)
 
 
+#: The states an operator's cancel takes a job from, one job or many (``jobs.cancel``,
+#: ``jobctl cancel``): every unfinished one, parked parents and event listeners included.
+CANCELLABLE: tuple[State, ...] = sources_of(State.CANCELLED)
+
+#: The states an operator's approval takes a job from, one job or many.
+APPROVABLE: tuple[State, ...] = (State.WAITING_APPROVAL,)
+
+
 def check(source: State | None, target: State) -> None:
     """Raise :class:`IllegalTransition` unless the table allows ``source -> target``."""
     if not is_legal(source, target):

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import re
+import unicodedata
 from typing import Any
 
 from jobs.core.errors import InvalidInput, UnknownJob
@@ -240,6 +241,20 @@ def check_text(value: object, what: str, limit: int = TEXT_LENGTH) -> None:
         raise InvalidInput(f"{what} must not contain NUL or undecodable bytes")
 
 
+#: The longest error text a filter looks for (``--error-like``, Flower's "error contains").
+ERROR_PATTERN_LENGTH = 1000
+
+
+def check_error_pattern(value: object, what: str) -> None:
+    """Text to look for in jobs' last errors: a literal substring (``%``, ``_`` and ``\\``
+    are characters like any other), not blank, at most :data:`ERROR_PATTERN_LENGTH`
+    characters, without NUL."""
+    check_text(value, what, ERROR_PATTERN_LENGTH)
+    assert isinstance(value, str)
+    if not value.strip():
+        raise InvalidInput(f"{what} needs some text to match, not only blanks")
+
+
 def check_person(value: object, what: str) -> None:
     """Who approved: a name as people write it (``Alice Smith``), printable, at most
     NAME_LENGTH characters, not blank."""
@@ -273,13 +288,35 @@ MAX_SUBMIT_MANY = 10_000
 TICK_ID = re.compile(r".*@\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", re.DOTALL)
 
 
+#: What separates a child's ID from its parent's (``order-7.charge``): no caller-chosen ID
+#: holds it, so no caller can take a child's ID before its parent spawns it.
+CHILD_SEPARATOR = "."
+
+#: A child ID too long to spell out: a digest of its parent and key
+#: (:func:`jobs.core.waits.child_id_of`), reserved as the separator is.
+CHILD_DIGEST = re.compile(r"child-[0-9a-f]{64}")
+
+
 def check_user_job_id(value: object) -> None:
-    """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form."""
+    """A job ID a caller chose: a name (:func:`check_name`) not of a schedule tick's form
+    and not of a child's (no ``.``, not a child's digest)."""
     check_name(value, "job id")
-    if TICK_ID.fullmatch(str(value)):
+    if not unicodedata.is_normalized("NFC", str(value)):
+        raise InvalidInput(
+            f"job id {value!r} is not in Unicode NFC form: write it as "
+            f"{unicodedata.normalize('NFC', str(value))!r} (its other spellings look the "
+            "same, so an ID has one)"
+        )
+    text = str(value)
+    if TICK_ID.fullmatch(text):
         raise InvalidInput(
             f"job id {value!r}: IDs of the form NAME@YYYY-MM-DDTHH:MM:SSZ are reserved for "
             "schedule ticks; choose another"
+        )
+    if CHILD_SEPARATOR in text or CHILD_DIGEST.fullmatch(text):
+        raise InvalidInput(
+            f"job id {value!r}: IDs with a {CHILD_SEPARATOR!r} (or of the form child-<digest>) "
+            "are reserved for child jobs (<parent>.<key>); choose another, e.g. with '-'"
         )
 
 

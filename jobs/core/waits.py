@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
+from jobs.core.signatures import KindRef, Signature, kind_name, one_kind
 from jobs.core.states import State
-from jobs.core.validate import NAME_LENGTH, check_name, check_timeout
+from jobs.core.validate import CHILD_SEPARATOR, NAME_LENGTH, check_timeout
 
 if TYPE_CHECKING:  # annotations only
     from jobs.core.outage import LeaseHold
@@ -28,13 +29,33 @@ if TYPE_CHECKING:  # annotations only
 TIMED_OUT = "timed_out"
 
 
-def child_id_of(parent_id: str, key: str) -> str:
-    """A child's ID from its parent's ID and the spawn's key: the same on every re-run,
-    so a second insert of the same child is a no-op. Too long an ID becomes a digest."""
-    candidate = f"{parent_id}.{key}"
+#: What a spawn key cannot hold as it is in a child's ID: the separator of IDs, the
+#: escape itself, and a schedule tick's ``@``; each is written ``%XX`` instead.
+_ESCAPED_IN_KEYS = {"%": "%25", CHILD_SEPARATOR: "%2E", "@": "%40"}
+
+
+def _key_part(key: str) -> str:
+    """``key`` as a part of a child's ID with no ``.`` in it and not all digits (digits
+    alone are a map child's index): ``%``, ``.`` and ``@`` escaped as ``%XX``, and a
+    leading digit too when every character is one. A key without any of them is itself."""
+    part = "".join(_ESCAPED_IN_KEYS.get(ch, ch) for ch in key)
+    if part.isascii() and part.isdigit():
+        part = f"%{ord(part[0]):02X}{part[1:]}"
+    return part
+
+
+def child_id_of(parent_id: str, key: str, index: int | None = None) -> str:
+    """A child's ID from its parent's ID and the spawn's key (``<parent>.<key>``), or with
+    ``index`` the map child's (``<parent>.<key>.<index>``): the same on every re-run, so a
+    second insert of the same child is a no-op. No two (parent, key, index) give one ID:
+    the key's part holds no ``.`` and is never all digits (:func:`_key_part`), so an ID
+    splits back one way only, and caller-chosen IDs hold no ``.``
+    (:func:`jobs.core.validate.check_user_job_id`). Too long an ID becomes a digest."""
+    tail = _key_part(key) if index is None else f"{_key_part(key)}{CHILD_SEPARATOR}{index}"
+    candidate = f"{parent_id}{CHILD_SEPARATOR}{tail}"
     if len(candidate) <= NAME_LENGTH:
         return candidate
-    return "child-" + hashlib.sha256(f"{parent_id}\0{key}".encode()).hexdigest()
+    return "child-" + hashlib.sha256(f"{parent_id}\0{tail}".encode()).hexdigest()
 
 
 class WaitingForChildren(BaseException):
@@ -81,6 +102,8 @@ class Workflow:
         def job_id(self) -> str: ...
 
         def _use(self, name: str) -> None: ...
+
+        def _storable_name(self, value: object, what: str) -> None: ...
 
         def check_lease(self) -> None: ...
 
@@ -150,7 +173,7 @@ class Workflow:
 
     def spawn(
         self,
-        kind: str,
+        kind: KindRef | Signature,
         inputs: dict[str, Any] | None = None,
         *,
         key: str,
@@ -159,31 +182,39 @@ class Workflow:
         queue: str | None = None,
     ) -> str:
         """Submit a child job of ``kind`` and return its ID (``<parent id>.<key>``).
+        ``kind`` is a kind's name, the decorated kind, or a signature
+        (``check_order.s(order_id=42)``) that brings its inputs and options.
 
         The child is its own job (its own attempts, limits, priority and queue; the kind's
         defaults unless given) and knows its parent. The spawn is recorded as step
         ``spawn:<key>`` in the same transaction as the child's insert, so a re-run after a
         crash returns the same ID and never creates a second child. Wait for children
         with :meth:`wait_for`."""
-        check_name(key, "spawn key")
+        if isinstance(kind, Signature):
+            inputs = dict(kind.inputs) if inputs is None else inputs
+            max_attempts = kind.max_attempts if max_attempts is None else max_attempts
+            priority = kind.priority if priority is None else priority
+            queue = kind.queue if queue is None else queue
+        child_kind = kind_name(kind.kind if isinstance(kind, Signature) else kind)
+        self._storable_name(key, "spawn key")
         name = f"spawn:{key}"
         done, recorded = self._replay(name)
         if done:
             child: str = recorded["child_id"]
             return child
         child_id = child_id_of(self.job_id, key)
-        row = self._child_row(kind, inputs, child_id, max_attempts, priority, queue)
+        row = self._child_row(child_kind, inputs, child_id, max_attempts, priority, queue)
         record = self.store.pending_step(name, {"child_id": child_id})
         records = [*self.take_pending(), record]
-        self._held(lambda: self.store.spawn(self.claim, kind, [row], records))
+        self._held(lambda: self.store.spawn(self.claim, child_kind, [row], records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return child_id
 
     def spawn_many(
         self,
-        kind: str,
-        inputs: Sequence[dict[str, Any]],
+        kind: KindRef | Sequence[Signature],
+        inputs: Sequence[dict[str, Any]] | None = None,
         *,
         key: str,
         max_attempts: int | None = None,
@@ -191,24 +222,26 @@ class Workflow:
         queue: str | None = None,
     ) -> list[str]:
         """Submit one child of ``kind`` per input with one bulk insert, recorded as step
-        ``spawn:<key>``; returns their IDs (``<parent id>.<key>.<index>``) in order."""
-        check_name(key, "spawn key")
-        if isinstance(inputs, dict | str | bytes):
+        ``spawn:<key>``; returns their IDs (``<parent id>.<key>.<index>``) in order.
+        ``kind`` may instead be a list of signatures of one kind, with no ``inputs``."""
+        child_kind, child_inputs = _fan_out(kind, inputs)
+        self._storable_name(key, "spawn key")
+        if isinstance(child_inputs, dict | str | bytes):
             raise InvalidInput("inputs must be a list of JSON objects, one per child")
         name = f"spawn:{key}"
         done, recorded = self._replay(name)
         if done:
             children: list[str] = recorded["child_ids"]
             return children
-        ids = [child_id_of(self.job_id, f"{key}.{index}") for index in range(len(inputs))]
+        ids = [child_id_of(self.job_id, key, index) for index in range(len(child_inputs))]
         rows = [
-            self._child_row(kind, one, child_id, max_attempts, priority, queue)
-            for one, child_id in zip(inputs, ids, strict=True)
+            self._child_row(child_kind, one, child_id, max_attempts, priority, queue)
+            for one, child_id in zip(child_inputs, ids, strict=True)
         ]
         record = self.store.pending_step(name, {"child_ids": ids})
         records = [*self.take_pending(), record]
         if rows:
-            self._held(lambda: self.store.spawn(self.claim, kind, rows, records))
+            self._held(lambda: self.store.spawn(self.claim, child_kind, rows, records))
         else:
             self._held(lambda: self.store.record_steps(self.claim, records))
         self._recorded[name] = record.output
@@ -225,7 +258,7 @@ class Workflow:
         naming it and its error (catch it, or the attempt fails like any handler error)."""
         ids = list(child_ids)
         name = key or self._count("wait")
-        check_name(name, "wait key")
+        self._storable_name(name, "wait key")
         done, recorded = self._replay(name)
         if done:
             results: list[Any] = recorded["results"]
@@ -253,8 +286,8 @@ class Workflow:
 
     def map(
         self,
-        kind: str,
-        inputs: Sequence[dict[str, Any]],
+        kind: KindRef | Sequence[Signature],
+        inputs: Sequence[dict[str, Any]] | None = None,
         *,
         key: str | None = None,
         max_attempts: int | None = None,
@@ -263,7 +296,9 @@ class Workflow:
     ) -> list[Any]:
         """Fan out and in: one child of ``kind`` per input (one bulk insert), then their
         results in order once all finished (:meth:`spawn_many` then :meth:`wait_for`;
-        recorded as ``spawn:<key>`` and ``wait:<key>``, key default ``map``, ``map:2`` …)."""
+        recorded as ``spawn:<key>`` and ``wait:<key>``, key default ``map``, ``map:2`` …).
+        ``ctx.map([check_order.s(order_id=n) for n in ids])`` fans out over signatures of
+        one kind instead of a kind and its inputs."""
         key = key or self._count("map")
         ids = self.spawn_many(
             kind, inputs, key=key, max_attempts=max_attempts, priority=priority, queue=queue
@@ -281,11 +316,11 @@ class Workflow:
         An event sent before this call is kept and consumed here, once. With ``timeout``
         (seconds, on the database clock) the sweeper ends the wait then, and this call
         raises :class:`jobs.EventTimedOut`."""
-        check_name(name, "event name")
+        self._storable_name(name, "event name")
         if timeout is not None:
             check_timeout(timeout, f"timeout of event {name!r}")
         step_name = key or self._count(f"event:{name}")
-        check_name(step_name, "event key")
+        self._storable_name(step_name, "event key")
         done, recorded = self._replay(step_name)
         if done:
             if isinstance(recorded, dict) and recorded.get(TIMED_OUT):
@@ -307,3 +342,17 @@ __all__ = [
     "Workflow",
     "child_id_of",
 ]
+
+
+def _fan_out(
+    kind: KindRef | Sequence[Signature], inputs: Sequence[dict[str, Any]] | None
+) -> tuple[str, Sequence[dict[str, Any]]]:
+    """The kind and inputs of a fan-out given as a kind and its inputs, or as signatures."""
+    if not isinstance(kind, str) and isinstance(kind, Sequence):
+        signatures = [one for one in kind if isinstance(one, Signature)]
+        if inputs is not None or len(signatures) != len(kind):
+            raise InvalidInput("a fan-out of signatures takes signatures only, and no inputs")
+        return one_kind(signatures)
+    if inputs is None:
+        raise InvalidInput("a fan-out needs its inputs: one JSON object per child")
+    return kind_name(kind), inputs

@@ -51,7 +51,7 @@ from jobs.runtime.doorbell_encoding import (
     fast_path_verified,
     plain_message,
 )
-from jobs.runtime.queues import TASK_NAME
+from jobs.runtime.queues import DOORBELL_HEADER, TASK_NAME
 
 CONFIRM_TIMEOUT_SECONDS = 30.0
 MAX_IN_FLIGHT = 10_000  # doorbells written and unconfirmed before a publish waits
@@ -178,7 +178,7 @@ class AmqpDoorbells:
             content_encoding="utf-8",
             delivery_mode=2,  # persistent, as Celery publishes to a durable queue
         )
-        return dict(message.headers), properties
+        return {**message.headers, DOORBELL_HEADER: True}, properties
 
     def message(self, job_id: str, priority: int = 0, task_name: str = TASK_NAME) -> Any:
         """The doorbell of one job as an AMQP message of that priority and task name."""

@@ -47,7 +47,12 @@ LEFT_OUT_STEPS = frozenset({"celery.worker.consumer.delayed_delivery:DelayedDeli
 queues and exchanges per vhost, declared on every broker URL in turn with retries, which
 stalls consumption for many seconds when one URL of a failover list is dead. Our delays
 (retry backoff, ``run_after``) live in the database, and we never publish with a countdown,
-so the step is left out."""
+so the step is left out of an app of durable jobs only; a user's app keeps it
+(:class:`jobs.runtime.doorbell.UsersAppConsumer`)."""
+
+
+CELERY_STEPS: tuple[str, ...] = tuple(Consumer.Blueprint.default_steps)
+"""The steps of Celery's own consumer, in its order."""
 
 
 class BrokerPause:
@@ -156,7 +161,7 @@ class RetryingConsumer(Consumer):  # type: ignore[misc]  # Celery ships no type 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         name = "Consumer"
         default_steps = [
-            *(step for step in Consumer.Blueprint.default_steps if step not in LEFT_OUT_STEPS),
+            *(step for step in CELERY_STEPS if step not in LEFT_OUT_STEPS),
             "jobs.runtime.broker_errors:ConsumingResumed",
         ]
 

@@ -28,10 +28,8 @@ closes one of Celery's known ways to lose or double-run work (see the README):
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
-import os
-import signal
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,8 +39,12 @@ from celery.exceptions import Reject, Retry
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
 from jobs.core.settings import Settings, mask_url
-from jobs.core.validate import NAME_LENGTH
+from jobs.core.states import State
+from jobs.core.validate import NAME_LENGTH, clip
+from jobs.runtime.app_queues import add_durable_queues, consume_as_declared
 from jobs.runtime.frameworks import set_up_for_job_modules
+from jobs.runtime.outcome_events import ended_elsewhere, revoked_delivery
+from jobs.runtime.pool_child import preload_for_the_pool, start_pool_child
 from jobs.runtime.queues import (
     TASK_NAME,
     kind_task_name,
@@ -52,6 +54,7 @@ from jobs.runtime.queues import (
     with_bands,
 )
 from jobs.runtime.shared_flag import SharedFlag
+from jobs.runtime.worker_signals import hand_back_before_restart
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
     from jobs.core.runner import RunResult
@@ -149,6 +152,11 @@ class Installed:
         self.host = host
         self.dedicated = dedicated  # an app of durable jobs only (make_app), not a user's
         self.shutting_down = SharedFlag()
+        self.kind_tasks: set[str] = set()  # the kinds' task names registered on the app
+        self.kind_tasks_lock = threading.Lock()
+        self.on_users_app = False  # jobs.contrib.celery.install ran on it
+        self.start_notes: list[str] = []  # said once the worker's logging is set up
+        self.runs_jobs = True  # a worker that consumes no durable queue: False at its start
 
         def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
             """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -177,7 +185,16 @@ class Installed:
         except DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.
             raise Reject(str(unreachable), requeue=True) from None
+        ended = ended_elsewhere(self.host.runtime.store, result)
+        if ended is not None and ended.state is State.CANCELLED:
+            revoked_delivery(task, job_id, self._task_events(task))
+        if ended is not None and ended.state is State.FAILED:
+            raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
+
+    def _task_events(self, task: Any) -> bool:
+        """Whether this worker sends task events (``-E``, ``worker_send_task_events``)."""
+        return bool(self.host.settings.task_events or task.app.conf.worker_send_task_events)
 
 
 def installed_on(celery: Any) -> Installed | None:
@@ -250,14 +267,34 @@ def install_runner(celery: Celery, host: JobsHost, *, dedicated: bool = False) -
 def register_kind_tasks(celery: Celery, installed: Installed, kinds: Iterable[str]) -> list[str]:
     """One Celery task per job kind, named ``jobs.<kind>`` and running the same runner, so
     ``celery inspect registered`` lists the kinds and Flower shows each delivery by its
-    kind. Returns the names added."""
+    kind. Returns the names added. The app is not finalized for it: on an app that is not
+    yet, the tasks are registered when it is (the first look at ``app.tasks``)."""
     added = []
-    for kind in kinds:
-        name = kind_task_name(kind)
-        if name not in celery.tasks:
-            celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
-            added.append(name)
+    with installed.kind_tasks_lock:
+        for kind in kinds:
+            name = kind_task_name(kind)
+            if name not in installed.kind_tasks:
+                celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
+                installed.kind_tasks.add(name)
+                added.append(name)
     return added
+
+
+def import_task_modules(celery: Any) -> None:
+    """Import the Celery app's own task modules as its workers do (``include``, ``imports``,
+    ``autodiscover_tasks()``: Celery's ``loader.import_default_modules``), setting a Django
+    project up first, so a web process, a shell or ``jobctl`` knows the kinds defined there
+    as the workers do. A module that fails to import is one :class:`SettingsError` line."""
+    try:
+        set_up_for_job_modules()
+        celery.loader.import_default_modules()
+    except Exception as err:  # whatever the project's modules raise
+        detail = str(err).strip()
+        detail = clip(detail.splitlines()[0] if detail else "", 300)
+        raise SettingsError(
+            f"Celery app {celery.main!r}: cannot import its task modules: "
+            f"{type(err).__name__}: {detail}"
+        ) from err
 
 
 def outcome_for_celery(result: RunResult, summary: str) -> str:
@@ -311,8 +348,17 @@ def _before_the_queues(instance: Any = None, options: Any = None, **_: Any) -> N
     _load_kinds(celery, installed)
     settings = installed.host.settings
     names = served_queues(settings, installed.host.registry.kinds())
-    if installed.dedicated:  # every queue such a worker consumes is a jobs queue
-        names = with_bands(settings, [*names, *_queues_option(options)])
+    if not installed.dedicated:  # a user's app: its configuration holds the queues
+        add_durable_queues(celery, settings, names)
+        for name in consume_as_declared(celery, _queues_option(options)):
+            installed.start_notes.append(
+                f"queue {name!r} is not among the Celery app's queues and exists on the "
+                "broker: consumed as it is declared there (jobs of kinds this worker does "
+                "not import stay QUEUED for a worker that does)"
+            )
+        return
+    # An app of durable jobs only: every queue such a worker consumes is a jobs queue.
+    names = with_bands(settings, [*names, *_queues_option(options)])
     known = celery.amqp.queues
     for name in names:
         if name not in known:
@@ -330,15 +376,27 @@ def _queues_option(options: Any) -> list[str]:
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """Any worker of an app with durable jobs (Celery's in-process test worker too): the
-    kinds, a word about the pool, and the code its pool children run loaded before the
-    pool forks."""
-    celery = getattr(sender, "app", None)
+    kinds, a word about the pool, and, when it consumes a durable queue, the code its pool
+    children run loaded before the pool forks."""
+    celery: Any = getattr(sender, "app", None)
     installed = installed_on(celery)
     if installed is None:
         return
     _load_kinds(celery, installed)
-    warn_about_the_pool(sender, installed.host.settings)
-    _preload_for_the_pool(installed.host.settings)
+    refuse_at_start(installed.host, getattr(sender, "hostname", None))
+    settings = installed.host.settings
+    warn_about_the_pool(sender, settings)
+    consumed = list(getattr(celery.amqp.queues, "consume_from", None) or ())
+    served = served_queues(settings, installed.host.registry.kinds())
+    durable = consumed if installed.dedicated else [name for name in consumed if name in served]
+    installed.runs_jobs = bool(durable)
+    if installed.runs_jobs:  # process-wide tweaks: only where durable jobs run
+        preload_for_the_pool(settings)
+        installed.start_notes.append(
+            f"this worker runs durable jobs (queues {', '.join(durable)}): the code its pool "
+            "children share is frozen out of the garbage collector (gc.freeze), and a "
+            "prefork child's SIGALRM ends it past a job's time limit"
+        )
 
 
 @signals.celeryd_after_setup.connect
@@ -351,6 +409,8 @@ def _say_what_the_worker_runs(instance: Any = None, **_: Any) -> None:
         return
     names = installed.host.registry.registered_names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    for note in installed.start_notes:
+        log.warning(note)
     say_where_the_worker_listens(celery, installed.host.settings)
 
 
@@ -381,6 +441,14 @@ def say_where_the_worker_listens(celery: Any, settings: Settings) -> None:
         )
 
 
+def refuse_at_start(host: JobsHost, node_name: str | None) -> None:
+    """Exit in one line on what would fail every job (:mod:`.startup_checks`, loaded here
+    so that processes importing the app do not load SQLAlchemy)."""
+    from jobs.runtime.startup_checks import refuse_what_fails_every_job  # noqa: PLC0415
+
+    refuse_what_fails_every_job(host.settings, node_name, host.runtime.pooled)
+
+
 SOLO_POOL_WARNING = (
     "the solo pool stalls for up to 2 s between deliveries with late acknowledgement "
     "(Celery 5.7 and RabbitMQ: measured 35 one-step jobs in 9 s, against 3,000 with "
@@ -397,22 +465,6 @@ def warn_about_the_pool(worker: Any, settings: Settings) -> None:
         log.warning(SOLO_POOL_WARNING)
 
 
-def _preload_for_the_pool(settings: Settings) -> None:
-    """Load, before the pool forks, the code every pool child runs (the delivery, SQLAlchemy,
-    the database driver), without connecting anywhere, then freeze the garbage collector's
-    view of it: the children share those pages with this process instead of each importing
-    its own copy, and no collection in a child touches (and so copies) them. Measured on a
-    worker with two children: 116 MiB proportional set size (PSS) against 144 MiB when each
-    child imported on its own (bench: worker memory)."""
-    import jobs.runtime.delivery  # noqa: F401, PLC0415 - what every delivery runs
-
-    if settings.database_url.startswith("postgresql"):
-        import psycopg  # noqa: F401, PLC0415 - the driver the children's engines load
-
-    gc.collect()
-    gc.freeze()
-
-
 @signals.worker_shutting_down.connect
 def _hand_back_on_shutdown(**_: Any) -> None:
     """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
@@ -422,49 +474,18 @@ def _hand_back_on_shutdown(**_: Any) -> None:
         installed.shutting_down.set()
 
 
+@signals.worker_ready.connect
+def _hand_back_on_restart(**_: Any) -> None:
+    """SIGHUP restarts a worker: hand its running jobs back first (:mod:`.worker_signals`)."""
+    installed = installed_on(current_app)
+    if installed is not None:
+        hand_back_before_restart(installed.shutting_down)
+
+
 @signals.worker_process_init.connect
 def _start_pool_child(**_: Any) -> None:
-    """A prefork child arms its time-limit backstop, then takes its own liveness lock before
-    it can claim anything, seeds the limits its kinds declare and writes their schedules.
-    (The main process never touches the database: it only consumes messages and hands them
-    to the pool, so it loads no SQLAlchemy.)"""
+    """A prefork child of a worker that runs durable jobs arms its time-limit backstop and
+    gets its database side ready in the background (:func:`start_pool_child`)."""
     installed = installed_on(current_app)
-    if installed is None:
-        return
-    runtime = installed.host.runtime
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the time-limit backstop ends the child
-    runtime.stop_on_timeout(_end_timed_out_child, _arm_alarm)
-    try:  # bounded by the connect timeout; taken again before the child's first claim
-        runtime.liveness_key()
-        runtime.seed_limits()
-        installed.host.sync_schedules()  # periodic kinds declared in code, fired by sweepers
-    except Exception as err:  # the database may be down: the child must still start
-        log.warning("liveness lock not taken yet: %s", type(err).__name__)
-
-
-EXIT_TIMED_OUT = 70
-"""Exit status of a pool child ended because a run passed its time limit (EX_SOFTWARE)."""
-
-
-def _end_timed_out_child(why: str) -> None:
-    """Celery's hard time limit, decided inside the child: billiard's pool ends a child
-    past ``time_limit`` with SIGTERM then SIGKILL from the main process, but only the child
-    knows a job's kind and its steps, so the child's heartbeat decides. By the time this
-    runs the run's outcome (retry or FAILED, fenced) is written; the stuck handler may be
-    in a C call no exception can interrupt, so the process exits at once. Celery sees the
-    child lost (``task_reject_on_worker_lost``: the doorbell goes back to the queue, and a
-    later claim finds the job not due or finished), and the pool starts a new child."""
-    log.error("%s; ending pool process %d (the pool starts a new one)", why, os.getpid())
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):  # the process ends next whatever happens
-            handler.flush()
-    os._exit(EXIT_TIMED_OUT)
-
-
-def _arm_alarm(seconds: float | None) -> None:
-    """The time-limit backstop of a pool child: the kernel's interval timer, whose SIGALRM
-    (default action) ends the process with no Python code running, so even a step holding
-    the GIL in C code, which keeps the heartbeat thread from ever running, is ended. Armed
-    one lease past the earliest deadline (the heartbeat's own stop comes first whenever it
-    can run), disarmed when the run ends."""
-    signal.setitimer(signal.ITIMER_REAL, 0.0 if seconds is None else max(seconds, 0.001))
+    if installed is not None and installed.runs_jobs:
+        start_pool_child(installed.host)

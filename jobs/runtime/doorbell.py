@@ -22,9 +22,9 @@ from typing import Any
 
 from jobs.core.errors import InvalidInput
 from jobs.core.validate import NAME_LENGTH, check_name
-from jobs.runtime.broker_errors import RetryingConsumer
+from jobs.runtime.broker_errors import CELERY_STEPS, RetryingConsumer
 from jobs.runtime.celery_app import installed_on
-from jobs.runtime.queues import KIND_TASK_PREFIX, is_job_task_name
+from jobs.runtime.queues import KIND_TASK_PREFIX, is_doorbell, is_job_task_name
 
 log = logging.getLogger("jobs.worker")
 
@@ -168,7 +168,9 @@ class GuardedConsumer(RetryingConsumer):
     that knows it; and if Celery's handler still raises on a message (anything but a lost
     connection), the message is dropped instead of stopping the worker. Any other message
     is dropped by an app of durable jobs only, and handed to Celery unchanged by a user's
-    app with durable jobs installed (its own tasks are its own).
+    app with durable jobs installed: there a doorbell is told by the header only our
+    publishers set (:data:`jobs.runtime.queues.DOORBELL_HEADER`), not by its name, so the
+    app's own tasks are its own whatever their names.
     """
 
     _event_flush_due = False  # a flush of the task events is scheduled
@@ -216,8 +218,7 @@ class GuardedConsumer(RetryingConsumer):
 
         def on_task_received(message: Any) -> Any:
             headers = getattr(message, "headers", None)
-            name = headers.get("task") if isinstance(headers, dict) else None
-            if not installed.dedicated and not is_job_task_name(name):
+            if not installed.dedicated and not is_doorbell(headers):
                 return celery_handler(message)  # the user's own task: Celery's business
             try:
                 job_id = doorbell_job_id(message)
@@ -244,3 +245,14 @@ class GuardedConsumer(RetryingConsumer):
                 return drop(message, f"Celery refused it: {type(err).__name__}")
 
         return on_task_received
+
+
+class UsersAppConsumer(GuardedConsumer):
+    """The consumer ``install(app)`` gives a user's app that used Celery's default one: the
+    doorbell gate and the broker-error retries of :class:`GuardedConsumer`, with every step
+    of Celery's own consumer kept (native delayed delivery among them: a plain task's
+    ``countdown`` on quorum queues needs it)."""
+
+    class Blueprint(GuardedConsumer.Blueprint):
+        name = "Consumer"
+        default_steps = [*CELERY_STEPS, "jobs.runtime.broker_errors:ConsumingResumed"]

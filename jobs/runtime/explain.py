@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -67,12 +68,22 @@ def _span(seconds: float) -> str:
 _PARKED_FOR = re.compile(r"^waiting for \d+ of (\d+) children$")
 
 
+#: Step names ``explain`` lists before it counts the rest.
+SHOWN_STEP_NAMES = 30
+
+
+def _names(steps: Sequence[str]) -> str:
+    shown = ", ".join(steps[:SHOWN_STEP_NAMES])
+    more = len(steps) - SHOWN_STEP_NAMES
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def _children_of_wait(store: JobStore, job: Job, history: Sequence[Transition]) -> int:
     """How many children the current wait asked for: from the park's own line in the
     history, else (no such line) every child the job has."""
     park = _last_move_to(list(history), State.WAITING)
     asked = _PARKED_FOR.match(park.reason or "") if park is not None else None
-    return int(asked.group(1)) if asked else len(store.children(job.id))
+    return int(asked.group(1)) if asked else store.reader.children_page(job.id, 0, 1).total
 
 
 def _waiting(
@@ -120,7 +131,8 @@ def owner_alive(store: JobStore, liveness_key: int | None) -> bool | None:
     if store.engine.dialect.name == "postgresql":
         return liveness_key in liveness.held_keys(store.engine)
     if store.engine.dialect.name == "sqlite":
-        return liveness.process_alive(liveness_key)
+        pid = liveness.pid_of_key(liveness_key)  # None: another host or PID namespace
+        return None if pid is None else liveness.process_alive(pid)
     return None
 
 
@@ -140,11 +152,11 @@ def explain(
     quoted = shlex.quote(job.id)
     now = store.now()
     history = store.history(job_id)
-    recorded = store.steps(job_id)
-    steps = [step.name for step in recorded]
-    timers = {wake_at_of(step.output): step.name for step in recorded}
+    recorded = store.reader.step_names(job_id)  # large outputs stay in the database
+    steps = [name for name, _ in recorded]
+    timers = {wake_at_of(json.loads(small) if small else None): name for name, small in recorded}
     origin = _origin(job)
-    done = f"Recorded steps: {', '.join(steps)}." if steps else "No step is recorded yet."
+    done = f"Recorded steps: {_names(steps)}." if steps else "No step is recorded yet."
     attempts = f"attempt {job.attempts} of {job.max_attempts}"
     if job.state is State.QUEUED:
         reason, text, actions = _queued(store, settings, job, now, timers, workers)

@@ -24,11 +24,19 @@ connection took it, not with the worker, so it says nothing about the worker. Po
 it, a connection that reaches PostgreSQL through a proxy is detected (the server's port is
 not the URL's) and liveness locks are switched off: dead workers' jobs are then recovered
 when their lease runs out. :func:`lock_for` logs which, once per process.
+
+Embedded (SQLite) there are no locks, and the key is the owner's process ID, which means
+something only on the host and in the PID namespace the owner ran in: another container
+sharing the data folder sees other PIDs. So the key carries the owner's place as well,
+a hash of the host's boot ID and the PID namespace's inode (:func:`pid_key`), and a
+process is judged by that PID only from the same place (:func:`pid_of_key`); anything else
+is left to its lease.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
@@ -172,6 +180,35 @@ def _proxy_reason(database_url: str) -> str:
         engine.dispose()
 
 
+# Where a connection lands: its database, on which server instance (two servers started
+# at the same microsecond are not a case to plan for).
+_PLACE_SQL = "SELECT current_database(), pg_postmaster_start_time()"
+
+
+def _place_of(url: str) -> tuple[object, ...]:
+    engine = create_engine(
+        normalize_database_url(url),
+        poolclass=NullPool,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    try:
+        with engine.connect() as conn:
+            return tuple(conn.execute(text(_PLACE_SQL)).one())
+    finally:
+        engine.dispose()
+
+
+def _elsewhere_reason(database_url: str, lock_url: str) -> str:
+    """Why locks taken on ``lock_url`` cannot be seen from ``database_url``'s sessions (the
+    claim and the sweeper read ``pg_locks`` of the jobs' own database), or ""."""
+    jobs_place, lock_place = _place_of(database_url), _place_of(lock_url)
+    if jobs_place == lock_place:
+        return ""
+    if jobs_place[1] == lock_place[1]:
+        return f"it names database {lock_place[0]!r}, the jobs are in {jobs_place[0]!r}"
+    return "it reaches another server than the jobs' database"
+
+
 def describe(settings: Settings, reason: str = "") -> str:
     """One line for a worker's log: how dead workers are found on this database (``reason``:
     why the database URL looks like a pooler, if it does)."""
@@ -179,6 +216,12 @@ def describe(settings: Settings, reason: str = "") -> str:
     if not database_url.startswith("postgresql"):
         return "liveness: the owner's process ID (embedded: every worker runs on this host)"
     lock_url = lock_url_for(settings)
+    if lock_url is not None and reason:
+        return (
+            f"liveness: OFF, JOBS_LIVENESS_DATABASE_URL={mask_url(lock_url)} cannot show "
+            f"whether an owner lives ({reason}); jobs of dead workers are recovered when "
+            "their lease runs out. Point it at the jobs' own database, directly"
+        )
     if lock_url is not None:
         return f"liveness: advisory locks on {mask_url(lock_url)} (JOBS_LIVENESS_DATABASE_URL)"
     if reason:
@@ -192,11 +235,15 @@ def describe(settings: Settings, reason: str = "") -> str:
 
 def lock_for(settings: Settings) -> LivenessLock | None:
     """A new liveness lock for this process on ``settings``' PostgreSQL database, or None
-    behind a pooler without ``JOBS_LIVENESS_DATABASE_URL`` (a lock taken through it would
-    say nothing about this process). Logs how dead workers are found. Called once per
-    process runtime, which keeps the answer."""
+    where a lock would say nothing a sweeper can read: behind a pooler without
+    ``JOBS_LIVENESS_DATABASE_URL``, or with one that lands on another database or server
+    than the jobs'. Logs how dead workers are found. Called once per process runtime,
+    which keeps the answer."""
     lock_url = lock_url_for(settings)
-    reason = "" if lock_url is not None else _proxy_reason(settings.database_url)
+    if lock_url is None:
+        reason = _proxy_reason(settings.database_url)
+    else:
+        reason = _elsewhere_reason(settings.database_url, lock_url)
     log.info("%s", describe(settings, reason))
     if reason:
         return None
@@ -207,6 +254,43 @@ def held_keys(engine: Engine) -> set[int]:
     """The liveness keys whose advisory locks some session holds now: their owners live."""
     with engine.connect() as conn:
         return {int(key) for key in conn.execute(text(HELD_KEYS_SQL)).scalars()}
+
+
+# An embedded liveness key: the place's hash in the high bits, the PID in the low 22 (Linux
+# PIDs are below 2**22), 62 bits in all, so the signed BIGINT column keeps it positive.
+_PID_BITS = 22
+_PLACE_BITS = 40
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+PID_NAMESPACE_PATH = "/proc/self/ns/pid"
+
+
+def this_place() -> int:
+    """Where this process's PIDs mean something: a 40-bit hash of the host's boot ID and
+    this PID namespace's inode, never 0; 0 when either cannot be read (no such proof, so
+    no PID of this process is ever judged)."""
+    try:
+        with open(BOOT_ID_PATH) as boot:
+            boot_id = boot.read().strip()
+        namespace = os.stat(PID_NAMESPACE_PATH)
+    except OSError:
+        return 0
+    digest = hashlib.sha256(f"{boot_id}:{namespace.st_dev}:{namespace.st_ino}".encode())
+    return (int.from_bytes(digest.digest()[:8], "big") >> (64 - _PLACE_BITS)) or 1
+
+
+def pid_key(pid: int, place: int | None = None) -> int:
+    """The liveness key an embedded owner with this PID stamps on its claims, from this
+    place (or ``place``)."""
+    return ((this_place() if place is None else place) << _PID_BITS) | pid
+
+
+def pid_of_key(key: int, place: int | None = None) -> int | None:
+    """The PID in an embedded liveness key when it was stamped here (this host's boot and
+    this PID namespace, or ``place``), None when it cannot be judged from here."""
+    here = this_place() if place is None else place
+    if here == 0 or key >> _PID_BITS != here:
+        return None
+    return key & ((1 << _PID_BITS) - 1)
 
 
 def process_alive(pid: int) -> bool:
@@ -232,8 +316,9 @@ def server_uptime(engine: Engine) -> float:
 
 def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS) -> list[Job]:
     """Re-queue (or fail, when out of attempts) RUNNING jobs whose owner process is gone:
-    its advisory lock released (PostgreSQL), or its process ID no longer running (SQLite,
-    where every worker runs on this host). A reused PID only delays recovery to the lease.
+    its advisory lock released (PostgreSQL), or its process ID no longer running (SQLite:
+    only owners that ran on this host and in this PID namespace are judged; the others
+    are left to their lease). A reused PID only delays recovery to the lease.
 
     On PostgreSQL a missing lock counts only if it is still missing ``recheck_seconds``
     later (a live owner whose connection dropped takes its lock again within a keeper
@@ -262,10 +347,12 @@ def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS
             missing = [(j, o, f, key) for j, o, f, key in missing if key not in alive]
         dead = [(j, o, f, f"owner {o} died (liveness lock released)") for j, o, f, _ in missing]
     else:
+        here = this_place()
+        owners = [(j, o, f, pid_of_key(key, here)) for j, o, f, key in running]
         dead = [
-            (j, o, f, f"owner {o} died (process {key} is gone)")
-            for j, o, f, key in running
-            if not process_alive(key)
+            (j, o, f, f"owner {o} died (process {pid} is gone)")
+            for j, o, f, pid in owners
+            if pid is not None and not process_alive(pid)
         ]
     rescued = []
     for job_id, owner, fence, reason in dead:

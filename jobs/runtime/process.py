@@ -31,7 +31,7 @@ from jobs.core.records import Doorbell, in_batches
 from jobs.core.registry import JobKind, Registry
 from jobs.core.settings import Settings, database_hosts, describe_hosts
 from jobs.core.store import JobStore
-from jobs.runtime.liveness import LivenessLock, lock_for
+from jobs.runtime.liveness import LivenessLock, lock_for, pid_key
 from jobs.schema import ensure_schema
 
 log = logging.getLogger("jobs")
@@ -133,10 +133,11 @@ class ProcessRuntime:
     def liveness_key(self) -> int | None:
         """The key this process stamps on the jobs it claims, so a sweeper can tell that
         the owner died: an advisory lock held for the life of the process (PostgreSQL), the
-        process ID (SQLite, whose workers all share a host), none elsewhere."""
+        process ID with the host and PID namespace it means something in (SQLite), none
+        elsewhere."""
         dialect = self.engine.dialect.name
         if dialect == "sqlite":
-            return self.pid
+            return pid_key(self.pid)
         if dialect != "postgresql":
             return None
         with self._lock:

@@ -36,6 +36,22 @@ def kind_task_name(kind: str | None) -> str:
     return TASK_NAME if kind is None else KIND_TASK_PREFIX + kind
 
 
+DOORBELL_HEADER = "x-durable-jobs-doorbell"
+"""A header only the doorbells carry (set by :mod:`jobs.runtime.ringer`'s publishers): how a
+user's app with durable jobs installed tells a doorbell from its own tasks, whatever their
+names (a plain ``@app.task(name="jobs.sum_up")`` is the user's, and passes untouched)."""
+
+
+def is_doorbell(headers: object) -> bool:
+    """Whether a task message's headers are a doorbell's: a job task's name and
+    :data:`DOORBELL_HEADER`."""
+    return (
+        isinstance(headers, dict)
+        and headers.get(DOORBELL_HEADER) is True
+        and is_job_task_name(headers.get("task"))
+    )
+
+
 def is_job_task_name(name: object) -> bool:
     """Whether a task name is a doorbell's (:data:`TASK_NAME` or a kind's)."""
     return isinstance(name, str) and name.startswith(KIND_TASK_PREFIX)
@@ -113,3 +129,13 @@ def task_queue(settings: Settings, name: str | None = None) -> Queue:
         queue_arguments=queue_arguments(settings),
         durable=True,
     )
+
+
+def declared_queue(celery: Any, settings: Settings, name: str) -> Queue:
+    """Queue ``name`` as the Celery app's configuration declares it (a user's app after
+    ``install``: :mod:`jobs.runtime.app_queues`, the queue a project already had of that
+    name among them), else :func:`task_queue`: what the doorbells declare, so they never
+    differ from the app's own workers and senders."""
+    known = celery.amqp.queues
+    found = known.get(name) if name in known else None  # .get: Celery makes no missing one
+    return found if isinstance(found, Queue) else task_queue(settings, name)

@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobs.core.settings import Settings
-from jobs.runtime.queues import kind_task_name, queue_for, queue_names, task_queue
+from jobs.runtime.queues import (
+    DOORBELL_HEADER,
+    declared_queue,
+    kind_task_name,
+    queue_for,
+    queue_names,
+)
 
 
 class CeleryRinger:
@@ -70,17 +76,20 @@ class CeleryRinger:
                         queue=target,
                         producer=producer,
                         priority=priority,
+                        headers={DOORBELL_HEADER: True},
                     )
             return
         with self._lock:
             if self._amqp is None:
                 from jobs.runtime.amqp_doorbells import AmqpDoorbells  # noqa: PLC0415
 
+                app = self.app
+                names = queue_names(self.settings)
                 self._amqp = AmqpDoorbells(
-                    self.app,
-                    *(task_queue(self.settings, name) for name in queue_names(self.settings)),
+                    app,
+                    *(declared_queue(app, self.settings, name) for name in names),
                     wait_for_confirms=self.settings.doorbell_confirms == "wait",
-                    declare=lambda name: task_queue(self.settings, name),
+                    declare=lambda name: declared_queue(app, self.settings, name),
                     on_lost=self.on_lost,
                 )
         self._amqp.publish(job_ids, priority, target, task_name)

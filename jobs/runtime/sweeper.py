@@ -30,8 +30,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
-from jobs.core.records import Doorbell, RingBatch, in_batches
+from jobs.core.outage import first_line, is_disconnect
+from jobs.core.records import Doorbell, Job, RingBatch, in_batches
 from jobs.core.settings import Settings
+from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.validate import check_days
 from jobs.runtime.liveness import rescue_dead_owners
@@ -40,6 +42,10 @@ from jobs.runtime.queue_watch import QueueHealth, QueueWatch
 from jobs.runtime.queues import with_bands
 
 log = logging.getLogger("jobs.sweeper")
+
+Announce = Callable[[Sequence[Job]], object]
+"""Tells Celery's monitors (Flower) of jobs a pass ended with no delivery to report it:
+:class:`jobs.runtime.outcome_events.OutcomeEvents`."""
 
 
 #: Retention deletes at most this many batches per pass, so a pass stays short and the
@@ -107,6 +113,7 @@ def sweep_once(
     ring_batch: RingBatch,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
+    announce: Announce | None = None,
 ) -> SweepReport:
     """One pass of recovery, doorbells, periodic ticks and retention; ``ring_batch(job_ids,
     priority)`` rings a batch of doorbells of one priority and says whether it could (due
@@ -120,9 +127,14 @@ def sweep_once(
     slow jobs is not rung a second time, while lost ones are rung again once it drains.
 
     With a ``watch`` (RabbitMQ), a queue that was gone or unavailable may have lost every
-    doorbell it held: then every due one is rung at once, however recently it was sent."""
+    doorbell it held: then every due one is rung at once, however recently it was sent.
+
+    ``announce(jobs)`` hears of the jobs this pass FAILED (out of attempts after crashes),
+    which no delivery will report to Celery's monitors."""
     dead = rescue_dead_owners(store)
     expired = store.sweep_expired()
+    if announce is not None:
+        announce([job for job in (*dead, *expired) if job.state is State.FAILED])
     # Workflows: waits whose deadline passed, and (the safety net) parents no unfinished
     # child will wake; both are left QUEUED and unsent, so the ring below reaches them.
     timed_out = store.fire_deadlines()
@@ -185,6 +197,7 @@ def run_forever(
     stop: threading.Event | None = None,
     waiting: Callable[[], int | None] = lambda: None,
     watch: QueueWatch | None = None,
+    announce: Announce | None = None,
 ) -> None:
     """``jobctl sweeper``: a :func:`sweep_once` pass every ``JOBS_SWEEP_INTERVAL_SECONDS``
     until SIGTERM/SIGINT (or ``stop``); a pass that fails is logged and the next one runs.
@@ -205,11 +218,18 @@ def run_forever(
     )
     while not stop.is_set():
         try:
-            report = sweep_once(store, settings, ring_batch, waiting, watch)
+            report = sweep_once(store, settings, ring_batch, waiting, watch, announce)
             if report:
                 log.info("sweeper: %s", report)
-        except Exception:  # the database may be restarting: try again next pass
-            log.exception(
-                "sweeper: pass failed; next try in %.1fs", settings.sweep_interval_seconds
-            )
+        except Exception as err:  # the database may be restarting: try again next pass
+            if is_disconnect(err):  # unreachable, or its disk full: one line, no traceback
+                log.warning(
+                    "sweeper: pass failed (%s); next try in %.1fs",
+                    first_line(err),
+                    settings.sweep_interval_seconds,
+                )
+            else:
+                log.exception(
+                    "sweeper: pass failed; next try in %.1fs", settings.sweep_interval_seconds
+                )
         stop.wait(settings.sweep_interval_seconds)

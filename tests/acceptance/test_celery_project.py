@@ -52,10 +52,13 @@ AUTH = ("ops", "flower-test")
 class Project:
     """The example project's processes and the test's own view of its job table."""
 
-    def __init__(self, env: dict[str, str], logs: Path, store: JobStore) -> None:
+    def __init__(
+        self, env: dict[str, str], logs: Path, store: JobStore, folder: Path = PROJECT
+    ) -> None:
         self.env = env
         self.logs = logs
         self.store = store
+        self.folder = folder
         self.procs: list[Proc] = []
 
     def start(self, name: str, *args: str) -> Proc:
@@ -63,7 +66,7 @@ class Project:
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 args,
-                cwd=PROJECT,
+                cwd=self.folder,
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -87,7 +90,7 @@ class Project:
         """Python in the project's folder (as a web view or a shell of the project would)."""
         done = subprocess.run(
             [sys.executable, "-c", code],
-            cwd=PROJECT,
+            cwd=self.folder,
             env=self.env,
             capture_output=True,
             text=True,
@@ -120,8 +123,12 @@ class Project:
             print(f"--- {proc.name}\n{proc.output()[-5000:]}")
 
 
-@pytest.fixture
-def project(pg_admin: Engine, amqp_url: str, tmp_path: Path) -> Iterator[Project]:
+@contextlib.contextmanager
+def project_world(
+    pg_admin: Engine, amqp_url: str, tmp_path: Path, folder: Path = PROJECT
+) -> Iterator[Project]:
+    """The project in ``folder`` on a RabbitMQ virtual host and a PostgreSQL database of its
+    own, its processes stopped (and their logs printed if the test failed) at the end."""
     vhost = f"proj-{uuid.uuid4().hex[:8]}"
     rabbitmqctl("add_vhost", vhost)
     rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
@@ -130,7 +137,7 @@ def project(pg_admin: Engine, amqp_url: str, tmp_path: Path) -> Iterator[Project
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("JOBS_", "CELERY_")) or key.startswith("JOBS_TEST_")
+        if not key.startswith(("JOBS_", "CELERY_", "DJANGO_")) or key.startswith("JOBS_TEST_")
     }
     env.update(
         CELERY_BROKER_URL=f"{amqp_url.rstrip('/')}/{vhost}",
@@ -138,10 +145,9 @@ def project(pg_admin: Engine, amqp_url: str, tmp_path: Path) -> Iterator[Project
         JOBS_DATA_DIR=str(tmp_path / "jobs-data"),
         JOBS_SWEEP_INTERVAL_SECONDS="0.5",
         JOBS_RETRY_BACKOFF_SECONDS="0.5",
-        JOBS_CELERY_APP="proj",  # jobctl (sweeper, explain) on the project's own app
     )
     (tmp_path / "logs").mkdir()
-    running = Project(env, tmp_path / "logs", JobStore(engine))
+    running = Project(env, tmp_path / "logs", JobStore(engine), folder)
     failed = True
     try:
         yield running
@@ -154,6 +160,14 @@ def project(pg_admin: Engine, amqp_url: str, tmp_path: Path) -> Iterator[Project
         _drop_database(pg_admin, database_url)
         with contextlib.suppress(Exception):
             rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture
+def project(pg_admin: Engine, amqp_url: str, tmp_path: Path) -> Iterator[Project]:
+    with project_world(pg_admin, amqp_url, tmp_path) as running:
+        # jobctl (sweeper, explain) on the project's own app
+        running.env["JOBS_CELERY_APP"] = "proj"
+        yield running
 
 
 def flower_tasks(base: str) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ job's page is saved under the test's tmp folder (its path is printed)."""
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +17,11 @@ from typing import Any
 import pytest
 import requests
 
+import jobs
+from jobs import testing
+from jobs.application import default_app
 from jobs.core.states import State
-from tests.acceptance.conftest import KINDS, PG_RABBITMQ, Stack, free_port
+from tests.acceptance.conftest import BOTH, KINDS, PG_RABBITMQ, Stack, free_port
 from tests.conftest import IN_CI
 
 IMPORTS = f"{KINDS},jobs.examples.ship_order"
@@ -196,3 +200,116 @@ def test_operator_approves_retries_and_reads_hostile_jobs_in_flower(
     assert '<img src=x onerror="window.__pwned = 2">' in _text(browser, "#last-error")
     assert "\\x1b[31mred" in _text(browser, "#last-error")
     assert browser.title.startswith("Job ")
+
+
+#: A page's limits under the probe's sizes: 20,000 children, sixty 1 MiB outputs.
+CHILDREN = 20_000
+BIG_STEPS = 60
+OUTPUT_CHARS = 1_000_000
+
+
+@jobs.job("page_leaf")
+def page_leaf(ctx: jobs.JobContext, n: int) -> int:
+    return n
+
+
+@jobs.job("page_padded")
+def page_padded(ctx: jobs.JobContext, pad: str) -> int:
+    return len(pad)
+
+
+@jobs.job("page_many_children")
+def page_many_children(ctx: jobs.JobContext, count: int) -> int:
+    return len(ctx.map("page_leaf", [{"n": n} for n in range(count)]))
+
+
+@jobs.job("page_big_outputs")
+def page_big_outputs(ctx: jobs.JobContext, steps: int) -> int:
+    ctx.step("hostile", lambda: HOSTILE)
+    for index in range(steps):
+        ctx.step(f"big-{index:02d}", lambda index=index: str(index % 10) * OUTPUT_CHARS)
+    return steps
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory so far (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("stack", BOTH, indirect=True)
+def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) -> None:
+    """A parent with 20,000 children and a job with sixty 1 MiB step outputs: each page is
+    a page of rows (links to the next), outputs clipped with a link to the whole value
+    (served as plain text), stored HTML escaped, and Flower's peak memory flat."""
+    # In-process runs that write 20,000 children or 60 MiB in one go: a lease to match.
+    stack.configure(JOBS_IMPORTS=IMPORTS, JOBS_LEASE_SECONDS=600)
+    with default_app().runtime.doorbell_off():
+        parent = testing.perform_job("page_many_children", {"count": CHILDREN})
+        big = testing.perform_job("page_big_outputs", {"steps": BIG_STEPS})
+        for _ in range(40):  # jobs the list shows, with inputs of almost 1 MiB each
+            stack.submit("page_padded", {"pad": "p" * OUTPUT_CHARS})
+    assert parent.state is State.WAITING, parent.last_error
+    assert big.state is State.COMPLETED, big.last_error
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    flower = stack.start(
+        "flower",
+        ["flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"],
+    )
+    _until(lambda: requests.get(f"{base}/healthcheck", timeout=2).ok, 60, "Flower to start")
+    session = requests.Session()
+    session.auth = AUTH
+    small = stack.submit("check_order", {"order_id": 3})
+    assert session.get(f"{base}/jobs/job/{small}", timeout=30).status_code == 200  # warm
+    before = peak_rss_mib(flower.pid)
+
+    children = session.get(f"{base}/jobs/job/{parent.id}", timeout=120)
+    assert children.status_code == 200
+    assert len(children.content) < 200_000, len(children.content)
+    listed = rf">({re.escape(parent.id)}\.map\.\d+)</a>"
+    first = set(re.findall(listed, children.text))
+    assert len(first) == 100
+    assert f"1-100 of {CHILDREN}" in children.text
+    following = session.get(f"{base}/jobs/job/{parent.id}", params={"children": 100}, timeout=60)
+    second = set(re.findall(listed, following.text))
+    assert len(second) == 100
+    assert not first & second
+    assert "children=200" in following.text  # the next page's link
+
+    outputs = session.get(f"{base}/jobs/job/{big.id}", timeout=120)
+    assert outputs.status_code == 200
+    assert len(outputs.content) < 400_000, len(outputs.content)
+    assert f"of {OUTPUT_CHARS + 2} characters" in outputs.text
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in outputs.text
+    assert "<script>" not in outputs.text
+    assert "<img" not in outputs.text
+    listed_jobs = session.get(f"{base}/jobs", params={"limit": 1000}, timeout=120)
+    assert listed_jobs.status_code == 200
+    assert listed_jobs.text.count("page_padded") >= 40
+    assert len(listed_jobs.content) < 400_000, len(listed_jobs.content)
+    grown = peak_rss_mib(flower.pid) - before
+    print(
+        f"children page {len(children.content)} bytes, outputs page {len(outputs.content)} "
+        f"bytes, list page {len(listed_jobs.content)} bytes, "
+        f"Flower's peak {before:.0f} MiB -> {before + grown:.0f} MiB"
+    )
+    assert grown < 40, f"Flower grew by {grown:.0f} MiB"
+
+    whole = session.get(f"{base}/jobs/value", params={"job": big.id, "step": "big-07"}, timeout=60)
+    assert whole.status_code == 200
+    assert whole.headers["Content-Type"].startswith("text/plain")
+    assert whole.headers["X-Content-Type-Options"] == "nosniff"
+    assert whole.text == '"' + "7" * OUTPUT_CHARS + '"'
+    hostile = session.get(f"{base}/jobs/value", params={"job": big.id, "step": "hostile"})
+    assert hostile.headers["Content-Type"].startswith("text/plain")
+    assert "<script>" in hostile.text  # as text, never as HTML
+    missing = session.get(f"{base}/jobs/value", params={"job": big.id, "step": "nope"})
+    assert missing.status_code == 400
+    unknown = session.get(f"{base}/jobs/value", params={"job": "no-such-job", "field": "inputs"})
+    assert unknown.status_code == 404
+    assert (
+        requests.get(f"{base}/jobs/value", params={"job": big.id, "step": "big-07"}).status_code
+        == 401
+    )

@@ -98,7 +98,7 @@ def test_jobctl_worker_in_a_django_project_sets_django_up_first(
 @pytest.mark.slow
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
 def test_django_shop_with_a_real_worker(stack: Stack, django_shop: Any) -> None:
-    from django.contrib.auth.models import User  # noqa: PLC0415
+    from django.contrib.auth.models import Permission, User  # noqa: PLC0415
     from orders.models import Order  # noqa: PLC0415
 
     client = django_shop
@@ -117,7 +117,12 @@ def test_django_shop_with_a_real_worker(stack: Stack, django_shop: Any) -> None:
 
     big = post(client, "/orders", {"customer": "cy", "total_cents": 250_000}).json()
     stack.wait_state(big["job_id"], (State.WAITING_APPROVAL,))
-    approved = post(client, f"/orders/{big['order_id']}/approve", {"by": "dee"})
+    approve = f"/orders/{big['order_id']}/approve"
+    assert post(client, approve, {"by": "dee"}).status_code == 401  # staff only
+    dee = User.objects.create_user("dee", "dee@example.com", "pw", is_staff=True)
+    dee.user_permissions.add(Permission.objects.get(codename="approve_job"))
+    client.force_login(dee)
+    approved = post(client, approve, {"by": "mallory"})
     assert approved.status_code == 200, approved.content
     assert stack.wait_state(big["job_id"]).result == {
         "order_id": big["order_id"],
@@ -155,7 +160,9 @@ def flask_shop(stack: Stack) -> Iterator[Any]:
     stack.configure(JOBS_IMPORTS="shop_flask")
     import shop_flask  # noqa: PLC0415
 
-    app = shop_flask.create_app({"SQLALCHEMY_DATABASE_URI": stack.database_url})
+    app = shop_flask.create_app(
+        {"SQLALCHEMY_DATABASE_URI": stack.database_url, "SHOP_STAFF": {"dee": "t0k"}}
+    )
     stack.worker(
         "flask",
         pool="prefork",
@@ -199,7 +206,9 @@ def test_flask_shop_with_a_real_worker(stack: Stack, flask_shop: Any) -> None:
 
     big = client.post("/orders", json={"customer": "cy", "total_cents": 250_000}).get_json()
     stack.wait_state(big["job_id"], (State.WAITING_APPROVAL,))
-    approved = client.post(f"/orders/{big['order_id']}/approve", json={"by": "dee"})
+    approve = f"/orders/{big['order_id']}/approve"
+    assert client.post(approve, json={"by": "dee"}).status_code == 401  # staff only
+    approved = client.post(approve, json={"by": "mallory"}, headers={"Authorization": "Bearer t0k"})
     assert approved.status_code == 200
     assert stack.wait_state(big["job_id"]).result["approved_by"] == "dee"
 

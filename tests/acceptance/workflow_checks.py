@@ -30,7 +30,7 @@ def expected_children(parent_id: str, inputs: dict[str, Any]) -> list[str]:
     """The IDs a ``fan_out`` job with ``inputs`` spawns (see jobs/examples/fan_out.py)."""
     count = int(inputs["children"])
     if inputs.get("bulk"):
-        return [child_id_of(parent_id, f"c.{n}") for n in range(count)]
+        return [child_id_of(parent_id, "c", n) for n in range(count)]
     return [child_id_of(parent_id, f"c{n}") for n in range(count)]
 
 

@@ -14,6 +14,7 @@ from django.db.models.signals import post_migrate
 from sqlalchemy.engine import URL
 
 from jobs.application import default_app, reset_settings, set_defaults_source
+from jobs.contrib.django.ambient import joining_django_transactions
 from jobs.core.errors import SettingsError
 from jobs.core.settings import as_env
 
@@ -80,6 +81,8 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         set_defaults_source(settings_env, "settings.JOBS")
         default_app().registry.add_job_scope(fresh_connections)
+        # A plain jobs.submit (or .delay()) inside atomic() on the jobs' database joins it.
+        default_app().join_transactions_from(joining_django_transactions(database_url))
         post_migrate.connect(upgrade_job_tables, sender=self)
 
 

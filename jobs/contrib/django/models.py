@@ -45,6 +45,13 @@ class JobRow(models.Model):
         db_table = "jobs"
         ordering = ("-created_at",)
         verbose_name = "job"
+        # The admin's actions, each a permission of its own (``durable_jobs.approve_job``
+        # …): the view permission shows jobs, it never changes one.
+        permissions = (
+            ("approve_job", "Can approve a job waiting for approval"),
+            ("cancel_job", "Can cancel a job"),
+            ("retry_job", "Can retry a failed or cancelled job"),
+        )
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.state})"

@@ -12,20 +12,11 @@ from sqlalchemy.engine import make_url
 
 from jobs import api
 from jobs.application import default_app
+from jobs.contrib.django.ambient import same_database
 from jobs.contrib.django.apps import database_url
 from jobs.contrib.django.unit import DjangoUnit
 from jobs.core.errors import AdmissionRefused, SettingsError
 from jobs.core.records import Job
-
-
-def _same_database(first: str, second: str) -> bool:
-    one, other = make_url(first), make_url(second)
-    return (one.get_backend_name(), one.host or "", one.port or 5432, one.database) == (
-        other.get_backend_name(),
-        other.host or "",
-        other.port or 5432,
-        other.database,
-    )
 
 
 def _check_shared(using: str) -> None:
@@ -70,7 +61,7 @@ def submit_many(
 
 
 def _shared(using: str) -> bool:
-    return _same_database(default_app().runtime.settings.database_url, database_url(using))
+    return same_database(default_app().runtime.settings.database_url, database_url(using))
 
 
 def approve(job_id: str, *, by: str, note: str | None = None, using: str | None = None) -> Job:
@@ -125,7 +116,7 @@ def submit_on_commit(
     chosen now. The risk: the queue may fill up, or the process die, between the commit
     and the submit; the saved data then has no job (logged, never raised into the
     commit)."""
-    api.check_submit(kind, inputs)
+    api.check_submit(kind, inputs, job_id=job_id)
     chosen = job_id or api.new_job_id()
     transaction.on_commit(
         lambda: api.submit(kind, inputs, job_id=chosen, **options),

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jobs.core.errors import InvalidInput
-from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
+from jobs.core.page_reads import ChildSummary, JobSummary, Page, StepPreview
+from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
-from jobs.core.validate import MAX_LIST_LIMIT, printable
+from jobs.core.validate import MAX_LIST_LIMIT, check_error_pattern, printable
 from jobs.runtime.explain import Explanation, explain
+from jobs.runtime.job_pages import (
+    JOB_VALUES,
+    PAGE_ROWS,
+    Clipped,
+    clip,
+    job_value,
+)
 
 if TYPE_CHECKING:
     from jobs.application import JobsApp
@@ -58,7 +65,7 @@ class Overview:
 
     where: JobFilter
     limit: int
-    jobs: list[Job]
+    jobs: list[JobSummary]
     states: list[str]
     counts: dict[str, dict[str, int]]  # kind -> state -> jobs
     state_totals: dict[str, int]
@@ -70,14 +77,16 @@ class Overview:
 
 @dataclasses.dataclass(frozen=True)
 class JobPage:
-    """One job's page: its record, steps, history, parent, children, the ``explain``
+    """One job's page: its record (its inputs, result and last error clipped), a page each
+    of its steps (outputs clipped), history and children, its parent, the ``explain``
     paragraph and the actions its state allows."""
 
     job: Job
-    steps: list[Step]
-    history: list[Transition]
+    values: dict[str, Clipped]  # inputs, result, last_error
+    steps: Page[StepPreview]
+    history: Page[Transition]
     parent: Job | None
-    children: list[Job]
+    children: Page[ChildSummary]
     explanation: Explanation
     actions: list[str]
 
@@ -104,8 +113,8 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     if state and state not in {s.value for s in State}:
         raise InvalidInput(f"unknown state {printable(state[:40])!r}")
     error_like = filters.error_like.strip()
-    if error_like and not error_like.strip("% "):
-        raise InvalidInput("error contains needs some text to match, not only % or blanks")
+    if error_like:
+        check_error_pattern(error_like, "error contains")
     text = filters.limit.strip()
     if text and (not text.isascii() or not text.isdigit() or len(text) > 6):
         raise InvalidInput(f"limit {printable(text[:40])!r} is not a whole number")
@@ -152,7 +161,7 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     return Overview(
         where=where,
         limit=limit,
-        jobs=store.list(limit=limit, where=where),
+        jobs=store.reader.list_summaries(where, limit),
         states=states,
         counts=counts,
         state_totals=totals,
@@ -170,19 +179,24 @@ def _next_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime | None:
         return None
 
 
-def job_page(app: JobsApp, job_id: str) -> JobPage:
-    """One job's page (raises :class:`jobs.UnknownJob` for an unknown ID)."""
+def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -> JobPage:
+    """One job's page, its tables from ``offsets`` (:func:`page_offsets`) on (raises
+    :class:`jobs.UnknownJob` for an unknown ID). Every part is bounded: a page of each
+    table, outputs and the job's values clipped."""
+    starts = offsets or {}
     job = app.get(job_id)
     store = app.store
+    reader = store.reader
     parent = None
     if job.parent_id is not None:
         parent = next(iter(store.jobs_by_id([job.parent_id])), None)
     return JobPage(
         job=job,
-        steps=store.steps(job.id),
-        history=store.history(job.id),
+        values={name: clip(job_value(job, name)) for name in JOB_VALUES},
+        steps=reader.steps_page(job.id, starts.get("steps", 0), PAGE_ROWS["steps"]),
+        history=reader.history_page(job.id, starts.get("history", 0), PAGE_ROWS["history"]),
         parent=parent,
-        children=app.children(job.id),
+        children=reader.children_page(job.id, starts.get("children", 0), PAGE_ROWS["children"]),
         explanation=explain(store, app.settings, job.id),
         actions=[name for name, states in ACTIONS.items() if job.state in states],
     )
@@ -204,11 +218,6 @@ def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start
     if action == "cancel":
         return app.cancel(job_id, f"cancelled by {by}" + (f": {note}" if note else ""))
     raise InvalidInput(f"unknown action {printable(action[:40])!r}")
-
-
-def as_json(value: Any) -> str:
-    """A stored JSON value, indented for reading (the template escapes it)."""
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
 def one_line(text: str | None) -> str:

@@ -5,7 +5,9 @@ OAuth ``--auth``; ``@web.authenticated``).
 Every write is a POST that must carry Tornado's XSRF token (``_xsrf``, from the cookie
 Flower's ``cookie_secret`` signs), on top of Flower's refusal of cross-site requests;
 Flower itself checks only the latter under basic auth. The pages are rendered on the
-server with autoescaping templates and need no JavaScript."""
+server with autoescaping templates and need no JavaScript. A job's page shows a page of its
+steps, history and children at a time, with outputs clipped; ``/jobs/value`` serves one
+value whole, as plain text."""
 
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ from urllib.parse import urlencode
 import tornado.web
 from flower.views import BaseHandler
 from tornado import template
-from tornado.escape import url_escape
+from tornado.escape import url_escape, xhtml_escape
 from tornado.ioloop import IOLoop
 
 from jobs.contrib.flower_jobs.pages import (
     DEFAULT_LIMIT,
     Filters,
+    JobPage,
     act,
-    as_json,
     instant,
     job_filter,
     job_page,
@@ -34,7 +36,9 @@ from jobs.contrib.flower_jobs.pages import (
     overview,
 )
 from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
+from jobs.core.page_reads import Page
 from jobs.core.records import JobFilter
+from jobs.runtime.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -67,9 +71,16 @@ class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hin
         url_prefix = (self.application.options.url_prefix or "").strip("/")
         return f"/{url_prefix}" if url_prefix else ""
 
-    def job_url(self, job_id: str) -> str:
-        """The path of a job's page (the ID escaped for a path segment)."""
-        return f"{self.prefix}/jobs/job/{url_escape(job_id, plus=False)}"
+    def job_url(self, job_id: str, **offsets: int) -> str:
+        """The path of a job's page (the ID escaped for a path segment), its tables from
+        ``offsets`` (``steps=50``) on."""
+        query = f"?{urlencode(offsets)}" if offsets else ""
+        return f"{self.prefix}/jobs/job/{url_escape(job_id, plus=False)}{query}"
+
+    def value_url(self, job_id: str, *, step: str = "", field: str = "") -> str:
+        """The path of the page that serves a clipped value whole."""
+        named = {"step": step} if step else {"field": field}
+        return f"{self.prefix}/jobs/value?{urlencode({'job': job_id, **named})}"
 
     def operator(self) -> str:
         """The Flower user's name, recorded with each action: the basic-auth user (Flower
@@ -100,6 +111,8 @@ class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hin
         namespace.update(
             prefix=self.prefix,
             job_url=self.job_url,
+            value_url=self.value_url,
+            page_rows=PAGE_ROWS,
             user=self.operator(),
             one_line=one_line,
             as_json=as_json,
@@ -184,12 +197,60 @@ class JobView(JobsHandler):
     async def _show(
         self, job_id: str, *, done: str | None = None, problem: str | None = None, status: int = 200
     ) -> None:
+        offsets = page_offsets({table: self.text(table) for table in PAGE_ROWS})
         try:
-            view = await self.off_loop(job_page, self.jobs_app, job_id)
+            view = await self.off_loop(job_page, self.jobs_app, job_id, offsets)
         except UnknownJob:
             self.page("unknown.html", status=404, job_id=job_id)
             return
-        self.page("job.html", status=status, view=view, done=done, problem=problem)
+        self.page(
+            "job.html",
+            status=status,
+            view=view,
+            done=done,
+            problem=problem,
+            pager=functools.partial(self.pager, view),
+        )
+
+    def pager(self, view: JobPage, table: str, page: Page[Any]) -> str:
+        """The links to the previous and next page of one of the job's tables (the others
+        stay where they are), as HTML with every value escaped."""
+        offsets = {name: getattr(view, name).offset for name in PAGE_ROWS}
+        links = []
+        for label, offset in (("previous", page.previous_offset), ("next", page.next_offset)):
+            if offset is not None:
+                url = self.job_url(view.job.id, **{**offsets, table: offset})
+                links.append(
+                    f'<a class="page-{label}" href="{xhtml_escape(url)}">{label} {page.limit}</a>'
+                )
+        if not links:
+            return ""
+        shown = f"{page.offset + 1}-{page.offset + len(page.rows)} of {page.total}"
+        return f'<p class="small pager" id="{table}-pager">{shown}: {" · ".join(links)}</p>'
+
+
+class JobValueView(JobsHandler):
+    """``/jobs/value?job=<id>&step=<name>`` (or ``&field=inputs``, ``result``,
+    ``last_error``): a value the job's page clipped, whole, as plain text (JSON for an
+    output, the inputs and the result), never as HTML."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        """The value (404 for an unknown job, 400 for an unknown step or field)."""
+        job_id, step, field = self.text("job"), self.text("step"), self.text("field")
+        self.set_header("Content-Type", "text/plain; charset=UTF-8")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Content-Security-Policy", "default-src 'none'")
+        self.set_header("Cache-Control", "no-store")
+        try:
+            text = await self.off_loop(full_value, self.jobs_app.store, job_id, step, field)
+        except UnknownJob as err:
+            self.set_status(404)
+            text = str(err)
+        except InvalidInput as err:
+            self.set_status(400)
+            text = str(err)
+        self.finish(text)
 
 
 def jobs_handlers(url_prefix: str | None) -> list[tuple[str, type[JobsHandler]]]:
@@ -198,4 +259,5 @@ def jobs_handlers(url_prefix: str | None) -> list[tuple[str, type[JobsHandler]]]
     return [
         (rf"{start}/jobs/?", JobsView),
         (rf"{start}/jobs/job/(.+)", JobView),
+        (rf"{start}/jobs/value", JobValueView),
     ]

@@ -39,7 +39,8 @@ class Doorbells:
         """QUEUED jobs that are due and were never published, or published more than
         ``stale_seconds`` ago without being claimed (the message was lost). Marks them
         rung now (``dispatched_at``), in the same statement, so concurrent sweepers do not
-        both ring them.
+        both ring them; the mark re-checks QUEUED, due and unrung, so a job its owner claimed
+        and put to sleep (or another sweeper rang) since the selection is left alone.
         ``stale_limit`` caps the second kind: the caller may know that most of those
         doorbells are still waiting in the broker's queue behind a backlog.
 
@@ -89,7 +90,7 @@ class Doorbells:
                     update(JobsTable)
                     .where(
                         JobsTable.id.in_([row.id for row in taken]),
-                        JobsTable.state == State.QUEUED.value,
+                        *queued_and_due,  # re-checked: claimed and put to sleep meanwhile
                         or_(JobsTable.dispatched_at.is_(None), JobsTable.dispatched_at <= stale),
                     )
                     .values(dispatched_at=now)

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, Connection, Row, delete, insert, select, u
 from jobs.core.errors import NothingToWake, UnknownJob
 from jobs.core.models import JobsTable, StepsTable
 from jobs.core.records import BulkOutcome, Job, Selected
-from jobs.core.states import RETRYABLE, State
+from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
 from jobs.core.store.ownership import Ownership
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
@@ -62,7 +62,7 @@ class Operations:
         approval step so the handler's re-run continues past the wait."""
         self._check_approval(by, note)
         with self.statements.unit(conn) as unit:
-            job = self._approve(unit, job_id, by, note, [State.WAITING_APPROVAL], [])
+            job = self._approve(unit, job_id, by, note, APPROVABLE, [])
             if job is None:
                 raise self.statements.explain(unit, job_id, State.QUEUED)
             return job
@@ -123,7 +123,7 @@ class Operations:
         write (refused), and writes nothing more."""
         check_text(reason, "cancel reason")
         with self.statements.unit(conn) as unit:
-            job = self._cancel(unit, job_id, reason, None, [])
+            job = self._cancel(unit, job_id, reason, CANCELLABLE, [])
             if job is None:
                 raise self.statements.explain(unit, job_id, State.CANCELLED)
             return job
@@ -133,7 +133,7 @@ class Operations:
         unit: Connection,
         job_id: str,
         reason: str,
-        sources: Sequence[State] | None,
+        sources: Sequence[State],
         where: list[ColumnElement[bool]],
     ) -> Job | None:
         row = self.statements.transition(
@@ -248,7 +248,7 @@ class Operations:
         check_text(reason, "cancel reason")
         return self._on_selected(
             selected,
-            (State.QUEUED, State.WAITING_APPROVAL, State.RUNNING),
+            CANCELLABLE,
             lambda unit, job_id, sources, where: self._cancel(unit, job_id, reason, sources, where),
         )
 
@@ -259,7 +259,7 @@ class Operations:
         self._check_approval(by, note)
         return self._on_selected(
             selected,
-            (State.WAITING_APPROVAL,),
+            APPROVABLE,
             lambda unit, job_id, sources, where: self._approve(
                 unit, job_id, by, note, sources, where
             ),

@@ -14,7 +14,14 @@ from sqlalchemy import Connection, delete, or_, select, update
 from jobs.core import states
 from jobs.core.db import SQLITE_BUSY_TIMEOUT_MS
 from jobs.core.errors import InvalidInput
-from jobs.core.models import CountersTable, JobsTable, SchedulesTable, StepsTable, TransitionsTable
+from jobs.core.models import (
+    CountersTable,
+    EventsTable,
+    JobsTable,
+    SchedulesTable,
+    StepsTable,
+    TransitionsTable,
+)
 from jobs.core.reader import JobReader
 from jobs.core.records import Job
 from jobs.core.schedule import Schedule, check_schedule
@@ -101,9 +108,15 @@ class Schedules:
         compare-and-set on ``last_tick`` comes first, so of several sweepers firing the same
         tick one moves it and submits, and the others (blocked on the schedule's row until
         that commits, or serialized by SQLite) find it moved and submit nothing (None).
+        ``schedule`` is the caller's view: if an operator changed the schedule since it was
+        read (kind, spec, time zone, inputs, catch-up), nothing is written either (None),
+        and the next pass fires the tick from the schedule as it is now.
         ``(job, created)`` otherwise; ``created`` is False if the job ID already existed."""
-        with self.engine.begin() as conn:
+        with self.engine.connect() as conn, conn.begin() as transaction:
             if not self.advance_schedule(schedule.name, tick, conn=conn):
+                return None
+            if not self._unchanged(conn, schedule):  # the row is ours now (locked)
+                transaction.rollback()
                 return None
             return self.submissions.create(
                 schedule.kind,
@@ -116,12 +129,38 @@ class Schedules:
                 queue=queue,
             )
 
+    @staticmethod
+    def _unchanged(conn: Connection, schedule: Schedule) -> bool:
+        """Whether the stored schedule still defines what ``schedule`` (a view read
+        earlier) does."""
+        stored = conn.execute(
+            select(
+                SchedulesTable.kind,
+                SchedulesTable.spec,
+                SchedulesTable.timezone,
+                SchedulesTable.inputs,
+                SchedulesTable.catch_up,
+            ).where(SchedulesTable.name == schedule.name)
+        ).one_or_none()
+        return stored is not None and (
+            stored.kind,
+            stored.spec,
+            stored.timezone,
+            stored.inputs,
+            stored.catch_up,
+        ) == (schedule.kind, schedule.spec, schedule.timezone, schedule.inputs, schedule.catch_up)
+
     def prune_finished(self, older_than_seconds: float, batch_size: int = 500) -> list[str]:
         """Delete one batch of finished jobs (COMPLETED, FAILED, CANCELLED) that finished more
-        than ``older_than_seconds`` ago on the database clock, with their steps and history,
-        oldest first, in one short transaction; returns their IDs (fewer than ``batch_size``
-        means nothing more is due). Live jobs are never matched: the state is re-checked in
-        the DELETE itself."""
+        than ``older_than_seconds`` ago on the database clock, with their steps, history and
+        events, oldest first, in one short transaction; returns their IDs (fewer than
+        ``batch_size``: nothing more is due now).
+
+        Never a job that is live, or comes back to life meanwhile (an operator's retry of an
+        old FAILED job): the batch is locked as it is selected (PostgreSQL; SQLite has one
+        writer at a time), skipping rows another transaction holds, the job rows go first
+        with the state re-checked, and only the jobs actually deleted lose their steps and
+        history. A retried job is deleted whole before the retry, or kept whole."""
         finished = [state.value for state in states.TERMINAL]
         old = [
             JobsTable.state.in_(finished),
@@ -134,16 +173,20 @@ class Schedules:
                     .where(*old)
                     .order_by(JobsTable.finished_at)
                     .limit(batch_size)
+                    .with_for_update(skip_locked=True)
                 ).scalars()
             )
             if not ids:
                 return []
-            conn.execute(delete(StepsTable).where(StepsTable.job_id.in_(ids)))
-            conn.execute(delete(TransitionsTable).where(TransitionsTable.job_id.in_(ids)))
-            gone = conn.execute(
-                delete(JobsTable).where(JobsTable.id.in_(ids), *old).returning(JobsTable.id)
-            ).scalars()
-            return sorted(gone)
+            gone = sorted(
+                conn.execute(
+                    delete(JobsTable).where(JobsTable.id.in_(ids), *old).returning(JobsTable.id)
+                ).scalars()
+            )
+            if gone:  # the foreign keys cascade; said again for a database without them
+                for table in (StepsTable, TransitionsTable, EventsTable):
+                    conn.execute(delete(table).where(table.job_id.in_(gone)))
+            return gone
 
     def count_event(self, name: str, kind: str, amount: int = 1, *, wait: bool = True) -> None:
         """Add ``amount`` to an operational counter (``recovery_dead_owner``, ``lost_message``,

@@ -33,7 +33,8 @@ def export_settings() -> None:
 
 
 class JobctlCommand(BaseCommand):
-    """A management command that runs ``jobctl <command> [arguments ...]``."""
+    """A management command that runs ``jobctl <command> [arguments ...]``; without a
+    ``jobctl_command`` (``manage.py jobs``), the first argument names it."""
 
     jobctl_command = ""
 
@@ -49,9 +50,10 @@ class JobctlCommand(BaseCommand):
 
         export_settings()
         arguments = list(options.get("arguments") or args)
+        command = [self.jobctl_command] if self.jobctl_command else []
         sys.stdout.flush()
         # jobctl prints a user's mistake as one line and exits 1; a worker execs Celery.
-        main.main([self.jobctl_command, *arguments], prog_name="manage.py")
+        main.main([*command, *arguments], prog_name="manage.py" if command else "manage.py jobs")
 
     def handle(self, *args: Any, **options: Any) -> None:  # pragma: no cover - execute runs
         raise NotImplementedError

@@ -1,0 +1,261 @@
+"""Job kinds called the way Celery tasks are: ``@jobs.job`` returns a :class:`JobTask`.
+
+A :class:`JobTask` still calls like the decorated function (a test calls
+``check_order(ctx, order_id=42)``), and also submits like a Celery task::
+
+    result = check_order.delay(order_id=42)                # a jobs.results.JobResult
+    check_order.apply_async(kwargs={"order_id": 42}, countdown=10, priority=9)
+    ctx.spawn(check_order.s(order_id=42), key="o42")       # inside a handler
+    check_order.AsyncResult(job_id).get(timeout=30)
+
+Its types follow the decorated function's: mypy checks ``check_order.delay(order_id=42)``
+against ``def check_order(ctx, order_id: int)``. Each submit is :meth:`jobs.JobsApp.submit`
+with the same rules (inputs checked before anything is written, a caller's transaction
+joined with ``connection=``/``session=``/``unit=``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
+
+from jobs.core.context import JobContext
+from jobs.core.errors import InvalidInput
+from jobs.core.registry import REGISTRY, JobKind, Registry
+from jobs.core.signatures import Signature
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session, scoped_session
+
+    from jobs.application import JobsApp
+    from jobs.results import JobResult
+    from jobs.transactions import UnitOfWork
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class KindOptions(TypedDict, total=False):
+    """The options of ``@jobs.job`` beside the kind's name (:meth:`Registry.job`'s)."""
+
+    max_attempts: int | None
+    version: str | None
+    max_running: int | None
+    max_queued: int | None
+    schedule: str | None
+    timezone: str
+    catch_up: str
+    priority: int
+    timeout: float | None
+    queue: str | None
+
+
+CELERY_OPTIONS_IGNORED = frozenset({"serializer", "compression", "headers", "retry"})
+"""``apply_async`` options of Celery's that mean nothing for a job and are accepted as such
+(a job's message is always JSON and carries only its ID; the publish is always retried)."""
+
+
+class JobTask(Generic[P, R]):
+    """A registered kind as a callable with Celery's submitting methods (see the module's
+    docstring). ``app``: the jobs application whose table the jobs go to (the process's
+    default one unless given)."""
+
+    def __init__(
+        self,
+        name: str,
+        handler: Callable[Concatenate[JobContext, P], R],
+        registry: Registry,
+        *,
+        app: JobsApp | None = None,
+    ) -> None:
+        self._name = name
+        self._handler = handler
+        self._registry = registry
+        self._app = app
+        functools.update_wrapper(self, handler)
+
+    def __repr__(self) -> str:
+        return f"<job kind {self._name!r}>"
+
+    @property
+    def name(self) -> str:
+        """The kind's name (``ctx.spawn``/``ctx.map`` take the task for its name)."""
+        return self._name
+
+    @property
+    def kind(self) -> JobKind:
+        """The registered kind: its handler (this task) and defaults."""
+        return self._registry.get(self._name)
+
+    @property
+    def app(self) -> JobsApp:
+        """The jobs application this kind's submits go to."""
+        if self._app is None:
+            from jobs.application import default_app  # noqa: PLC0415 - no circle at import
+
+            return default_app()
+        return self._app
+
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The decorated function itself (what a worker runs, and what a test calls)."""
+        return self._handler(ctx, *args, **kwargs)
+
+    def inputs_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The job's inputs (a JSON object, by parameter name) for a call's arguments:
+        positional ones are named by the function's signature."""
+        try:
+            bound = self.kind.signature.bind(None, *args, **kwargs)
+        except TypeError as err:
+            raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
+        inputs: dict[str, Any] = {}
+        parameters = self.kind.signature.parameters
+        for index, (name, value) in enumerate(bound.arguments.items()):
+            if index == 0:
+                continue  # the context
+            if parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                inputs.update(value)
+            elif parameters[name].kind is inspect.Parameter.VAR_POSITIONAL:
+                if value:
+                    raise InvalidInput(
+                        f"job kind {self.name!r}: *{name} cannot be a job's input "
+                        "(inputs are a JSON object): pass them by name"
+                    )
+            else:
+                inputs[name] = value
+        return inputs
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> JobResult[R]:
+        """Submit one job with these inputs now and return its handle (Celery's
+        ``delay``)."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        task_id: str | None = None,
+        countdown: float | None = None,
+        eta: dt.datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+        **celery_options: Any,
+    ) -> JobResult[R]:
+        """Submit one job with options, the way Celery's ``apply_async`` takes them:
+        ``job_id`` (or Celery's ``task_id``) makes the submit idempotent, ``countdown``
+        (seconds) or ``eta`` (an aware datetime) start it later, ``priority`` (0 to 9,
+        higher first) and ``queue`` as for :func:`jobs.submit`. ``connection=``/
+        ``session=``/``unit=`` write it in the caller's transaction. Celery options that
+        have no meaning for a job (``expires``, ``link`` …) are refused by name; the
+        message's ``serializer``, ``compression``, ``headers`` and ``retry`` are ignored."""
+        unknown = sorted(set(celery_options) - CELERY_OPTIONS_IGNORED)
+        if unknown:
+            raise InvalidInput(
+                f"apply_async of job kind {self.name!r}: {', '.join(unknown)} not supported "
+                "for durable jobs"
+            )
+        if job_id is not None and task_id is not None and job_id != task_id:
+            raise InvalidInput("give one of job_id and task_id, not both")
+        if countdown is not None and eta is not None:
+            raise InvalidInput("give one of countdown and eta, not both")
+        inputs = self.inputs_of(args or (), kwargs or {})
+        app = self.app
+        submitted = app.submit(
+            self.name,
+            inputs,
+            job_id=job_id if job_id is not None else task_id,
+            delay=countdown,
+            run_at=eta,
+            priority=priority,
+            queue=queue,
+            max_attempts=max_attempts,
+            connection=connection,
+            session=session,
+            unit=unit,
+        )
+        return self.AsyncResult(submitted)
+
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """A signature of one job with these inputs, for ``ctx.spawn``/``ctx.map`` (Celery's
+        ``.s``)."""
+        return Signature(self.name, self.inputs_of(args, kwargs))
+
+    def signature(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Signature:
+        """A signature with options (Celery's ``.signature``), for ``ctx.spawn``/``ctx.map``."""
+        inputs = self.inputs_of(args or (), kwargs or {})
+        return Signature(self.name, inputs, max_attempts, priority, queue)
+
+    def AsyncResult(self, job_id: str) -> JobResult[R]:
+        """The handle of job ``job_id`` (Celery's ``task.AsyncResult``)."""
+        from jobs.results import JobResult  # noqa: PLC0415 - Celery loads on first submit
+
+        return JobResult(job_id, self._app)
+
+
+@overload
+def job(name: Callable[Concatenate[JobContext, P], R], /) -> JobTask[P, R]: ...
+
+
+@overload
+def job(
+    name: str | None = None, /, **options: Unpack[KindOptions]
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]: ...
+
+
+def job(name: Any = None, /, **options: Any) -> Any:
+    """Register the decorated function as job kind ``name`` (options as
+    :meth:`jobs.core.registry.Registry.job`) and return it as a :class:`JobTask`. Bare
+    (``@jobs.job``, as ``@app.task``) or without a name (``@jobs.job(max_attempts=3)``), the
+    kind is named after the function."""
+    if callable(name):
+        return task_decorator(REGISTRY, name.__name__, None)(name)
+
+    def decorate(handler: Callable[Concatenate[JobContext, P], R]) -> JobTask[P, R]:
+        kind = handler.__name__ if name is None else name
+        return task_decorator(REGISTRY, kind, None, **options)(handler)
+
+    return decorate
+
+
+def task_decorator(
+    registry: Registry, name: str, app: JobsApp | None, **options: Unpack[KindOptions]
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]:
+    """The decorator of kind ``name`` on ``registry`` whose submits go to ``app`` (the
+    default application's when ``None``)."""
+
+    def decorate(handler: Callable[Concatenate[JobContext, P], R]) -> JobTask[P, R]:
+        if isinstance(handler, JobTask) and handler.name == name:
+            task: JobTask[P, R] = handler  # decorated again: the same kind, the same task
+        else:
+            task = JobTask(name, handler, registry, app=app)
+        registry.register(name, task, **options)
+        return task
+
+    return decorate
