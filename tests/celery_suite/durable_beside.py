@@ -56,6 +56,10 @@ under a second)."""
 STALLED_WAIT_SECONDS = 3.0
 """After one job did not complete in time, how long the next ones are waited for, so a
 worker that stopped running jobs costs the run seconds per test, not half a minute."""
+SHARED_QUEUE = "celery"
+"""The suite's one queue (``task_default_queue``), which durable jobs share in the run."""
+JOBS_QUEUE_ENV = "CELERY_SUITE_JOBS_QUEUE"
+"""Set to another name to run the installed pass with durable jobs on a queue of their own."""
 FINISHED = (State.COMPLETED, State.FAILED, State.CANCELLED)
 
 
@@ -89,6 +93,10 @@ class Beside:
                 "JOBS_BROKER_URL": os.environ.get("TEST_BROKER", "pyamqp://"),
                 "JOBS_DATA_DIR": tempfile.mkdtemp(prefix="celery-suite-jobs-"),
                 "JOBS_QUEUE_TYPE": os.environ.get(QUEUE_TYPE_ENV, "classic"),
+                # The suite's rule (its autouse guard): tests use only the shared queue
+                # ``celery``. So durable jobs share it, as install(app) adopts an app's
+                # own queue of JOBS_QUEUE's name.
+                "JOBS_QUEUE": os.environ.get(JOBS_QUEUE_ENV, SHARED_QUEUE),
             }
         )
         self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
@@ -126,7 +134,7 @@ class Beside:
         (``WorkController.setup_queues``; the suite's worker is given no queues, so it
         keeps this one)."""
         celery = self.session_app
-        queues = [celery.conf.task_default_queue, *queue_names(self.settings)]
+        queues = list(dict.fromkeys([celery.conf.task_default_queue, *queue_names(self.settings)]))
         signals.celeryd_init.send(
             sender=None,
             instance=SimpleNamespace(app=celery),
