@@ -190,6 +190,19 @@ def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_i
     }
 
 
+def test_install_leaves_the_app_unfinalized_so_its_later_settings_reach_its_own_tasks(
+    tmp_path: Path,
+) -> None:
+    # A project (or Celery's own suite: its security test) configures the app after
+    # install; Celery binds a task's serializer from the app's settings when the app is
+    # finalized, so an install that finalized the app would freeze its tasks as they were.
+    app = user_app()
+    install(app, jobs_app=jobs_app(tmp_path))  # with a kind: its task is registered
+    assert not app.finalized
+    app.conf.update(task_serializer="yaml")
+    assert app.tasks["proj.tasks.add"].serializer == "yaml"
+
+
 def test_sharing_the_apps_own_quorum_queue_warns_of_the_delivery_limit_not_priorities(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
