@@ -62,6 +62,12 @@ FLAKY_ON_PLAIN_CELERY: dict[str, str] = {
     "t/integration/test_tasks.py::test_tasks::test_revoked_by_headers_complex_canvas": (
         "a 20 s pytest-timeout over a canvas of sleeps: passes alone, times out on a loaded machine"
     ),
+    # Failed in a plain pass of the subset and passed installed: the test sets its flag to
+    # False after ``delay()``, so a worker whose ``task_received`` fires first is overwritten.
+    "t/integration/test_tasks.py::test_task_replacement::test_replaced_task_nesting_level_0": (
+        "a race in the test: assertion_result = False runs after delay(), after the worker's "
+        "task_received handler may already have set it"
+    ),
 }
 """Tests whose outcome differs between passes of plain Celery here, left out of the
 comparison, each with why."""
