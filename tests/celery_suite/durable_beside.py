@@ -7,9 +7,12 @@ suite's Celery apps, and running in its worker beside its tests.
   its own (:data:`KIND`) on a PostgreSQL database made for the run
   (``JOBS_TEST_POSTGRES_URL``'s server) and dropped at its end; doorbells go through the
   suite's broker (``TEST_BROKER``).
+- Durable jobs share the suite's one queue, ``celery`` (``JOBS_QUEUE=celery``: the suite's
+  guard fails any test whose app lists another queue); ``CELERY_SUITE_JOBS_QUEUE`` names a
+  queue of their own instead.
 - Before the session worker starts, its app is prepared as ``celery -A proj worker -Q
-  celery,jobs`` (the README's command for an installed app) prepares it: ``celeryd_init``,
-  then the ``-Q`` selection, so the worker consumes the jobs queue beside ``celery``.
+  celery,<JOBS_QUEUE>`` (the README's command for an installed app) prepares it:
+  ``celeryd_init``, then the ``-Q`` selection, so the worker consumes the jobs queue too.
 - After each test that used the session worker (the suite's own teardown, which waits
   for the worker to be idle, has run), one job of :data:`KIND` is submitted and must be
   COMPLETED, with both its steps recorded, within :data:`JOB_WAIT_SECONDS`: else the
@@ -129,7 +132,7 @@ class Beside:
         install(celery, jobs_app=JobsApp(self.settings, registry=self.registry))
 
     def before_the_worker(self) -> None:
-        """What ``celery -A proj worker -Q celery,jobs`` (the README's command) does before
+        """What ``celery -A proj worker -Q celery,<JOBS_QUEUE>`` (the README's command) does before
         its consumer starts: ``celeryd_init``, then the ``-Q`` selection
         (``WorkController.setup_queues``; the suite's worker is given no queues, so it
         keeps this one)."""
