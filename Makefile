@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast lint docs bench chaos clean
+.PHONY: install demo test test-fast lint docs bench chaos celery-suite clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ shop-flask: install
 chaos: install
 	CHAOS_JOBS=$${CHAOS_JOBS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-120} \
 		$(PY) -m pytest -q -s -p no:randomly tests/acceptance/test_chaos.py
+
+# Celery's own integration suite (t/integration of the installed Celery's source distribution,
+# fetched once into .cache/celery-sdist) on plain Celery and with durable jobs installed, compared
+# test by test (tests/celery_suite/). CELERY_SUITE_ARGS: --plain-again, --subset, test paths.
+celery-suite: install
+	$(PY) -m tests.celery_suite $(CELERY_SUITE_ARGS)
 
 clean:
 	rm -rf $(VENV) site jobs-data .pytest_cache .mypy_cache .ruff_cache .hypothesis

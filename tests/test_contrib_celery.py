@@ -190,6 +190,39 @@ def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_i
     }
 
 
+def test_install_leaves_the_app_unfinalized_so_its_later_settings_reach_its_own_tasks(
+    tmp_path: Path,
+) -> None:
+    # A project (or Celery's own suite: its security test) configures the app after
+    # install; Celery binds a task's serializer from the app's settings when the app is
+    # finalized, so an install that finalized the app would freeze its tasks as they were.
+    app = user_app()
+    install(app, jobs_app=jobs_app(tmp_path))  # with a kind: its task is registered
+    assert not app.finalized
+    app.conf.update(task_serializer="yaml")
+    assert app.tasks["proj.tasks.add"].serializer == "yaml"
+
+
+def test_sharing_the_apps_own_quorum_queue_warns_of_the_delivery_limit_not_priorities(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kombu import Queue  # noqa: PLC0415
+
+    # Celery's own suite on quorum queues: the app's queue ``celery`` is a quorum queue
+    # without a delivery limit, and durable jobs share it (JOBS_QUEUE=celery).
+    app = user_app(
+        task_queues=[Queue("celery", queue_arguments={"x-queue-type": "quorum"})],
+    )
+    settings = from_env(
+        {"JOBS_DATA_DIR": str(tmp_path), "JOBS_QUEUE": "celery", "JOBS_QUEUE_TYPE": "quorum"}
+    )
+    with caplog.at_level(logging.WARNING, logger="jobs"):
+        install(app, jobs_app=JobsApp(settings, registry=Registry(imports=())))
+    assert "share the Celery app's own queue 'celery'" in caplog.text
+    assert "sets no doorbell aside" in caplog.text
+    assert "priorities" not in caplog.text  # a quorum queue of ours has none either
+
+
 def test_a_kind_looked_up_imports_the_apps_task_modules_once_and_a_broken_one_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,6 +50,25 @@ def arguments_of(queue: Queue) -> dict[str, Any]:
     return dict(getattr(queue, "queue_arguments", None) or {})
 
 
+LOST_WITHOUT = {
+    "x-max-priority": "job priorities are not applied there",
+    "x-delivery-limit": (
+        "RabbitMQ sets no doorbell aside however often it is redelivered unacknowledged"
+    ),
+}
+"""What durable jobs lose on a queue declared without each of their arguments."""
+
+
+def what_is_lost(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
+    """What durable jobs lose on a queue declared with ``theirs`` instead of ``ours``."""
+    lost = [
+        LOST_WITHOUT.get(key, f"no {key}")
+        for key, value in ours.items()
+        if theirs.get(key) != value
+    ]
+    return "; ".join(lost) or "its arguments differ"
+
+
 def apps_own_queues(celery: Any) -> dict[str, Queue]:
     """The queues the app's configuration declares, by name: its ``task_queues``, or the
     default queue Celery makes from ``task_default_queue`` when it lists none."""
@@ -72,11 +91,12 @@ def add_durable_queues(celery: Any, settings: Settings, names: Iterable[str]) ->
             setting = "JOBS_QUEUE" if name in queue_names(settings) else "the kind's queue="
             log.warning(
                 "durable jobs share the Celery app's own queue %r as the app declares it "
-                "(arguments %s, not %s: job priorities are not applied there); set %s to "
-                "another name to give durable jobs a queue of their own",
+                "(arguments %s, not %s: %s); set %s to another name to give durable jobs a "
+                "queue of their own",
                 name,
                 arguments_of(theirs) or "none",
                 arguments_of(ours),
+                what_is_lost(arguments_of(theirs), arguments_of(ours)),
                 setting,
             )
     if not added:
