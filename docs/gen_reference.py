@@ -4,119 +4,24 @@ Each ``*_table`` function returns Markdown built from what the code defines (the
 names and defaults, the state table, the explain reason codes, the metrics, the error
 classes), so a reference page cannot leave one out. ``docs/hooks.py`` puts each table where
 a page says ``<!-- gen:NAME -->``; ``tests/test_docs.py`` checks every table is complete.
-Descriptions the code does not carry (a setting's meaning, a reason's meaning) live in the
-dictionaries below: a name the code defines without one here is reported as missing, and
-``mkdocs build --strict`` fails on it.
+A setting's meaning is its doc line in ``jobs/core/setting_options.py``. Descriptions the
+code does not carry (a reason's meaning) live in the dictionaries below: a name the code
+defines without one here is reported as missing, and ``mkdocs build --strict`` fails on it.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import jobs.core.errors as errors_module
-from jobs.core import settings as settings_module
+from jobs.core import setting_options
 from jobs.core.states import TERMINAL, TRANSITIONS, State
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SETTING_MEANINGS = {
-    "DATABASE_URL": (
-        "`sqlite:///…` or `postgresql://…` (psycopg 3; other drivers refused). In-memory SQLite "
-        "is refused (every job would vanish with the process), and so is a SQLite path whose "
-        "folder does not exist (a typo would silently start an empty database). A primary with "
-        "standbys: libpq's host list, `postgresql://u:…@db1:5432,db2:5432/jobs?"
-        "target_session_attrs=read-write` or `…/jobs?host=db1,db2&port=5432,5432&"
-        "target_session_attrs=read-write` (every host and port checked; see "
-        "[PostgreSQL](../operations/postgresql.md)). The URL's own `options=` (or libpq's "
-        "`PGOPTIONS`), e.g. `?options=-csearch_path%3Dtenant_a` for one tenant's schema, is "
-        "kept: the session time-outs are added before it, so a setting it names wins"
-    ),
-    "BROKER_URL": (
-        "`amqp://…` for RabbitMQ (`amqp`, `amqps`, `pyamqp`, `filesystem`, `memory` only); the "
-        "embedded `filesystem://` keeps its messages under `$JOBS_DATA_DIR/broker`"
-    ),
-    "DATA_DIR": (
-        "the embedded database, broker folder and demo logs (must be a folder, not a file)"
-    ),
-    "LEASE_SECONDS": "a claim's lease (1 s to 1 day); renewed every third of it while the "
-    "handler runs",
-    "SWEEP_INTERVAL_SECONDS": "time between sweeper passes (0.05 s to 1 h)",
-    "RING_AGAIN_AFTER_SECONDS": (
-        "a QUEUED job rung this long ago and still unclaimed is rung again (1 s to 1 day; the "
-        "old name `JOBS_REDISPATCH_AFTER_SECONDS` is read as it, with a warning)"
-    ),
-    "HOLD_COMPLETION_SECONDS": (
-        "PostgreSQL workers of one job per process (prefork, solo; threads and gevent never "
-        "hold, see [Pools](../guides/pools.md)): while a pool process is busy, a one-step job's"
-        " completion is held this long for the next claim to carry it in the same round trip "
-        "(one round trip per job), then sent alone; an idle process writes it at once; the job "
-        "is COMPLETED only once it commits, and a worker killed meanwhile leaves the job to be "
-        "run again from its last recorded step (see [Writes per job](../explanation/writes.md))"
-    ),
-    "DELIVERY_BUDGET_SECONDS": (
-        "one delivery stops at the next step boundary after this (see "
-        "[Long jobs](../explanation/long-jobs.md))"
-    ),
-    "IMPORTS": (
-        "comma-separated modules that define job kinds; a module that raises anything stops "
-        "`jobctl` with one line naming it, and stops `celery -A jobs.celery_app worker` with "
-        "one log line instead of starting with no kinds"
-    ),
-    "MAX_INPUT_BYTES": ("limit for inputs, step outputs and results (JSON bytes; at most 256 MiB)"),
-    "DEFAULT_MAX_ATTEMPTS": "when neither `submit` nor `@jobs.job` says (1 to 1000)",
-    "RETRY_BACKOFF_SECONDS": "the first retry's backoff after an error; it doubles per attempt",
-    "RETRY_BACKOFF_MAX_SECONDS": "the longest retry backoff",
-    "QUEUE": ("the Celery queue the doorbells go to, for kinds that name no `queue=` of their own"),
-    "QUEUE_TYPE": (
-        "`classic` (a priority queue) or `quorum` (replicated on a RabbitMQ cluster; "
-        "priorities 5 to 9 then use a second queue, `<JOBS_QUEUE>.high`, see "
-        "[Priorities](../guides/priorities.md)); every process declares the queues with it, so "
-        "set it everywhere alike (see [RabbitMQ](../operations/rabbitmq.md))"
-    ),
-    "DOORBELL_CONFIRMS": (
-        "RabbitMQ only. `background`: a publish returns once written, RabbitMQ's "
-        "confirmations are read at the next publish and by a watcher thread, and a doorbell "
-        "refused, unroutable, caught on a broken connection or unconfirmed for 30 s marks its "
-        "job unsent for the sweeper; `wait`: every publish waits for RabbitMQ's confirmation"
-    ),
-    "TASK_EVENTS": (
-        "`on`/`off`: Celery's task events (`worker_send_task_events`, `-E` on `jobctl "
-        "worker`), what Flower's task list, charts and task states are made of; Flower's Jobs "
-        "view (`/jobs`) reads the job table and needs none"
-    ),
-    "LIVENESS_DATABASE_URL": (
-        "a direct PostgreSQL URL for the workers' liveness locks when `JOBS_DATABASE_URL` "
-        "goes through PgBouncer in transaction mode (see "
-        "[PostgreSQL](../operations/postgresql.md)). It must reach the jobs' own database on "
-        "the same server: one that lands on another database or server (where the sweeper "
-        "cannot see the locks) turns liveness off, with one log line, and dead workers' jobs "
-        "are recovered by their lease"
-    ),
-    "RETENTION_DAYS": (
-        "finished jobs older than this are deleted by the sweeper; `none` keeps them"
-    ),
-    "METRICS_PORT": (
-        "the sweeper serves Prometheus metrics on this port (needs the `metrics` extra)"
-    ),
-    "CELERY_APP": (
-        "a project's own Celery app (`proj`, `proj.celery:app`) whose module calls "
-        "`jobs.contrib.celery.install(app)`: every process imports it and sends doorbells "
-        "through it (see [Your own Celery app](../guides/celery-app.md))"
-    ),
-    "TEST_POSTGRES_URL": "read by the test-suite and tools only: the PostgreSQL server to test on",
-    "TEST_AMQP_URL": "read by the test-suite and tools only: the RabbitMQ server to test on",
-}
-
-SETTING_DEFAULTS = {
-    "DATA_DIR": "`./jobs-data`",
-    "DATABASE_URL": "`sqlite:///$JOBS_DATA_DIR/jobs.sqlite3`",
-    "BROKER_URL": "`filesystem://`",
-}
 
 REASON_MEANINGS = {
     "sleeping": "a durable timer: until when, which timer",
@@ -157,18 +62,14 @@ def _cell(text: str) -> str:
 
 
 def setting_names() -> list[str]:
-    """Every ``JOBS_*`` name the settings module reads, in its own order."""
-    return sorted(settings_module.KNOWN, key=lambda name: (name.startswith("TEST_"), name))
+    """Every ``JOBS_*`` name the settings table declares, the test-suite's own last."""
+    return sorted(setting_options.KNOWN, key=lambda name: (name.startswith("TEST_"), name))
 
 
-def _default(name: str) -> str:
-    if name in SETTING_DEFAULTS:
-        return SETTING_DEFAULTS[name]
-    fields = {field.name: field for field in dataclasses.fields(settings_module.Settings)}
-    field = fields.get(name.lower())
-    if field is None or field.default is dataclasses.MISSING:
-        return "(none)"
-    value = field.default
+def _default(option: setting_options.Option) -> str:
+    if option.shown_default is not None:
+        return option.shown_default
+    value = option.default
     if value is None or value == ():
         return "(none)"
     if isinstance(value, bool):
@@ -177,16 +78,19 @@ def _default(name: str) -> str:
 
 
 def settings_table(problems: Problems) -> str:
-    """The ``JOBS_*`` settings: name, default, meaning."""
+    """The ``JOBS_*`` settings: name, default, meaning (all from the settings table)."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for name in setting_names():
-        meaning = SETTING_MEANINGS.get(name)
-        if meaning is None:
-            problems.append(f"setting JOBS_{name} has no meaning in docs/gen_reference.py")
-            meaning = ""
-        rows.append(f"| `JOBS_{name}` | {_default(name)} | {_cell(meaning)} |")
-    for old, new in settings_module.RENAMED.items():
-        rows.append(f"| `JOBS_{old}` | | the old name of `JOBS_{new}`, read as it with a warning |")
+        option = setting_options.BY_NAME[name]
+        if not option.doc:
+            problems.append(f"setting JOBS_{name} has no doc in jobs/core/setting_options.py")
+        rows.append(f"| `JOBS_{name}` | {_default(option)} | {_cell(option.doc)} |")
+    for option in setting_options.OPTIONS:
+        if option.old_name:
+            rows.append(
+                f"| `JOBS_{option.old_name}` | | the old name of `JOBS_{option.name}`, read as it"
+                f" with a warning (removed in {option.removed_in}) |"
+            )
     return "\n".join(rows)
 
 

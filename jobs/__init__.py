@@ -80,7 +80,6 @@ _LAZY = {
             "cancel",
             "children",
             "default_app",
-            "dispatch",  # deprecated: ring
             "get",
             "history",
             "list_jobs",
@@ -90,7 +89,6 @@ _LAZY = {
             "schedules",
             "seed_limits",
             "send_event",
-            "set_dispatcher",  # deprecated: set_doorbell
             "set_doorbell",
             "set_limits",
             "steps",
@@ -104,6 +102,7 @@ _LAZY = {
     **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
     **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
     "SubmitOptions": "jobs.submit_options",
+    **dict.fromkeys(("dispatch", "set_dispatcher"), "jobs.compat"),
     **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
     "Schedule": "jobs.core.schedule",
 }

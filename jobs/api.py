@@ -8,7 +8,6 @@ settings or runtime is followed). Code that holds an app of its own calls its me
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -100,20 +99,3 @@ def set_doorbell(ring_one: Callable[[str], Any] | None) -> None:
             ringer(job_id)
 
     default_app().use_doorbell(ring_each)
-
-
-def dispatch(job_id: str) -> bool:
-    """Deprecated: the old name of :func:`ring` (one word for ringing a doorbell
-    everywhere); warns, then rings."""
-    warnings.warn("jobs.dispatch is deprecated; use jobs.ring", DeprecationWarning, stacklevel=2)
-    return ring(job_id)
-
-
-def set_dispatcher(ring_one: Callable[[str], Any] | None) -> None:
-    """Deprecated: the old name of :func:`set_doorbell`; warns, then sets it."""
-    warnings.warn(
-        "jobs.set_dispatcher is deprecated; use jobs.set_doorbell",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    set_doorbell(ring_one)

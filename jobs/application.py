@@ -35,9 +35,10 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from jobs.core.database_urls import mask_url
 from jobs.core.errors import SettingsError
 from jobs.core.registry import REGISTRY, Registry
-from jobs.core.settings import KNOWN, PREFIX, Settings, from_env, mask_url
+from jobs.core.settings import KNOWN, PREFIX, Settings, from_env
 from jobs.core.validate import (
     clip,
 )

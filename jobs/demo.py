@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from jobs.application import default_app, get_settings, reset_settings
+from jobs.core.database_urls import mask_url
 from jobs.core.errors import UnknownJob
-from jobs.core.settings import mask_url
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Transition
 from jobs.schema import upgrade

@@ -134,9 +134,9 @@ class JobOperations:
         (:meth:`join_transactions_from`: Django's ``atomic()`` on the jobs' database).
 
         A job that starts later: ``delay=`` (seconds or a ``timedelta``; ``delay_seconds=``
-        is the older name) or ``run_at=`` (an aware ``datetime``; a naive one is refused),
-        not both. Both are judged on the database's clock; such a job holds no message
-        meanwhile, and the sweeper rings it once due.
+        is the old name, removed in 0.3: :mod:`jobs.compat`) or ``run_at=`` (an aware
+        ``datetime``; a naive one is refused), not both. Both are judged on the database's
+        clock; such a job holds no message meanwhile, and the sweeper rings it once due.
 
         ``priority`` (0 to 9, default the kind's ``@jobs.job(priority=…)``, else 0): among
         due jobs, higher priorities are rung, delivered and claimed first. It orders
@@ -622,7 +622,8 @@ def _chosen(
     queue: str | None,
 ) -> SubmitOptions:
     """A submit's options: ``options`` with the keywords given over them (``delay_seconds``
-    is the older name of ``delay``; both given is refused, as is a delay with ``run_at``)."""
+    is the old name of ``delay``, removed in 0.3, see :mod:`jobs.compat`; both given is
+    refused, as is a delay with ``run_at``)."""
     if delay is not None and delay_seconds is not None:
         raise InvalidInput("give one of delay and delay_seconds, not both")
     return (options or SubmitOptions()).merged(

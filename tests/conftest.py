@@ -21,9 +21,9 @@ from sqlalchemy.engine import make_url
 
 import jobs
 from jobs.core.clock import LogicalClock
+from jobs.core.database_urls import normalize_database_url
 from jobs.core.db import READ_ONLY, make_engine
 from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
-from jobs.core.settings import normalize_database_url
 from jobs.core.store import JobStore
 from jobs.schema import upgrade
 

@@ -8,16 +8,11 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from jobs.core.database_urls import database_hosts, describe_hosts, mask_url, normalize_database_url
 from jobs.core.db import make_engine
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
-from jobs.core.settings import (
-    database_hosts,
-    describe_hosts,
-    from_env,
-    mask_url,
-    normalize_database_url,
-)
+from jobs.core.settings import from_env
 from jobs.runtime import liveness
 from jobs.runtime.process import ProcessRuntime
 

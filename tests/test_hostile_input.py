@@ -31,8 +31,9 @@ import jobs
 from jobs import api
 from jobs.application import default_app, reset_settings
 from jobs.core.context import JobContext
+from jobs.core.database_urls import mask_url
 from jobs.core.errors import InvalidInput, SettingsError, UnknownJob
-from jobs.core.settings import from_env, mask_url
+from jobs.core.settings import from_env
 from jobs.core.states import State
 from jobs.core.validate import MAX_SUBMIT_MANY
 from jobs.runtime.sweeper import sweep_once

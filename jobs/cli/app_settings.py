@@ -24,8 +24,9 @@ from pathlib import Path
 import click
 
 from jobs.application import JobsApp, default_app
+from jobs.core.database_urls import describe_hosts
 from jobs.core.errors import SettingsError
-from jobs.core.settings import Settings, describe_hosts
+from jobs.core.settings import Settings
 from jobs.core.validate import clip
 from jobs.runtime.frameworks import load_flask_app, set_up_for_job_modules
 

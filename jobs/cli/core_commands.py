@@ -192,7 +192,7 @@ def submit(
                 kind,
                 read_inputs_file(from_file, runtime().settings.max_input_bytes),
                 max_attempts=max_attempts,
-                delay_seconds=delay,
+                delay=delay,
                 run_at=start,
                 priority=priority,
             )
@@ -203,7 +203,7 @@ def submit(
             parse_inputs(input_json),
             job_id=job_id,
             max_attempts=max_attempts,
-            delay_seconds=delay,
+            delay=delay,
             run_at=start,
             priority=priority,
         )

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
-from jobs.core.settings import database_hosts
+from jobs.core.database_urls import database_hosts
 from jobs.core.validate import load_json
 
 T = TypeVar("T")

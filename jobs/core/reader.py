@@ -280,7 +280,7 @@ class JobReader(PageReads):
             ).all()
         return count, [Selected(row.id, State(row.state), row.fence) for row in rows]
 
-    # == time and operations (issue 9): schedules, retention, counters, explain =============
+    # == time and operations: schedules, retention, counters, explain =====================
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name."""

@@ -21,7 +21,7 @@ MAX_PRIORITY = 9
 MIN_TIMEOUT_SECONDS = 0.1
 MAX_TIMEOUT_SECONDS = 7 * 86_400.0
 
-# -- bounds on every number and instant a user can give (issue 16) ---------------------------
+# -- bounds on every number and instant a user can give ----------------------------------------
 # Each is checked where the value enters (the API, jobctl, a setting), so no value can reach
 # datetime arithmetic (OverflowError) or a column (PostgreSQL's int4) out of range, and the
 # message names the limit.

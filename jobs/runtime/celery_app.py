@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from celery import Celery, current_app, signals
 from celery.exceptions import Reject, Retry
 
+from jobs.core.database_urls import mask_url
 from jobs.core.errors import SettingsError
 from jobs.core.registry import Registry
-from jobs.core.settings import Settings, mask_url
+from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH, clip
 from jobs.runtime.app_queues import add_durable_queues, consume_as_declared

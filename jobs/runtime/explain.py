@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jobs.core.context import wake_at_of
+from jobs.core.database_urls import mask_url
 from jobs.core.records import Job, Transition
-from jobs.core.settings import Settings, mask_url
+from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.validate import check_lookup_id, printable

@@ -46,9 +46,10 @@ import time
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
+from jobs.core.database_urls import mask_url, normalize_database_url
 from jobs.core.db import url_ports_of
 from jobs.core.liveness import HELD_KEYS_SQL, RESTART_GRACE_SECONDS, SERVER_UPTIME_SQL
-from jobs.core.settings import Settings, mask_url, normalize_database_url
+from jobs.core.settings import Settings
 from jobs.core.store import Job, JobStore
 
 log = logging.getLogger("jobs.liveness")

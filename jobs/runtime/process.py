@@ -24,12 +24,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
+from jobs.core.database_urls import database_hosts, describe_hosts
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
 from jobs.core.outage import OUTAGES
 from jobs.core.records import Doorbell, in_batches
 from jobs.core.registry import JobKind, Registry
-from jobs.core.settings import Settings, database_hosts, describe_hosts
+from jobs.core.settings import Settings
 from jobs.core.store import JobStore
 from jobs.runtime.liveness import LivenessLock, lock_for, pid_key
 from jobs.schema import ensure_schema

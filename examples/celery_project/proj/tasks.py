@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 import jobs
-from jobs.core.settings import normalize_database_url
+from jobs.core.database_urls import normalize_database_url
 from proj.celery import app
 
 # -- plain Celery tasks, untouched -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Time and operations (issue 9): periodic schedules and their ticks, retention of finished
+"""Time and operations: periodic schedules and their ticks, retention of finished
 jobs, and operational counters. None of these writes moves a job between states:
 retention deletes finished jobs (never a live one) with their steps and history, and a
 tick submits its job through :mod:`jobs.core.store.submissions`.
