@@ -26,9 +26,13 @@ def delivery_of(plain: Celery, job_id: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(
+    ("pool", "terminate"), [("prefork", False), ("threads", False), ("prefork", True)]
+)
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
-def test_a_plain_revoke_of_a_running_delivery_cancels_its_job(stack: Stack, pool: str) -> None:
+def test_a_plain_revoke_of_a_running_delivery_cancels_its_job(
+    stack: Stack, pool: str, terminate: bool
+) -> None:
     worker = stack.worker("A", pool=pool, concurrency=2)
     running = stack.submit("sleep_steps", {"steps": 200, "seconds": 0.2})
     stack.wait_effect(running, "sleep-1")
@@ -36,7 +40,7 @@ def test_a_plain_revoke_of_a_running_delivery_cancels_its_job(stack: Stack, pool
     plain = Celery("flower-like", broker=stack.env["JOBS_BROKER_URL"], set_as_current=False)
     task_id = wait_until(lambda: delivery_of(plain, running), 30, "the running delivery")
     assert task_id != running
-    plain.control.revoke(task_id)
+    plain.control.revoke(task_id, terminate=terminate)
 
     job = stack.wait_state(running, (State.CANCELLED,), timeout=60)
     reason = stack.history(running)[-1].reason or ""
@@ -44,7 +48,11 @@ def test_a_plain_revoke_of_a_running_delivery_cancels_its_job(stack: Stack, pool
     assert task_id in reason
     assert len(stack.steps(running)) < 200
     assert job.state is State.CANCELLED
-    # The delivery itself ends as Celery ends a revoked task (REVOKED in Flower).
-    wait_until(
-        lambda: "its delivery reported as revoked" in worker.output(), 60, "delivery revoked"
-    )
+    if terminate:  # Celery ended the pool child running it, and says so
+        wait_until(lambda: f"Terminating {task_id}" in worker.output(), 60, "terminated")
+        assert len(stack.claims(running)) == 1  # never run again
+    else:  # the delivery itself ends as Celery ends a revoked task (REVOKED in Flower)
+        wait_until(
+            lambda: "its delivery reported as revoked" in worker.output(), 60, "delivery revoked"
+        )
+    assert worker.alive()
