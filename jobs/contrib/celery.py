@@ -22,6 +22,8 @@ What ``install`` sets, and what it leaves alone:
   registered when the kind is defined, in every process of the app.
 - A kind looked up and not known imports the app's own task modules, once, as its workers
   do (``include``, ``imports``, ``autodiscover_tasks()``): no ``JOBS_IMPORTS`` is needed.
+  So does the app's finalization (the first read of ``app.tasks``), so ``app.tasks`` lists
+  every kind's task in every process.
 - The doorbells go through the app's broker connection; ``JOBS_BROKER_URL`` need not be set
   (when it is and differs, a warning says which one is used). A doorbell carries a header
   only our publishers set, so the app's own tasks pass untouched whatever their names.
@@ -95,6 +97,7 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     registry.on_register(on_kind)
     # A kind looked up and not known yet: import the app's task modules as its workers do.
     registry.discover_with(lambda: import_task_modules(app))
+    _discover_before_finalize(app, jobs_app)
     if app.conf.worker_consumer in (None, CELERY_DEFAULT_CONSUMER):
         app.conf.worker_consumer = GATED_CONSUMER
     elif app.conf.worker_consumer not in (GATED_CONSUMER, DEDICATED_CONSUMER):
@@ -104,6 +107,28 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
             app.conf.worker_consumer,
         )
     return jobs_app
+
+
+def _discover_before_finalize(app: Any, jobs_app: JobsApp) -> None:
+    """Make ``app.tasks`` list every kind's task at its first read, in any process: Celery
+    finalizes the app there (``app.finalize()``), and the app's task modules are imported
+    just before it, outside Celery's finalize lock, so a module imported meanwhile by
+    another thread cannot wait on it. Modules that cannot be imported yet (a Django
+    project still loading its apps) or fail are left for the next look-up of a kind, which
+    says what is wrong in one line; the app is finalized as Celery does either way."""
+    if app.finalized:
+        return
+    celerys_finalize = app.finalize
+
+    def finalize(auto: bool = False) -> Any:
+        if not app.finalized:
+            try:
+                jobs_app.registry.names()  # JOBS_IMPORTS, then the app's task modules
+            except SettingsError as err:
+                log.debug("kinds not imported as the Celery app is finalized: %s", err)
+        return celerys_finalize(auto=auto)
+
+    app.finalize = finalize
 
 
 def _settings_or_none(jobs_app: JobsApp) -> Settings | None:

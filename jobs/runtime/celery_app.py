@@ -55,6 +55,7 @@ from jobs.runtime.queues import (
     task_queue,
     with_bands,
 )
+from jobs.runtime.revoked_deliveries import cancel_jobs_on_revoke
 from jobs.runtime.shared_flag import SharedFlag
 from jobs.runtime.worker_signals import hand_back_before_restart
 
@@ -193,6 +194,10 @@ class Installed:
         if ended is not None and ended.state is State.FAILED:
             raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
+
+    def is_job_task(self, name: str) -> bool:
+        """Whether ``name`` is a job task of this app (a doorbell's delivery)."""
+        return name == TASK_NAME or name in self.kind_tasks
 
     def _task_events(self, task: Any) -> bool:
         """Whether this worker sends task events (``-E``, ``worker_send_task_events``)."""
@@ -394,6 +399,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     installed.runs_jobs = bool(durable)
     if installed.runs_jobs:  # process-wide tweaks: only where durable jobs run
         preload_for_the_pool(settings)
+        cancel_jobs_on_revoke(installed.is_job_task, installed.host.runtime.store.cancel)
         installed.start_notes.append(
             f"this worker runs durable jobs (queues {', '.join(durable)}): the code its pool "
             "children share is frozen out of the garbage collector (gc.freeze), and a "

@@ -78,6 +78,28 @@ def test_a_shell_and_a_web_process_know_the_autodiscovered_kinds_without_jobs_im
     assert said[-1] == "jobs.check_order"
 
 
+def test_app_tasks_lists_the_autodiscovered_kinds_at_its_first_read(
+    django_project: Project,
+) -> None:
+    """A fresh web process (and a shell) whose first touch of durable jobs is reading
+    ``app.tasks``: the app's task modules are imported as the app is finalized, so each
+    kind's task is listed, beside the plain tasks autodiscovery finds."""
+    said = django_project.run(
+        WEB_PROCESS + "from proj import celery_app\n"
+        "print(sorted(name for name in celery_app.tasks if name.startswith('jobs.')))\n"
+        "print(celery_app.tasks['jobs.check_order'].name)\n"
+        "print('demoapp.tasks.add' in celery_app.tasks)\n"
+    ).splitlines()
+    assert said[-3:] == ["['jobs.check_order', 'jobs.run']", "jobs.check_order", "True"]
+    said = manage(
+        django_project,
+        "shell",
+        "-c",
+        "from proj import celery_app; print('jobs.check_order' in celery_app.tasks)",
+    ).splitlines()
+    assert said[-1] == "True"
+
+
 def celery_worker(project: Project, name: str, *options: str) -> Proc:
     """``celery -A proj worker`` of the project, with ``options`` (``-Q …``) and no others."""
     proc = project.start(

@@ -11,6 +11,9 @@ RabbitMQ.
   worker finishes the rest without running a recorded step again.
 - Time limits, where the pool can end a stuck step (prefork); elsewhere the run's own
   time limit is noticed at the next step.
+- A database outage mid-drain (a throwaway PostgreSQL stopped for a few seconds while
+  steps are in flight): every job completes once it is back, and no recorded step runs
+  twice.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from typing import Any
 
 import pytest
 
+from jobs import api
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     KINDS,
     PG_RABBITMQ,
+    PRIVATE_PG_RABBITMQ,
+    PrivatePostgres,
     Proc,
     Stack,
     assert_recorded_steps_ran_once,
@@ -229,6 +235,60 @@ def test_a_step_past_its_timeout_fails_the_job_with_the_reason(
     assert stack.wait_state(other, timeout=60).state is State.COMPLETED
     assert stack.effect_count(stuck, "write") == 0
     assert worker.alive()
+
+
+OUTAGE_SECONDS = 3.0
+
+
+@pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
+@pytest.mark.parametrize("stack", [PRIVATE_PG_RABBITMQ], indirect=True)
+def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
+    agents: Stack, private_pg: PrivatePostgres, pool: str, concurrency: int, drain: int
+) -> None:
+    """PostgreSQL (the test's own server) stopped for a few seconds while steps are in
+    flight, a sweeper running: steps end inside the outage and free slots take doorbells
+    they cannot claim. Once the server is back every job completes, no recorded step runs
+    again, and the worker is still up."""
+    stack = agents
+    stack.configure(JOBS_LEASE_SECONDS=30, JOBS_SWEEP_INTERVAL_SECONDS=0.5)
+    n = max(min(drain, 2 * concurrency), 8)
+    worker = stack.worker("A", pool=pool, concurrency=concurrency)
+    stack.sweeper()
+    inputs = {"model_seconds": 0.3, "tool_seconds": 0.3}
+    job_ids = [stack.submit(AGENT, {"prompt": f"order {i}", **inputs}) for i in range(n)]
+    in_flight = min(concurrency, 4)
+    wait_until(
+        lambda: (
+            sum(state is State.RUNNING for state in _states(stack, job_ids).values()) >= in_flight
+        ),
+        60,
+        f"{in_flight} jobs in flight",
+        interval=0.05,
+    )
+    try:
+        private_pg.stop()
+        time.sleep(OUTAGE_SECONDS)
+        private_pg.start()
+    finally:
+        private_pg.start_if_stopped()
+    back = time.monotonic()
+    api.reset()  # this test process's own pooled connections died with the server
+
+    def every_job_completed() -> bool:
+        return all(state is State.COMPLETED for state in _states(stack, job_ids).values())
+
+    wait_until(every_job_completed, 90 + n * 0.5, f"{n} jobs to complete", interval=0.2)
+    print(
+        f"\n[{pool} x{concurrency}] {n} jobs done {time.monotonic() - back:.1f} s after the outage"
+    )
+    for job_id in job_ids:
+        assert [step.name for step in stack.steps(job_id)] == ["model", "tool", "write"]
+        assert stack.effect_count(job_id, "write") == 1, stack.effects(job_id)
+        assert_recorded_steps_ran_once(stack, job_id)
+    assert worker.alive()
+    log = worker.output()
+    assert "database unreachable" in log, "the outage did not reach the worker"
+    assert log.count("raised unexpected") == 0, log[-4000:]
 
 
 def _stop(proc: Proc, sig: int, timeout: float = 60) -> None:
