@@ -19,6 +19,7 @@ from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
 from jobs.core.records import JobFilter
 from jobs.core.store import JobStore
+from tests.conftest import AMQP_URL
 
 ERRORS = {
     "percent": "refund of 50% refused",
@@ -90,6 +91,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "postgres":
         request.getfixturevalue("clean_pg_engine")
         monkeypatch.setenv("JOBS_DATABASE_URL", request.getfixturevalue("pg_url"))
+        monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)  # a server database needs a real broker
         reset_settings()
         default_app().reset()
     store = default_app().store
