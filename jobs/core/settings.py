@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jobs.core.errors import SettingsError
-from jobs.core.validate import MAX_RETENTION_DAYS
+from jobs.core.errors import InvalidInput, SettingsError
+from jobs.core.validate import MAX_RETENTION_DAYS, QUEUE_NAME_LENGTH, check_queue_name
 
 PREFIX = "JOBS_"
 BROKER_SCHEMES = ("amqp", "amqps", "pyamqp", "filesystem", "memory")
@@ -524,8 +524,13 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{PREFIX}IMPORTS: {name!r} is not a module name")
     queue = env.get(PREFIX + "QUEUE") or "jobs"
     queue_type = _choice(env, "QUEUE_TYPE", QUEUE_TYPES)
-    if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
-        raise SettingsError(f"{PREFIX}QUEUE={queue[:40]!r}: letters, digits and -_.: only")
+    try:  # as a kind's queue: RabbitMQ refuses amq.* and names past 255 bytes on every ring
+        check_queue_name(queue, f"{PREFIX}QUEUE")
+    except InvalidInput as err:
+        raise SettingsError(
+            f"{PREFIX}QUEUE={queue[:40]!r}: ASCII letters, digits and -_.: only, at most "
+            f"{QUEUE_NAME_LENGTH} characters, not starting amq. (RabbitMQ's own)"
+        ) from err
     backoff = _positive_float(env, "RETRY_BACKOFF_SECONDS", 1.0)
     backoff_max = _positive_float(env, "RETRY_BACKOFF_MAX_SECONDS", 300.0)
     if backoff_max < backoff:
