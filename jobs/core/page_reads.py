@@ -179,7 +179,10 @@ class PageReads:
 
     def step_output_text(self, job_id: str, name: str) -> str | None:
         """One step's whole output as stored JSON text (``None``: no such step). Its size is
-        bounded by the payload limit the step was checked against when it was recorded."""
+        bounded by the payload limit the step was checked against when it was recorded.
+        A name or ID no row can hold (a NUL, which PostgreSQL text refuses) is no step."""
+        if "\x00" in job_id or "\x00" in name:
+            return None
         with self._read() as conn:
             text: str | None = conn.execute(
                 select(func.coalesce(cast(StepsTable.output, Text), literal("null"))).where(
