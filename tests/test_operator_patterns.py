@@ -157,10 +157,10 @@ def test_flower_kind_and_queue_filters_no_row_can_match_are_one_line(
 ) -> None:
     """``/jobs?kind=%00`` (or ``queue=``) reached PostgreSQL, which refuses a NUL in text:
     a 500. A kind or queue no row can hold is one line, on every backend."""
-    with pytest.raises(InvalidInput, match="kind|queue") as refused:
+    with pytest.raises(InvalidInput, match=r"kind|queue") as refused:
         job_filter(default_app(), filters)
     assert len(str(refused.value)) < 200
-    with pytest.raises(InvalidInput, match="kind|queue"):
+    with pytest.raises(InvalidInput, match=r"kind|queue"):
         JobFilter(kind=filters.kind or None, queue=filters.queue or None)
 
 
