@@ -116,3 +116,36 @@ def test_explain_reads_a_bounded_part_of_a_long_jobs_steps_and_history() -> None
     assert peak < 3 * 2**20
     assert "tool-000000, tool-000001" in told.paragraph
     assert f"and {rows - 30} more" in told.paragraph
+
+
+@jobs.job("probe_padded")
+def probe_padded(ctx: jobs.JobContext, pad: str) -> int:
+    return len(pad)
+
+
+def test_jobctl_list_reads_no_inputs_or_results_for_its_table() -> None:
+    """``jobctl list`` read every listed job whole to print seven columns: 300 jobs with
+    1 MiB inputs took 348 MB. The table reads the list's columns only (``--json``, which
+    prints the inputs and results, still reads them)."""
+    import tracemalloc  # noqa: PLC0415
+
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from jobs.cli import main  # noqa: PLC0415
+
+    for _ in range(20):
+        jobs.submit("probe_padded", {"pad": "p" * 1_000_000})
+    runner = CliRunner()
+    runner.invoke(main, ["list", "--limit", "5"])  # warm
+    tracemalloc.start()
+    try:
+        listed = runner.invoke(main, ["list", "--limit", "100000"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.count("probe_padded") == 20
+    print(f"jobctl list: peak allocation {peak / 2**20:.1f} MiB")
+    assert peak < 5 * 2**20
+    as_json = runner.invoke(main, ["list", "--limit", "1", "--json"])
+    assert '"pad"' in as_json.output

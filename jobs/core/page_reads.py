@@ -88,6 +88,7 @@ class JobSummary:
     max_attempts: int
     updated_at: dt.datetime
     last_error: str | None  # its first :data:`LIST_ERROR_CHARS` characters
+    owner: str | None = None
 
 
 #: Characters of a job's last error a list shows.
@@ -144,6 +145,7 @@ class PageReads:
                 JobsTable.max_attempts,
                 JobsTable.updated_at,
                 func.substr(JobsTable.last_error, 1, LIST_ERROR_CHARS).label("last_error"),
+                JobsTable.owner,
             )
             .where(*self._conditions(where))
             .order_by(JobsTable.created_at.desc(), JobsTable.id)
@@ -162,6 +164,7 @@ class PageReads:
                 row.max_attempts,
                 row.updated_at,
                 row.last_error,
+                row.owner,
             )
             for row in rows
         ]
