@@ -16,9 +16,10 @@ from jobs.application import default_app, reset_settings
 from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
 from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
+from jobs.core.errors import InvalidInput, UnknownJob
 from jobs.core.records import JobFilter
 from jobs.core.store import JobStore
+from jobs.runtime.job_pages import full_value
 from tests.conftest import AMQP_URL
 
 ERRORS = {
@@ -146,3 +147,37 @@ def test_flower_refuses_an_error_contains_too_long_in_one_line(
     with pytest.raises(InvalidInput, match="error contains") as refused:
         job_filter(default_app(), Filters(error_like=pattern))
     assert len(str(refused.value)) < 200
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [Filters(kind="a\x00b"), Filters(queue="jobs\x00"), Filters(kind="k" * 100_000)],
+    ids=["kind-nul", "queue-nul", "kind-100k"],
+)
+def test_flower_kind_and_queue_filters_no_row_can_match_are_one_line(
+    backend: JobStore, filters: Filters
+) -> None:
+    """``/jobs?kind=%00`` (or ``queue=``) reached PostgreSQL, which refuses a NUL in text:
+    a 500. A kind or queue no row can hold is one line, on every backend."""
+    with pytest.raises(InvalidInput, match=r"kind|queue") as refused:
+        job_filter(default_app(), filters)
+    assert len(str(refused.value)) < 200
+    with pytest.raises(InvalidInput, match=r"kind|queue"):
+        JobFilter(kind=filters.kind or None, queue=filters.queue or None)
+
+
+@pytest.mark.parametrize(("job_id", "step"), [("percent", "a\x00"), ("a\x00", "x")])
+def test_a_value_page_for_a_step_or_job_with_nul_is_no_such_step(
+    backend: JobStore, job_id: str, step: str
+) -> None:
+    """Flower's ``/jobs/value?job=…&step=%00`` and the admin's ``value/?step=%00`` were a 500
+    on PostgreSQL: no step (400) or no job (404), as for any other name."""
+    with pytest.raises((InvalidInput, UnknownJob)) as refused:
+        full_value(default_app().store, job_id, step, "")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_value_page_for_a_job_id_with_nul_is_an_unknown_job(backend: JobStore) -> None:
+    """The value pages' ``field=inputs`` with a NUL in the job's ID: an unknown job."""
+    with pytest.raises(UnknownJob):
+        full_value(default_app().store, "a\x00", "", "inputs")

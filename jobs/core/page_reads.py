@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import ColumnElement, Connection, Text, case, cast, func, literal, select
 
@@ -88,10 +88,33 @@ class JobSummary:
     max_attempts: int
     updated_at: dt.datetime
     last_error: str | None  # its first :data:`LIST_ERROR_CHARS` characters
+    owner: str | None = None
 
 
 #: Characters of a job's last error a list shows.
 LIST_ERROR_CHARS = 200
+
+
+def _transition(row: Any) -> Transition:
+    return Transition(
+        State(row.from_state) if row.from_state else None,
+        State(row.to_state),
+        row.at,
+        row.owner,
+        row.fence,
+        row.reason,
+        row.approved_by,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedSteps:
+    """A job's recorded steps as :meth:`PageReads.step_names` reads them: how many, the
+    first names, and the last steps with their small outputs' JSON text."""
+
+    total: int
+    first: list[str]
+    recent: list[tuple[str, str | None]]
 
 
 def _bounds(offset: int, limit: int) -> tuple[int, int]:
@@ -122,6 +145,7 @@ class PageReads:
                 JobsTable.max_attempts,
                 JobsTable.updated_at,
                 func.substr(JobsTable.last_error, 1, LIST_ERROR_CHARS).label("last_error"),
+                JobsTable.owner,
             )
             .where(*self._conditions(where))
             .order_by(JobsTable.created_at.desc(), JobsTable.id)
@@ -140,6 +164,7 @@ class PageReads:
                 row.max_attempts,
                 row.updated_at,
                 row.last_error,
+                row.owner,
             )
             for row in rows
         ]
@@ -179,7 +204,10 @@ class PageReads:
 
     def step_output_text(self, job_id: str, name: str) -> str | None:
         """One step's whole output as stored JSON text (``None``: no such step). Its size is
-        bounded by the payload limit the step was checked against when it was recorded."""
+        bounded by the payload limit the step was checked against when it was recorded.
+        A name or ID no row can hold (a NUL, which PostgreSQL text refuses) is no step."""
+        if "\x00" in job_id or "\x00" in name:
+            return None
         with self._read() as conn:
             text: str | None = conn.execute(
                 select(func.coalesce(cast(StepsTable.output, Text), literal("null"))).where(
@@ -188,21 +216,57 @@ class PageReads:
             ).scalar_one_or_none()
         return text
 
-    def step_names(self, job_id: str, small_chars: int = 200) -> list[tuple[str, str | None]]:
-        """Every recorded step's name, oldest first, with its output's JSON text when that
-        is at most ``small_chars`` characters (``None``: longer, left in the database): what
-        ``jobctl explain`` needs (a timer's output is small) without reading large outputs."""
+    def step_names(
+        self, job_id: str, first: int = 30, last: int = 100, small_chars: int = 200
+    ) -> RecordedSteps:
+        """What ``jobctl explain`` needs of the recorded steps, bounded however many a job
+        has: how many, the ``first`` names (oldest first), and the ``last`` steps (oldest
+        first) with their output's JSON text when that is at most ``small_chars``
+        characters (``None``: longer, left in the database; a timer's output is small)."""
         text = func.coalesce(cast(StepsTable.output, Text), literal("null"))
+        mine = StepsTable.job_id == job_id
         with self._read() as conn:
-            rows = conn.execute(
+            total = conn.execute(
+                select(func.count()).select_from(StepsTable).where(mine)
+            ).scalar_one()
+            oldest = conn.execute(
+                select(StepsTable.name)
+                .where(mine)
+                .order_by(StepsTable.recorded_at, StepsTable.name)
+                .limit(first)
+            ).scalars()
+            names = list(oldest)
+            newest = conn.execute(
                 select(
                     StepsTable.name,
                     case((func.length(text) <= small_chars, text), else_=None).label("small"),
                 )
-                .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.name)
+                .where(mine)
+                .order_by(StepsTable.recorded_at.desc(), StepsTable.name.desc())
+                .limit(last)
             ).all()
-        return [(row.name, row.small) for row in rows]
+        recent = [(row.name, row.small) for row in reversed(newest)]
+        return RecordedSteps(total, names, recent)
+
+    def recent_history(self, job_id: str, limit: int = 100) -> list[Transition]:
+        """The job's last ``limit`` state changes, oldest first: the move into its current
+        state is among them (``jobctl explain`` reads no more, however long the history)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(
+                    TransitionsTable.from_state,
+                    TransitionsTable.to_state,
+                    TransitionsTable.at,
+                    TransitionsTable.owner,
+                    TransitionsTable.fence,
+                    TransitionsTable.reason,
+                    TransitionsTable.approved_by,
+                )
+                .where(TransitionsTable.job_id == job_id)
+                .order_by(TransitionsTable.id.desc())
+                .limit(max(1, min(int(limit), MAX_PAGE_ROWS)))
+            ).all()
+        return [_transition(row) for row in reversed(rows)]
 
     def history_page(self, job_id: str, offset: int = 0, limit: int = 100) -> Page[Transition]:
         """The job's state changes from ``offset``, oldest first (reasons and notes are
@@ -229,19 +293,7 @@ class PageReads:
                 .offset(offset)
                 .limit(limit)
             ).all()
-        moves = [
-            Transition(
-                State(row.from_state) if row.from_state else None,
-                State(row.to_state),
-                row.at,
-                row.owner,
-                row.fence,
-                row.reason,
-                row.approved_by,
-            )
-            for row in rows
-        ]
-        return Page(moves, offset, limit, int(total))
+        return Page([_transition(row) for row in rows], offset, limit, int(total))
 
     def children_page(
         self, parent_id: str, offset: int = 0, limit: int = 100

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import Row
 
 from jobs.core.states import State
-from jobs.core.validate import check_error_pattern
+from jobs.core.validate import NAME_LENGTH, QUEUE_NAME_LENGTH, check_error_pattern, check_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +177,11 @@ class JobFilter:
     def __post_init__(self) -> None:
         if self.error_like is not None:
             check_error_pattern(self.error_like, "error_like")
+        # A NUL reached PostgreSQL as a DataError (a 500 on Flower's ?kind=%00).
+        if self.kind is not None:
+            check_text(self.kind, "kind", NAME_LENGTH)
+        if self.queue is not None:
+            check_text(self.queue, "queue", QUEUE_NAME_LENGTH)
 
     @property
     def empty(self) -> bool:

@@ -21,7 +21,7 @@ from jobs.core.database_urls import (
     mask_url,
     normalize_database_url,
 )
-from jobs.core.errors import SettingsError
+from jobs.core.errors import InvalidInput, SettingsError
 from jobs.core.setting_options import (
     BY_NAME,
     DOORBELL_CONFIRMS,
@@ -33,6 +33,7 @@ from jobs.core.setting_options import (
     TASK_EVENTS,
     Option,
 )
+from jobs.core.validate import QUEUE_NAME_LENGTH, check_queue_name
 
 __all__ = [
     "DOORBELL_CONFIRMS",
@@ -209,8 +210,13 @@ def _modules(env: Mapping[str, str], option: Option) -> tuple[str, ...]:
 
 def _queue(env: Mapping[str, str], option: Option) -> str:
     queue = env.get(PREFIX + option.name) or str(option.default)
-    if len(queue) > 200 or not all(ch.isalnum() or ch in "-_.:" for ch in queue):
-        raise SettingsError(f"{PREFIX}{option.name}={queue[:40]!r}: letters, digits and -_.: only")
+    try:  # as a kind's queue: RabbitMQ refuses amq.* and names past 255 bytes on every ring
+        check_queue_name(queue, f"{PREFIX}{option.name}")
+    except InvalidInput as err:
+        raise SettingsError(
+            f"{PREFIX}{option.name}={queue[:40]!r}: ASCII letters, digits and -_.: only, at "
+            f"most {QUEUE_NAME_LENGTH} characters, not starting amq. (RabbitMQ's own)"
+        ) from err
     return queue
 
 

@@ -13,7 +13,7 @@ from jobs.core.errors import InvalidInput
 from jobs.core.page_reads import PREVIEW_CHARS
 from jobs.core.records import Job
 from jobs.core.store import JobStore
-from jobs.core.validate import printable
+from jobs.core.validate import check_lookup_id, printable
 
 #: Rows per page of a job's steps, history and children.
 PAGE_ROWS = {"steps": 50, "history": 100, "children": 100}
@@ -64,6 +64,7 @@ def full_value(store: JobStore, job_id: str, step: str, field: str) -> str:
     stored JSON text), or the job's ``field`` (one of :data:`JOB_VALUES`). Each is bounded
     by the limit it was checked against when it was written. Raises :class:`UnknownJob`
     and, for an unknown step or field, :class:`InvalidInput`."""
+    check_lookup_id(job_id)  # one no job can have (a NUL: PostgreSQL's DataError) is unknown
     if step:
         text = store.reader.step_output_text(job_id, step)
         if text is None:
