@@ -399,7 +399,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     installed.runs_jobs = bool(durable)
     if installed.runs_jobs:  # process-wide tweaks: only where durable jobs run
         preload_for_the_pool(settings)
-        cancel_jobs_on_revoke(installed.is_job_task, installed.host.runtime.store.cancel)
+        cancel_jobs_on_revoke(installed.is_job_task, lambda: installed.host.runtime.store)
         installed.start_notes.append(
             f"this worker runs durable jobs (queues {', '.join(durable)}): the code its pool "
             "children share is frozen out of the garbage collector (gc.freeze), and a "

@@ -44,12 +44,14 @@ _WRAPPED = "durable_jobs_revoke"
 
 
 def cancel_jobs_on_revoke(
-    is_doorbell_task: Callable[[str], bool], cancel: Callable[[str, str], Any]
+    is_doorbell_task: Callable[[str], bool], store_of: Callable[[], Any]
 ) -> None:
     """Wrap this process's ``revoke`` control command, and connect Celery's
     ``task_revoked`` signal, so a revoke naming a delivery of a doorbell (a task whose name
-    ``is_doorbell_task``) ends in ``cancel(job_id, reason)`` for the job it names. Once a
-    process; a later call replaces what the first one set."""
+    ``is_doorbell_task``) ends in ``store_of().cancel(job_id, reason)`` for the job it names.
+    The store is asked for at the first such revoke, not before: a prefork worker's main
+    process holds no database connection until then. Once a process; a later call replaces
+    what the first one set."""
     celerys = control.Panel.data["revoke"]
     celerys = getattr(celerys, _WRAPPED, celerys)
 
@@ -59,7 +61,7 @@ def cancel_jobs_on_revoke(
         answer = celerys(state, task_id, terminate=terminate, **kwargs)
         if jobs:
             node = str(getattr(state, "hostname", "") or socket.gethostname())
-            _cancel_in_background(cancel, jobs, node)
+            _cancel_in_background(store_of, jobs, node)
         return answer
 
     revoke.__doc__ = celerys.__doc__
@@ -73,7 +75,7 @@ def cancel_jobs_on_revoke(
         known = isinstance(name, str) and is_doorbell_task(name)
         if isinstance(task_id, str) and known and job_id is not None:
             node = str(getattr(request, "hostname", "") or socket.gethostname())
-            _cancel_in_background(cancel, {task_id: job_id}, node)
+            _cancel_in_background(store_of, {task_id: job_id}, node)
 
     _signal_handler[0] = on_task_revoked
     signals.task_revoked.connect(_on_task_revoked, weak=False)
@@ -119,13 +121,11 @@ def _doorbell_jobs(task_ids: set[str], is_doorbell_task: Callable[[str], bool]) 
     return found
 
 
-def _cancel_in_background(
-    cancel: Callable[[str, str], Any], jobs: dict[str, str], node: str
-) -> None:
+def _cancel_in_background(store_of: Callable[[], Any], jobs: dict[str, str], node: str) -> None:
     def cancel_each() -> None:
         for task_id, job_id in jobs.items():
             try:
-                cancel(job_id, REASON.format(task_id=task_id, node=node))
+                store_of().cancel(job_id, REASON.format(task_id=task_id, node=node))
             except (IllegalTransition, UnknownJob):
                 continue  # already ended (or gone): as Celery's revoke of a finished task
             except Exception as err:  # the database may be down: say so, never raise
