@@ -68,16 +68,12 @@ def probe_long_runner(ctx: jobs.JobContext) -> int:
     return 0
 
 
-def test_explain_reads_a_bounded_part_of_a_long_jobs_steps_and_history() -> None:
-    """``jobctl explain`` (on every Flower job page too) read every step name and every
-    history row: a job of 100,000 steps took 8 s and 83 MiB per page. It reads the count,
-    the first names, the last steps and the last moves, whatever their number."""
-    import tracemalloc  # noqa: PLC0415
-
+def long_runner(rows: int) -> str:
+    """A job that ran for a long time: ``rows`` recorded steps and as many moves, written
+    straight into the tables (set-up only)."""
     app = default_app()
     job_id = jobs.submit("probe_long_runner", {})
     now = app.store.now()
-    rows = 20_000
     with app.store.engine.begin() as conn:  # set-up only: a job that ran for a long time
         conn.execute(
             StepsTable.__table__.insert(),
@@ -108,6 +104,18 @@ def test_explain_reads_a_bounded_part_of_a_long_jobs_steps_and_history() -> None
                 for _ in range(rows)
             ],
         )
+    return job_id
+
+
+def test_explain_reads_a_bounded_part_of_a_long_jobs_steps_and_history() -> None:
+    """``jobctl explain`` (on every Flower job page too) read every step name and every
+    history row: a job of 100,000 steps took 8 s and 83 MiB per page. It reads the count,
+    the first names, the last steps and the last moves, whatever their number."""
+    import tracemalloc  # noqa: PLC0415
+
+    app = default_app()
+    rows = 20_000
+    job_id = long_runner(rows)
     explain(app.store, app.settings, job_id)  # warm
     tracemalloc.start()
     try:
@@ -152,3 +160,70 @@ def test_jobctl_list_reads_no_inputs_or_results_for_its_table() -> None:
     assert peak < 5 * 2**20
     as_json = runner.invoke(main, ["list", "--limit", "1", "--json"])
     assert '"pad"' in as_json.output
+
+
+def test_jobctl_show_prints_a_page_of_a_long_jobs_steps_and_history() -> None:
+    """``jobctl show`` printed every step and move of a job whole: 100,000 steps took 195 MB,
+    9 s and 47 MB of output. It prints a page of each, outputs clipped, with the option that
+    shows the next page; ``--json`` is still the whole record."""
+    import tracemalloc  # noqa: PLC0415
+
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from jobs.cli import main  # noqa: PLC0415
+
+    rows = 20_000
+    job_id = long_runner(rows)
+    runner = CliRunner()
+    runner.invoke(main, ["show", job_id])  # warm
+    tracemalloc.start()
+    try:
+        shown = runner.invoke(main, ["show", job_id])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert shown.exit_code == 0, shown.output
+    print(
+        f"jobctl show of {rows} steps and moves: peak {peak / 2**20:.1f} MiB, {len(shown.output)} B"
+    )
+    assert peak < 5 * 2**20
+    assert len(shown.output.splitlines()) < 200
+    assert f"steps (1-50 of {rows}; next: --steps-from 50):" in shown.output
+    assert f"history (1-100 of {rows + 1}; next: --history-from 100):" in shown.output
+    last = runner.invoke(main, ["show", job_id, "--steps-from", str(rows - 2)])
+    assert f"steps ({rows - 1}-{rows} of {rows}):" in last.output
+    assert f"tool-{rows - 1:06d}" in last.output
+    assert "tool-000000" not in last.output
+    refused = runner.invoke(main, ["show", job_id, "--steps-from", "-1"])
+    assert refused.exit_code == 2
+
+
+@jobs.job("probe_big_step")
+def probe_big_step(ctx: jobs.JobContext) -> int:
+    return len(ctx.step("big", lambda: "b" * 1_000_000))
+
+
+def test_jobctl_show_clips_a_large_output() -> None:
+    job = testing.perform_job("probe_big_step", {})
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from jobs.cli import main  # noqa: PLC0415
+
+    shown = CliRunner().invoke(main, ["show", job.id])
+    assert shown.exit_code == 0, shown.output
+    assert len(shown.output) < 20_000
+    assert "1,000,002 characters; the whole with --json" in shown.output
+    whole = CliRunner().invoke(main, ["show", job.id, "--json"])
+    assert "b" * 1_000_000 in whole.output
+
+
+def test_flowers_job_list_shows_at_most_a_thousand_jobs_a_page() -> None:
+    """Flower's ``/jobs?limit=100000`` took up to 100,000 rows into one page; a page now
+    holds at most 1,000 (the filters narrow a list; ``jobctl list`` prints more)."""
+    from jobs.contrib.flower_jobs.pages import MAX_PAGE_LIMIT, Filters, job_filter  # noqa: PLC0415
+    from jobs.core.errors import InvalidInput  # noqa: PLC0415
+
+    assert job_filter(default_app(), Filters(limit=str(MAX_PAGE_LIMIT)))[1] == MAX_PAGE_LIMIT
+    for asked in ("1001", "100000"):
+        with pytest.raises(InvalidInput, match="limit must be from 1 to 1000"):
+            job_filter(default_app(), Filters(limit=asked))

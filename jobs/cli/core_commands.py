@@ -30,9 +30,7 @@ from jobs.cli.bulk_commands import (
 )
 from jobs.cli.group import Finite, main
 from jobs.cli.render import (
-    compact,
     echo_json,
-    iso,
     job_dict,
     runtime,
     shown,
@@ -40,6 +38,7 @@ from jobs.cli.render import (
     table,
     transition_dict,
 )
+from jobs.cli.show_text import show_text
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import (
@@ -56,7 +55,7 @@ from jobs.core.validate import (
 )
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
-    from jobs.core.records import Job, Step, Transition
+    from jobs.core.records import Job, Step
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75
@@ -268,71 +267,33 @@ def _last_reason(job_id: str) -> str:
 # -- show, list ----------------------------------------------------------------------------
 
 
+PAGE_START = click.IntRange(0, 10**9)
+
+
 @main.command()
 @click.argument("job_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
-def show(job_id: str, as_json: bool) -> None:
-    """A job's record, recorded steps and history of moves."""
-    job, steps, history = jobs.get(job_id), jobs.steps(job_id), jobs.history(job_id)
+@click.option("--json", "as_json", is_flag=True, help="The whole record as one JSON object.")
+@click.option("--steps-from", type=PAGE_START, default=0, help="Steps from the Nth on (0 first).")
+@click.option("--history-from", type=PAGE_START, default=0, help="Moves from the Nth on.")
+@click.option("--children-from", type=PAGE_START, default=0, help="Children from the Nth on.")
+def show(
+    job_id: str, as_json: bool, steps_from: int, history_from: int, children_from: int
+) -> None:
+    """A job's record, then a page each of its children, recorded steps (outputs clipped)
+    and history of moves; --json prints the whole record."""
+    job = jobs.get(job_id)
     if as_json:
         echo_json(
             {
                 **job_dict(job),
                 "children": [child.id for child in jobs.children(job_id)],
-                "steps": [step_dict(s) for s in steps],
-                "history": [transition_dict(t) for t in history],
+                "steps": [step_dict(s) for s in jobs.steps(job_id)],
+                "history": [transition_dict(t) for t in jobs.history(job_id)],
             }
         )
         return
-    _show_text(job, steps, history)
-
-
-def _show_text(job: Job, steps: Sequence[Step], history: Sequence[Transition]) -> None:
-    fields = [
-        ("id", job.id),
-        ("kind", job.kind),
-        ("state", job.state.value),
-        ("owner", shown(job.owner)),
-        ("lease_until", iso(job.lease_until) or "-"),
-        ("fence", str(job.fence)),
-        ("attempts", f"{job.attempts}/{job.max_attempts}"),
-        ("priority", str(job.priority)),
-        ("inputs", compact(job.inputs)),
-        ("result", compact(job.result)),
-        ("last_error", shown(job.last_error)),
-    ]
-    if job.waiting_for:
-        fields.append(("waiting_for", job.waiting_for))
-    if job.parent_id is not None:  # workflows: links both ways
-        fields.append(("parent", job.parent_id))
-    children = jobs.children(job.id)
-    if children:
-        unfinished = sum(1 for child in children if child.state not in TERMINAL)
-        fields.append(("children", f"{len(children)} ({unfinished} unfinished)"))
-        fields.extend(("", f"{child.id} {child.state.value}") for child in children[:20])
-    for name, value in fields:
-        click.echo(f"{name + ':':<13}{value}")
-    click.echo("steps:" + ("" if steps else " -"))
-    for step in steps:
-        click.echo(
-            f"  {step.name}  {compact(step.output)}  "
-            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
-        )
-    click.echo("history:")
-    for move in history:
-        click.echo("  " + _history_line(move))
-
-
-def _history_line(move: Transition) -> str:
-    source = move.from_state.value if move.from_state is not None else "(new)"
-    parts = [f"{iso(move.at)}  {source} -> {move.to_state.value}"]
-    if move.owner is not None:
-        parts.append(f"owner={shown(move.owner)} fence={move.fence}")
-    if move.approved_by is not None:
-        parts.append(f"approved_by={shown(move.approved_by)}")
-    if move.reason:
-        parts.append(f"({shown(move.reason)})")
-    return "  ".join(parts)
+    starts = {"steps": steps_from, "history": history_from, "children": children_from}
+    show_text(runtime().store, job, starts)
 
 
 @main.command("list")

@@ -15,7 +15,7 @@ from jobs.core.errors import InvalidInput
 from jobs.core.page_reads import ChildSummary, JobSummary, Page, StepPreview
 from jobs.core.records import Job, JobFilter, KindLimits, Transition
 from jobs.core.states import TERMINAL, State
-from jobs.core.validate import MAX_LIST_LIMIT, check_error_pattern, printable
+from jobs.core.validate import check_error_pattern, printable
 from jobs.runtime.explain import Explanation, explain
 from jobs.runtime.job_pages import (
     JOB_VALUES,
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 #: Jobs the list shows unless the form asks for another number.
 DEFAULT_LIMIT = 50
+
+#: The most jobs one list page shows (a page of 100,000 rows is megabytes of HTML; the
+#: filters narrow a list, and ``jobctl list`` prints more).
+MAX_PAGE_LIMIT = 1_000
 
 #: The buttons on a job's page, in the order shown, and the states each applies to.
 ACTIONS: dict[str, tuple[State, ...]] = {
@@ -119,8 +123,8 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     if text and (not text.isascii() or not text.isdigit() or len(text) > 6):
         raise InvalidInput(f"limit {printable(text[:40])!r} is not a whole number")
     limit = int(text) if text else DEFAULT_LIMIT
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise InvalidInput(f"limit must be from 1 to {MAX_LIST_LIMIT}")
+    if not 1 <= limit <= MAX_PAGE_LIMIT:
+        raise InvalidInput(f"limit must be from 1 to {MAX_PAGE_LIMIT}")
     since = filters.since.strip()
     where = JobFilter(
         state=State(state) if state else None,
