@@ -38,7 +38,6 @@ from jobs.cli.render import (
     table,
     transition_dict,
 )
-from jobs.cli.show_text import show_text
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import (
@@ -292,6 +291,8 @@ def show(
             }
         )
         return
+    from jobs.cli.show_text import show_text  # noqa: PLC0415 - the store's reads: not for --help
+
     starts = {"steps": steps_from, "history": history_from, "children": children_from}
     show_text(runtime().store, job, starts)
 
