@@ -107,13 +107,13 @@ class FanOut:
         jobs.submit(kinds.FANOUT, {"children": n}, job_id=parent_id)
 
         def finished() -> bool:
-            state = run.store.get(parent_id).state
+            state = run.store.reads.get(parent_id).state
             if state.value in ("FAILED", "CANCELLED"):
                 raise RuntimeError(f"fan-out parent {parent_id} ended {state.value}")
             return state is State.COMPLETED
 
         _wait(finished, 60 + n * 0.2, f"fan-out parent {parent_id} to complete", interval=0.02)
-        parent = run.store.get(parent_id)
+        parent = run.store.reads.get(parent_id)
         seconds = run._db_time(parent.finished_at) - started
         touched = touches_while_parked(run, parent_id, worker)
         split = phases(run, parent_id, started)

@@ -28,6 +28,7 @@ from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.runner import Outcome, Runner
 from jobs.core.store import JobStore
+from jobs.core.store.deferred import hold_completions
 from jobs.runtime.liveness import LivenessLock
 
 TIMED = ("claim", "steps", "record_steps", "complete")
@@ -111,7 +112,9 @@ def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
             heartbeat=heartbeat,
             liveness_key=liveness.ensure(),
         )
-        store.hold_completions(settings.hold_completion_seconds)  # as a pool process does
+        hold_completions(
+            store.statements, settings.hold_completion_seconds
+        )  # as a pool process does
         tag = f"prof{uuid.uuid4().hex[:10]}"
         with default_app().runtime.doorbell_off():
             ids = jobs.submit_many(

@@ -76,7 +76,7 @@ def fill(engine: Engine, clock: LogicalClock, jobs: int, live: int) -> None:
             conn.execute(insert(TransitionsTable), moves[start * 3 : (start + 5000) * 3])
     store = JobStore(engine, clock=clock)
     for n in range(live):
-        store.create("k", {}, job_id=f"live-{n}", max_attempts=3)
+        store.submissions.create("k", {}, job_id=f"live-{n}", max_attempts=3)
 
 
 def measure(engine: Engine, jobs: int, pause: float) -> dict[str, float]:
@@ -92,7 +92,7 @@ def measure(engine: Engine, jobs: int, pause: float) -> dict[str, float]:
         n = 0
         while not done.is_set() and n < 2000:
             began = time.perf_counter()
-            store.claim(f"live-{n}", "w", 30)
+            store.ownership.claim(f"live-{n}", "w", 30)
             claims.append(time.perf_counter() - began)
             n += 1
 
@@ -103,7 +103,7 @@ def measure(engine: Engine, jobs: int, pause: float) -> dict[str, float]:
     while not finished:
         for _ in range(PRUNE_BATCHES_PER_PASS):
             began = time.perf_counter()
-            deleted = store.prune_finished(14 * DAY, PRUNE_BATCH_SIZE)
+            deleted = store.schedules.prune_finished(14 * DAY, PRUNE_BATCH_SIZE)
             batches.append(time.perf_counter() - began)
             if len(deleted) < PRUNE_BATCH_SIZE:
                 finished = True

@@ -350,7 +350,7 @@ class BackendRun:
         job: list[jobs.Job] = []
 
         def completed() -> bool:
-            job[:] = [self.store.get(job_id)]
+            job[:] = [self.store.reads.get(job_id)]
             if job[0].state.value in ENDED:
                 raise RuntimeError(f"job {job_id} ended {job[0].state.value}")
             return job[0].state is State.COMPLETED
@@ -620,7 +620,7 @@ class BackendRun:
 
         def running_on(worker: Child) -> Callable[[], bool]:
             def check() -> bool:
-                job = self.store.get(job_id)
+                job = self.store.reads.get(job_id)
                 return job.state is State.RUNNING and (job.owner or "").startswith(
                     f"{worker.hostname}@"
                 )
@@ -631,7 +631,7 @@ class BackendRun:
         rescuer = self._start_worker("d")
         self.procs.wait_ready(rescuer)
         killed = self.procs.kill(victim)
-        limit = self.store.get(job_id).lease_until
+        limit = self.store.reads.get(job_id).lease_until
         _wait(
             running_on(rescuer),
             self.opts.sweep_interval + 90,
@@ -642,7 +642,9 @@ class BackendRun:
         )
         release.touch()
         _wait(
-            lambda: self.store.get(job_id).state is State.COMPLETED, 60, f"job {job_id} to complete"
+            lambda: self.store.reads.get(job_id).state is State.COMPLETED,
+            60,
+            f"job {job_id} to complete",
         )
         self.durable_worker = rescuer
         return "d", self._db_time(claimed) - killed

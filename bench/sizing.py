@@ -95,8 +95,8 @@ def drain(api: Any, database_url: str, count: int, concurrency: int) -> None:
     ids = api.submit_many(STEP, [{} for _ in range(count)])
     deadline = started + 300
     while time.monotonic() < deadline:
-        last_done = all(store.get(job_id).state.value == "COMPLETED" for job_id in ids[-10:])
-        if last_done and all(store.get(job_id).state.value == "COMPLETED" for job_id in ids):
+        last_done = all(store.reads.get(job_id).state.value == "COMPLETED" for job_id in ids[-10:])
+        if last_done and all(store.reads.get(job_id).state.value == "COMPLETED" for job_id in ids):
             break
         time.sleep(0.1)
     seconds = time.monotonic() - started
@@ -158,7 +158,7 @@ def connections(concurrency: int, jobs_count: int, drain_jobs: int) -> None:
                 for name, popen in procs.items():
                     for key, n in _count(popen.pid, ports).items():
                         most[name][key] = max(most[name][key], n)
-                if all(store.get(job_id).state.value == "COMPLETED" for job_id in ids[-5:]):
+                if all(store.reads.get(job_id).state.value == "COMPLETED" for job_id in ids[-5:]):
                     break
                 time.sleep(0.05)
             print(f"connections, most open at once ({jobs_count} one-step jobs, -c {concurrency}):")
@@ -196,9 +196,9 @@ def sweeper_cost(sizes: list[tuple[int, int]]) -> None:
             upgrade(engine)
             store = JobStore(engine)
             for n in range(queued + running):
-                store.create(STEP, {}, job_id=f"s-{n}", max_attempts=3)
+                store.submissions.create(STEP, {}, job_id=f"s-{n}", max_attempts=3)
             for n in range(running):
-                store.claim(f"s-{n}", f"owner-{n % 20}:1", 600)
+                store.ownership.claim(f"s-{n}", f"owner-{n % 20}:1", 600)
             settings = from_env(
                 {
                     "JOBS_DATABASE_URL": database_url,

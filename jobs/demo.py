@@ -125,7 +125,7 @@ def _free_id(store: JobStore, wanted: str) -> str:
     candidate, n = wanted, 1
     while True:
         try:
-            store.get(candidate)
+            store.reads.get(candidate)
         except UnknownJob:
             return candidate
         n += 1
@@ -177,8 +177,8 @@ def _tell(
     echo(f"submitted {job_id} (check_order, order 42): QUEUED")
 
     def a_is_in_second_step() -> Job | None:
-        job = store.get(job_id)
-        names = {step.name for step in store.steps(job_id)}
+        job = store.reads.get(job_id)
+        names = {step.name for step in store.reads.steps(job_id)}
         started = "check_payment:start" in _effects(data_dir, job_id)
         return job if job.owner and "lookup_order" in names and started else None
 
@@ -196,12 +196,12 @@ def _tell(
     echo("worker B started")
 
     def taken_over() -> Job | None:
-        job = store.get(job_id)
+        job = store.reads.get(job_id)
         return job if job.owner and job.owner.startswith("B@") else None
 
     job = _wait_for(taken_over, timeout, "worker B to take the job over")
     claim_at = next(
-        move.at for move in reversed(store.history(job_id)) if move.to_state is State.RUNNING
+        move.at for move in reversed(store.reads.history(job_id)) if move.to_state is State.RUNNING
     )
     echo(
         f"worker B ({job.owner}) claimed {job_id} (fence {job.fence}) "
@@ -209,7 +209,7 @@ def _tell(
     )
 
     def finished() -> Job | None:
-        job = store.get(job_id)
+        job = store.reads.get(job_id)
         return job if job.state in (State.COMPLETED, State.FAILED, State.CANCELLED) else None
 
     job = _wait_for(finished, timeout, "the job to finish")
@@ -225,7 +225,7 @@ def _effects(data_dir: Path, job_id: str) -> list[str]:
 
 
 def _report(store: JobStore, job: Job, data_dir: Path, echo: Echo) -> bool:
-    history = store.history(job.id)
+    history = store.reads.history(job.id)
     effects = _effects(data_dir, job.id)
     echo("")
     echo("history:")
@@ -237,7 +237,7 @@ def _report(store: JobStore, job: Job, data_dir: Path, echo: Echo) -> bool:
             f"{move.reason or ''}"
         )
     echo("steps:")
-    for step in store.steps(job.id):
+    for step in store.reads.steps(job.id):
         echo(f"  {step.name:<14} recorded by {_short(step.owner)} (fence {step.fence})")
     lookups = effects.count("lookup_order")
     checks = effects.count("check_payment:start")

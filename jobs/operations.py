@@ -220,7 +220,7 @@ class JobOperations:
         job_kind, _row = self._prepare(kind, inputs, job_id, SubmitOptions(), 0, None)
         runtime = self.runtime
         runtime.seed_limits([job_kind])
-        runtime.store.check_admission(kind, count)
+        runtime.store.submissions.check_admission(kind, count)
 
     def _prepare(
         self,
@@ -246,7 +246,7 @@ class JobOperations:
             if options.max_attempts is not None  # 0 is refused by the store, not replaced
             else job_kind.max_attempts or self.settings.default_max_attempts
         )
-        row = self.store.new_job_values(
+        row = self.store.submissions.new_job_values(
             kind,
             inputs,
             job_id=new_job_id() if job_id is None else job_id,
@@ -266,7 +266,7 @@ class JobOperations:
         conn = None if unit is None else unit.connection
         runtime.seed_limits([job_kind], conn=conn)
         try:
-            created = runtime.store.create_many(job_kind.name, rows, conn=conn)
+            created = runtime.store.submissions.create_many(job_kind.name, rows, conn=conn)
         except AdmissionRefused:
             # Not waiting for a SQLite write lock the caller's own transaction may hold.
             self._count("admission_refused", job_kind.name, wait=unit is None)
@@ -291,7 +291,7 @@ class JobOperations:
         state committed; True if it went out. A failure loses nothing: the job stays QUEUED
         in the database and the sweeper rings it again."""
         runtime = self.runtime
-        job = runtime.store.get(job_id)
+        job = runtime.store.reads.get(job_id)
         return runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
 
     # -- reading ---------------------------------------------------------------------------
@@ -299,21 +299,21 @@ class JobOperations:
     def get(self, job_id: str) -> Job:
         """A snapshot of the job's record (state, inputs, result, attempts, owner, lease …)."""
         check_lookup_id(job_id)
-        return self.store.get(job_id)
+        return self.store.reads.get(job_id)
 
     def steps(self, job_id: str) -> list[Step]:
         """The job's recorded steps, in the order they were recorded."""
         check_lookup_id(job_id)
         store = self.store
-        store.get(job_id)  # unknown IDs are an error, not an empty list
-        return store.steps(job_id)
+        store.reads.get(job_id)  # unknown IDs are an error, not an empty list
+        return store.reads.steps(job_id)
 
     def history(self, job_id: str) -> list[Transition]:
         """Every state change of the job, oldest first, with who made it and why."""
         check_lookup_id(job_id)
         store = self.store
-        store.get(job_id)
-        return store.history(job_id)
+        store.reads.get(job_id)
+        return store.reads.history(job_id)
 
     def list_jobs(
         self,
@@ -332,7 +332,7 @@ class JobOperations:
         where = _job_filter(state, kind, since, error_like)
         if queue is not None:
             where = dataclasses.replace(where, queue=queue, default_queue=self.settings.queue)
-        return self.store.list(limit=limit, where=where)
+        return self.store.reads.list(limit=limit, where=where)
 
     def select_jobs(
         self, where: JobFilter, limit: int, *, among: Sequence[State] | None = None
@@ -344,7 +344,7 @@ class JobOperations:
         it is still as selected. ``among``: only jobs in one of these states (the ones the
         action applies to)."""
         check_whole(limit, "limit", 1, MAX_LIST_LIMIT)
-        return self.store.select_jobs(where, limit, among)
+        return self.store.reads.select_jobs(where, limit, among)
 
     # -- operators -------------------------------------------------------------------------
 
@@ -364,7 +364,9 @@ class JobOperations:
         check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
-        return self._ring_after_commit(self.store.approve(job_id, by, note, conn=conn), joined)
+        return self._ring_after_commit(
+            self.store.operator.approve(job_id, by, note, conn=conn), joined
+        )
 
     def wake(
         self,
@@ -383,7 +385,9 @@ class JobOperations:
         check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
-        return self._ring_after_commit(self.store.wake_job(job_id, reason, conn=conn), joined)
+        return self._ring_after_commit(
+            self.store.operator.wake_job(job_id, reason, conn=conn), joined
+        )
 
     def retry(
         self,
@@ -408,7 +412,7 @@ class JobOperations:
         check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
-        job = self.store.retry_job(job_id, by, reason, from_start=from_start, conn=conn)
+        job = self.store.operator.retry(job_id, by, reason, from_start=from_start, conn=conn)
         return self._ring_after_commit(job, joined)
 
     def retry_selected(
@@ -422,7 +426,7 @@ class JobOperations:
         """:meth:`retry` for one batch from :meth:`select_jobs`, in one transaction; a job
         no longer in the state and fence it was selected with is skipped, untouched. The
         retried jobs' doorbells ring after the commit."""
-        outcome = self.store.retry_selected(selected, by, reason, from_start=from_start)
+        outcome = self.store.operator.retry_selected(selected, by, reason, from_start=from_start)
         self._ring_many(outcome.done)
         return outcome
 
@@ -430,14 +434,14 @@ class JobOperations:
         self, selected: Sequence[Selected], *, reason: str = "cancelled by an operator"
     ) -> BulkOutcome:
         """:meth:`cancel` for one batch from :meth:`select_jobs`, as :meth:`retry_selected`."""
-        return self.store.cancel_selected(selected, reason)
+        return self.store.operator.cancel_selected(selected, reason)
 
     def approve_selected(
         self, selected: Sequence[Selected], *, by: str, note: str | None = None
     ) -> BulkOutcome:
         """:meth:`approve` for one batch from :meth:`select_jobs`, as :meth:`retry_selected`
         (a selected job not WAITING_APPROVAL is skipped)."""
-        outcome = self.store.approve_selected(selected, by, note)
+        outcome = self.store.operator.approve_selected(selected, by, note)
         self._ring_many(outcome.done)
         return outcome
 
@@ -474,7 +478,7 @@ class JobOperations:
         check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
-        return self.store.cancel(job_id, reason, conn=conn)
+        return self.store.operator.cancel(job_id, reason, conn=conn)
 
     def send_event(
         self,
@@ -494,7 +498,7 @@ class JobOperations:
         check_lookup_id(job_id)
         joined = _unit_for(connection, session, unit)
         conn = None if joined is None else joined.connection
-        woken = self.store.send_event(job_id, name, payload, conn=conn)
+        woken = self.store.workflows.send_event(job_id, name, payload, conn=conn)
         if woken is not None:
             self._ring_after_commit(woken, joined)
         return woken is not None
@@ -502,7 +506,7 @@ class JobOperations:
     def children(self, job_id: str) -> list[Job]:
         """The jobs ``job_id`` spawned (``ctx.spawn``/``ctx.map``), oldest first."""
         check_lookup_id(job_id)
-        return self.store.children(job_id)
+        return self.store.reads.children(job_id)
 
     # -- backpressure ----------------------------------------------------------------------
 
@@ -513,7 +517,9 @@ class JobOperations:
         RUNNING (enforced by the claim statement) and at most ``max_queued`` QUEUED (a
         submit past it raises :class:`jobs.AdmissionRefused` and writes nothing). ``None``
         lifts a limit."""
-        return self.store.set_limits(kind, max_running=max_running, max_queued=max_queued)
+        return self.store.submissions.set_limits(
+            kind, max_running=max_running, max_queued=max_queued
+        )
 
     def seed_limits(self) -> None:
         """Write the registered kinds' ``max_running``/``max_queued`` defaults for kinds that
@@ -526,7 +532,7 @@ class JobOperations:
         failure to count is logged in one line, never raised (the caller's own error
         matters more)."""
         try:
-            self.store.count_event(event, kind, wait=wait)
+            self.store.schedules.count_event(event, kind, wait=wait)
         except Exception as err:
             log.warning("could not count %s for kind %s: %s", event, kind, err)
 
@@ -553,18 +559,18 @@ class JobOperations:
         inputs = {} if inputs is None else inputs
         self.registry.get(kind).check_inputs(inputs)
         spec = normalize_spec(spec)
-        return self.store.put_schedule(
+        return self.store.schedules.put_schedule(
             Schedule(name, kind, spec, timezone=timezone, inputs=inputs, catch_up=catch_up)
         )
 
     def unschedule(self, name: str) -> bool:
         """Stop a periodic job (its submitted jobs are left alone); False if it did not
         exist."""
-        return self.store.delete_schedule(name)
+        return self.store.schedules.delete_schedule(name)
 
     def schedules(self) -> list[Schedule]:
         """Every periodic schedule with its last tick (see :meth:`Schedule.next_tick`)."""
-        return self.store.schedules()
+        return self.store.reads.schedules()
 
     def sync_schedules(self) -> list[Schedule]:
         """Write the schedules declared with ``@jobs.job(schedule=…)`` into the database
@@ -573,7 +579,7 @@ class JobOperations:
         imports must not stop another's schedule."""
         store = self.store
         return [
-            store.put_schedule(
+            store.schedules.put_schedule(
                 Schedule(
                     kind.name,
                     kind.name,

@@ -82,8 +82,8 @@ def simulate(lease_steps: int = 2, steps: int = 4) -> list[str]:
 
 def _play(scene: _Scene, lease_steps: int, steps: int) -> None:
     store = scene.store
-    store.create(KIND, INPUTS, job_id=JOB_ID, max_attempts=MAX_ATTEMPTS)
-    claim_a = store.claim(JOB_ID, "A", lease_seconds=lease_steps)
+    store.submissions.create(KIND, INPUTS, job_id=JOB_ID, max_attempts=MAX_ATTEMPTS)
+    claim_a = store.ownership.claim(JOB_ID, "A", lease_seconds=lease_steps)
     assert claim_a is not None, "a fresh QUEUED job must be claimable"
     scene.say(f"A claimed {scene.view(claim_a.job)}")
     # A crashes here: it never renews, records nothing, and only comes back too late.
@@ -99,11 +99,11 @@ def _take_over(scene: _Scene, lease_steps: int, steps: int) -> Claim | None:
     """B retries the claim once per step; only an expired lease lets it through."""
     for _ in range(1, steps):
         scene.clock.advance()
-        claim = scene.store.claim(JOB_ID, "B", lease_seconds=lease_steps)
+        claim = scene.store.ownership.claim(JOB_ID, "B", lease_seconds=lease_steps)
         if claim is not None:
             scene.say(f"B recovered {scene.view(claim.job)}")
             return claim
-        held = scene.store.get(JOB_ID)
+        held = scene.store.reads.get(JOB_ID)
         scene.say(f"B blocked (A's lease runs until step {scene.ticks(held.lease_until)})")
     scene.say(f"{JOB_ID} not recovered within {steps} steps; run more with --steps")
     return None
@@ -112,7 +112,7 @@ def _take_over(scene: _Scene, lease_steps: int, steps: int) -> Claim | None:
 def _refuse_late_write(scene: _Scene, stale: Claim) -> None:
     """A wakes up and writes with its old claim: the fence no longer matches."""
     try:
-        scene.store.record_step(stale, STEP_NAME, STEP_OUTPUT)
+        scene.store.ownership.record_step(stale, STEP_NAME, STEP_OUTPUT)
     except LeaseLost as lost:
         scene.say(f"A's late write refused: LeaseLost {lost}")
         return
@@ -125,18 +125,18 @@ def _finish(scene: _Scene, claim: Claim) -> None:
     lease_end = scene.ticks(claim.job.lease_until)
     if scene.step() + 1 < lease_end:
         scene.clock.advance()
-    scene.store.record_step(claim, STEP_NAME, STEP_OUTPUT)
+    scene.store.ownership.record_step(claim, STEP_NAME, STEP_OUTPUT)
     scene.say(f"B recorded step {STEP_NAME!r}: {STEP_OUTPUT}")
-    done = scene.store.complete(claim, {"order_id": 42, "checked": True})
+    done = scene.store.ownership.complete(claim, {"order_id": 42, "checked": True})
     scene.say(f"B completed {scene.view(done)}")
 
 
 def _tell_history(scene: _Scene) -> None:
-    history = scene.store.history(JOB_ID)
+    history = scene.store.reads.history(JOB_ID)
     scene.lines.append("history: " + " -> ".join(_label(t) for t in history))
     for move in history:
         scene.lines.append("  " + _describe(scene, move))
-    for step in scene.store.steps(JOB_ID):
+    for step in scene.store.reads.steps(JOB_ID):
         scene.lines.append(
             f"recorded step {step.name!r} by {step.owner} (fence {step.fence}) "
             f"at step {scene.ticks(step.recorded_at)}: {step.output}"

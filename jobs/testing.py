@@ -59,7 +59,7 @@ def drain(max_runs: int = 1000) -> list[RunResult]:
     runner = make_runner()
     results: list[RunResult] = []
     while len(results) < max_runs:
-        ids = runner.store.next_claimable(runner.registry.names(), limit=1)
+        ids = runner.store.ownership.next_claimable(runner.registry.names(), limit=1)
         if not ids:
             break
         result = runner.run(ids[0])
@@ -74,4 +74,4 @@ def wake(job_id: str | None = None) -> list[str]:
     IDs; run them with :func:`drain`. A recorded timer does not sleep again, so the job
     continues past ``ctx.sleep``. For tests only: in production the wake-up is the
     database's clock reaching the timer's instant."""
-    return default_app().runtime.store.make_due(None if job_id is None else [job_id])
+    return default_app().runtime.store.operator.make_due(None if job_id is None else [job_id])

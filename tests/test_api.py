@@ -230,7 +230,7 @@ def test_a_crashed_run_is_swept_back_and_rerun(monkeypatch: pytest.MonkeyPatch) 
         testing.make_runner(heartbeat=False).run(job_id)
     CRASH["now"] = False
     time.sleep(0.25)
-    assert [j.id for j in default_app().runtime.store.sweep_expired()] == [job_id]
+    assert [j.id for j in default_app().runtime.store.operator.sweep_expired()] == [job_id]
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
     assert CALLS == {"one": 1, "two": 1}
@@ -389,8 +389,8 @@ def test_a_job_whose_inputs_no_longer_fit_fails_and_an_unknown_kind_waits() -> N
     process does not know is not claimed at all: the job stays QUEUED, untouched, for a
     process that knows it (a worker pool of other kinds must not fail it)."""
     store = default_app().runtime.store
-    store.create("api_lookup", {"renamed": 1}, job_id="old-inputs", max_attempts=5)
-    store.create("api_gone", {}, job_id="old-kind", max_attempts=5)
+    store.submissions.create("api_lookup", {"renamed": 1}, job_id="old-inputs", max_attempts=5)
+    store.submissions.create("api_gone", {}, job_id="old-kind", max_attempts=5)
     results = {r.job_id: r for r in testing.drain()}
     assert results["old-inputs"].outcome is Outcome.FAILED
     assert "inputs do not match job kind 'api_lookup'" in (jobs.get("old-inputs").last_error or "")
@@ -445,7 +445,7 @@ def test_a_failing_doorbell_loses_nothing(caplog: pytest.LogCaptureFixture) -> N
     assert job.dispatched_at is None  # so the next sweep sends it at once
     assert "publish failed" in caplog.text
     assert jobs.ring(job_id) is False
-    assert default_app().runtime.store.take_due_doorbell_ids(300) == [job_id]
+    assert default_app().runtime.store.doorbells.take_due_doorbell_ids(300) == [job_id]
     jobs.set_doorbell(None)
     assert jobs.ring(job_id) is False
     [result] = testing.drain()

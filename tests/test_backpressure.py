@@ -48,7 +48,7 @@ def count_rows(engine: Engine, table: Any) -> int:
 
 
 def new(store: JobStore, job_id: str, kind: str = KIND, **kw: Any) -> str:
-    job, created = store.create(kind, {"n": 1}, job_id=job_id, max_attempts=3, **kw)
+    job, created = store.submissions.create(kind, {"n": 1}, job_id=job_id, max_attempts=3, **kw)
     assert created
     return job.id
 
@@ -56,7 +56,7 @@ def new(store: JobStore, job_id: str, kind: str = KIND, **kw: Any) -> str:
 def claimed(
     store: JobStore, job_id: str, owner: str = "A", lease: float = LEASE, **kw: Any
 ) -> Claim:
-    claim = store.claim(job_id, owner, lease, **kw)
+    claim = store.ownership.claim(job_id, owner, lease, **kw)
     assert claim is not None, f"{job_id} should have been claimable"
     return claim
 
@@ -64,12 +64,12 @@ def claimed(
 def refused_claim(store: JobStore, engine: Engine, job_id: str, owner: str = "Z") -> None:
     """The claim returns None and writes nothing."""
     before = snapshot(engine)
-    assert store.claim(job_id, owner, LEASE) is None
+    assert store.ownership.claim(job_id, owner, LEASE) is None
     assert snapshot(engine) == before
 
 
 def running(store: JobStore, kind: str = KIND) -> list[str]:
-    return sorted(j.id for j in store.list(State.RUNNING, kind))
+    return sorted(j.id for j in store.reads.list(State.RUNNING, kind))
 
 
 # -- max_running: the claim statement enforces it ------------------------------------------------
@@ -78,15 +78,15 @@ def running(store: JobStore, kind: str = KIND) -> list[str]:
 def test_a_claim_past_max_running_is_refused_until_a_slot_frees(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
-    store.set_limits(KIND, max_running=2, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=2, max_queued=None)
     for n in range(4):
         new(store, f"j{n}")
         clock.advance()
     first = claimed(store, "j0")
     claimed(store, "j1", owner="B")
     refused_claim(store, engine, "j2")
-    assert store.get("j2").state is State.QUEUED
-    assert [t.to_state for t in store.history("j2")] == [State.QUEUED]
+    assert store.reads.get("j2").state is State.QUEUED
+    assert [t.to_state for t in store.reads.history("j2")] == [State.QUEUED]
 
     # Other kinds have their own (no) limit.
     for n in range(3):
@@ -94,7 +94,7 @@ def test_a_claim_past_max_running_is_refused_until_a_slot_frees(
         claimed(store, f"o{n}")
     assert running(store, OTHER) == ["o0", "o1", "o2"]
 
-    store.complete(first, "done")
+    store.ownership.complete(first, "done")
     claimed(store, "j2", owner="C")
     assert running(store) == ["j1", "j2"]
     refused_claim(store, engine, "j3")
@@ -102,22 +102,22 @@ def test_a_claim_past_max_running_is_refused_until_a_slot_frees(
 
 @pytest.mark.parametrize("end", ["fail", "retry", "cancel"])
 def test_every_way_out_of_running_frees_the_slot(store: JobStore, engine: Engine, end: str) -> None:
-    store.set_limits(KIND, max_running=1, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
     new(store, "j0")
     new(store, "j1")
     claim = claimed(store, "j0")
     refused_claim(store, engine, "j1")
     if end == "fail":
-        store.fail(claim, "boom")
+        store.ownership.fail(claim, "boom")
     elif end == "retry":
-        store.retry(claim, "boom", 100)  # QUEUED again, but not due: it holds no slot
+        store.ownership.retry(claim, "boom", 100)  # QUEUED again, but not due: it holds no slot
     else:
-        store.cancel("j0")
+        store.operator.cancel("j0")
     claimed(store, "j1")
 
 
 def test_expired_leases_do_not_count(store: JobStore, engine: Engine, clock: LogicalClock) -> None:
-    store.set_limits(KIND, max_running=2, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=2, max_queued=None)
     for n in range(4):
         new(store, f"j{n}")
     claimed(store, "j0", lease=10)
@@ -125,7 +125,7 @@ def test_expired_leases_do_not_count(store: JobStore, engine: Engine, clock: Log
     clock.advance(9.5)
     refused_claim(store, engine, "j2")  # both leases still live
     clock.advance(0.5)  # j0's lease ends exactly now: it no longer holds a slot
-    assert store.get("j0").state is State.RUNNING
+    assert store.reads.get("j0").state is State.RUNNING
     claimed(store, "j2", owner="C")
     refused_claim(store, engine, "j3")  # j1 and j2 are live
     assert running(store) == ["j0", "j1", "j2"]  # three RUNNING rows, two live leases
@@ -134,7 +134,7 @@ def test_expired_leases_do_not_count(store: JobStore, engine: Engine, clock: Log
 def test_a_takeover_of_an_expired_job_in_a_full_kind_still_works(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
-    store.set_limits(KIND, max_running=1, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
     new(store, "j0")
     new(store, "j1")
     old = claimed(store, "j0", owner="crashed", lease=10)
@@ -142,14 +142,14 @@ def test_a_takeover_of_an_expired_job_in_a_full_kind_still_works(
     clock.advance(10)
     takeover = claimed(store, "j0", owner="B")
     assert takeover.fence == old.fence + 1
-    assert [t.to_state for t in store.history("j0")][-2:] == [State.RUNNING, State.RUNNING]
+    assert [t.to_state for t in store.reads.history("j0")][-2:] == [State.RUNNING, State.RUNNING]
     refused_claim(store, engine, "j1")  # the taken-over job holds the one slot again
 
 
 def test_a_takeover_when_another_job_took_the_expired_slot_is_refused(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
-    store.set_limits(KIND, max_running=1, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
     new(store, "j0")
     new(store, "j1")
     claimed(store, "j0", owner="crashed", lease=10)
@@ -165,7 +165,7 @@ def test_a_dead_owners_job_in_a_full_kind_is_taken_over_at_once(
     """Liveness takeover while the dead owner's lease is still live: the job itself counts
     as RUNNING under a live lease, so only excluding it lets its own takeover through."""
     store = JobStore(clean_pg_engine, clock=LogicalClock())
-    store.set_limits(KIND, max_running=1, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
     new(store, "j0")
     new(store, "j1")
     claimed(store, "j0", owner="dead", lease=1000, liveness_key=987_654_321)  # lock not held
@@ -181,11 +181,11 @@ def test_max_running_zero_pauses_a_kind_and_none_lifts_it(
     for n in range(3):
         new(store, f"j{n}")
     new(store, "o0", kind=OTHER)
-    store.set_limits(KIND, max_running=0, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=0, max_queued=None)
     for n in range(3):
         refused_claim(store, engine, f"j{n}")
     claimed(store, "o0")
-    store.set_limits(KIND, max_running=None, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=None)
     for n in range(3):
         claimed(store, f"j{n}", owner=f"w{n}")
     assert running(store) == ["j0", "j1", "j2"]
@@ -197,11 +197,11 @@ def test_lowering_max_running_below_the_running_count_stops_new_claims_only(
     for n in range(3):
         new(store, f"j{n}")
     claims = [claimed(store, "j0"), claimed(store, "j1")]
-    store.set_limits(KIND, max_running=1, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
     refused_claim(store, engine, "j2")
-    store.complete(claims[0], 1)  # the running jobs finish normally
+    store.ownership.complete(claims[0], 1)  # the running jobs finish normally
     refused_claim(store, engine, "j2")  # one still RUNNING: the kind is at its limit
-    store.complete(claims[1], 2)
+    store.ownership.complete(claims[1], 2)
     claimed(store, "j2")
 
 
@@ -211,14 +211,14 @@ def test_lowering_max_running_below_the_running_count_stops_new_claims_only(
 def test_a_submit_past_max_queued_is_refused_and_writes_nothing(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
-    store.set_limits(KIND, max_running=None, max_queued=2)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=2)
     new(store, "q0")
     new(store, "q1")
     jobs_before = count_rows(engine, JobsTable.__table__)
     moves_before = count_rows(engine, TransitionsTable.__table__)
     before = snapshot(engine)
     with pytest.raises(AdmissionRefused) as refused:
-        store.create(KIND, {"n": 1}, job_id="q2", max_attempts=3)
+        store.submissions.create(KIND, {"n": 1}, job_id="q2", max_attempts=3)
     assert refused.value.retry_after > 0
     message = str(refused.value)
     assert repr(KIND) in message
@@ -229,7 +229,7 @@ def test_a_submit_past_max_queued_is_refused_and_writes_nothing(
     assert count_rows(engine, TransitionsTable.__table__) == moves_before == 2
     assert snapshot(engine) == before
     with pytest.raises(UnknownJob):
-        store.get("q2")
+        store.reads.get("q2")
 
     # Other kinds are not held back.
     new(store, "o0", kind=OTHER)
@@ -238,22 +238,22 @@ def test_a_submit_past_max_queued_is_refused_and_writes_nothing(
 def test_an_idempotent_resubmit_of_a_queued_job_is_not_refused(
     store: JobStore, engine: Engine
 ) -> None:
-    store.set_limits(KIND, max_running=None, max_queued=1)
-    first, created = store.create(KIND, {"n": 1}, job_id="q0", max_attempts=3)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=1)
+    first, created = store.submissions.create(KIND, {"n": 1}, job_id="q0", max_attempts=3)
     assert created
     before = snapshot(engine)
-    again, created_again = store.create(KIND, {"n": 1}, job_id="q0", max_attempts=3)
+    again, created_again = store.submissions.create(KIND, {"n": 1}, job_id="q0", max_attempts=3)
     assert not created_again
     assert again == first
     assert snapshot(engine) == before
     with pytest.raises(DuplicateJob):  # the id is taken: the right error, not a full queue
-        store.create(KIND, {"n": 2}, job_id="q0", max_attempts=3)
+        store.submissions.create(KIND, {"n": 2}, job_id="q0", max_attempts=3)
     with pytest.raises(AdmissionRefused):
-        store.create(KIND, {"n": 1}, job_id="q1", max_attempts=3)
+        store.submissions.create(KIND, {"n": 1}, job_id="q1", max_attempts=3)
 
 
 def test_a_job_leaving_queued_makes_room(store: JobStore, engine: Engine) -> None:
-    store.set_limits(KIND, max_running=None, max_queued=2)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=2)
     new(store, "q0")
     new(store, "q1")
     with pytest.raises(AdmissionRefused):
@@ -262,30 +262,30 @@ def test_a_job_leaving_queued_makes_room(store: JobStore, engine: Engine) -> Non
     new(store, "q2")
     with pytest.raises(AdmissionRefused):
         new(store, "q3")
-    store.cancel("q1")
+    store.operator.cancel("q1")
     new(store, "q3")
-    store.complete(claim, None)
+    store.ownership.complete(claim, None)
     with pytest.raises(AdmissionRefused):
         new(store, "q4")
-    assert sorted(j.id for j in store.list(State.QUEUED, KIND)) == ["q2", "q3"]
+    assert sorted(j.id for j in store.reads.list(State.QUEUED, KIND)) == ["q2", "q3"]
 
 
 def test_max_queued_zero_refuses_every_submit_and_none_lifts_it(
     store: JobStore, engine: Engine
 ) -> None:
-    store.set_limits(KIND, max_running=None, max_queued=0)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=0)
     before = snapshot(engine)
     with pytest.raises(AdmissionRefused) as refused:
         new(store, "q0")
     assert 0 < refused.value.retry_after <= 300
     assert snapshot(engine) == before
-    store.set_limits(KIND, max_running=None, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=None)
     for n in range(5):
         new(store, f"q{n}")
 
 
 def test_delayed_jobs_count_as_queued(store: JobStore) -> None:
-    store.set_limits(KIND, max_running=None, max_queued=1)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=1)
     new(store, "later", delay_seconds=3600)
     with pytest.raises(AdmissionRefused):
         new(store, "now")
@@ -301,35 +301,40 @@ def test_delayed_jobs_count_as_queued(store: JobStore) -> None:
 def test_set_limits_refuses_bad_values_and_changes_nothing(
     store: JobStore, engine: Engine, max_running: Any, max_queued: Any
 ) -> None:
-    store.set_limits(KIND, max_running=3, max_queued=4)
+    store.submissions.set_limits(KIND, max_running=3, max_queued=4)
     before = snapshot(engine)
     with pytest.raises(InvalidInput, match="must be a whole number"):
-        store.set_limits(KIND, max_running=max_running, max_queued=max_queued)
+        store.submissions.set_limits(KIND, max_running=max_running, max_queued=max_queued)
     with pytest.raises(InvalidInput):
-        store.set_limits("fresh", max_running=max_running, max_queued=max_queued)
+        store.submissions.set_limits("fresh", max_running=max_running, max_queued=max_queued)
     assert snapshot(engine) == before
-    assert store.limits() == {KIND: KindLimits(KIND, 3, 4)}
+    assert store.reads.limits() == {KIND: KindLimits(KIND, 3, 4)}
 
 
 def test_set_limits_refuses_a_bad_kind_name(store: JobStore, engine: Engine) -> None:
     before = snapshot(engine)
     with pytest.raises(InvalidInput):
-        store.set_limits("", max_running=1, max_queued=1)
+        store.submissions.set_limits("", max_running=1, max_queued=1)
     assert snapshot(engine) == before
 
 
 def test_set_limits_overwrites_and_only_if_absent_does_not(store: JobStore) -> None:
-    assert store.limits() == {}
-    assert store.set_limits(KIND, max_running=1, max_queued=2) == KindLimits(KIND, 1, 2)
-    assert store.set_limits(KIND, max_running=5, max_queued=6, only_if_absent=True) == (
+    assert store.reads.limits() == {}
+    assert store.submissions.set_limits(KIND, max_running=1, max_queued=2) == KindLimits(KIND, 1, 2)
+    assert store.submissions.set_limits(KIND, max_running=5, max_queued=6, only_if_absent=True) == (
         KindLimits(KIND, 1, 2)
     )
-    assert store.limits() == {KIND: KindLimits(KIND, 1, 2)}
-    assert store.set_limits(OTHER, max_running=0, max_queued=None, only_if_absent=True) == (
-        KindLimits(OTHER, 0, None)
+    assert store.reads.limits() == {KIND: KindLimits(KIND, 1, 2)}
+    assert store.submissions.set_limits(
+        OTHER, max_running=0, max_queued=None, only_if_absent=True
+    ) == (KindLimits(OTHER, 0, None))
+    assert store.submissions.set_limits(KIND, max_running=None, max_queued=7) == KindLimits(
+        KIND, None, 7
     )
-    assert store.set_limits(KIND, max_running=None, max_queued=7) == KindLimits(KIND, None, 7)
-    assert store.limits() == {KIND: KindLimits(KIND, None, 7), OTHER: KindLimits(OTHER, 0, None)}
+    assert store.reads.limits() == {
+        KIND: KindLimits(KIND, None, 7),
+        OTHER: KindLimits(OTHER, 0, None),
+    }
 
 
 # -- next_due: who gets a freed slot ------------------------------------------------------------
@@ -338,7 +343,7 @@ def test_set_limits_overwrites_and_only_if_absent_does_not(store: JobStore) -> N
 def test_next_due_is_the_oldest_due_queued_job_of_the_kind(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    assert store.next_due(KIND) == []
+    assert store.reads.next_due(KIND) == []
     new(store, "o0", kind=OTHER)  # older, but another kind
     clock.advance()
     new(store, "a")
@@ -348,15 +353,15 @@ def test_next_due_is_the_oldest_due_queued_job_of_the_kind(
     new(store, "b")
     clock.advance()
     new(store, "c")
-    assert store.next_due(KIND) == ["a"]
-    assert store.next_due(KIND, 10) == ["a", "b", "c"]
+    assert store.reads.next_due(KIND) == ["a"]
+    assert store.reads.next_due(KIND, 10) == ["a", "b", "c"]
     claimed(store, "a")
-    assert store.next_due(KIND, 10) == ["b", "c"]
+    assert store.reads.next_due(KIND, 10) == ["b", "c"]
     clock.advance(3)  # tick 7: "later" is due, after b and c by run_after
-    assert store.next_due(KIND, 10) == ["b", "c", "later"]
-    assert store.next_due(KIND, 2) == ["b", "c"]
-    assert store.next_due(OTHER, 10) == ["o0"]
-    assert store.next_due("nobody", 10) == []
+    assert store.reads.next_due(KIND, 10) == ["b", "c", "later"]
+    assert store.reads.next_due(KIND, 2) == ["b", "c"]
+    assert store.reads.next_due(OTHER, 10) == ["o0"]
+    assert store.reads.next_due("nobody", 10) == []
 
 
 # -- real processes racing for the last slots ---------------------------------------------------
@@ -378,7 +383,7 @@ def _claim_any(args: tuple[str, list[str], int]) -> list[str]:
         for round_ in range(len(job_ids)):
             job_id = job_ids[(index + round_) % len(job_ids)]
             racing.meet()
-            if store.claim(job_id, f"worker-{index}", 600) is not None:
+            if store.ownership.claim(job_id, f"worker-{index}", 600) is not None:
                 won.append(job_id)
     finally:
         store.engine.dispose()
@@ -393,7 +398,7 @@ def _create_some(args: tuple[str, int]) -> tuple[list[str], int]:
         for n in range(CREATES_EACH):
             racing.meet()
             try:
-                store.create(KIND, {"n": n}, job_id=f"adm-{index}-{n}", max_attempts=1)
+                store.submissions.create(KIND, {"n": n}, job_id=f"adm-{index}-{n}", max_attempts=1)
             except AdmissionRefused:
                 refused += 1
             else:
@@ -414,16 +419,16 @@ def test_racing_claims_never_exceed_max_running(
 ) -> None:
     url, engine = database
     store = JobStore(engine)
-    store.set_limits(KIND, max_running=RACE_RUNNING, max_queued=None)
+    store.submissions.set_limits(KIND, max_running=RACE_RUNNING, max_queued=None)
     job_ids = [f"race-{n:02d}" for n in range(RACE_JOBS)]
     for job_id in job_ids:
-        store.create(KIND, {}, job_id=job_id, max_attempts=5)
+        store.submissions.create(KIND, {}, job_id=job_id, max_attempts=5)
     results = pool.map(_claim_any, [(url, job_ids, i) for i in range(PROCESSES)], chunksize=1)
     won = [job_id for ids in results for job_id in ids]
     assert len(won) == RACE_RUNNING, results
     assert len(set(won)) == RACE_RUNNING, results
     assert running(store) == sorted(won)
-    assert len(store.list(State.QUEUED, KIND)) == RACE_JOBS - RACE_RUNNING
+    assert len(store.reads.list(State.QUEUED, KIND)) == RACE_JOBS - RACE_RUNNING
     assert count_rows(engine, TransitionsTable.__table__) == RACE_JOBS + RACE_RUNNING
 
 
@@ -431,7 +436,7 @@ def test_racing_submits_never_exceed_max_queued(
     pool: multiprocessing.pool.Pool, database: tuple[str, Engine]
 ) -> None:
     url, engine = database
-    JobStore(engine).set_limits(KIND, max_running=None, max_queued=RACE_QUEUED)
+    JobStore(engine).submissions.set_limits(KIND, max_running=None, max_queued=RACE_QUEUED)
     results = pool.map(_create_some, [(url, i) for i in range(PROCESSES)], chunksize=1)
     created = [job_id for ids, _ in results for job_id in ids]
     refused = sum(n for _, n in results)
@@ -475,7 +480,7 @@ def test_the_decorator_refuses_a_negative_default(option: str) -> None:
 def test_seed_limits_writes_the_defaults_but_never_overwrites_an_operator() -> None:
     store = default_app().runtime.store
     jobs.seed_limits()
-    limits = store.limits()
+    limits = store.reads.limits()
     assert limits["bp_api"] == KindLimits("bp_api", 1, 2)
     assert "bp_free" not in limits  # no defaults, no row
     assert jobs.set_limits("bp_api", max_running=3, max_queued=4) == KindLimits("bp_api", 3, 4)
@@ -484,10 +489,10 @@ def test_seed_limits_writes_the_defaults_but_never_overwrites_an_operator() -> N
         jobs.seed_limits()
     finally:
         REGISTRY.register("bp_api", bp_api, max_running=1, max_queued=2)
-    assert store.limits()["bp_api"] == KindLimits("bp_api", 3, 4)
+    assert store.reads.limits()["bp_api"] == KindLimits("bp_api", 3, 4)
     jobs.set_limits("bp_api")  # lifts both
     jobs.seed_limits()
-    assert store.limits()["bp_api"] == KindLimits("bp_api", None, None)
+    assert store.reads.limits()["bp_api"] == KindLimits("bp_api", None, None)
 
 
 def test_submit_past_max_queued_raises_and_rings_no_doorbell() -> None:
@@ -526,7 +531,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     result = jobctl("limits", "set", "bp_cli", "--max-running", "2", "--max-queued", "none")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=None"
-    assert default_app().runtime.store.limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
+    assert default_app().runtime.store.reads.limits()["bp_cli"] == KindLimits("bp_cli", 2, None)
 
     result = jobctl("limits", "set", "bp_cli", "--max-queued", "5")
     assert result.stdout.strip() == "bp_cli: max_running=2 max_queued=5"
@@ -534,7 +539,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
     result = jobctl("limits", "set", "bp_cli")
     assert result.stdout.strip() == "bp_cli: max_running=None max_queued=5"
-    assert default_app().runtime.store.limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
+    assert default_app().runtime.store.reads.limits()["bp_cli"] == KindLimits("bp_cli", None, 5)
 
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
@@ -564,13 +569,13 @@ def test_jobctl_limits_set_refuses_bad_values_and_changes_nothing(
         assert fragment in result.stderr
         assert option in result.stderr
         assert "Traceback" not in result.output
-        assert default_app().runtime.store.limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
+        assert default_app().runtime.store.reads.limits() == {"bp_cli": KindLimits("bp_cli", 1, 4)}
 
 
 def test_jobctl_stats_json_has_limits_with_counts() -> None:
     jobs.set_limits("bp_cli", max_running=2, max_queued=3)
     ids = [jobs.submit("bp_cli", {"n": n}) for n in range(3)]
-    assert default_app().runtime.store.claim(ids[0], "w", 60) is not None
+    assert default_app().runtime.store.ownership.claim(ids[0], "w", 60) is not None
     result = jobctl("stats", "--json")
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)

@@ -41,7 +41,7 @@ def _claim_worker(args: tuple[str, list[str], str, float | None]) -> list[str]:
     try:
         for job_id in job_ids:
             racing.meet()
-            if store.claim(job_id, owner, LEASE) is not None:
+            if store.ownership.claim(job_id, owner, LEASE) is not None:
                 won.append(job_id)
     finally:
         store.engine.dispose()
@@ -53,7 +53,7 @@ def _sweep_worker(args: tuple[str, float]) -> list[str]:
     store = _store(url, tick)
     try:
         racing.meet()
-        return [job.id for job in store.sweep_expired()]
+        return [job.id for job in store.operator.sweep_expired()]
     finally:
         store.engine.dispose()
 
@@ -109,11 +109,11 @@ def test_one_winner_per_queued_job(
     store = JobStore(engine)
     job_ids = [f"race-{n}" for n in range(JOBS)]
     for job_id in job_ids:
-        store.create("race", {}, job_id=job_id, max_attempts=5)
+        store.submissions.create("race", {}, job_id=job_id, max_attempts=5)
     winners = _race(pool, url, job_ids, tick=None)
     assert sorted(winners) == job_ids
     for job_id in job_ids:
-        job = store.get(job_id)
+        job = store.reads.get(job_id)
         assert job.state is State.RUNNING
         assert job.owner == winners[job_id]
         assert (job.fence, job.attempts) == (1, 1)
@@ -130,12 +130,12 @@ def test_one_winner_per_expired_lease(
     store = JobStore(engine, clock=LogicalClock(0))
     job_ids = [f"stale-{n}" for n in range(JOBS)]
     for job_id in job_ids:
-        store.create("race", {}, job_id=job_id, max_attempts=5)
-        assert store.claim(job_id, "crashed", LEASE) is not None
+        store.submissions.create("race", {}, job_id=job_id, max_attempts=5)
+        assert store.ownership.claim(job_id, "crashed", LEASE) is not None
     winners = _race(pool, url, job_ids, tick=LEASE)  # every lease ends exactly now
     assert sorted(winners) == job_ids
     for job_id in job_ids:
-        job = store.get(job_id)
+        job = store.reads.get(job_id)
         assert job.owner == winners[job_id]
         assert (job.fence, job.attempts) == (2, 2)
         assert _transition_counts(engine, job_id)[("RUNNING", "RUNNING")] == 1
@@ -150,20 +150,24 @@ def test_each_expired_job_is_swept_once(
     exhausted = [f"exhausted-{n}" for n in range(4)]
     live = "live"
     for job_id in [*requeue, *exhausted, live]:
-        store.create("race", {}, job_id=job_id, max_attempts=1 if job_id in exhausted else 3)
-        assert store.claim(job_id, "crashed", 1000 if job_id == live else LEASE) is not None
+        store.submissions.create(
+            "race", {}, job_id=job_id, max_attempts=1 if job_id in exhausted else 3
+        )
+        assert (
+            store.ownership.claim(job_id, "crashed", 1000 if job_id == live else LEASE) is not None
+        )
     results = pool.map(_sweep_worker, [(url, LEASE)] * PROCESSES, chunksize=1)
     moved = Counter(job_id for ids in results for job_id in ids)
     assert moved == Counter({job_id: 1 for job_id in [*requeue, *exhausted]})
     for job_id in requeue:
-        assert store.get(job_id).state is State.QUEUED
+        assert store.reads.get(job_id).state is State.QUEUED
         counts = _transition_counts(engine, job_id)
         assert counts[("RUNNING", "QUEUED")] == 1
         assert sum(counts.values()) == 3
     for job_id in exhausted:
-        assert store.get(job_id).state is State.FAILED
+        assert store.reads.get(job_id).state is State.FAILED
         counts = _transition_counts(engine, job_id)
         assert counts[("RUNNING", "FAILED")] == 1
         assert sum(counts.values()) == 3
-    assert store.get(live).state is State.RUNNING
+    assert store.reads.get(live).state is State.RUNNING
     assert sum(_transition_counts(engine, live).values()) == 2

@@ -309,7 +309,7 @@ def test_show_json_of_a_completed_job_has_the_documented_shape() -> None:
 
 def test_show_json_of_a_running_job_has_an_aware_lease() -> None:
     job_id = submit()
-    claim = default_app().runtime.store.claim(job_id, "worker-A", lease_seconds=30)
+    claim = default_app().runtime.store.ownership.claim(job_id, "worker-A", lease_seconds=30)
     assert claim is not None
 
     shown = show_json(job_id)

@@ -69,20 +69,22 @@ def test_the_driver_path_reads_the_rows_sqlalchemy_reads(tokyo_engine: Engine) -
     for name, store in stores.items():
         job_id = "j1" if name == "driver" else "j2"
         clock.tick = 0
-        submitted, created = store.create(
+        submitted, created = store.submissions.create(
             "k", {"order": 42, "note": "ü"}, job_id=job_id, max_attempts=3
         )
         assert created
         clock.advance(1)
-        claim = store.claim(job_id, "A", 30, liveness_key=7)
+        claim = store.ownership.claim(job_id, "A", 30, liveness_key=7)
         assert claim is not None
         assert not claim.has_steps
         clock.advance(1)
-        store.record_step(claim, "fetch", {"rows": [1, 2]})
-        done = store.complete(claim, {"total": 3.5}, steps=[store.pending_step("refund", None)])
-        assert comparable(done) == comparable(store.get(job_id))
+        store.ownership.record_step(claim, "fetch", {"rows": [1, 2]})
+        done = store.ownership.complete(
+            claim, {"total": 3.5}, steps=[store.ownership.pending_step("refund", None)]
+        )
+        assert comparable(done) == comparable(store.reads.get(job_id))
         results[name] = [{**comparable(job), "id": None} for job in (submitted, claim.job, done)]
-        assert [step.name for step in store.steps(job_id)] == ["fetch", "refund"]
+        assert [step.name for step in store.reads.steps(job_id)] == ["fetch", "refund"]
     assert results["driver"] == results["sqlalchemy"]
     for job in results["driver"]:
         for name in TIMES:
@@ -100,13 +102,13 @@ def test_the_driver_path_on_the_database_clock_reads_what_sqlalchemy_reads(
     """Production's clock: each job the driver path returns is the row SQLAlchemy reads
     back, value by value and zone by zone."""
     store = JobStore(tokyo_engine)
-    submitted, _created = store.create("k", {}, job_id="j1", max_attempts=3)
-    assert comparable(submitted) == comparable(store.get("j1"))
-    claim = store.claim("j1", "A", 30)
+    submitted, _created = store.submissions.create("k", {}, job_id="j1", max_attempts=3)
+    assert comparable(submitted) == comparable(store.reads.get("j1"))
+    claim = store.ownership.claim("j1", "A", 30)
     assert claim is not None
-    assert comparable(claim.job) == comparable(store.get("j1"))
-    done = store.complete(claim, {"ok": True})
-    assert comparable(done) == comparable(store.get("j1"))
+    assert comparable(claim.job) == comparable(store.reads.get("j1"))
+    done = store.ownership.complete(claim, {"ok": True})
+    assert comparable(done) == comparable(store.reads.get("j1"))
     assert done.finished_at is not None
     assert done.finished_at.tzinfo is dt.UTC
     assert store.statements.driver_statements, "the driver path did not run"
@@ -116,25 +118,25 @@ def test_a_step_recorded_twice_is_a_step_error_on_the_driver_path(
     clean_pg_engine: Engine,
 ) -> None:
     store = JobStore(clean_pg_engine)
-    store.create("k", {}, job_id="j1", max_attempts=3)
-    claim = store.claim("j1", "A", 30)
+    store.submissions.create("k", {}, job_id="j1", max_attempts=3)
+    claim = store.ownership.claim("j1", "A", 30)
     assert claim is not None
-    store.record_step(claim, "s1", 1)
+    store.ownership.record_step(claim, "s1", 1)
     with pytest.raises(StepError, match="'s1' is already recorded"):
-        store.record_step(claim, "s1", 2)
+        store.ownership.record_step(claim, "s1", 2)
     with pytest.raises(StepError, match="'s1' is already recorded"):
-        store.complete(claim, None, steps=[store.pending_step("s1", 3)])
-    assert store.get("j1").state is State.RUNNING
+        store.ownership.complete(claim, None, steps=[store.ownership.pending_step("s1", 3)])
+    assert store.reads.get("j1").state is State.RUNNING
 
 
 def test_a_refused_owner_write_on_the_driver_path_says_why(clean_pg_engine: Engine) -> None:
     store = JobStore(clean_pg_engine)
-    store.create("k", {}, job_id="j1", max_attempts=3)
-    claim = store.claim("j1", "A", 30)
+    store.submissions.create("k", {}, job_id="j1", max_attempts=3)
+    claim = store.ownership.claim("j1", "A", 30)
     assert claim is not None
-    store.cancel("j1")
+    store.operator.cancel("j1")
     with pytest.raises(LeaseLost, match="cancelled"):
-        store.complete(claim, None)
+        store.ownership.complete(claim, None)
 
 
 def test_a_connection_the_server_dropped_is_retried_once_on_the_driver_path(
@@ -144,7 +146,7 @@ def test_a_connection_the_server_dropped_is_retried_once_on_the_driver_path(
     worker: its next claim and completion run again on a fresh connection."""
     store = JobStore(one_connection_engine)
     for job_id in ("j1", "j2"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
 
     def drop_the_pooled_connection() -> None:
         with one_connection_engine.connect() as conn:
@@ -152,13 +154,13 @@ def test_a_connection_the_server_dropped_is_retried_once_on_the_driver_path(
         with clean_pg_engine.connect() as admin:
             assert admin.execute(select(func.pg_terminate_backend(pid))).scalar_one()
 
-    first = store.claim("j1", "A", 30)
+    first = store.ownership.claim("j1", "A", 30)
     assert first is not None
     drop_the_pooled_connection()
-    claim = store.claim("j2", "A", 30)
+    claim = store.ownership.claim("j2", "A", 30)
     assert claim is not None
     assert claim.job.state is State.RUNNING
     drop_the_pooled_connection()
-    assert store.complete(claim, {"ok": True}).state is State.COMPLETED
+    assert store.ownership.complete(claim, {"ok": True}).state is State.COMPLETED
     with one_connection_engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar_one() == 1

@@ -60,16 +60,16 @@ def round_trips(folder: Path) -> int:
 
 def parked_parent(store: JobStore, children: list[str]) -> Claim:
     """A parent ``p`` that spawned ``children`` (kind ``square``) and parked WAITING for them."""
-    store.create("fan", {}, job_id="p", max_attempts=1)
-    claim = store.claim("p", "w1", 60)
+    store.submissions.create("fan", {}, job_id="p", max_attempts=1)
+    claim = store.ownership.claim("p", "w1", 60)
     assert claim is not None
     rows = [
-        store.new_job_values(
+        store.submissions.new_job_values(
             "square", {}, job_id=child, max_attempts=1, delay_seconds=0, code_version=None
         )
         for child in children
     ]
-    store.spawn(claim, "square", rows, [store.pending_step("spawn", {})])
+    store.workflows.spawn(claim, "square", rows, [store.ownership.pending_step("spawn", {})])
     return claim
 
 
@@ -80,31 +80,31 @@ def test_a_child_finishes_in_the_round_trips_of_an_ordinary_completion(
     rung: list[Doorbell] = []
     store.statements.ring = rung.extend
     parent = parked_parent(store, ["p.a", "p.b"])
-    assert store.wait_for_children(parent, ["p.a", "p.b"], "wait").state is State.WAITING
+    assert store.workflows.wait_for_children(parent, ["p.a", "p.b"], "wait").state is State.WAITING
     rung.clear()  # the children's own doorbells, rung by the spawn
-    store.create("square", {}, job_id="plain", max_attempts=1)
-    claims = {job_id: store.claim(job_id, "w2", 60) for job_id in ("plain", "p.a", "p.b")}
-    step = [store.pending_step("square", 4)]
+    store.submissions.create("square", {}, job_id="plain", max_attempts=1)
+    claims = {job_id: store.ownership.claim(job_id, "w2", 60) for job_id in ("plain", "p.a", "p.b")}
+    step = [store.ownership.pending_step("square", 4)]
     costs = {}
     for job_id, claim in claims.items():
         assert claim is not None
         before = round_trips(folder)
-        store.complete(claim, 4, steps=step)
+        store.ownership.complete(claim, 4, steps=step)
         costs[job_id] = round_trips(folder) - before
 
     assert costs == {"plain": 1, "p.a": 1, "p.b": 1}
-    assert [store.get(job_id).state for job_id in claims] == [State.COMPLETED] * 3
-    parent_now = store.get("p")
+    assert [store.reads.get(job_id).state for job_id in claims] == [State.COMPLETED] * 3
+    parent_now = store.reads.get("p")
     assert (parent_now.state, parent_now.children_pending) == (State.QUEUED, 0)
     assert parent_now.dispatched_at is not None
     assert rung == [Doorbell("p", 0, "fan", None)]  # once, by the child that completed the set
-    wake = store.history("p")[-1]
+    wake = store.reads.history("p")[-1]
     assert (wake.from_state, wake.to_state) == (State.WAITING, State.QUEUED)
     assert wake.reason == "its last awaited child 'p.b' ended COMPLETED"
-    finish = store.history("p.b")[-1]
+    finish = store.reads.history("p.b")[-1]
     assert finish.to_state is State.COMPLETED
     assert wake.at >= finish.at  # the wake is written after the finish it follows
-    assert [record.name for record in store.steps("p.b")] == ["square"]
+    assert [record.name for record in store.reads.steps("p.b")] == ["square"]
 
 
 def test_a_child_whose_parent_does_not_wait_for_it_leaves_the_parent_alone(
@@ -112,11 +112,11 @@ def test_a_child_whose_parent_does_not_wait_for_it_leaves_the_parent_alone(
 ) -> None:
     store, _ = traced
     parked_parent(store, ["p.a"])
-    before = store.get("p")
-    claim = store.claim("p.a", "w2", 60)
+    before = store.reads.get("p")
+    claim = store.ownership.claim("p.a", "w2", 60)
     assert claim is not None
-    assert store.complete(claim, 1).state is State.COMPLETED
-    assert store.get("p") == before  # RUNNING, untouched: not even its updated_at
+    assert store.ownership.complete(claim, 1).state is State.COMPLETED
+    assert store.reads.get("p") == before  # RUNNING, untouched: not even its updated_at
 
 
 def test_a_park_committed_while_the_child_finishes_is_counted(
@@ -130,7 +130,7 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
     store.statements.ring = rung.extend
     parked_parent(store, ["p.a"])
     rung.clear()  # the child's own doorbell, rung by the spawn
-    claim = store.claim("p.a", "w2", 60)
+    claim = store.ownership.claim("p.a", "w2", 60)
     assert claim is not None
     finished: list[Any] = []
     with clean_pg_engine.connect() as park:
@@ -141,7 +141,9 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
                 "lease_until = NULL, children_pending = 1, waiting_for = 'wait' WHERE id = 'p'"
             )
         )
-        finishing = threading.Thread(target=lambda: finished.append(store.complete(claim, 1)))
+        finishing = threading.Thread(
+            target=lambda: finished.append(store.ownership.complete(claim, 1))
+        )
         finishing.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # until the finish waits for the child's row
@@ -160,6 +162,6 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
     finishing.join(10)
 
     assert [job.state for job in finished] == [State.COMPLETED]
-    parent = store.get("p")
+    parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.QUEUED, 0)
     assert rung == [Doorbell("p", 0, "fan", None)]

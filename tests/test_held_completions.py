@@ -19,6 +19,7 @@ from jobs.core.db import make_engine
 from jobs.core.driver import forget_pipeline_verdict, pipeline_sync_problem
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.core.store.deferred import hold_completions
 
 pytestmark = pytest.mark.postgres
 
@@ -45,35 +46,39 @@ def _busy(store: JobStore, warm_up: str = "warm-up") -> None:
     (written at once: the process was idle), and the test's next statement (a claim)
     follows the second at once: two short gaps in a row."""
     for n in (1, 2):
-        store.create("k", {}, job_id=f"{warm_up}-{n}", max_attempts=3)
+        store.submissions.create("k", {}, job_id=f"{warm_up}-{n}", max_attempts=3)
     for n in (1, 2):
-        claim = store.claim(f"{warm_up}-{n}", "W", 30)
+        claim = store.ownership.claim(f"{warm_up}-{n}", "W", 30)
         assert claim is not None
-        store.complete(claim, None)
-        assert store.get(f"{warm_up}-{n}").state is State.COMPLETED  # idle: written at once
+        store.ownership.complete(claim, None)
+        assert store.reads.get(f"{warm_up}-{n}").state is State.COMPLETED  # idle: written at once
 
 
 def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
     for job_id in ("a", "b"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    returned = store.complete(claim, {"n": 1}, steps=[store.pending_step("only", 7)])
+    returned = store.ownership.complete(
+        claim, {"n": 1}, steps=[store.ownership.pending_step("only", 7)]
+    )
     # The run is over for the runner, but nothing says COMPLETED before the commit.
     assert returned.state is State.RUNNING
     assert _state(clean_pg_engine, "a") == "RUNNING"
-    assert store.get("a").state is State.RUNNING
-    assert store.steps("a") == []
-    assert store.claim("b", "W", 30) is not None  # one flight: a's completion, then b's claim
-    done = store.get("a")
+    assert store.reads.get("a").state is State.RUNNING
+    assert store.reads.steps("a") == []
+    assert (
+        store.ownership.claim("b", "W", 30) is not None
+    )  # one flight: a's completion, then b's claim
+    done = store.reads.get("a")
     assert done.state is State.COMPLETED
     assert done.result == {"n": 1}
-    assert [(step.name, step.output) for step in store.steps("a")] == [("only", 7)]
+    assert [(step.name, step.output) for step in store.reads.steps("a")] == [("only", 7)]
     assert _state(clean_pg_engine, "b") == "RUNNING"
 
 
@@ -88,39 +93,39 @@ def test_the_next_claim_and_the_held_completion_are_one_round_trip(
     traced = _traced_engine(engine.url.render_as_string(hide_password=False), folder)
     try:
         store = JobStore(traced)
-        store.hold_completions(LONG)
+        hold_completions(store.statements, LONG)
         _busy(store)
         for job_id in ("a", "b", "c"):
-            store.create("k", {}, job_id=job_id, max_attempts=3)
-        first = store.claim("a", "W", 30)
+            store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+        first = store.ownership.claim("a", "W", 30)
         assert first is not None
-        store.complete(first, None)
+        store.ownership.complete(first, None)
         before = _round_trips(folder)
-        second = store.claim("b", "W", 30)
+        second = store.ownership.claim("b", "W", 30)
         assert second is not None
         assert _round_trips(folder) - before == 1
         assert store.statements.held is not None
         assert (store.statements.held.carried, store.statements.held.alone) == (1, 0)
-        store.complete(second, None)
+        store.ownership.complete(second, None)
         store.flush_held()
-        assert store.get("a").state is store.get("b").state is State.COMPLETED
+        assert store.reads.get("a").state is store.reads.get("b").state is State.COMPLETED
     finally:
         traced.dispose()
 
 
 def test_a_held_completion_is_sent_alone_when_no_claim_follows(engine: Engine) -> None:
     store = JobStore(engine)
-    store.hold_completions(0.5)  # busy even on a loaded machine
+    hold_completions(store.statements, 0.5)  # busy even on a loaded machine
     _busy(store)
-    store.create("k", {}, job_id="a", max_attempts=3)
-    claim = store.claim("a", "W", 30)
+    store.submissions.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    store.complete(claim, "ok")
+    store.ownership.complete(claim, "ok")
     deadline = time.monotonic() + 10
-    while store.get("a").state is not State.COMPLETED:
+    while store.reads.get("a").state is not State.COMPLETED:
         assert time.monotonic() < deadline, "the held completion was never sent"
         time.sleep(0.01)
-    assert store.get("a").result == "ok"
+    assert store.reads.get("a").result == "ok"
     assert store.statements.held is not None
     assert (store.statements.held.carried, store.statements.held.alone) == (0, 1)
 
@@ -131,18 +136,18 @@ def test_a_held_completion_that_fails_does_not_stop_the_claim_it_travels_with(
     """Each its own transaction: the held completion records a step already recorded (an
     error), and the claim sent with it still commits."""
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
     for job_id in ("a", "b"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    store.record_step(claim, "twice", 1)
-    store.complete(claim, None, steps=[store.pending_step("twice", 2)])
+    store.ownership.record_step(claim, "twice", 1)
+    store.ownership.complete(claim, None, steps=[store.ownership.pending_step("twice", 2)])
     with caplog.at_level(logging.WARNING, logger="jobs.store"):
-        assert store.claim("b", "W", 30) is not None
-    assert store.get("b").state is State.RUNNING
-    assert store.get("a").state is State.RUNNING  # nothing of the failed completion applied
+        assert store.ownership.claim("b", "W", 30) is not None
+    assert store.reads.get("b").state is State.RUNNING
+    assert store.reads.get("a").state is State.RUNNING  # nothing of the failed completion applied
     assert "held for the next flight failed" in caplog.text
 
 
@@ -152,17 +157,17 @@ def test_a_held_completion_is_refused_once_the_claim_is_not_live(
     """Fenced as a completion written at once: the job was cancelled meanwhile, and the
     held completion writes nothing."""
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
     for job_id in ("a", "b"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    store.complete(claim, None)
-    JobStore(clean_pg_engine).cancel("a", reason="operator")
+    store.ownership.complete(claim, None)
+    JobStore(clean_pg_engine).operator.cancel("a", reason="operator")
     with caplog.at_level(logging.WARNING, logger="jobs.store"):
-        assert store.claim("b", "W", 30) is not None
-    assert store.get("a").state is State.CANCELLED
+        assert store.ownership.claim("b", "W", 30) is not None
+    assert store.reads.get("a").state is State.CANCELLED
     assert "was refused" in caplog.text
 
 
@@ -170,14 +175,14 @@ def test_a_job_of_a_limited_kind_completes_at_once(engine: Engine) -> None:
     """A limited kind's finished run frees a slot the delivery rings for next: that
     completion is written before the run returns."""
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
-    store.set_limits("limited", max_running=1, max_queued=None)
-    store.create("limited", {}, job_id="a", max_attempts=3)
-    claim = store.claim("a", "W", 30)
+    store.submissions.set_limits("limited", max_running=1, max_queued=None)
+    store.submissions.create("limited", {}, job_id="a", max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
     assert claim.max_running == 1
-    assert store.complete(claim, None).state is State.COMPLETED
+    assert store.ownership.complete(claim, None).state is State.COMPLETED
 
 
 def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_completion(
@@ -187,12 +192,12 @@ def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_comple
     from sqlalchemy import literal, select  # noqa: PLC0415
 
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
-    store.create("k", {}, job_id="a", max_attempts=3)
-    claim = store.claim("a", "W", 30)
+    store.submissions.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    store.complete(claim, None)
+    store.ownership.complete(claim, None)
     with engine.connect() as conn:
         transaction = conn.begin()
         row = store.statements.one_reusable(
@@ -203,7 +208,7 @@ def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_comple
     assert store.statements.held is not None
     assert store.statements.held.carried == 0
     store.flush_held()
-    assert store.get("a").state is State.COMPLETED
+    assert store.reads.get("a").state is State.COMPLETED
 
 
 # -- the private psycopg call, checked once per process ---------------------------------------
@@ -246,19 +251,21 @@ def test_without_the_private_sync_a_held_completion_goes_alone_before_the_claim(
 ) -> None:
     monkeypatch.setattr(psycopg.Pipeline, "_enqueue_sync", None)
     store = JobStore(engine)
-    store.hold_completions(LONG)
+    hold_completions(store.statements, LONG)
     _busy(store)
     for job_id in ("a", "b", "c"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     for done, following in (("a", "b"), ("b", "c")):
         assert claim is not None
-        store.complete(claim, {"n": done}, steps=[store.pending_step("only", done)])
-        assert store.get(done).state is State.RUNNING  # held until the next claim
-        claim = store.claim(following, "W", 30)
+        store.ownership.complete(
+            claim, {"n": done}, steps=[store.ownership.pending_step("only", done)]
+        )
+        assert store.reads.get(done).state is State.RUNNING  # held until the next claim
+        claim = store.ownership.claim(following, "W", 30)
         assert claim is not None
-        assert store.get(done).state is State.COMPLETED
-        assert [step.output for step in store.steps(done)] == [done]
+        assert store.reads.get(done).state is State.COMPLETED
+        assert [step.output for step in store.reads.steps(done)] == [done]
     warnings = [r for r in caplog.records if "held completions:" in r.getMessage()]
     assert len(warnings) == 1, warnings  # once per process
     assert "check failed" in warnings[0].getMessage()
@@ -272,11 +279,11 @@ def test_an_idle_process_writes_a_completion_at_once(engine: Engine) -> None:
     """A lone job pays no hold: nothing followed the process's last completion (there was
     none), so this one is written before the run returns."""
     store = JobStore(engine)
-    store.hold_completions(LONG)
-    store.create("k", {}, job_id="a", max_attempts=3)
-    claim = store.claim("a", "W", 30)
+    hold_completions(store.statements, LONG)
+    store.submissions.create("k", {}, job_id="a", max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    assert store.complete(claim, "ok").state is State.COMPLETED
+    assert store.ownership.complete(claim, "ok").state is State.COMPLETED
     held = store.statements.held
     assert held is not None
     assert (held.carried, held.alone, held.at_once) == (0, 0, 1)
@@ -284,24 +291,26 @@ def test_an_idle_process_writes_a_completion_at_once(engine: Engine) -> None:
 
 def test_a_pause_longer_than_the_window_makes_the_process_idle_again(engine: Engine) -> None:
     store = JobStore(engine)
-    store.hold_completions(0.5)  # a window no claim here misses, even on a loaded machine
+    hold_completions(
+        store.statements, 0.5
+    )  # a window no claim here misses, even on a loaded machine
     _busy(store)
     for job_id in ("a", "b", "c", "d"):
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    claim = store.claim("a", "W", 30)  # right after the warm-ups' completions: busy
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    claim = store.ownership.claim("a", "W", 30)  # right after the warm-ups' completions: busy
     assert claim is not None
-    assert store.complete(claim, None).state is State.RUNNING  # held
+    assert store.ownership.complete(claim, None).state is State.RUNNING  # held
     time.sleep(1.5)  # no claim within the window: the timer sends it alone
-    assert store.get("a").state is State.COMPLETED
-    claim = store.claim("b", "W", 30)  # came after the window: idle
+    assert store.reads.get("a").state is State.COMPLETED
+    claim = store.ownership.claim("b", "W", 30)  # came after the window: idle
     assert claim is not None
-    assert store.complete(claim, None).state is State.COMPLETED  # written at once
-    claim = store.claim("c", "W", 30)  # one short gap: a job that followed one other
+    assert store.ownership.complete(claim, None).state is State.COMPLETED  # written at once
+    claim = store.ownership.claim("c", "W", 30)  # one short gap: a job that followed one other
     assert claim is not None
-    assert store.complete(claim, None).state is State.COMPLETED  # still written at once
-    claim = store.claim("d", "W", 30)  # two short gaps in a row: a backlog, busy again
+    assert store.ownership.complete(claim, None).state is State.COMPLETED  # still written at once
+    claim = store.ownership.claim("d", "W", 30)  # two short gaps in a row: a backlog, busy again
     assert claim is not None
-    assert store.complete(claim, None).state is State.RUNNING
+    assert store.ownership.complete(claim, None).state is State.RUNNING
     held = store.statements.held
     assert held is not None
     assert (held.carried, held.alone, held.at_once) == (0, 1, 4)

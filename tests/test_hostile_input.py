@@ -254,10 +254,10 @@ def test_a_tick_whose_id_is_taken_is_skipped_and_explained(
     """A squatted tick (from before the IDs were reserved) must not block the schedule."""
     store = default_app().runtime.store
     jobs.schedule("beat", "hostile_echo", "every 1s", catch_up="all")
-    now = store.now()
+    now = store.reads.now()
     for second in range(1, 4):
         tick = (now + dt.timedelta(seconds=second)).replace(microsecond=0)
-        store.create(
+        store.submissions.create(
             "hostile_echo",
             {"x": "squat"},
             job_id=f"beat@{tick.strftime('%Y-%m-%dT%H:%M:%SZ')}",

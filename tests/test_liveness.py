@@ -60,33 +60,33 @@ def test_held_keys_sees_the_lock(store: JobStore, lock_holder: liveness.Liveness
 def test_claim_takes_over_only_when_owner_lock_is_released(
     store: JobStore, lock_holder: liveness.LivenessLock
 ) -> None:
-    store.create("k", {}, job_id="J", max_attempts=3)
-    first = store.claim("J", "A", 300, liveness_key=lock_holder.key)
+    store.submissions.create("k", {}, job_id="J", max_attempts=3)
+    first = store.ownership.claim("J", "A", 300, liveness_key=lock_holder.key)
     assert first is not None
     # A holds its lock and a 300 s lease: nobody may take the job.
-    assert store.claim("J", "B", 300) is None
+    assert store.ownership.claim("J", "B", 300) is None
     lock_holder.release()  # the owner's process "dies": its connection and lock are gone
-    second = eventually(lambda: store.claim("J", "B", 300))
+    second = eventually(lambda: store.ownership.claim("J", "B", 300))
     assert second.fence == first.fence + 1
     assert second.job.attempts == 2
-    history = store.history("J")
+    history = store.reads.history("J")
     assert (history[-1].from_state, history[-1].to_state) == (State.RUNNING, State.RUNNING)
     with pytest.raises(LeaseLost):
-        store.record_step(first, "late", {"by": "A"})
-    assert [s.name for s in store.steps("J")] == []
+        store.ownership.record_step(first, "late", {"by": "A"})
+    assert [s.name for s in store.reads.steps("J")] == []
 
 
 @pytest.mark.postgres
 def test_sweeper_requeues_dead_owner_before_lease_expiry(
     store: JobStore, lock_holder: liveness.LivenessLock
 ) -> None:
-    store.create("k", {}, job_id="J", max_attempts=3)
-    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    store.submissions.create("k", {}, job_id="J", max_attempts=3)
+    assert store.ownership.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
     assert liveness.rescue_dead_owners(store) == []  # alive: left alone
     lock_holder.release()
     rescued = eventually(lambda: liveness.rescue_dead_owners(store))
     assert [job.id for job in rescued] == ["J"]
-    job = store.get("J")
+    job = store.reads.get("J")
     assert job.state is State.QUEUED
     assert "died" in (job.last_error or "")
 
@@ -99,9 +99,9 @@ def test_a_lock_on_another_database_does_not_count(store: JobStore, pg_url: str)
         key = 123456789
         conn.execute(select(func.pg_advisory_lock(key)))
         assert key not in liveness.held_keys(store.engine)
-        store.create("k", {}, job_id="J", max_attempts=3)
-        assert store.claim("J", "A", 300, liveness_key=key) is not None
-        assert store.claim("J", "B", 300) is not None
+        store.submissions.create("k", {}, job_id="J", max_attempts=3)
+        assert store.ownership.claim("J", "A", 300, liveness_key=key) is not None
+        assert store.ownership.claim("J", "B", 300) is not None
     other.dispose()
 
 
@@ -124,14 +124,14 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     assert not liveness.process_alive(dead_pid)
     assert liveness.process_alive(os.getpid())
     for job_id, pid in (("alive", os.getpid()), ("dead", dead_pid)):
-        sqlite_store.create("k", {}, job_id=job_id, max_attempts=3)
+        sqlite_store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
         key = liveness.pid_key(pid)
-        assert sqlite_store.claim(job_id, f"w:{pid}", 300, liveness_key=key) is not None
-        assert sqlite_store.claim(job_id, "B", 300) is None
+        assert sqlite_store.ownership.claim(job_id, f"w:{pid}", 300, liveness_key=key) is not None
+        assert sqlite_store.ownership.claim(job_id, "B", 300) is None
     rescued = liveness.rescue_dead_owners(sqlite_store)
     assert [job.id for job in rescued] == ["dead"]
     assert f"process {dead_pid} is gone" in (rescued[0].last_error or "")
-    assert sqlite_store.get("alive").state is State.RUNNING
+    assert sqlite_store.reads.get("alive").state is State.RUNNING
     engine.dispose()
 
 
@@ -155,13 +155,13 @@ def test_a_dropped_lock_connection_is_taken_again_and_not_judged_dead(
 ) -> None:
     """Issue 8: a live owner whose lock connection dropped must not look dead. The keeper
     takes the lock again within a round, and the sweeper looks twice before it rescues."""
-    store.create("k", {}, job_id="J", max_attempts=3)
-    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    store.submissions.create("k", {}, job_id="J", max_attempts=3)
+    assert store.ownership.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
     _terminate_lock_session(store.engine, lock_holder.key)
     assert eventually(lambda: lock_holder.key not in liveness.held_keys(store.engine), 2)
 
     assert liveness.rescue_dead_owners(store) == []  # looked twice: the lock came back
-    assert store.get("J").state is State.RUNNING
+    assert store.reads.get("J").state is State.RUNNING
     assert lock_holder.key in liveness.held_keys(store.engine)
 
 
@@ -169,8 +169,8 @@ def test_a_dropped_lock_connection_is_taken_again_and_not_judged_dead(
 def test_a_lock_missing_on_both_looks_is_a_dead_owner(
     store: JobStore, lock_holder: liveness.LivenessLock
 ) -> None:
-    store.create("k", {}, job_id="J", max_attempts=3)
-    assert store.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
+    store.submissions.create("k", {}, job_id="J", max_attempts=3)
+    assert store.ownership.claim("J", "A", 300, liveness_key=lock_holder.key) is not None
     lock_holder.release()  # the process is gone: nothing takes the lock again
     rescued = eventually(lambda: liveness.rescue_dead_owners(store, recheck_seconds=0.5))
     assert [job.id for job in rescued] == ["J"]
@@ -205,14 +205,16 @@ def test_a_sweeper_in_another_pid_namespace_leaves_a_live_owner_alone(tmp_path: 
     url = f"sqlite:///{tmp_path}/x.db"
     app = JobsApp(dataclasses.replace(get_settings(), database_url=url))
     store = app.runtime.store
-    store.create("k", {}, job_id="alive", max_attempts=3)
-    claimed = store.claim("alive", f"w:{os.getpid()}", 300, liveness_key=app.runtime.liveness_key())
+    store.submissions.create("k", {}, job_id="alive", max_attempts=3)
+    claimed = store.ownership.claim(
+        "alive", f"w:{os.getpid()}", 300, liveness_key=app.runtime.liveness_key()
+    )
     assert claimed is not None
     env = {**os.environ, "JOBS_DATABASE_URL": url, "JOBS_DATA_DIR": str(tmp_path)}
     env.pop("JOBS_IMPORTS", None)
     out = _in_another_pid_namespace([sys.executable, "-m", "jobs", "sweeper", "--once"], env)
     assert "dead owners re-queued: 0" in out, out
-    job = store.get("alive")
+    job = store.reads.get("alive")
     assert (job.state, job.owner, job.fence) == (State.RUNNING, claimed.owner, claimed.fence)
     app.reset()
 
@@ -230,10 +232,10 @@ def test_locks_taken_where_the_sweeper_cannot_see_them_turn_liveness_off(
     app = JobsApp(settings)
     try:
         key = app.runtime.liveness_key()
-        store.create("k", {}, job_id="J", max_attempts=3)
-        assert store.claim("J", "A", 300, liveness_key=key) is not None
+        store.submissions.create("k", {}, job_id="J", max_attempts=3)
+        assert store.ownership.claim("J", "A", 300, liveness_key=key) is not None
         assert liveness.rescue_dead_owners(store, recheck_seconds=0) == []
-        assert store.get("J").state is State.RUNNING
+        assert store.reads.get("J").state is State.RUNNING
         assert key is None
         assert "liveness: OFF" in liveness.describe(
             settings, liveness._elsewhere_reason(pg_url, PG_ADMIN_URL)

@@ -1,5 +1,5 @@
 """A write that committed although its connection died before the acknowledgement came back
-(issue 20's leftover): the worker holds the write through the "outage" and tries again, and
+: the worker holds the write through the "outage" and tries again, and
 the retry is refused because the first attempt had landed (the step is already recorded,
 the job is no longer RUNNING). The run must go on as if the first attempt's answer had
 arrived, not fail its attempt. Real PostgreSQL decides everything; only the lost
@@ -23,6 +23,7 @@ from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.core.store.ownership import Ownership
 
 pytestmark = pytest.mark.postgres
 
@@ -33,12 +34,13 @@ class _Unreachable:
     sqlstate = None
 
 
-class LostAcks(JobStore):
-    """A store whose chosen writes lose their first acknowledgement: they commit, then
-    raise a disconnect."""
+class LostAckOwnership(Ownership):
+    """An owner's writes of which the chosen ones lose their first acknowledgement: they
+    commit, then raise a disconnect."""
 
-    def __init__(self, engine: Engine, lose: set[str]) -> None:
-        super().__init__(engine)
+    def __init__(self, store: JobStore, lose: set[str]) -> None:
+        super().__init__(store.statements, store.max_payload_bytes)
+        self.finish_child = store.workflows.finish_child
         self.lose = lose
         self.lost: list[str] = []
 
@@ -51,14 +53,27 @@ class LostAcks(JobStore):
         return result
 
     def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
-        self._once("record_steps", lambda: super(LostAcks, self).record_steps(claim, steps))
+        self._once("record_steps", lambda: super(LostAckOwnership, self).record_steps(claim, steps))
 
     def complete(
         self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
     ) -> Job:
         return self._once(  # type: ignore[no-any-return]
-            "complete", lambda: super(LostAcks, self).complete(claim, result, steps=steps)
+            "complete",
+            lambda: super(LostAckOwnership, self).complete(claim, result, steps=steps),
         )
+
+
+class LostAcks(JobStore):
+    """A store whose owner loses chosen writes' first acknowledgement."""
+
+    def __init__(self, engine: Engine, lose: set[str]) -> None:
+        super().__init__(engine)
+        self.ownership = self.lossy = LostAckOwnership(self, lose)
+
+    @property
+    def lost(self) -> list[str]:
+        return self.lossy.lost
 
 
 @pytest.fixture
@@ -87,15 +102,18 @@ def test_a_write_whose_acknowledgement_was_lost_is_not_run_again_nor_failed(
     ran: list[str] = []
     store = LostAcks(engine, {lost})
     runner = Runner(store, "A", registry=_two_steps(ran), lease_seconds=30.0)
-    store.create("two", {}, job_id="J", max_attempts=3)
+    store.submissions.create("two", {}, job_id="J", max_attempts=3)
     with caplog.at_level(logging.WARNING):
         result = runner.run("J")
     assert store.lost == [lost]  # the acknowledgement was lost once, after the commit
     assert result.outcome is Outcome.COMPLETED, result
-    job = store.get("J")
+    job = store.reads.get("J")
     assert job.state is State.COMPLETED, job
     assert job.attempts == 1, job
     assert job.result == "1+2"
     assert ran == ["first", "second"]  # no step ran twice
-    assert [(step.name, step.output) for step in store.steps("J")] == [("first", 1), ("second", 2)]
+    assert [(step.name, step.output) for step in store.reads.steps("J")] == [
+        ("first", 1),
+        ("second", 2),
+    ]
     assert "acknowledgement was lost in the outage had landed" in caplog.text

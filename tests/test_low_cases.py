@@ -249,8 +249,12 @@ def test_a_sweeper_on_a_full_disk_logs_one_line_a_pass(
     _use_data_dir(monkeypatch, tiny_disk)
     store = default_app().runtime.store
     for number in range(20):
-        store.create("low_child", {"pad": "p" * 5000}, job_id=f"j{number}", max_attempts=3)
-        assert store.claim(f"j{number}", "gone", 0.01) is not None  # leases run out at once
+        store.submissions.create(
+            "low_child", {"pad": "p" * 5000}, job_id=f"j{number}", max_attempts=3
+        )
+        assert (
+            store.ownership.claim(f"j{number}", "gone", 0.01) is not None
+        )  # leases run out at once
     filler = fill(tiny_disk)
     settings = dataclasses.replace(default_app().settings, sweep_interval_seconds=0.2)
     stop = threading.Event()

@@ -50,15 +50,17 @@ def _retention_or_retry(args: tuple[str, str, int]) -> list[str]:
     try:
         racing.meet()
         if role == "prune":
-            while batch := store.prune_finished(DAY, 50):
+            while batch := store.schedules.prune_finished(DAY, 50):
                 touched += batch
         else:
-            _count, selected = store.select_jobs(
+            _count, selected = store.reads.select_jobs(
                 JobFilter(state=State.FAILED), OLD_FAILURES, [State.FAILED]
             )
             selected.reverse()  # the newest first: the two meet among the oldest half
             for start in range(0, len(selected), batch):
-                outcome = store.retry_selected(selected[start : start + batch], "ops", "fixed")
+                outcome = store.operator.retry_selected(
+                    selected[start : start + batch], "ops", "fixed"
+                )
                 touched += [job.id for job in outcome.done]
     finally:
         store.engine.dispose()
@@ -75,14 +77,14 @@ def _sweeper_or_sleeper(args: tuple[str, str]) -> int:
     try:
         racing.meet()
         if role == "sweeper":
-            while taken := store.take_due_doorbells(0.0, limit=200):
+            while taken := store.doorbells.take_due_doorbells(0.0, limit=200):
                 handled += len(taken)
         else:
-            ids = sorted(store.next_claimable(limit=DOORBELLS))
+            ids = sorted(store.ownership.next_claimable(limit=DOORBELLS))
             for job_id in ids:
-                claim = store.claim(job_id, "sleeper", 60)
+                claim = store.ownership.claim(job_id, "sleeper", 60)
                 assert claim is not None
-                store.sleep(claim, "nap", store.now() + dt.timedelta(days=1))
+                store.ownership.sleep(claim, "nap", store.reads.now() + dt.timedelta(days=1))
                 handled += 1
     finally:
         store.engine.dispose()

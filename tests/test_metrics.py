@@ -31,43 +31,43 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def run_job(store: JobStore, job_id: str, kind: str, steps: int, *, fail: bool = False) -> None:
-    store.create(kind, {}, job_id=job_id, max_attempts=1)
-    claim = store.claim(job_id, "w", 30)
+    store.submissions.create(kind, {}, job_id=job_id, max_attempts=1)
+    claim = store.ownership.claim(job_id, "w", 30)
     assert claim is not None
     for n in range(steps):
         time.sleep(0.02)
-        store.record_step(claim, f"s{n}", n)
+        store.ownership.record_step(claim, f"s{n}", n)
     if fail:
-        store.fail(claim, "boom")
+        store.ownership.fail(claim, "boom")
     else:
-        store.complete(claim, "ok")
+        store.ownership.complete(claim, "ok")
 
 
 def test_series_follow_the_tables(engine: Engine) -> None:
     store = JobStore(engine)  # the database's clock, as in production
     registry = registry_for(store, lease_seconds=30)
     run_job(store, "before", "report", 1)  # before the exporter's first scrape: not counted
-    store.create("report", {}, job_id="later", max_attempts=1, delay_seconds=600)
-    store.create("report", {}, job_id="asleep", max_attempts=1)
-    sleeper = store.claim("asleep", "w", 30)
+    store.submissions.create("report", {}, job_id="later", max_attempts=1, delay_seconds=600)
+    store.submissions.create("report", {}, job_id="asleep", max_attempts=1)
+    sleeper = store.ownership.claim("asleep", "w", 30)
     assert sleeper is not None
-    store.sleep(sleeper, "nap", store.now() + dt.timedelta(hours=1))
+    store.ownership.sleep(sleeper, "nap", store.reads.now() + dt.timedelta(hours=1))
     first = scrape(registry)
     assert value(first, "jobs", state="COMPLETED", kind="report") == 1
     assert value(first, "jobs_finished_total", kind="report", outcome="completed") is None
 
     run_job(store, "r1", "report", 2)
     run_job(store, "r2", "report", 1, fail=True)
-    store.create("report", {}, job_id="waiting", max_attempts=1)
-    store.create("mail", {}, job_id="busy", max_attempts=1)
-    assert store.claim("busy", "w", 5) is not None  # ends within half a 30 s lease
-    store.create("mail", {}, job_id="taken", max_attempts=2)
-    assert store.claim("taken", "w1", 0.01) is not None
+    store.submissions.create("report", {}, job_id="waiting", max_attempts=1)
+    store.submissions.create("mail", {}, job_id="busy", max_attempts=1)
+    assert store.ownership.claim("busy", "w", 5) is not None  # ends within half a 30 s lease
+    store.submissions.create("mail", {}, job_id="taken", max_attempts=2)
+    assert store.ownership.claim("taken", "w1", 0.01) is not None
     time.sleep(0.05)
-    assert store.claim("taken", "w2", 600) is not None  # the lease expired: a takeover
-    store.count_event("recovery_dead_owner", "report")
-    store.count_event("recovery_lost_message", "mail", 2)
-    store.count_event("admission_refused", "mail")
+    assert store.ownership.claim("taken", "w2", 600) is not None  # the lease expired: a takeover
+    store.schedules.count_event("recovery_dead_owner", "report")
+    store.schedules.count_event("recovery_lost_message", "mail", 2)
+    store.schedules.count_event("admission_refused", "mail")
     time.sleep(0.05)
     samples = scrape(registry)
 
@@ -106,14 +106,16 @@ def test_series_follow_the_tables(engine: Engine) -> None:
 def test_queued_jobs_by_kind_and_priority(engine: Engine) -> None:
     store = JobStore(engine)
     registry = registry_for(store, lease_seconds=30)
-    store.create("report", {}, job_id="r0", max_attempts=1)
-    store.create("report", {}, job_id="r9", max_attempts=1, priority=9)
-    store.create("report", {}, job_id="r9-later", max_attempts=1, priority=9, delay_seconds=600)
-    store.create("mail", {}, job_id="m5", max_attempts=1, priority=5)
-    store.create("mail", {}, job_id="m3", max_attempts=1, priority=3)
-    claim = store.claim("m3", "w", 30)
+    store.submissions.create("report", {}, job_id="r0", max_attempts=1)
+    store.submissions.create("report", {}, job_id="r9", max_attempts=1, priority=9)
+    store.submissions.create(
+        "report", {}, job_id="r9-later", max_attempts=1, priority=9, delay_seconds=600
+    )
+    store.submissions.create("mail", {}, job_id="m5", max_attempts=1, priority=5)
+    store.submissions.create("mail", {}, job_id="m3", max_attempts=1, priority=3)
+    claim = store.ownership.claim("m3", "w", 30)
     assert claim is not None
-    store.complete(claim, "ok")
+    store.ownership.complete(claim, "ok")
 
     samples = scrape(registry)
 
@@ -136,11 +138,13 @@ def test_queued_jobs_by_queue(engine: Engine) -> None:
     """The QUEUED jobs each queue holds, the default queue under its name (JOBS_QUEUE)."""
     store = JobStore(engine)
     registry = registry_for(store, lease_seconds=30, default_queue="jobs")
-    store.create("report", {}, job_id="r0", max_attempts=1)
-    store.create("transcode", {}, job_id="t1", max_attempts=1, queue="video")
-    store.create("transcode", {}, job_id="t2", max_attempts=1, queue="video", delay_seconds=600)
-    store.create("transcode", {}, job_id="t3", max_attempts=1, queue="video")
-    claim = store.claim("t3", "w", 30)
+    store.submissions.create("report", {}, job_id="r0", max_attempts=1)
+    store.submissions.create("transcode", {}, job_id="t1", max_attempts=1, queue="video")
+    store.submissions.create(
+        "transcode", {}, job_id="t2", max_attempts=1, queue="video", delay_seconds=600
+    )
+    store.submissions.create("transcode", {}, job_id="t3", max_attempts=1, queue="video")
+    claim = store.ownership.claim("t3", "w", 30)
     assert claim is not None
     samples = scrape(registry)
     by_queue = {
@@ -180,15 +184,15 @@ def test_the_grafana_dashboard_uses_only_series_the_exporter_serves(engine: Engi
     registry = registry_for(store, lease_seconds=30)
     scrape(registry)
     run_job(store, "r1", "report", 1)
-    store.create("mail", {}, job_id="busy", max_attempts=1)
-    assert store.claim("busy", "w", 5) is not None
-    store.count_event("recovery_dead_owner", "report")
-    store.count_event("admission_refused", "mail")
-    store.create("mail", {}, job_id="taken", max_attempts=2)
-    assert store.claim("taken", "w1", 0.01) is not None
+    store.submissions.create("mail", {}, job_id="busy", max_attempts=1)
+    assert store.ownership.claim("busy", "w", 5) is not None
+    store.schedules.count_event("recovery_dead_owner", "report")
+    store.schedules.count_event("admission_refused", "mail")
+    store.submissions.create("mail", {}, job_id="taken", max_attempts=2)
+    assert store.ownership.claim("taken", "w1", 0.01) is not None
     time.sleep(0.05)
-    assert store.claim("taken", "w2", 600) is not None
-    store.put_schedule(Schedule("nightly", "report", "@daily"))
+    assert store.ownership.claim("taken", "w2", 600) is not None
+    store.schedules.put_schedule(Schedule("nightly", "report", "@daily"))
     served = {name for name, _ in scrape(registry)}
     dashboard = json.loads(
         (Path(__file__).parent.parent / "deploy" / "grafana" / "durable-jobs.json").read_text()

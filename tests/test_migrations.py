@@ -64,12 +64,12 @@ def check_round_trip(engine: Engine) -> None:
     assert current_revision(engine) == head_revision(engine)
     assert differences(engine) == []
     store = JobStore(engine)  # and the schema works
-    store.create("kind", {"x": 1}, job_id="j1", max_attempts=1)
-    claim = store.claim("j1", "A", 30)
+    store.submissions.create("kind", {"x": 1}, job_id="j1", max_attempts=1)
+    claim = store.ownership.claim("j1", "A", 30)
     assert claim is not None
-    store.record_step(claim, "s", [1])
-    store.complete(claim, "ok")
-    assert len(store.history("j1")) == 3
+    store.ownership.record_step(claim, "s", [1])
+    store.ownership.complete(claim, "ok")
+    assert len(store.reads.history("j1")) == 3
 
 
 @pytest.fixture

@@ -88,11 +88,13 @@ def test_a_schedule_fires_each_tick_once_whoever_fires_it(
     url, engine = database
     store = JobStore(engine, clock=LogicalClock() if logical_clock else None)
     for name in RACED_SCHEDULES:
-        store.put_schedule(Schedule(name, "k", "every 10s", inputs={"n": 1}, catch_up="all"))
-    created_at = store.schedule(RACED_SCHEDULES[0]).created_at
+        store.schedules.put_schedule(
+            Schedule(name, "k", "every 10s", inputs={"n": 1}, catch_up="all")
+        )
+    created_at = store.reads.schedule(RACED_SCHEDULES[0]).created_at
     assert created_at is not None
     instants = [created_at + dt.timedelta(seconds=offset) for offset in ROUND_OFFSETS]
-    due = {schedule.name: schedule.due_ticks(instants[-1]) for schedule in store.schedules()}
+    due = {schedule.name: schedule.due_ticks(instants[-1]) for schedule in store.reads.schedules()}
     expected = {tick_job_id(name, tick): name for name, ticks in due.items() for tick in ticks}
     # Seven ticks each (six if one fell between two schedules' creation on the database clock).
     assert all(len(ticks) >= 6 for ticks in due.values())
@@ -106,12 +108,12 @@ def test_a_schedule_fires_each_tick_once_whoever_fires_it(
     assert all(f.created for each, _ in results for f in each)
     sent = Counter(job_id for _, each in results for job_id in each)
     assert sent == Counter(expected.keys()), "each tick's job published exactly once"
-    assert sorted(job.id for job in store.list(kind="k", limit=1000)) == sorted(expected)
+    assert sorted(job.id for job in store.reads.list(kind="k", limit=1000)) == sorted(expected)
     for job_id in expected:
         assert _submissions(engine, job_id) == 1
-    job = store.get(tick_job_id("beat-b", due["beat-b"][0]))
+    job = store.reads.get(tick_job_id("beat-b", due["beat-b"][0]))
     assert (job.kind, job.inputs, job.state, job.max_attempts) == ("k", {"n": 1}, State.QUEUED, 3)
-    assert {schedule.name: schedule.last_tick for schedule in store.schedules()} == {
+    assert {schedule.name: schedule.last_tick for schedule in store.reads.schedules()} == {
         name: ticks[-1] for name, ticks in due.items()
     }
 
@@ -129,17 +131,21 @@ def _submissions(engine: Engine, job_id: str) -> int:
 def test_a_sweeper_that_looked_before_another_advanced_submits_nothing_twice(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    store.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
+    store.schedules.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
     clock.advance(10)
-    stale_view = store.schedules()[0]  # sweeper A reads the schedule …
+    stale_view = store.reads.schedules()[0]  # sweeper A reads the schedule …
     assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]  # … sweeper B fires the tick
     # … then A fires from its stale view: the job ID exists, so nothing is created
-    created, _ = store.create("k", {}, job_id="beat@2000-01-01T00:00:10Z", max_attempts=3)
+    created, _ = store.submissions.create(
+        "k", {}, job_id="beat@2000-01-01T00:00:10Z", max_attempts=3
+    )
     assert created.id == "beat@2000-01-01T00:00:10Z"
     assert stale_view.due_ticks(clock.instant()) == [clock.instant(10)]
-    assert not store.advance_schedule("beat", clock.instant(10))  # last_tick never goes back
-    assert not store.advance_schedule("beat", clock.instant(0))
-    assert len(store.list(kind="k")) == 1
+    assert not store.schedules.advance_schedule(
+        "beat", clock.instant(10)
+    )  # last_tick never goes back
+    assert not store.schedules.advance_schedule("beat", clock.instant(0))
+    assert len(store.reads.list(kind="k")) == 1
 
 
 def test_a_tick_fired_from_a_view_an_operator_changed_since_submits_nothing(
@@ -148,23 +154,29 @@ def test_a_tick_fired_from_a_view_an_operator_changed_since_submits_nothing(
     """A sweeper reads the schedules, an operator changes one (another kind, inputs, spec),
     then the sweeper fires from what it read: nothing is submitted and ``last_tick`` stays,
     so the next pass fires the tick from the schedule as it is now."""
-    store.put_schedule(Schedule("beat", "k", "every 10s", inputs={"v": 1}, catch_up="all"))
+    store.schedules.put_schedule(
+        Schedule("beat", "k", "every 10s", inputs={"v": 1}, catch_up="all")
+    )
     clock.advance(10)
-    stale_view = store.schedules()[0]
-    store.put_schedule(Schedule("beat", "k2", "every 10s", inputs={"v": 2}, catch_up="all"))
+    stale_view = store.reads.schedules()[0]
+    store.schedules.put_schedule(
+        Schedule("beat", "k2", "every 10s", inputs={"v": 2}, catch_up="all")
+    )
     tick = stale_view.due_ticks(clock.instant())[0]
 
-    fired = store.fire_tick(stale_view, tick, job_id=tick_job_id("beat", tick), max_attempts=3)
+    fired = store.schedules.fire_tick(
+        stale_view, tick, job_id=tick_job_id("beat", tick), max_attempts=3
+    )
 
     assert fired is None
-    assert store.schedule("beat").last_tick is None
-    assert store.list(kind="k") == []
+    assert store.reads.schedule("beat").last_tick is None
+    assert store.reads.list(kind="k") == []
     assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]
-    assert [(job.kind, job.inputs) for job in store.list()] == [("k2", {"v": 2})]
+    assert [(job.kind, job.inputs) for job in store.reads.list()] == [("k2", {"v": 2})]
 
 
 def test_catch_up_latest_skips_the_missed_ticks(store: JobStore, clock: LogicalClock) -> None:
-    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    store.schedules.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(10)
     assert fire(store, []) == ["beat@2000-01-01T00:00:10Z"]
     clock.advance(45)  # sweepers down for 4 ticks
@@ -172,19 +184,21 @@ def test_catch_up_latest_skips_the_missed_ticks(store: JobStore, clock: LogicalC
 
 
 def test_changing_a_schedule_keeps_its_progress(store: JobStore, clock: LogicalClock) -> None:
-    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    store.schedules.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(10)
     fire(store, [])
-    changed = store.put_schedule(Schedule("beat", "k", "every 20s", timezone="Europe/Berlin"))
+    changed = store.schedules.put_schedule(
+        Schedule("beat", "k", "every 20s", timezone="Europe/Berlin")
+    )
     assert (changed.spec, changed.timezone, changed.last_tick) == (
         "every 20s",
         "Europe/Berlin",
         clock.instant(10),
     )
-    assert store.delete_schedule("beat")
-    assert not store.delete_schedule("beat")
+    assert store.schedules.delete_schedule("beat")
+    assert not store.schedules.delete_schedule("beat")
     with pytest.raises(InvalidInput, match="unknown schedule 'beat'"):
-        store.schedule("beat")
+        store.reads.schedule("beat")
 
 
 def test_bad_schedules_write_nothing(store: JobStore) -> None:
@@ -196,22 +210,22 @@ def test_bad_schedules_write_nothing(store: JobStore) -> None:
         Schedule("beat", "k", "every 1s", inputs={"x": float("nan")}),
     ):
         with pytest.raises(InvalidInput):
-            store.put_schedule(bad)
-    assert store.schedules() == []
+            store.schedules.put_schedule(bad)
+    assert store.reads.schedules() == []
 
 
 def finished_job(store: JobStore, job_id: str, how: State) -> None:
-    store.create("k", {}, job_id=job_id, max_attempts=1)
+    store.submissions.create("k", {}, job_id=job_id, max_attempts=1)
     if how is State.CANCELLED:
-        store.cancel(job_id)
+        store.operator.cancel(job_id)
         return
-    claim = store.claim(job_id, "w", 30)
+    claim = store.ownership.claim(job_id, "w", 30)
     assert claim is not None
-    store.record_step(claim, "s1", 1)
+    store.ownership.record_step(claim, "s1", 1)
     if how is State.COMPLETED:
-        store.complete(claim, "ok")
+        store.ownership.complete(claim, "ok")
     else:
-        store.fail(claim, "boom")
+        store.ownership.fail(claim, "boom")
 
 
 def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_history(
@@ -219,21 +233,21 @@ def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_histor
 ) -> None:
     for state in (State.COMPLETED, State.FAILED, State.CANCELLED):
         finished_job(store, f"old-{state.value}", state)
-    store.create("k", {}, job_id="old-queued", max_attempts=1)
-    store.create("k", {}, job_id="old-running", max_attempts=1)
-    assert store.claim("old-running", "w", 100 * DAY) is not None
-    store.create("k", {}, job_id="old-waiting", max_attempts=1)
-    claim = store.claim("old-waiting", "w", 30)
+    store.submissions.create("k", {}, job_id="old-queued", max_attempts=1)
+    store.submissions.create("k", {}, job_id="old-running", max_attempts=1)
+    assert store.ownership.claim("old-running", "w", 100 * DAY) is not None
+    store.submissions.create("k", {}, job_id="old-waiting", max_attempts=1)
+    claim = store.ownership.claim("old-waiting", "w", 30)
     assert claim is not None
-    store.wait_for_approval(claim, "why", "approval")
+    store.ownership.wait_for_approval(claim, "why", "approval")
     clock.advance(13 * DAY)
     finished_job(store, "young", State.COMPLETED)
     clock.advance(1 * DAY + 1)
 
-    assert store.count_prunable(14 * DAY) == 3
+    assert store.reads.count_prunable(14 * DAY) == 3
     assert prune(store, None) == 0  # JOBS_RETENTION_DAYS=none keeps everything
     assert prune(store, 14.0) == 3
-    remaining = {job.id for job in store.list(limit=50)}
+    remaining = {job.id for job in store.reads.list(limit=50)}
     assert remaining == {"old-queued", "old-running", "old-waiting", "young"}
     with store.engine.connect() as conn:
         from sqlalchemy import text  # noqa: PLC0415
@@ -251,37 +265,37 @@ def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_histor
             )
         ).scalar_one()
     assert (orphans, history) == (0, 0)
-    assert store.steps("young") != []
-    assert store.count_prunable(14 * DAY) == 0
+    assert store.reads.steps("young") != []
+    assert store.reads.count_prunable(14 * DAY) == 0
 
 
 def test_retention_works_in_batches(store: JobStore, clock: LogicalClock) -> None:
     for n in range(7):
         finished_job(store, f"j{n}", State.CANCELLED)
     clock.advance(2 * DAY)
-    first = store.prune_finished(DAY, batch_size=3)
+    first = store.schedules.prune_finished(DAY, batch_size=3)
     assert len(first) == 3
-    assert len(store.prune_finished(DAY, batch_size=3)) == 3
-    assert len(store.prune_finished(DAY, batch_size=3)) == 1
-    assert store.prune_finished(DAY, batch_size=3) == []
+    assert len(store.schedules.prune_finished(DAY, batch_size=3)) == 3
+    assert len(store.schedules.prune_finished(DAY, batch_size=3)) == 1
+    assert store.schedules.prune_finished(DAY, batch_size=3) == []
 
 
 def test_counters_add_up_per_name_and_kind(store: JobStore) -> None:
-    store.count_event("recovery_expired_lease", "a")
-    store.count_event("recovery_expired_lease", "a", 2)
-    store.count_event("recovery_expired_lease", "b")
-    store.count_event("admission_refused", "a", 0)
-    assert store.counters() == {
+    store.schedules.count_event("recovery_expired_lease", "a")
+    store.schedules.count_event("recovery_expired_lease", "a", 2)
+    store.schedules.count_event("recovery_expired_lease", "b")
+    store.schedules.count_event("admission_refused", "a", 0)
+    assert store.reads.counters() == {
         ("recovery_expired_lease", "a"): 3,
         ("recovery_expired_lease", "b"): 1,
     }
 
 
 def test_the_time_between_ticks_is_the_databases(store: JobStore, clock: LogicalClock) -> None:
-    store.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
-    assert store.now() == clock.instant()
-    assert store.schedule("beat").created_at == clock.instant()
-    assert isinstance(store.now(), dt.datetime)
+    store.schedules.put_schedule(Schedule("beat", "k", "every 10s", catch_up="all"))
+    assert store.reads.now() == clock.instant()
+    assert store.reads.schedule("beat").created_at == clock.instant()
+    assert isinstance(store.reads.now(), dt.datetime)
 
 
 def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
@@ -294,9 +308,9 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
 
     settings = dataclasses.replace(from_env({}), retention_days=1.0)
     finished_job(store, "old", State.COMPLETED)
-    store.create("k", {}, job_id="hung", max_attempts=2)
-    assert store.claim("hung", "w", 30) is not None
-    store.put_schedule(Schedule("beat", "k", "every 10s"))
+    store.submissions.create("k", {}, job_id="hung", max_attempts=2)
+    assert store.ownership.claim("hung", "w", 30) is not None
+    store.schedules.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(DAY + 10)
     sent: list[str] = []
     report = sweep_once(
@@ -306,7 +320,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
     assert set(sent) == {"hung", "beat@2000-01-02T00:00:10Z"}
-    assert store.counters() == {("recovery_expired_lease", "k"): 1}
+    assert store.reads.counters() == {("recovery_expired_lease", "k"): 1}
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
@@ -320,32 +334,32 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
 
     settings = from_env({"JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
-    store.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
-    store.create("k", {}, job_id="unsent", max_attempts=2)
-    store.mark_unrung(["unsent"])  # its publish failed: not a lost message
+    store.submissions.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
+    store.submissions.create("k", {}, job_id="unsent", max_attempts=2)
+    store.doorbells.mark_unrung(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
     report = sweep_once(store, settings, lambda job_ids, priority, **_: True)
     assert set(report.rung) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
     assert sweep_once(store, settings, lambda job_ids, priority, **_: True).lost_messages == ()
-    assert store.counters() == {("recovery_lost_message", "k"): 1}
+    assert store.reads.counters() == {("recovery_lost_message", "k"): 1}
 
 
 def test_firing_a_tick_moves_last_tick_and_inserts_the_job_together(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    schedule = store.put_schedule(Schedule("beat", "k", "every 10s"))
+    schedule = store.schedules.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(10)
     tick = clock.instant(10)
-    fired = store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2)
+    fired = store.schedules.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2)
     assert fired is not None
     assert fired[1] is True
-    assert store.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2) is None
+    assert store.schedules.fire_tick(schedule, tick, job_id="beat@t10", max_attempts=2) is None
     # A refused insert rolls the compare-and-set back: the tick stays due.
-    store.set_limits("k", max_running=None, max_queued=1)
+    store.submissions.set_limits("k", max_running=None, max_queued=1)
     clock.advance(10)
     from jobs.core.errors import AdmissionRefused  # noqa: PLC0415
 
     with pytest.raises(AdmissionRefused):
-        store.fire_tick(schedule, clock.instant(20), job_id="beat@t20", max_attempts=2)
-    assert store.schedule("beat").last_tick == tick
+        store.schedules.fire_tick(schedule, clock.instant(20), job_id="beat@t20", max_attempts=2)
+    assert store.reads.schedule("beat").last_tick == tick

@@ -48,7 +48,7 @@ def pattern_probe(ctx: JobContext, name: str) -> str:
 
 def _failed_with_errors(store: JobStore, engine: Engine) -> None:
     for name, error in ERRORS.items():
-        values = store.new_job_values(
+        values = store.submissions.new_job_values(
             "pattern_probe",
             {"name": name},
             job_id=name,
@@ -56,7 +56,7 @@ def _failed_with_errors(store: JobStore, engine: Engine) -> None:
             delay_seconds=0,
             code_version=None,
         )
-        store.create_many("pattern_probe", [values])
+        store.submissions.create_many("pattern_probe", [values])
         with engine.begin() as conn:  # set-up only: the failure itself
             conn.execute(
                 text("UPDATE jobs SET state = 'FAILED', last_error = :error WHERE id = :id"),
@@ -70,8 +70,8 @@ def test_an_error_pattern_is_a_literal_substring_on_every_backend(
 ) -> None:
     _failed_with_errors(store, engine)
 
-    listed = store.list(where=JobFilter(error_like=pattern))
-    _count, selected = store.select_jobs(JobFilter(error_like=pattern), 100)
+    listed = store.reads.list(where=JobFilter(error_like=pattern))
+    _count, selected = store.reads.select_jobs(JobFilter(error_like=pattern), 100)
 
     assert sorted(job.id for job in listed) == expected
     assert sorted(seen.id for seen in selected) == expected

@@ -65,7 +65,7 @@ def test_submit_exits_75_on_admission_refusal_with_the_retry_after() -> None:
     one_line_error(refused, 75, "max_queued=1", "nothing was written; retry in 30s")
     assert len(jobs.list_jobs(kind="ops_lookup")) == 1  # nothing was written
     store = the_store()
-    assert store.counters() == {("admission_refused", "ops_lookup"): 1}
+    assert store.reads.counters() == {("admission_refused", "ops_lookup"): 1}
 
 
 def test_help_and_usage_load_no_database_broker_or_metrics_library() -> None:
@@ -199,7 +199,7 @@ def test_explain_a_job_waiting_for_a_slot_of_its_kind() -> None:
     jobs.set_limits("ops_lookup", max_running=1)
     first = jobs.submit("ops_lookup", {"order_id": 1})
     second = jobs.submit("ops_lookup", {"order_id": 2})
-    assert the_store().claim(first, "w1", 60) is not None
+    assert the_store().ownership.claim(first, "w1", 60) is not None
     found = explained(second)
     assert found["reason"] == "waiting_for_slot"
     assert "1 of 1 allowed are running" in found["explanation"]
@@ -215,7 +215,7 @@ def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.M
     found = explained(sent)
     assert found["reason"] == "message_lost"
     assert "the next sweep sends it again" in found["explanation"]
-    the_store().mark_unrung([sent])
+    the_store().doorbells.mark_unrung([sent])
     assert explained(sent)["reason"] == "not_sent"
 
 
@@ -261,7 +261,7 @@ def test_explain_a_job_waiting_for_approval() -> None:
 def test_explain_running_under_a_live_or_dead_owner_or_an_expired_lease() -> None:
     store = the_store()
     live = jobs.submit("ops_lookup", {"order_id": 1})
-    assert store.claim(live, "w-live", 60, liveness_key=pid_key(os.getpid())) is not None
+    assert store.ownership.claim(live, "w-live", 60, liveness_key=pid_key(os.getpid())) is not None
     found = explained(live)
     assert found["reason"] == "running"
     assert "owner w-live" in found["explanation"]
@@ -270,11 +270,13 @@ def test_explain_running_under_a_live_or_dead_owner_or_an_expired_lease() -> Non
     gone = jobs.submit("ops_lookup", {"order_id": 2})
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert store.claim(gone, "w-dead", 60, liveness_key=pid_key(int(dead_pid))) is not None
+    assert (
+        store.ownership.claim(gone, "w-dead", 60, liveness_key=pid_key(int(dead_pid))) is not None
+    )
     assert explained(gone)["reason"] == "owner_dead"
 
     expired = jobs.submit("ops_lookup", {"order_id": 3})
-    assert store.claim(expired, "w-slow", 0.01) is not None
+    assert store.ownership.claim(expired, "w-slow", 0.01) is not None
     time.sleep(0.05)
     found = explained(expired)
     assert found["reason"] == "lease_expired"
@@ -304,7 +306,7 @@ def test_explain_finished_jobs() -> None:
 def test_explain_names_the_schedule_behind_a_periodic_job() -> None:
     # A tick's ID is reserved for its schedule (a submit refuses it): written as a tick is.
     job_id = "nightly@2026-11-30T03:00:00Z"
-    the_store().create("ops_lookup", {"order_id": 1}, job_id=job_id, max_attempts=1)
+    the_store().submissions.create("ops_lookup", {"order_id": 1}, job_id=job_id, max_attempts=1)
     assert "schedule 'nightly' for tick 2026-11-30T03:00:00Z" in explained(job_id)["explanation"]
 
 
@@ -328,9 +330,9 @@ def test_explain_tells_a_live_owner_from_a_dead_one_on_postgresql(pg_url: str) -
     key = lock.ensure()
     try:
         for job_id in ("alive", "dead"):
-            store.create("ops_lookup", {"order_id": 1}, job_id=job_id, max_attempts=2)
-        assert store.claim("alive", "w1", 60, liveness_key=key) is not None
-        assert store.claim("dead", "w2", 60, liveness_key=key + 1) is not None
+            store.submissions.create("ops_lookup", {"order_id": 1}, job_id=job_id, max_attempts=2)
+        assert store.ownership.claim("alive", "w1", 60, liveness_key=key) is not None
+        assert store.ownership.claim("dead", "w2", 60, liveness_key=key + 1) is not None
         assert explain(store, get_settings(), "alive").reason == "running"
         assert "which is alive" in explain(store, get_settings(), "alive").paragraph
         assert explain(store, get_settings(), "dead").reason == "owner_dead"
@@ -399,7 +401,7 @@ def test_explain_asks_about_the_broker_when_a_dispatched_job_is_never_claimed(
     assert found["reason"] == "message_lost"
     assert "not claimed: is the worker on the same broker?" in found["explanation"]
     assert "filesystem://" in found["explanation"]
-    assert sent in the_store().take_due_doorbell_ids(1.0)  # the sweeper's ring-again
+    assert sent in the_store().doorbells.take_due_doorbell_ids(1.0)  # the sweeper's ring-again
     found = explained(sent)
     assert found["reason"] == "not_claimed", found
     assert "ago and not claimed: is the worker on the same broker?" in found["explanation"]

@@ -59,7 +59,7 @@ def rung() -> Rung:
 
 
 def new(store: JobStore, job_id: str, priority: int = 0, **kw: Any) -> str:
-    store.create("kind", {}, job_id=job_id, max_attempts=3, priority=priority, **kw)
+    store.submissions.create("kind", {}, job_id=job_id, max_attempts=3, priority=priority, **kw)
     return job_id
 
 
@@ -72,14 +72,14 @@ def test_a_priority_outside_0_to_9_is_refused_and_nothing_written(
 ) -> None:
     before = snapshot(engine)
     with pytest.raises(InvalidInput) as refused:
-        store.create("kind", {}, job_id="j", max_attempts=1, priority=bad)  # type: ignore[arg-type]
+        store.submissions.create("kind", {}, job_id="j", max_attempts=1, priority=bad)  # type: ignore[arg-type]
     assert str(refused.value) == f"priority must be a whole number from 0 to 9, got {bad!r}"
     assert snapshot(engine) == before
 
 
 def test_priority_is_stored_and_defaults_to_0(store: JobStore) -> None:
-    assert store.get(new(store, "plain")).priority == 0
-    assert store.get(new(store, "top", 9)).priority == 9
+    assert store.reads.get(new(store, "plain")).priority == 0
+    assert store.reads.get(new(store, "top", 9)).priority == 9
 
 
 def test_a_kind_declares_a_valid_default_priority() -> None:
@@ -122,19 +122,19 @@ def test_due_doorbells_highest_priority_first_then_longest_due(
     store: JobStore, clock: LogicalClock
 ) -> None:
     for job_id, priority in [("a-low", 0), ("b-mid", 5), ("c-low", 0), ("d-top", 9)]:
-        store.mark_unrung([new(store, job_id, priority)])  # never rung
+        store.doorbells.mark_unrung([new(store, job_id, priority)])  # never rung
         clock.advance(1)
     new(store, "e-top-later", 9, delay_seconds=60)  # not due
     # Two of four fit: the highest priorities are taken, not the oldest.
-    assert store.take_due_doorbells(30, limit=2) == [
+    assert store.doorbells.take_due_doorbells(30, limit=2) == [
         Doorbell("d-top", 9, "kind"),
         Doorbell("b-mid", 5, "kind"),
     ]
-    assert store.take_due_doorbells(30, limit=2) == [
+    assert store.doorbells.take_due_doorbells(30, limit=2) == [
         Doorbell("a-low", 0, "kind"),
         Doorbell("c-low", 0, "kind"),
     ]
-    assert store.take_due_doorbell_ids(30) == []
+    assert store.doorbells.take_due_doorbell_ids(30) == []
 
 
 def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
@@ -143,9 +143,9 @@ def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
     for job_id, priority in [("old-low", 0), ("mid", 4), ("new-top", 9)]:
         new(store, job_id, priority)
         clock.advance(1)
-    assert store.next_claimable() == ["new-top", "mid", "old-low"]
-    assert store.next_due("kind", 3) == ["new-top", "mid", "old-low"]
-    assert store.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9, "kind")]
+    assert store.ownership.next_claimable() == ["new-top", "mid", "old-low"]
+    assert store.reads.next_due("kind", 3) == ["new-top", "mid", "old-low"]
+    assert store.reads.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9, "kind")]
 
 
 def test_batches_go_highest_priority_first_keeping_order() -> None:
@@ -175,7 +175,7 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
 ) -> None:
     settings = from_env({"JOBS_DATA_DIR": "/tmp/jobs-priorities"})
     for job_id, priority in [("a", 0), ("b", 3), ("c", 0), ("d", 9)]:
-        store.mark_unrung([new(store, job_id, priority)])
+        store.doorbells.mark_unrung([new(store, job_id, priority)])
     published: list[tuple[list[str], int]] = []
 
     def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
@@ -188,7 +188,7 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
 
 
 def test_a_periodic_tick_gets_its_kinds_priority(store: JobStore, clock: LogicalClock) -> None:
-    store.put_schedule(Schedule("prio_urgent", "prio_urgent", "every 1m"))
+    store.schedules.put_schedule(Schedule("prio_urgent", "prio_urgent", "every 1m"))
     clock.advance(61)
     published: list[tuple[list[str], int]] = []
 
@@ -199,7 +199,7 @@ def test_a_periodic_tick_gets_its_kinds_priority(store: JobStore, clock: Logical
     registry = Registry([])
     registry.register("prio_urgent", prio_urgent, priority=7)
     [fired] = fire_due_ticks(store, publish, default_max_attempts=1, registry=registry)
-    assert store.get(fired.job_id).priority == 7
+    assert store.reads.get(fired.job_id).priority == 7
     assert published == [([fired.job_id], 7)]
 
 
@@ -262,12 +262,14 @@ def test_a_refused_priority_argument_says_what_to_do() -> None:
 def test_a_retry_keeps_the_priority(store: JobStore, clock: LogicalClock) -> None:
     new(store, "low", 0)
     new(store, "top", 9)
-    claim = store.claim("top", "A", 30)
+    claim = store.ownership.claim("top", "A", 30)
     assert claim is not None
-    store.retry(claim, "boom", delay_seconds=5)
+    store.ownership.retry(claim, "boom", delay_seconds=5)
     clock.advance(5)
-    assert store.get("top").priority == 9
-    assert store.take_due_doorbells(30) == [Doorbell("top", 9, "kind")]  # "low" went out at submit
+    assert store.reads.get("top").priority == 9
+    assert store.doorbells.take_due_doorbells(30) == [
+        Doorbell("top", 9, "kind")
+    ]  # "low" went out at submit
 
 
 @jobs.job("prio_approval", priority=8)
@@ -302,10 +304,12 @@ def test_of_stale_doorbells_the_ones_sent_longest_ago_go_first(
         new(store, job_id, 9)  # sent at submit, t=0
     new(store, "lost-low", 0)
     clock.advance(31)
-    assert store.take_due_doorbells(30, stale_limit=3) == [
+    assert store.doorbells.take_due_doorbells(30, stale_limit=3) == [
         Doorbell("a", 9, "kind"),
         Doorbell("b", 9, "kind"),
         Doorbell("c", 9, "kind"),
     ]  # taken by age: the three high ones were submitted first
     clock.advance(31)  # all four stale: "lost-low" since t=0, the others since t=31
-    assert store.take_due_doorbells(30, stale_limit=1) == [Doorbell("lost-low", 0, "kind")]
+    assert store.doorbells.take_due_doorbells(30, stale_limit=1) == [
+        Doorbell("lost-low", 0, "kind")
+    ]

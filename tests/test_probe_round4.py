@@ -73,7 +73,7 @@ def long_runner(rows: int) -> str:
     straight into the tables (set-up only)."""
     app = default_app()
     job_id = jobs.submit("probe_long_runner", {})
-    now = app.store.now()
+    now = app.store.reads.now()
     with app.store.engine.begin() as conn:  # set-up only: a job that ran for a long time
         conn.execute(
             StepsTable.__table__.insert(),

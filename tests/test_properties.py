@@ -72,7 +72,7 @@ class World:
         # (job id, step name) -> (owner, fence) of every step row the store should hold
         self.expected_steps: dict[tuple[str, str], tuple[str, int]] = {}
         for job_id, attempts in zip(JOB_IDS, max_attempts, strict=True):
-            self.store.create("kind", {"n": 0}, job_id=job_id, max_attempts=attempts)
+            self.store.submissions.create("kind", {"n": 0}, job_id=job_id, max_attempts=attempts)
             self.created[job_id] = attempts
         self.rows = self.read()
 
@@ -131,7 +131,7 @@ class World:
 
     def submit(self, job_id: str, n: int) -> None:
         try:
-            _, created = self.store.create(
+            _, created = self.store.submissions.create(
                 "kind", {"n": n % 2}, job_id=job_id, max_attempts=self.created[job_id]
             )
         except DuplicateJob:
@@ -148,7 +148,7 @@ class World:
             and job.lease_until <= self.now
             and job.attempts < job.max_attempts
         )
-        claim = self.store.claim(job_id, owner, lease)
+        claim = self.store.ownership.claim(job_id, owner, lease)
         if claim is None:
             assert not claimable, "a claimable job was refused"
             assert self.unchanged()
@@ -181,28 +181,28 @@ class World:
             return None
         assert current, "a write under a stale claim was accepted"
         event(f"{label}: written")
-        return result if isinstance(result, Job) else self.store.get(claim.job_id)
+        return result if isinstance(result, Job) else self.store.reads.get(claim.job_id)
 
     def owner_write(self, claim: Claim, write: str, n: int) -> None:
         store = self.store
         if write == "renew":
-            self.fenced(write, claim, lambda: store.renew(claim, 3))
+            self.fenced(write, claim, lambda: store.ownership.renew(claim, 3))
         elif write == "record_step":
             self.record_step(claim, STEP_NAMES[n % len(STEP_NAMES)])
         elif write == "complete":
-            if job := self.fenced(write, claim, lambda: store.complete(claim, n)):
+            if job := self.fenced(write, claim, lambda: store.ownership.complete(claim, n)):
                 assert job.state is State.COMPLETED
                 assert job.result == n
         elif write == "fail":
-            if job := self.fenced(write, claim, lambda: store.fail(claim, "x")):
+            if job := self.fenced(write, claim, lambda: store.ownership.fail(claim, "x")):
                 assert job.state is State.FAILED
         elif write == "retry":
-            if job := self.fenced(write, claim, lambda: store.retry(claim, "boom", n)):
+            if job := self.fenced(write, claim, lambda: store.ownership.retry(claim, "boom", n)):
                 exhausted = job.attempts >= job.max_attempts
                 assert job.state is (State.FAILED if exhausted else State.QUEUED)
                 event(f"retry: -> {job.state}")
         elif write == "release":
-            if job := self.fenced(write, claim, lambda: store.release(claim, "x")):
+            if job := self.fenced(write, claim, lambda: store.ownership.release(claim, "x")):
                 assert job.state is State.QUEUED
                 assert job.attempts == claim.job.attempts - 1
         elif write == "sleep":
@@ -226,19 +226,21 @@ class World:
         output = {"by": claim.owner}
         if key in self.expected_steps and self.is_current(claim):
             self.refused_as_recorded(
-                "record_step", lambda: self.store.record_step(claim, name, output)
+                "record_step", lambda: self.store.ownership.record_step(claim, name, output)
             )
             return
-        if self.fenced("record_step", claim, lambda: self.store.record_step(claim, name, output)):
+        if self.fenced(
+            "record_step", claim, lambda: self.store.ownership.record_step(claim, name, output)
+        ):
             self.expected_steps[key] = (claim.owner, claim.fence)
 
     def wait(self, claim: Claim, name: str) -> None:
         if (claim.job_id, name) in self.expected_steps and self.is_current(claim):
             self.refused_as_recorded(
-                "wait", lambda: self.store.wait_for_approval(claim, "why", name)
+                "wait", lambda: self.store.ownership.wait_for_approval(claim, "why", name)
             )
             return
-        park = self.store.wait_for_approval
+        park = self.store.ownership.wait_for_approval
         if job := self.fenced("wait", claim, lambda: park(claim, "needs a yes", name)):
             assert job.state is State.WAITING_APPROVAL
             assert job.waiting_for == name
@@ -248,9 +250,13 @@ class World:
         in one fenced write that gives the attempt back and owes no doorbell."""
         wake_at = self.clock.instant(self.clock.tick + ticks)
         if (claim.job_id, name) in self.expected_steps and self.is_current(claim):
-            self.refused_as_recorded("sleep", lambda: self.store.sleep(claim, name, wake_at))
+            self.refused_as_recorded(
+                "sleep", lambda: self.store.ownership.sleep(claim, name, wake_at)
+            )
             return
-        if job := self.fenced("sleep", claim, lambda: self.store.sleep(claim, name, wake_at)):
+        if job := self.fenced(
+            "sleep", claim, lambda: self.store.ownership.sleep(claim, name, wake_at)
+        ):
             assert job.state is State.QUEUED
             assert job.run_after == wake_at
             assert job.dispatched_at is None
@@ -260,7 +266,7 @@ class World:
     def approve(self, job_id: str, by: str) -> None:
         job = self.job(job_id)
         try:
-            approved = self.store.approve(job_id, by)
+            approved = self.store.operator.approve(job_id, by)
         except IllegalTransition:
             assert job.state != State.WAITING_APPROVAL
             assert self.unchanged()
@@ -273,7 +279,7 @@ class World:
     def cancel(self, job_id: str) -> None:
         job = self.job(job_id)
         try:
-            self.store.cancel(job_id)
+            self.store.operator.cancel(job_id)
         except IllegalTransition:
             assert State(job.state) in TERMINAL
             assert self.unchanged()
@@ -287,7 +293,7 @@ class World:
             for row in self.rows[0]
             if row.state == State.RUNNING and row.lease_until <= self.now
         }
-        moved = {job.id: job for job in self.store.sweep_expired()}
+        moved = {job.id: job for job in self.store.operator.sweep_expired()}
         assert set(moved) == set(expected)
         for job_id, job in moved.items():
             exhausted = expected[job_id].attempts >= expected[job_id].max_attempts
@@ -305,17 +311,19 @@ class World:
             and job.fence == fence
             and job.lease_until <= self.now
         )
-        moved = self.store.expire(claim.job_id, claim.owner, fence, "gone", only_if_expired=True)
+        moved = self.store.operator.expire(
+            claim.job_id, claim.owner, fence, "gone", only_if_expired=True
+        )
         assert (moved is not None) == should
         if moved is None:
             assert self.unchanged()
         event(f"expire: {'moved' if moved else 'refused'}")
 
     def ring(self, stale: float) -> None:
-        sent = self.store.take_due_doorbell_ids(stale)
-        assert self.store.take_due_doorbell_ids(stale) == []
+        sent = self.store.doorbells.take_due_doorbell_ids(stale)
+        assert self.store.doorbells.take_due_doorbell_ids(stale) == []
         for job_id in sent:
-            job = self.store.get(job_id)
+            job = self.store.reads.get(job_id)
             assert job.state is State.QUEUED
             assert job.dispatched_at == self.now
 

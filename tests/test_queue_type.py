@@ -137,7 +137,7 @@ def test_celerys_lines_are_hidden_only_while_a_channel_error_is_handled() -> Non
 def _queued(store: JobStore, count: int) -> list[str]:
     ids = [f"q-{n}" for n in range(count)]
     for job_id in ids:
-        store.create("kind", {}, job_id=job_id, max_attempts=1)
+        store.submissions.create("kind", {}, job_id=job_id, max_attempts=1)
     return ids
 
 
@@ -148,7 +148,9 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
     take three batches of the store's 100, and the loop ends."""
     ids = _queued(store, 250)
     clock.advance(1)
-    assert store.take_due_doorbell_ids(30) == []  # sent at submit: the normal pass waits 30 s
+    assert (
+        store.doorbells.take_due_doorbell_ids(30) == []
+    )  # sent at submit: the normal pass waits 30 s
     published: list[str] = []
     rung = ring_all_due(store, lambda job_ids, priority, **_: published.extend(job_ids) or True)
     assert sorted(rung) == sorted(ids)
@@ -172,7 +174,7 @@ class FakeWatch:
 def test_the_sweeper_watches_every_queue_queued_jobs_wait_on(store: JobStore) -> None:
     """A kind of its own queue: the sweeper's look at the broker covers that queue too, so
     a lost one of those is found as a lost JOBS_QUEUE is."""
-    store.create("transcode", {}, job_id="v1", max_attempts=1, queue="video")
+    store.submissions.create("transcode", {}, job_id="v1", max_attempts=1, queue="video")
     watch = FakeWatch(QueueHealth.OK)
     sweep_once(store, settings_with(), lambda _ids, _priority, **_: True, watch=watch)  # type: ignore[arg-type]
     assert watch.asked == [[settings_with().queue, "video"]]

@@ -21,6 +21,7 @@ from jobs.core.records import Claim, Job
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.core.store.deferred import HeldWrite
+from jobs.core.store.flights import share_flights
 from jobs.runtime.delivery import runs_one_job_at_a_time
 
 pytestmark = pytest.mark.postgres
@@ -44,8 +45,8 @@ def _committed_state(engine: Engine, job_id: str) -> str:
 def _claimed(store: JobStore, job_ids: Sequence[str]) -> list[Claim]:
     claims = []
     for job_id in job_ids:
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-        claim = store.claim(job_id, "W", 30)
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+        claim = store.ownership.claim(job_id, "W", 30)
         assert claim is not None
         claims.append(claim)
     return claims
@@ -81,7 +82,7 @@ def _complete_at_once(
 
     def complete(claim: Claim) -> None:
         try:
-            outcomes[claim.job_id] = store.complete(claim, {"n": claim.job_id})
+            outcomes[claim.job_id] = store.ownership.complete(claim, {"n": claim.job_id})
             seen[claim.job_id] = _committed_state(engine, claim.job_id)
         except BaseException as err:
             outcomes[claim.job_id] = err
@@ -105,7 +106,7 @@ def test_concurrent_completions_commit_before_they_return_many_to_a_flight(
 ) -> None:
     store = JobStore(engine)
     claims = _claimed(store, [f"j{n:02d}" for n in range(12)])
-    store.share_flights()  # the claims above went alone: only completions fly
+    share_flights(store.statements)  # the claims above went alone: only completions fly
     took_off = _slow_first_flight(store, 0.5)
     outcomes = _complete_at_once(store, claims, took_off, clean_pg_engine)
     assert all(isinstance(job, Job) and job.state is State.COMPLETED for job in outcomes.values())
@@ -114,7 +115,7 @@ def test_concurrent_completions_commit_before_they_return_many_to_a_flight(
     # The first flew alone; the eleven that came while it was in the air flew together.
     assert (flights.sent, flights.flights, flights.largest) == (12, 2, 11)
     for claim in claims:
-        assert store.get(claim.job_id).result == {"n": claim.job_id}
+        assert store.reads.get(claim.job_id).result == {"n": claim.job_id}
     with clean_pg_engine.connect() as conn:
         committers = conn.execute(
             text(
@@ -171,8 +172,8 @@ def test_a_refused_completion_raises_and_the_others_in_its_flight_commit(
 ) -> None:
     store = JobStore(engine)
     claims = _claimed(store, ["first", "a", "cancelled", "b"])
-    store.share_flights()
-    JobStore(clean_pg_engine).cancel("cancelled", reason="operator")
+    share_flights(store.statements)
+    JobStore(clean_pg_engine).operator.cancel("cancelled", reason="operator")
     took_off = _slow_first_flight(store, 0.5)
     outcomes = _complete_at_once(store, claims, took_off, clean_pg_engine)
     assert isinstance(outcomes["cancelled"], LeaseLost)
@@ -191,15 +192,15 @@ def test_an_error_in_one_completion_is_its_own_and_the_others_commit(
     rolls back, and each is sent again alone."""
     store = JobStore(engine)
     claims = _claimed(store, ["first", "a", "twice", "b"])
-    store.record_step(claims[2], "step", 1)
-    store.share_flights()
+    store.ownership.record_step(claims[2], "step", 1)
+    share_flights(store.statements)
     outcomes: dict[str, Any] = {}
     took_off = _slow_first_flight(store, 0.5)
 
     def complete(claim: Claim) -> None:
-        steps = [store.pending_step("step", 2)] if claim.job_id == "twice" else []
+        steps = [store.ownership.pending_step("step", 2)] if claim.job_id == "twice" else []
         try:
-            outcomes[claim.job_id] = store.complete(claim, None, steps=steps)
+            outcomes[claim.job_id] = store.ownership.complete(claim, None, steps=steps)
         except BaseException as err:
             outcomes[claim.job_id] = err
 
@@ -221,9 +222,9 @@ def test_a_lone_completion_in_a_shared_process_is_committed_when_it_returns(
     engine: Engine, clean_pg_engine: Engine
 ) -> None:
     store = JobStore(engine)
-    store.share_flights()
+    share_flights(store.statements)
     (claim,) = _claimed(store, ["alone"])
-    assert store.complete(claim, "ok").state is State.COMPLETED
+    assert store.ownership.complete(claim, "ok").state is State.COMPLETED
     assert _committed_state(clean_pg_engine, "alone") == "COMPLETED"
 
 
@@ -253,7 +254,7 @@ def test_a_heartbeat_renewal_and_a_flight_lock_rows_in_one_order(
     def renew() -> None:
         try:
             pairs = [(job_id, claims[job_id].fence) for job_id in ("b", "a")]
-            renewed.append(store.renew_leases("W", pairs, 30))
+            renewed.append(store.ownership.renew_leases("W", pairs, 30))
         except BaseException as err:
             renewed.append(err)
 
@@ -277,8 +278,8 @@ def test_concurrent_claims_and_step_records_share_flights_too(
     store = JobStore(engine)
     job_ids = [f"c{n:02d}" for n in range(8)]
     for job_id in job_ids:
-        store.create("k", {}, job_id=job_id, max_attempts=3)
-    store.share_flights()
+        store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
+    share_flights(store.statements)
     flights = store.statements.flights
     assert flights is not None
     took_off = _slow_first_flight(store, 0.5)
@@ -287,11 +288,11 @@ def test_concurrent_claims_and_step_records_share_flights_too(
     def run(job_id: str) -> None:
         if job_id != job_ids[0]:
             assert took_off.wait(10)
-        claim = store.claim(job_id, "W", 30)
+        claim = store.ownership.claim(job_id, "W", 30)
         assert claim is not None
         state = _committed_state(clean_pg_engine, job_id)
-        store.record_step(claim, "step", job_id)
-        recorded = [step.name for step in JobStore(clean_pg_engine).steps(job_id)]
+        store.ownership.record_step(claim, "step", job_id)
+        recorded = [step.name for step in JobStore(clean_pg_engine).reads.steps(job_id)]
         seen[job_id] = (state, recorded)
 
     threads = [threading.Thread(target=run, args=(job_id,)) for job_id in job_ids]
@@ -313,13 +314,13 @@ def test_the_next_flight_boards_while_one_is_in_the_air(
     second takes off at once, and what comes after waits for either to land."""
     store = JobStore(engine)
     claims = _claimed(store, [f"j{n:02d}" for n in range(6)])
-    store.share_flights()
+    share_flights(store.statements)
     took_off = _slow_first_flight(store, 1.0, in_the_air=2)
     started = time.monotonic()
-    threads = [threading.Thread(target=store.complete, args=(claims[0], None))]
+    threads = [threading.Thread(target=store.ownership.complete, args=(claims[0], None))]
     threads[0].start()
     assert took_off.wait(10)
-    store.complete(claims[1], None)  # not behind the first: the second flight is free
+    store.ownership.complete(claims[1], None)  # not behind the first: the second flight is free
     assert time.monotonic() - started < 1.0
     assert _committed_state(clean_pg_engine, claims[0].job_id) == "RUNNING"
     threads[0].join(30)

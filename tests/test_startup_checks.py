@@ -40,7 +40,7 @@ def test_two_tenants_search_paths_stay_apart() -> None:
             engine = make_engine(from_env({"JOBS_DATABASE_URL": url}).database_url)
             engines.append(engine)
             upgrade(engine)
-            JobStore(engine).create("k", {}, job_id=f"job-of-{tenant}", max_attempts=1)
+            JobStore(engine).submissions.create("k", {}, job_id=f"job-of-{tenant}", max_attempts=1)
             with engine.connect() as conn:
                 assert conn.execute(text("SHOW search_path")).scalar() == tenant
                 assert conn.execute(text("SHOW statement_timeout")).scalar() == "2min"

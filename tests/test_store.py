@@ -120,13 +120,15 @@ def row_counts(engine: Engine) -> tuple[int, ...]:
 
 
 def new(store: JobStore, job_id: str = "j1", max_attempts: int = 3, **kw: Any) -> str:
-    job, created = store.create("kind", {"n": 1}, job_id=job_id, max_attempts=max_attempts, **kw)
+    job, created = store.submissions.create(
+        "kind", {"n": 1}, job_id=job_id, max_attempts=max_attempts, **kw
+    )
     assert created
     return job.id
 
 
 def claimed(store: JobStore, job_id: str = "j1", owner: str = "A", **kw: Any) -> Claim:
-    claim = store.claim(job_id, owner, LEASE, **kw)
+    claim = store.ownership.claim(job_id, owner, LEASE, **kw)
     assert claim is not None
     return claim
 
@@ -135,7 +137,7 @@ def claimed(store: JobStore, job_id: str = "j1", owner: str = "A", **kw: Any) ->
 
 
 def test_create_writes_a_queued_job_and_its_birth(store: JobStore, clock: LogicalClock) -> None:
-    job, created = store.create(
+    job, created = store.submissions.create(
         "kind", {"n": 1, "s": "x"}, job_id="j1", max_attempts=4, code_version="v2"
     )
     assert created
@@ -148,8 +150,8 @@ def test_create_writes_a_queued_job_and_its_birth(store: JobStore, clock: Logica
     for instant in (job.created_at, job.updated_at, job.run_after):
         assert instant == clock.instant()
     assert job.dispatched_at == clock.instant()  # optimistic: the caller publishes next
-    assert store.get("j1") == job
-    [birth] = store.history("j1")
+    assert store.reads.get("j1") == job
+    [birth] = store.reads.history("j1")
     assert birth.from_state is None
     assert birth.to_state is State.QUEUED
     assert birth.reason == "submitted"
@@ -157,20 +159,24 @@ def test_create_writes_a_queued_job_and_its_birth(store: JobStore, clock: Logica
 
 
 def test_create_is_idempotent_for_the_same_id_and_inputs(store: JobStore, engine: Engine) -> None:
-    first, created = store.create("kind", {"a": 1, "b": [1, 2]}, job_id="j1", max_attempts=3)
+    first, created = store.submissions.create(
+        "kind", {"a": 1, "b": [1, 2]}, job_id="j1", max_attempts=3
+    )
     assert created
     before = snapshot(engine)
-    again, created_again = store.create("kind", {"b": [1, 2], "a": 1}, job_id="j1", max_attempts=3)
+    again, created_again = store.submissions.create(
+        "kind", {"b": [1, 2], "a": 1}, job_id="j1", max_attempts=3
+    )
     assert not created_again
     assert again == first
     assert snapshot(engine) == before
 
 
 def test_create_stores_what_a_reader_gets_back(store: JobStore) -> None:
-    job, _ = store.create("kind", {"pair": (1, 2)}, job_id="j1", max_attempts=3)
+    job, _ = store.submissions.create("kind", {"pair": (1, 2)}, job_id="j1", max_attempts=3)
     assert job.inputs == {"pair": [1, 2]}
-    assert store.get("j1").inputs == {"pair": [1, 2]}
-    _, created = store.create("kind", {"pair": (1, 2)}, job_id="j1", max_attempts=3)
+    assert store.reads.get("j1").inputs == {"pair": [1, 2]}
+    _, created = store.submissions.create("kind", {"pair": (1, 2)}, job_id="j1", max_attempts=3)
     assert not created
 
 
@@ -184,7 +190,7 @@ def test_create_same_id_other_kind_or_inputs_is_a_duplicate(
     new(store)
     before = snapshot(engine)
     with pytest.raises(DuplicateJob, match="'j1' already exists"):
-        store.create(kind, inputs, job_id="j1", max_attempts=3)
+        store.submissions.create(kind, inputs, job_id="j1", max_attempts=3)
     assert snapshot(engine) == before
 
 
@@ -218,16 +224,18 @@ def test_bad_create_writes_nothing(
     args: dict[str, Any] = {"kind": "kind", "inputs": {"n": 1}, "job_id": "j1", "max_attempts": 3}
     args.update(BAD_CREATES[bad])
     with pytest.raises(InvalidInput):
-        store.create(args.pop("kind"), args.pop("inputs"), **args)
+        store.submissions.create(args.pop("kind"), args.pop("inputs"), **args)
     assert row_counts(engine) == (0, 0, 0, 0)
 
 
 def test_payload_limit_is_inclusive(make_store: Callable[..., JobStore]) -> None:
     store = make_store(max_payload_bytes=20)
-    store.create("kind", {"x": "a" * 12}, job_id="ok", max_attempts=1)  # exactly 20 bytes
+    store.submissions.create(
+        "kind", {"x": "a" * 12}, job_id="ok", max_attempts=1
+    )  # exactly 20 bytes
     with pytest.raises(InvalidInput, match="21 bytes, over the limit of 20"):
-        store.create("kind", {"x": "a" * 13}, job_id="big", max_attempts=1)
-    assert [j.id for j in store.list()] == ["ok"]
+        store.submissions.create("kind", {"x": "a" * 13}, job_id="big", max_attempts=1)
+    assert [j.id for j in store.reads.list()] == ["ok"]
 
 
 # -- what an owner's write returns ---------------------------------------------------------
@@ -236,12 +244,14 @@ def test_payload_limit_is_inclusive(make_store: Callable[..., JobStore]) -> None
 @pytest.mark.parametrize(
     "move",
     [
-        lambda store, claim: store.complete(
-            claim, {"total": 3}, steps=[store.pending_step("s", 1)]
+        lambda store, claim: store.ownership.complete(
+            claim, {"total": 3}, steps=[store.ownership.pending_step("s", 1)]
         ),
-        lambda store, claim: store.fail(claim, "boom"),
-        lambda store, claim: store.release(claim, "shutting down"),
-        lambda store, claim: store.sleep(claim, "nap", dt.datetime(2031, 1, 1, tzinfo=UTC)),
+        lambda store, claim: store.ownership.fail(claim, "boom"),
+        lambda store, claim: store.ownership.release(claim, "shutting down"),
+        lambda store, claim: store.ownership.sleep(
+            claim, "nap", dt.datetime(2031, 1, 1, tzinfo=UTC)
+        ),
     ],
     ids=["complete", "fail", "release", "sleep"],
 )
@@ -253,9 +263,9 @@ def test_an_owners_move_returns_the_job_as_the_database_holds_it(
     new(store)
     claim = claimed(store, liveness_key=5)
     clock.advance(1)
-    store.renew(claim, LEASE)
+    store.ownership.renew(claim, LEASE)
     clock.advance(1)
-    assert move(store, claim) == store.get("j1")
+    assert move(store, claim) == store.reads.get("j1")
 
 
 # -- claim ---------------------------------------------------------------------------------
@@ -271,8 +281,8 @@ def test_claim_takes_a_queued_job(store: JobStore, clock: LogicalClock) -> None:
     assert job.state is State.RUNNING
     assert (job.owner, job.fence, job.attempts) == ("A", 1, 1)
     assert job.lease_until == clock.instant(2 + LEASE)
-    assert store.get("j1") == job
-    last = store.history("j1")[-1]
+    assert store.reads.get("j1") == job
+    last = store.reads.history("j1")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence) == (
         State.QUEUED,
         State.RUNNING,
@@ -287,10 +297,10 @@ def test_second_claim_is_refused_while_the_lease_is_live(
     new(store)
     claimed(store, owner="A")
     before = snapshot(engine)
-    assert store.claim("j1", "B", LEASE) is None
-    assert store.claim("j1", "A", LEASE) is None  # not even the owner claims twice
+    assert store.ownership.claim("j1", "B", LEASE) is None
+    assert store.ownership.claim("j1", "A", LEASE) is None  # not even the owner claims twice
     clock.advance(LEASE - margin(clock))
-    assert store.claim("j1", "B", LEASE) is None
+    assert store.ownership.claim("j1", "B", LEASE) is None
     assert snapshot(engine) == before
 
 
@@ -298,13 +308,13 @@ def test_lease_expires_exactly_at_lease_until(store: JobStore, clock: LogicalClo
     new(store)
     first = claimed(store, owner="A")
     clock.advance(LEASE)  # now == lease_until: expired
-    second = store.claim("j1", "B", LEASE)
+    second = store.ownership.claim("j1", "B", LEASE)
     assert second is not None
     assert second.fence == first.fence + 1 == 2
     assert second.job.attempts == first.job.attempts + 1 == 2
     assert second.job.owner == "B"
     assert second.job.lease_until == clock.instant(2 * LEASE)
-    last = store.history("j1")[-1]
+    last = store.reads.history("j1")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence) == (
         State.RUNNING,
         State.RUNNING,
@@ -322,43 +332,43 @@ def test_expired_lease_is_not_claimable_once_attempts_are_exhausted(
     claimed(store, owner="B")
     clock.advance(LEASE)
     before = snapshot(engine)
-    assert store.claim("j1", "C", LEASE) is None
-    assert store.next_claimable() == []
+    assert store.ownership.claim("j1", "C", LEASE) is None
+    assert store.ownership.next_claimable() == []
     assert snapshot(engine) == before
 
 
 def test_delayed_job_is_claimable_only_when_due(store: JobStore, clock: LogicalClock) -> None:
-    job, _ = store.create("kind", {}, job_id="j1", max_attempts=1, delay_seconds=5)
+    job, _ = store.submissions.create("kind", {}, job_id="j1", max_attempts=1, delay_seconds=5)
     assert job.run_after == clock.instant(5)
     assert job.dispatched_at is None
-    assert store.claim("j1", "A", LEASE) is None
-    assert store.next_claimable() == []
+    assert store.ownership.claim("j1", "A", LEASE) is None
+    assert store.ownership.next_claimable() == []
     clock.advance(5)
-    assert store.next_claimable() == ["j1"]
-    assert store.claim("j1", "A", LEASE) is not None
+    assert store.ownership.next_claimable() == ["j1"]
+    assert store.ownership.claim("j1", "A", LEASE) is not None
 
 
 def test_claim_by_kind(store: JobStore) -> None:
     new(store)
-    assert store.claim("j1", "A", LEASE, kinds=["other"]) is None
-    assert store.next_claimable(kinds=["other"]) == []
-    assert store.next_claimable(kinds=["kind"]) == ["j1"]
-    assert store.claim("j1", "A", LEASE, kinds=["other", "kind"]) is not None
+    assert store.ownership.claim("j1", "A", LEASE, kinds=["other"]) is None
+    assert store.ownership.next_claimable(kinds=["other"]) == []
+    assert store.ownership.next_claimable(kinds=["kind"]) == ["j1"]
+    assert store.ownership.claim("j1", "A", LEASE, kinds=["other", "kind"]) is not None
 
 
 def test_claim_of_unknown_or_ended_job_is_none(store: JobStore) -> None:
-    assert store.claim("nope", "A", LEASE) is None
+    assert store.ownership.claim("nope", "A", LEASE) is None
     new(store)
-    store.complete(claimed(store), 1)
-    assert store.claim("j1", "B", LEASE) is None
+    store.ownership.complete(claimed(store), 1)
+    assert store.ownership.claim("j1", "B", LEASE) is None
 
 
 def test_claim_records_liveness_key_and_completion_clears_it(store: JobStore) -> None:
     new(store)
     claim = claimed(store, liveness_key=1234)
-    assert store.running_with_liveness() == [("j1", "A", 1, 1234)]
-    store.complete(claim)
-    assert store.running_with_liveness() == []
+    assert store.reads.running_with_liveness() == [("j1", "A", 1, 1234)]
+    store.ownership.complete(claim)
+    assert store.reads.running_with_liveness() == []
 
 
 # -- the owner's writes ----------------------------------------------------------------------
@@ -368,19 +378,19 @@ def test_renew_pushes_the_lease_out(store: JobStore, clock: LogicalClock) -> Non
     new(store)
     claim = claimed(store)
     clock.advance(LEASE - 0.5)
-    assert store.renew(claim, LEASE) == clock.instant(2 * LEASE - 0.5)
+    assert store.ownership.renew(claim, LEASE) == clock.instant(2 * LEASE - 0.5)
     clock.advance(LEASE - 0.5)  # past the first lease, within the renewed one
-    assert store.claim("j1", "B", LEASE) is None
-    store.record_step(claim, "s", 1)
+    assert store.ownership.claim("j1", "B", LEASE) is None
+    store.ownership.record_step(claim, "s", 1)
 
 
 def test_record_step_and_read_back(store: JobStore, clock: LogicalClock) -> None:
     new(store)
     claim = claimed(store)
-    store.record_step(claim, "fetch", {"order": [1, 2], "ok": True})
+    store.ownership.record_step(claim, "fetch", {"order": [1, 2], "ok": True})
     clock.advance(1)
-    store.record_step(claim, "none", None)
-    steps = store.steps("j1")
+    store.ownership.record_step(claim, "none", None)
+    steps = store.reads.steps("j1")
     assert [(s.name, s.output, s.owner, s.fence) for s in steps] == [
         ("fetch", {"order": [1, 2], "ok": True}, "A", 1),
         ("none", None, "A", 1),
@@ -392,12 +402,12 @@ def test_record_step_and_read_back(store: JobStore, clock: LogicalClock) -> None
 def test_record_step_twice_is_a_step_error(store: JobStore, engine: Engine) -> None:
     new(store)
     claim = claimed(store)
-    store.record_step(claim, "s1", {"v": 1})
+    store.ownership.record_step(claim, "s1", {"v": 1})
     before = snapshot(engine)
     with pytest.raises(StepError, match="'s1' is already recorded"):
-        store.record_step(claim, "s1", {"v": 2})
+        store.ownership.record_step(claim, "s1", {"v": 2})
     assert snapshot(engine) == before
-    assert store.steps("j1")[0].output == {"v": 1}
+    assert store.reads.steps("j1")[0].output == {"v": 1}
 
 
 @pytest.mark.parametrize(
@@ -408,7 +418,7 @@ def test_bad_step_writes_nothing(store: JobStore, engine: Engine, name: str, out
     claim = claimed(store)
     before = snapshot(engine)
     with pytest.raises(InvalidInput):
-        store.record_step(claim, name, output)
+        store.ownership.record_step(claim, name, output)
     assert snapshot(engine) == before
 
 
@@ -416,13 +426,13 @@ def test_complete(store: JobStore, clock: LogicalClock) -> None:
     new(store)
     claim = claimed(store, liveness_key=7)
     clock.advance(3)
-    job = store.complete(claim, {"total": 12})
+    job = store.ownership.complete(claim, {"total": 12})
     assert job.state is State.COMPLETED
     assert job.result == {"total": 12}
     assert job.lease_until is None
     assert job.finished_at == clock.instant(3)
-    assert store.get("j1") == job
-    assert store.history("j1")[-1].reason == "completed"
+    assert store.reads.get("j1") == job
+    assert store.reads.history("j1")[-1].reason == "completed"
 
 
 def test_complete_with_a_non_json_result_changes_nothing(store: JobStore, engine: Engine) -> None:
@@ -430,17 +440,17 @@ def test_complete_with_a_non_json_result_changes_nothing(store: JobStore, engine
     claim = claimed(store)
     before = snapshot(engine)
     with pytest.raises(InvalidInput):
-        store.complete(claim, float("inf"))
+        store.ownership.complete(claim, float("inf"))
     assert snapshot(engine) == before
 
 
 def test_fail(store: JobStore, clock: LogicalClock) -> None:
     new(store)
-    job = store.fail(claimed(store), "ValueError: nope")
+    job = store.ownership.fail(claimed(store), "ValueError: nope")
     assert job.state is State.FAILED
     assert job.last_error == "ValueError: nope"
     assert job.finished_at == clock.instant()
-    assert store.history("j1")[-1].reason == "ValueError: nope"
+    assert store.reads.history("j1")[-1].reason == "ValueError: nope"
 
 
 def test_retry_requeues_with_backoff_and_keeps_the_attempt(
@@ -448,13 +458,13 @@ def test_retry_requeues_with_backoff_and_keeps_the_attempt(
 ) -> None:
     new(store)
     claim = claimed(store)
-    job = store.retry(claim, "boom", 4)
+    job = store.ownership.retry(claim, "boom", 4)
     assert job.state is State.QUEUED
     assert (job.owner, job.lease_until, job.dispatched_at) == (None, None, None)
     assert job.attempts == 1
     assert job.last_error == "boom"
     assert job.run_after == clock.instant(4)
-    assert store.claim("j1", "B", LEASE) is None
+    assert store.ownership.claim("j1", "B", LEASE) is None
     clock.advance(4)
     again = claimed(store, owner="B")
     assert (again.fence, again.job.attempts) == (2, 2)
@@ -462,38 +472,38 @@ def test_retry_requeues_with_backoff_and_keeps_the_attempt(
 
 def test_retry_with_exhausted_attempts_fails_the_job(store: JobStore, clock: LogicalClock) -> None:
     new(store, max_attempts=1)
-    job = store.retry(claimed(store), "boom", 4)
+    job = store.ownership.retry(claimed(store), "boom", 4)
     assert job.state is State.FAILED
     assert job.last_error is not None
     assert "boom" in job.last_error
     assert "attempts exhausted" in job.last_error
     clock.advance(10)
-    assert store.claim("j1", "B", LEASE) is None
+    assert store.ownership.claim("j1", "B", LEASE) is None
 
 
 def test_release_gives_the_attempt_back(store: JobStore, clock: LogicalClock) -> None:
     new(store)
     claim = claimed(store)
     clock.advance(1)
-    job = store.release(claim, "delivery budget used up")
+    job = store.ownership.release(claim, "delivery budget used up")
     assert job.state is State.QUEUED
     assert job.attempts == 0
     assert (job.owner, job.lease_until) == (None, None)
     assert job.run_after == clock.instant(1)
     assert job.dispatched_at == clock.instant(1)
-    assert store.history("j1")[-1].reason == "delivery budget used up"
+    assert store.reads.history("j1")[-1].reason == "delivery budget used up"
     assert claimed(store, owner="B").job.attempts == 1
 
 
 def test_wait_for_approval_parks_the_job(store: JobStore) -> None:
     new(store)
-    job = store.wait_for_approval(claimed(store), "refund over limit", "approval-1")
+    job = store.ownership.wait_for_approval(claimed(store), "refund over limit", "approval-1")
     assert job.state is State.WAITING_APPROVAL
     assert (job.owner, job.lease_until) == (None, None)
     assert job.attempts == 0
     assert job.waiting_for == "approval-1"
-    assert store.claim("j1", "B", LEASE) is None
-    assert store.history("j1")[-1].reason == "refund over limit"
+    assert store.ownership.claim("j1", "B", LEASE) is None
+    assert store.reads.history("j1")[-1].reason == "refund over limit"
 
 
 @pytest.mark.parametrize("recorded_by", ["a step", "an approval"])
@@ -504,17 +514,20 @@ def test_wait_for_approval_under_a_recorded_step_name_is_refused(
     new(store)
     claim = claimed(store)
     if recorded_by == "a step":
-        store.record_step(claim, "approval-1", 1)
+        store.ownership.record_step(claim, "approval-1", 1)
     else:
-        store.wait_for_approval(claim, "why", "approval-1")
-        store.approve("j1", "alice")
+        store.ownership.wait_for_approval(claim, "why", "approval-1")
+        store.operator.approve("j1", "alice")
         claim = claimed(store, owner="B")
     before = snapshot(engine)
     with pytest.raises(StepError, match="'approval-1' is already recorded"):
-        store.wait_for_approval(claim, "again", "approval-1")
+        store.ownership.wait_for_approval(claim, "again", "approval-1")
     assert snapshot(engine) == before
-    assert store.wait_for_approval(claim, "again", "approval-2").state is State.WAITING_APPROVAL
-    assert store.approve("j1", "bob").state is State.QUEUED
+    assert (
+        store.ownership.wait_for_approval(claim, "again", "approval-2").state
+        is State.WAITING_APPROVAL
+    )
+    assert store.operator.approve("j1", "bob").state is State.QUEUED
 
 
 def _expired(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
@@ -524,36 +537,38 @@ def _expired(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
 
 def _newer_claim(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
     clock.advance(LEASE)
-    assert store.claim(claim.job_id, "B", LEASE) is not None
+    assert store.ownership.claim(claim.job_id, "B", LEASE) is not None
     return "now RUNNING under fence 2"
 
 
 def _swept(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
     clock.advance(LEASE)
-    assert [j.id for j in store.sweep_expired()] == [claim.job_id]
+    assert [j.id for j in store.operator.sweep_expired()] == [claim.job_id]
     return "now QUEUED"
 
 
 def _swept_and_reclaimed_by_me(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
     clock.advance(LEASE)
-    store.sweep_expired()
-    assert store.claim(claim.job_id, claim.owner, LEASE) is not None  # same owner, new fence
+    store.operator.sweep_expired()
+    assert (
+        store.ownership.claim(claim.job_id, claim.owner, LEASE) is not None
+    )  # same owner, new fence
     return "under fence 2"
 
 
 def _cancelled(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
-    store.cancel(claim.job_id)
+    store.operator.cancel(claim.job_id)
     return "cancelled"
 
 
 FENCED_WRITES: dict[str, Callable[[JobStore, Claim], object]] = {
-    "renew": lambda s, c: s.renew(c, LEASE),
-    "record_step": lambda s, c: s.record_step(c, "s1", {"x": 1}),
-    "complete": lambda s, c: s.complete(c, {"ok": True}),
-    "fail": lambda s, c: s.fail(c, "boom"),
-    "retry": lambda s, c: s.retry(c, "boom", 5),
-    "release": lambda s, c: s.release(c, "shutting down"),
-    "wait_for_approval": lambda s, c: s.wait_for_approval(c, "needs a yes", "approval-1"),
+    "renew": lambda s, c: s.ownership.renew(c, LEASE),
+    "record_step": lambda s, c: s.ownership.record_step(c, "s1", {"x": 1}),
+    "complete": lambda s, c: s.ownership.complete(c, {"ok": True}),
+    "fail": lambda s, c: s.ownership.fail(c, "boom"),
+    "retry": lambda s, c: s.ownership.retry(c, "boom", 5),
+    "release": lambda s, c: s.ownership.release(c, "shutting down"),
+    "wait_for_approval": lambda s, c: s.ownership.wait_for_approval(c, "needs a yes", "approval-1"),
 }
 LOSSES: dict[str, Callable[[JobStore, LogicalClock, Claim], str]] = {
     "expired": _expired,
@@ -581,7 +596,7 @@ def test_fenced_write_after_losing_the_lease_is_refused_and_changes_nothing(
 ) -> None:
     new(store)
     claim = claimed(store)
-    store.record_step(claim, "before", 0)
+    store.ownership.record_step(claim, "before", 0)
     why = LOSSES[loss](store, clock, claim)
     before = snapshot(engine)
     with pytest.raises(LeaseLost) as info:
@@ -615,41 +630,41 @@ def test_fenced_write_with_a_forged_owner_is_refused(
 def test_approve_records_who_and_the_reclaim_sees_it(store: JobStore, clock: LogicalClock) -> None:
     new(store)
     claim = claimed(store)
-    store.record_step(claim, "lookup", 42)
-    store.wait_for_approval(claim, "refund over limit", "approval-1")
+    store.ownership.record_step(claim, "lookup", 42)
+    store.ownership.wait_for_approval(claim, "refund over limit", "approval-1")
     clock.advance(60)
-    job = store.approve("j1", "alice", "fine by me")
+    job = store.operator.approve("j1", "alice", "fine by me")
     assert job.state is State.QUEUED
     assert job.waiting_for is None
-    assert store.get("j1").waiting_for is None
+    assert store.reads.get("j1").waiting_for is None
     assert job.run_after == clock.instant(60)
     assert job.dispatched_at == clock.instant(60)
-    last = store.history("j1")[-1]
+    last = store.reads.history("j1")[-1]
     assert (last.from_state, last.to_state) == (State.WAITING_APPROVAL, State.QUEUED)
     assert last.approved_by == "alice"
     assert last.reason == "fine by me"
     again = claimed(store, owner="B")
     assert (again.fence, again.job.attempts) == (2, 1)
-    outputs = {s.name: s.output for s in store.steps("j1")}
+    outputs = {s.name: s.output for s in store.reads.steps("j1")}
     assert outputs == {"lookup": 42, "approval-1": {"approved_by": "alice", "note": "fine by me"}}
-    store.record_step(again, "refund", True)
-    assert store.complete(again, "done").state is State.COMPLETED
+    store.ownership.record_step(again, "refund", True)
+    assert store.ownership.complete(again, "done").state is State.COMPLETED
 
 
 def test_approve_without_a_note(store: JobStore) -> None:
     new(store)
-    store.wait_for_approval(claimed(store), "why", "approval-1")
-    store.approve("j1", "bob")
-    assert store.history("j1")[-1].reason == "approved"
-    assert store.steps("j1")[0].output == {"approved_by": "bob", "note": None}
+    store.ownership.wait_for_approval(claimed(store), "why", "approval-1")
+    store.operator.approve("j1", "bob")
+    assert store.reads.history("j1")[-1].reason == "approved"
+    assert store.reads.steps("j1")[0].output == {"approved_by": "bob", "note": None}
 
 
 def test_approve_with_a_bad_approver_changes_nothing(store: JobStore, engine: Engine) -> None:
     new(store)
-    store.wait_for_approval(claimed(store), "why", "approval-1")
+    store.ownership.wait_for_approval(claimed(store), "why", "approval-1")
     before = snapshot(engine)
     with pytest.raises(InvalidInput):
-        store.approve("j1", "")
+        store.operator.approve("j1", "")
     assert snapshot(engine) == before
 
 
@@ -662,23 +677,23 @@ def _to_running(store: JobStore) -> None:
 
 
 def _to_waiting(store: JobStore) -> None:
-    store.wait_for_approval(claimed(store), "why", "approval-1")
+    store.ownership.wait_for_approval(claimed(store), "why", "approval-1")
 
 
 def _to_parked(store: JobStore) -> None:
-    store.wait_for_event(claimed(store), "go", "event:go", None)
+    store.workflows.wait_for_event(claimed(store), "go", "event:go", None)
 
 
 def _to_completed(store: JobStore) -> None:
-    store.complete(claimed(store))
+    store.ownership.complete(claimed(store))
 
 
 def _to_failed(store: JobStore) -> None:
-    store.fail(claimed(store), "err")
+    store.ownership.fail(claimed(store), "err")
 
 
 def _to_cancelled(store: JobStore) -> None:
-    store.cancel("j1")
+    store.operator.cancel("j1")
 
 
 INTO: dict[State, Callable[[JobStore], None]] = {
@@ -699,28 +714,28 @@ def test_cancel(store: JobStore, clock: LogicalClock, source: State) -> None:
     new(store)
     INTO[source](store)
     clock.advance(1)
-    job = store.cancel("j1", "customer asked")
+    job = store.operator.cancel("j1", "customer asked")
     assert job.state is State.CANCELLED
     assert job.lease_until is None
     assert job.finished_at == clock.instant(1)
-    last = store.history("j1")[-1]
+    last = store.reads.history("j1")[-1]
     assert (last.from_state, last.to_state, last.reason) == (
         source,
         State.CANCELLED,
         "customer asked",
     )
-    assert store.claim("j1", "B", LEASE) is None
+    assert store.ownership.claim("j1", "B", LEASE) is None
 
 
 def test_running_owner_notices_the_cancel(store: JobStore, engine: Engine) -> None:
     new(store)
     claim = claimed(store)
-    store.cancel("j1")
+    store.operator.cancel("j1")
     before = snapshot(engine)
     with pytest.raises(LeaseLost, match="the job was cancelled"):
-        store.record_step(claim, "s", 1)
+        store.ownership.record_step(claim, "s", 1)
     with pytest.raises(LeaseLost, match="cancelled"):
-        store.complete(claim, 1)
+        store.ownership.complete(claim, 1)
     assert snapshot(engine) == before
 
 
@@ -745,9 +760,9 @@ def test_illegal_operator_moves_change_nothing(
     before = snapshot(engine)
     target = State.QUEUED if operation == "approve" else State.CANCELLED
     move = (
-        (lambda: store.approve("j1", "alice"))
+        (lambda: store.operator.approve("j1", "alice"))
         if operation == "approve"
-        else (lambda: store.cancel("j1"))
+        else (lambda: store.operator.cancel("j1"))
     )
     with pytest.raises(IllegalTransition) as info:
         move()
@@ -763,9 +778,9 @@ def _waiting_on_a_timer(store: JobStore, timer: str) -> None:
     """Job j1, QUEUED and not due for an hour or more: asleep, delayed, or backing off."""
     new(store, delay_seconds=3600 if timer == "delayed" else 0)
     if timer == "sleeping":
-        store.sleep(claimed(store), "nap", store.now() + dt.timedelta(hours=1))
+        store.ownership.sleep(claimed(store), "nap", store.reads.now() + dt.timedelta(hours=1))
     elif timer == "backing off":
-        store.retry(claimed(store), "boom", 3600)
+        store.ownership.retry(claimed(store), "boom", 3600)
 
 
 @pytest.mark.parametrize("timer", ["sleeping", "delayed", "backing off"])
@@ -773,11 +788,11 @@ def test_wake_job_makes_a_job_waiting_on_a_timer_due_now(
     store: JobStore, clock: LogicalClock, timer: str
 ) -> None:
     _waiting_on_a_timer(store, timer)
-    waiting = store.get("j1")
-    assert store.claim("j1", "B", LEASE) is None  # not due
+    waiting = store.reads.get("j1")
+    assert store.ownership.claim("j1", "B", LEASE) is None  # not due
     clock.advance(1)
 
-    job = store.wake_job("j1", "customer on the phone")
+    job = store.operator.wake_job("j1", "customer on the phone")
 
     assert job.state is State.QUEUED
     assert job.run_after == clock.instant(1)
@@ -786,7 +801,7 @@ def test_wake_job_makes_a_job_waiting_on_a_timer_due_now(
     assert {name: getattr(job, name) for name in kept} == {
         name: getattr(waiting, name) for name in kept
     }
-    last = store.history("j1")[-1]
+    last = store.reads.history("j1")[-1]
     assert (last.from_state, last.to_state, last.reason, last.owner, last.fence) == (
         State.QUEUED,
         State.QUEUED,
@@ -795,15 +810,15 @@ def test_wake_job_makes_a_job_waiting_on_a_timer_due_now(
         waiting.fence,
     )
     with pytest.raises(NothingToWake, match="due already"):
-        store.wake_job("j1")  # a second wake finds it due
+        store.operator.wake_job("j1")  # a second wake finds it due
     again = claimed(store, owner="B")
     assert again.job.attempts == waiting.attempts + 1
 
 
 def test_wake_job_records_the_default_reason(store: JobStore) -> None:
     _waiting_on_a_timer(store, "delayed")
-    store.wake_job("j1")
-    assert store.history("j1")[-1].reason == "woken by an operator"
+    store.operator.wake_job("j1")
+    assert store.reads.history("j1")[-1].reason == "woken by an operator"
 
 
 @pytest.mark.parametrize("source", list(State))
@@ -814,7 +829,7 @@ def test_wake_job_refuses_a_job_not_waiting_on_a_timer(
     INTO[source](store)  # QUEUED: due at once
     before = snapshot(engine)
     with pytest.raises(NothingToWake) as info:
-        store.wake_job("j1")
+        store.operator.wake_job("j1")
     assert snapshot(engine) == before
     assert (info.value.job_id, info.value.state) == ("j1", source)
     why = (
@@ -832,7 +847,7 @@ def test_wake_job_refuses_a_job_whose_timer_ran_out(
     clock.advance(5 + margin(clock))
     before = snapshot(engine)
     with pytest.raises(NothingToWake, match="due already"):
-        store.wake_job("j1")
+        store.operator.wake_job("j1")
     assert snapshot(engine) == before
 
 
@@ -840,7 +855,7 @@ def test_wake_job_refuses_a_bad_reason_and_changes_nothing(store: JobStore, engi
     _waiting_on_a_timer(store, "delayed")
     before = snapshot(engine)
     with pytest.raises(InvalidInput, match="wake reason"):
-        store.wake_job("j1", "x" * 2001)
+        store.operator.wake_job("j1", "x" * 2001)
     assert snapshot(engine) == before
 
 
@@ -848,7 +863,7 @@ def test_wake_job_joins_the_callers_transaction(store: JobStore, engine: Engine)
     _waiting_on_a_timer(store, "sleeping")
     before = snapshot(engine)
     with engine.connect() as conn, conn.begin() as transaction:
-        store.wake_job("j1", conn=conn)
+        store.operator.wake_job("j1", conn=conn)
         transaction.rollback()
     assert snapshot(engine) == before
 
@@ -861,11 +876,11 @@ def test_owner_write_on_an_ended_job_is_refused(
     new(store)
     claim = claimed(store)
     if source is State.COMPLETED:
-        store.complete(claim, 1)
+        store.ownership.complete(claim, 1)
     elif source is State.FAILED:
-        store.fail(claim, "x")
+        store.ownership.fail(claim, "x")
     else:
-        store.cancel("j1")
+        store.operator.cancel("j1")
     before = snapshot(engine)
     with pytest.raises((LeaseLost, IllegalTransition)):
         FENCED_WRITES[write](store, claim)
@@ -874,22 +889,24 @@ def test_owner_write_on_an_ended_job_is_refused(
 
 def test_unknown_ids(store: JobStore, engine: Engine) -> None:
     new(store)
-    ghost = dataclasses.replace(claimed(store), job=dataclasses.replace(store.get("j1"), id="nope"))
+    ghost = dataclasses.replace(
+        claimed(store), job=dataclasses.replace(store.reads.get("j1"), id="nope")
+    )
     before = snapshot(engine)
     with pytest.raises(UnknownJob, match="unknown job id 'nope'"):
-        store.get("nope")
+        store.reads.get("nope")
     with pytest.raises(UnknownJob):
-        store.approve("nope", "alice")
+        store.operator.approve("nope", "alice")
     with pytest.raises(UnknownJob):
-        store.cancel("nope")
+        store.operator.cancel("nope")
     with pytest.raises(UnknownJob):
-        store.wake_job("nope")
+        store.operator.wake_job("nope")
     for write in FENCED_WRITES.values():
         with pytest.raises(UnknownJob):
             write(store, ghost)
-    assert store.steps("nope") == []
-    assert store.history("nope") == []
-    assert store.expire("nope", "A", 1, "x") is None
+    assert store.reads.steps("nope") == []
+    assert store.reads.history("nope") == []
+    assert store.operator.expire("nope", "A", 1, "x") is None
     assert snapshot(engine) == before
 
 
@@ -900,24 +917,24 @@ def test_sweep_expired(store: JobStore, engine: Engine, clock: LogicalClock) -> 
     new(store, "live")
     new(store, "retry", max_attempts=3)
     new(store, "dead", max_attempts=1)
-    store.claim("live", "A", 100)
+    store.ownership.claim("live", "A", 100)
     claimed(store, "retry", owner="B")
     claimed(store, "dead", owner="C")
     clock.advance(LEASE - margin(clock))
-    assert store.sweep_expired() == []
+    assert store.operator.sweep_expired() == []
     clock.advance(margin(clock))
-    live_before = store.get("live")
-    moved = {job.id: job for job in store.sweep_expired()}
+    live_before = store.reads.get("live")
+    moved = {job.id: job for job in store.operator.sweep_expired()}
     assert set(moved) == {"retry", "dead"}
 
     retry = moved["retry"]
-    assert retry == store.get("retry")
+    assert retry == store.reads.get("retry")
     assert retry.state is State.QUEUED
     assert retry.attempts == 1  # the lost run counted
     assert (retry.owner, retry.lease_until, retry.dispatched_at) == (None, None, None)
     assert retry.run_after == clock.instant()
     assert retry.last_error == "lease expired"
-    last = store.history("retry")[-1]
+    last = store.reads.history("retry")[-1]
     assert (last.from_state, last.to_state, last.owner, last.fence, last.reason) == (
         State.RUNNING,
         State.QUEUED,
@@ -930,11 +947,11 @@ def test_sweep_expired(store: JobStore, engine: Engine, clock: LogicalClock) -> 
     assert dead.state is State.FAILED
     assert dead.last_error == "lease expired; attempts exhausted"
     assert dead.finished_at == clock.instant()
-    assert store.history("dead")[-1].reason == "lease expired; attempts exhausted"
+    assert store.reads.history("dead")[-1].reason == "lease expired; attempts exhausted"
 
-    assert store.get("live") == live_before
+    assert store.reads.get("live") == live_before
     before = snapshot(engine)
-    assert store.sweep_expired() == []
+    assert store.operator.sweep_expired() == []
     assert snapshot(engine) == before
     assert claimed(store, "retry", owner="D").job.attempts == 2
 
@@ -944,10 +961,10 @@ def test_sweeps_count_every_lost_run_until_failed(store: JobStore, clock: Logica
     for owner in ("A", "B"):
         claimed(store, owner=owner)
         clock.advance(LEASE)
-        [job] = store.sweep_expired()
+        [job] = store.operator.sweep_expired()
     assert job.state is State.FAILED
     assert job.attempts == 2
-    assert [(t.from_state, t.to_state) for t in store.history("j1")] == [
+    assert [(t.from_state, t.to_state) for t in store.reads.history("j1")] == [
         (None, State.QUEUED),
         (State.QUEUED, State.RUNNING),
         (State.RUNNING, State.QUEUED),
@@ -960,26 +977,26 @@ def test_sweep_respects_a_renewed_lease(store: JobStore, clock: LogicalClock) ->
     new(store)
     claim = claimed(store)
     clock.advance(LEASE - 1)
-    store.renew(claim, LEASE)
+    store.ownership.renew(claim, LEASE)
     clock.advance(1)
-    assert store.sweep_expired() == []
-    store.complete(claim)
+    assert store.operator.sweep_expired() == []
+    store.ownership.complete(claim)
 
 
 def test_expire_is_fenced(store: JobStore, engine: Engine, clock: LogicalClock) -> None:
     new(store)
     claimed(store, owner="A")
     before = snapshot(engine)
-    assert store.expire("j1", "A", 2, "owner died") is None
-    assert store.expire("j1", "B", 1, "owner died") is None
-    assert store.expire("j1", "A", 1, "owner died", only_if_expired=True) is None
+    assert store.operator.expire("j1", "A", 2, "owner died") is None
+    assert store.operator.expire("j1", "B", 1, "owner died") is None
+    assert store.operator.expire("j1", "A", 1, "owner died", only_if_expired=True) is None
     assert snapshot(engine) == before
-    job = store.expire("j1", "A", 1, "owner died")
+    job = store.operator.expire("j1", "A", 1, "owner died")
     assert job is not None
     assert job.state is State.QUEUED
     assert job.last_error == "owner died"
     after = snapshot(engine)
-    assert store.expire("j1", "A", 1, "owner died") is None  # a second sweeper: no-op
+    assert store.operator.expire("j1", "A", 1, "owner died") is None  # a second sweeper: no-op
     assert snapshot(engine) == after
 
 
@@ -988,39 +1005,39 @@ def test_expire_of_a_newer_claim_is_refused(store: JobStore, clock: LogicalClock
     claimed(store, owner="A")
     clock.advance(LEASE)
     claimed(store, owner="B")
-    assert store.expire("j1", "A", 1, "A died") is None
-    assert store.get("j1").owner == "B"
+    assert store.operator.expire("j1", "A", 1, "A died") is None
+    assert store.reads.get("j1").owner == "B"
 
 
 def test_due_for_dispatch(store: JobStore, clock: LogicalClock) -> None:
     new(store, "sent")  # published optimistically at t=0
-    store.create("kind", {}, job_id="later", max_attempts=1, delay_seconds=5)
+    store.submissions.create("kind", {}, job_id="later", max_attempts=1, delay_seconds=5)
     new(store, "running")
     claimed(store, "running")
-    assert store.take_due_doorbell_ids(30) == []
+    assert store.doorbells.take_due_doorbell_ids(30) == []
     clock.advance(5)
-    assert store.take_due_doorbell_ids(30) == ["later"]  # never dispatched, now due
-    assert store.get("later").dispatched_at == clock.instant(5)
-    assert store.take_due_doorbell_ids(30) == []  # not twice within the stale window
+    assert store.doorbells.take_due_doorbell_ids(30) == ["later"]  # never dispatched, now due
+    assert store.reads.get("later").dispatched_at == clock.instant(5)
+    assert store.doorbells.take_due_doorbell_ids(30) == []  # not twice within the stale window
     clock.advance(29)  # t=34: "sent" was published 34 s ago, "later" 29 s ago
-    assert store.take_due_doorbell_ids(30) == ["sent"]
-    assert store.take_due_doorbell_ids(30) == []
+    assert store.doorbells.take_due_doorbell_ids(30) == ["sent"]
+    assert store.doorbells.take_due_doorbell_ids(30) == []
     clock.advance(1)  # t=35: "later" is exactly 30 s stale
-    assert store.take_due_doorbell_ids(30) == ["later"]
-    assert store.take_due_doorbell_ids(30) == []
-    store.mark_unrung(["sent"])  # a failed publish: at once, not after the window
-    assert store.get("sent").dispatched_at is None
-    assert store.take_due_doorbell_ids(30) == ["sent"]
-    store.mark_unrung(["running"])  # not QUEUED: untouched
-    assert store.get("running").dispatched_at is not None
+    assert store.doorbells.take_due_doorbell_ids(30) == ["later"]
+    assert store.doorbells.take_due_doorbell_ids(30) == []
+    store.doorbells.mark_unrung(["sent"])  # a failed publish: at once, not after the window
+    assert store.reads.get("sent").dispatched_at is None
+    assert store.doorbells.take_due_doorbell_ids(30) == ["sent"]
+    store.doorbells.mark_unrung(["running"])  # not QUEUED: untouched
+    assert store.reads.get("running").dispatched_at is not None
 
 
 def test_due_for_dispatch_limit(store: JobStore) -> None:
     for i in range(5):
-        store.mark_unrung([new(store, f"j{i}")])
-    first = store.take_due_doorbell_ids(30, limit=3)
+        store.doorbells.mark_unrung([new(store, f"j{i}")])
+    first = store.doorbells.take_due_doorbell_ids(30, limit=3)
     assert len(first) == 3
-    rest = store.take_due_doorbell_ids(30, limit=3)
+    rest = store.doorbells.take_due_doorbell_ids(30, limit=3)
     assert sorted(first + rest) == [f"j{i}" for i in range(5)]
 
 
@@ -1037,8 +1054,8 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
         new(store, f"old{i}")  # published at t=0
         clock.advance(0.001)
     clock.advance(31)
-    store.mark_unrung([new(store, "never")])  # its publish failed: always sent
-    assert store.stale_doorbells(30) == 5
+    store.doorbells.mark_unrung([new(store, "never")])  # its publish failed: always sent
+    assert store.reads.stale_doorbells(30) == 5
     sent: list[str] = []
 
     def publish(job_ids: object, priority: int, **_: object) -> bool:
@@ -1063,13 +1080,13 @@ def test_history_of_a_full_life(store: JobStore, clock: LogicalClock) -> None:
     clock.advance(LEASE)
     claim_b = claimed(store, owner="B")
     clock.advance(1)
-    store.wait_for_approval(claim_b, "why", "approval-1")
+    store.ownership.wait_for_approval(claim_b, "why", "approval-1")
     clock.advance(1)
-    store.approve("j1", "alice")
+    store.operator.approve("j1", "alice")
     claim_c = claimed(store, owner="C")
     clock.advance(1)
-    store.complete(claim_c, "ok")
-    history = store.history("j1")
+    store.ownership.complete(claim_c, "ok")
+    history = store.reads.history("j1")
     assert [(t.from_state, t.to_state) for t in history] == [
         (None, State.QUEUED),
         (State.QUEUED, State.RUNNING),
@@ -1093,23 +1110,27 @@ def test_history_of_a_full_life(store: JobStore, clock: LogicalClock) -> None:
 def test_list_and_counts(store: JobStore, clock: LogicalClock) -> None:
     new(store, "a")
     clock.advance(1)
-    store.create("other", {}, job_id="b", max_attempts=1)
+    store.submissions.create("other", {}, job_id="b", max_attempts=1)
     clock.advance(1)
     new(store, "c")
     claimed(store, "c")
-    assert [j.id for j in store.list()] == ["c", "b", "a"]
-    assert [j.id for j in store.list(state=State.RUNNING)] == ["c"]
-    assert [j.id for j in store.list(kind="other")] == ["b"]
-    assert [j.id for j in store.list(limit=1)] == ["c"]
-    assert store.counts() == {("kind", "QUEUED"): 1, ("kind", "RUNNING"): 1, ("other", "QUEUED"): 1}
-    assert store.oldest_queued() == ("a", pytest.approx(2.0, abs=margin(clock) / 2))
+    assert [j.id for j in store.reads.list()] == ["c", "b", "a"]
+    assert [j.id for j in store.reads.list(state=State.RUNNING)] == ["c"]
+    assert [j.id for j in store.reads.list(kind="other")] == ["b"]
+    assert [j.id for j in store.reads.list(limit=1)] == ["c"]
+    assert store.reads.counts() == {
+        ("kind", "QUEUED"): 1,
+        ("kind", "RUNNING"): 1,
+        ("other", "QUEUED"): 1,
+    }
+    assert store.reads.oldest_queued() == ("a", pytest.approx(2.0, abs=margin(clock) / 2))
 
 
 def test_logical_timestamps_round_trip_exactly(store: JobStore, clock: LogicalClock) -> None:
     clock.advance(1.123456)
     new(store)
     claim = claimed(store)
-    job = store.get("j1")
+    job = store.reads.get("j1")
     for instant in (job.created_at, job.updated_at, job.run_after, job.lease_until):
         assert instant is not None
         assert instant.tzinfo is not None
@@ -1153,9 +1174,9 @@ def test_real_clock_timestamps_are_aware_utc_and_now(make_store: Callable[..., J
     new(store)
     claim = claimed(store)
     after = dt.datetime.now(UTC)
-    job = store.get("j1")
+    job = store.reads.get("j1")
     slack = dt.timedelta(seconds=2)
-    history = [t.at for t in store.history("j1")]
+    history = [t.at for t in store.reads.history("j1")]
     for instant in (job.created_at, job.updated_at, job.run_after, *history):
         assert instant.tzinfo is not None
         assert instant.utcoffset() == dt.timedelta(0)
@@ -1169,44 +1190,44 @@ def test_real_clock_timestamps_are_aware_utc_and_now(make_store: Callable[..., J
 def test_real_clock_lease_expiry(make_store: Callable[..., JobStore]) -> None:
     store = make_store(clock=DatabaseClock())
     new(store)
-    first = store.claim("j1", "A", 0.5)
+    first = store.ownership.claim("j1", "A", 0.5)
     assert first is not None
-    assert store.claim("j1", "B", 0.5) is None
-    store.record_step(first, "s1", 1)
+    assert store.ownership.claim("j1", "B", 0.5) is None
+    store.ownership.record_step(first, "s1", 1)
     time.sleep(0.55)
     with pytest.raises(LeaseLost, match="expired"):
-        store.record_step(first, "s2", 2)
-    second = store.claim("j1", "B", LEASE)
+        store.ownership.record_step(first, "s2", 2)
+    second = store.ownership.claim("j1", "B", LEASE)
     assert second is not None
     assert second.fence == 2
     with pytest.raises(LeaseLost):
-        store.renew(first, LEASE)
-    store.renew(second, LEASE)
-    store.complete(second, "done")
-    assert [s.name for s in store.steps("j1")] == ["s1"]
+        store.ownership.renew(first, LEASE)
+    store.ownership.renew(second, LEASE)
+    store.ownership.complete(second, "done")
+    assert [s.name for s in store.reads.steps("j1")] == ["s1"]
 
 
 def test_real_clock_sweep_and_dispatch(make_store: Callable[..., JobStore]) -> None:
     store = make_store(clock=DatabaseClock())
     new(store, "a")
     new(store, "b")
-    store.claim("a", "A", 0.2)
-    store.claim("b", "B", 30)
+    store.ownership.claim("a", "A", 0.2)
+    store.ownership.claim("b", "B", 30)
     time.sleep(0.25)
-    assert [j.id for j in store.sweep_expired()] == ["a"]
-    assert store.take_due_doorbell_ids(30) == ["a"]
-    assert store.take_due_doorbell_ids(30) == []
+    assert [j.id for j in store.operator.sweep_expired()] == ["a"]
+    assert store.doorbells.take_due_doorbell_ids(30) == ["a"]
+    assert store.doorbells.take_due_doorbell_ids(30) == []
     time.sleep(0.25)
-    assert store.take_due_doorbell_ids(0.2) == ["a"]
+    assert store.doorbells.take_due_doorbell_ids(0.2) == ["a"]
 
 
 def test_real_clock_oldest_queued(make_store: Callable[..., JobStore]) -> None:
     store = make_store(clock=DatabaseClock())
-    assert store.oldest_queued() is None
+    assert store.reads.oldest_queued() is None
     new(store, "first")
     time.sleep(0.05)
     new(store, "second")
-    oldest = store.oldest_queued()
+    oldest = store.reads.oldest_queued()
     assert oldest is not None
     assert oldest[0] == "first"
     assert 0.04 <= oldest[1] < 5
@@ -1216,9 +1237,9 @@ def test_real_clock_history_is_ordered(make_store: Callable[..., JobStore]) -> N
     store = make_store(clock=DatabaseClock())
     new(store)
     claim = claimed(store)
-    store.record_step(claim, "s", 1)
-    store.complete(claim)
-    at = [t.at for t in store.history("j1")]
+    store.ownership.record_step(claim, "s", 1)
+    store.ownership.complete(claim)
+    at = [t.at for t in store.reads.history("j1")]
     assert len(at) == 3
     assert at == sorted(at)
 
@@ -1228,8 +1249,8 @@ def test_postgres_history_uses_clock_timestamp(clean_pg_engine: Engine) -> None:
     store = JobStore(clean_pg_engine)
     new(store)
     claim = claimed(store)
-    store.complete(claim)
-    at = [t.at for t in store.history("j1")]
+    store.ownership.complete(claim)
+    at = [t.at for t in store.reads.history("j1")]
     assert len(at) == 3
     assert at[0] < at[1] < at[2]  # microsecond instants, not one per second or transaction
     # Inside one transaction now() stands still; the store's clock must not.

@@ -123,13 +123,13 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 10) -> Any:
 
 
 def submit(store: JobStore, kind: str, max_attempts: int = 3) -> str:
-    job, _ = store.create(kind, {}, job_id="t1", max_attempts=max_attempts)
+    job, _ = store.submissions.create(kind, {}, job_id="t1", max_attempts=max_attempts)
     return job.id
 
 
 def left_state(store: JobStore, job_id: str, state: State = State.RUNNING) -> Any:
     return wait_for(
-        lambda: (job := store.get(job_id)).state is not state and job, f"job to leave {state}"
+        lambda: (job := store.reads.get(job_id)).state is not state and job, f"job to leave {state}"
     )
 
 
@@ -150,7 +150,7 @@ def test_a_hung_step_past_its_timeout_is_retried_with_the_reason(
     job_id = run.job_id
     clock.advance(1.9)
     time.sleep(0.2)  # the heartbeat looks every 50 ms: nothing is due yet
-    assert store.get(job_id).state is State.RUNNING
+    assert store.reads.get(job_id).state is State.RUNNING
     assert stopped == []
 
     clock.advance(0.2)
@@ -159,7 +159,7 @@ def test_a_hung_step_past_its_timeout_is_retried_with_the_reason(
     assert job.attempts == 1  # the attempt counts
     assert job.owner is None
     assert job.last_error == "step 'wait' passed its timeout of 2 s"
-    assert store.history(job_id)[-1].reason == "retry: step 'wait' passed its timeout of 2 s"
+    assert store.reads.history(job_id)[-1].reason == "retry: step 'wait' passed its timeout of 2 s"
     assert clock.ticks_of(job.run_after) == pytest.approx(clock.tick + 1.0)  # the backoff
     # The handler was still stuck when the outcome was written: its process is stopped.
     assert stopped == [f"job {job_id}: step 'wait' passed its timeout of 2 s"]
@@ -167,8 +167,8 @@ def test_a_hung_step_past_its_timeout_is_retried_with_the_reason(
 
     # In-process the stuck step returns in the end: it writes nothing.
     assert run.finish().outcome is Outcome.LEASE_LOST
-    assert store.steps(job_id) == []
-    assert store.get(job_id).state is State.QUEUED
+    assert store.reads.steps(job_id) == []
+    assert store.reads.get(job_id).state is State.QUEUED
 
 
 def test_a_hung_step_on_the_last_attempt_fails_the_job_with_the_reason(
@@ -207,12 +207,12 @@ def test_the_job_timeout_covers_the_whole_run(
     run = start_hung("slow")
     job_id = run.job_id
     time.sleep(0.2)
-    assert store.get(job_id).state is State.RUNNING
+    assert store.reads.get(job_id).state is State.RUNNING
     clock.advance(4)
     job = left_state(store, job_id)
     assert job.state is State.QUEUED
     assert job.last_error == "the job passed its timeout of 10 s"
-    assert [step.name for step in store.steps(job_id)] == ["first"]  # recorded with it
+    assert [step.name for step in store.reads.steps(job_id)] == ["first"]  # recorded with it
     assert len(stopped) == 1
     assert run.finish().outcome is Outcome.LEASE_LOST
 
@@ -229,7 +229,7 @@ def test_steps_within_their_limits_run_on_and_stop_nothing(
 
     job_id = submit(store, "quick")
     assert runner.run(job_id).outcome is Outcome.COMPLETED
-    assert store.get(job_id).result == 7
+    assert store.reads.get(job_id).result == 7
     assert stopped == []
 
 
@@ -252,9 +252,9 @@ def test_a_step_returning_late_without_a_heartbeat_is_timed_out(
     result = runner.run(job_id)
     assert result.outcome is Outcome.RETRYING
     assert result.error == "step 'sleepy' passed its timeout of 0.1 s"
-    job = store.get(job_id)
+    job = store.reads.get(job_id)
     assert (job.state, job.attempts) == (State.QUEUED, 1)
-    assert store.steps(job_id) == []  # a timed-out step's output is not recorded
+    assert store.reads.steps(job_id) == []  # a timed-out step's output is not recorded
     assert calls == [1]
 
 
@@ -293,7 +293,7 @@ def test_a_bad_step_timeout_fails_the_job_before_the_step_runs(
     assert result.outcome is Outcome.FAILED
     assert result.error == "timeout of step 's' must be between 0.1 and 604800, got -1"
     assert calls == []
-    assert store.get(job_id).attempts == 1
+    assert store.reads.get(job_id).attempts == 1
 
 
 def test_the_backstop_is_armed_one_lease_past_a_deadline_and_disarmed_after(
@@ -319,11 +319,11 @@ def test_the_backstop_is_armed_one_lease_past_a_deadline_and_disarmed_after(
 
     runner = Runner(store, "A", registry=registry, heartbeat=beat, lease_seconds=LEASE)
     try:
-        first, _ = store.create("timed", {}, job_id="t1", max_attempts=1)
+        first, _ = store.submissions.create("timed", {}, job_id="t1", max_attempts=1)
         assert runner.run(first.id).outcome is Outcome.COMPLETED
         assert armed == [2 + LEASE, None]  # at the step's start; disarmed when it returned
         armed.clear()
-        second, _ = store.create("untimed", {}, job_id="t2", max_attempts=1)
+        second, _ = store.submissions.create("untimed", {}, job_id="t2", max_attempts=1)
         assert runner.run(second.id).outcome is Outcome.COMPLETED
         assert armed == []  # no limit, no timer calls
     finally:

@@ -78,7 +78,7 @@ def runner(store: JobStore, owner: str = "w1") -> Runner:
 
 
 def submit(store: JobStore, kind: str, inputs: dict[str, Any], job_id: str = "j1") -> str:
-    store.create(kind, inputs, job_id=job_id, max_attempts=3)
+    store.submissions.create(kind, inputs, job_id=job_id, max_attempts=3)
     return job_id
 
 
@@ -94,14 +94,14 @@ def test_sleep_queues_the_job_due_at_the_timer_in_one_write(
     result = runner(store).run(job_id)
 
     assert result.outcome is Outcome.SLEEPING
-    job = store.get(job_id)
+    job = store.reads.get(job_id)
     assert job.state is State.QUEUED
     assert job.run_after == clock.instant(13)
     assert (job.owner, job.lease_until, job.dispatched_at) == (None, None, None)
     assert job.attempts == 0, "a sleep is not a failed attempt"
-    outputs = {step.name: step.output for step in store.steps(job_id)}
+    outputs = {step.name: step.output for step in store.reads.steps(job_id)}
     assert outputs == {"before": "before", "nap": {"wake_at": clock.instant(13).isoformat()}}
-    last = store.history(job_id)[-1]
+    last = store.reads.history(job_id)[-1]
     assert (last.from_state, last.to_state) == (State.RUNNING, State.QUEUED)
     assert last.reason == f"sleep until {clock.instant(13).isoformat()} (timer 'nap')"
     assert RAN == {"before": 1}
@@ -113,20 +113,24 @@ def test_an_early_doorbell_cannot_run_a_sleeping_job(store: JobStore, clock: Log
 
     clock.advance(9.9)
     assert runner(store, "w2").run(job_id).outcome is Outcome.NOT_CLAIMED
-    assert store.next_claimable() == []
-    assert store.take_due_doorbell_ids(stale_seconds=30) == [], "no doorbell before the wake-up"
-    assert store.get(job_id).state is State.QUEUED
+    assert store.ownership.next_claimable() == []
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=30) == [], (
+        "no doorbell before the wake-up"
+    )
+    assert store.reads.get(job_id).state is State.QUEUED
 
     clock.advance(0.1)
-    assert store.take_due_doorbell_ids(stale_seconds=30) == [job_id], "the sweeper wakes it"
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=30) == [job_id], (
+        "the sweeper wakes it"
+    )
     result = runner(store, "w2").run(job_id)
 
     assert result.outcome is Outcome.COMPLETED
     assert result.replayed_steps == ("before", "nap")
     assert result.ran_steps == ("after",)
-    assert store.get(job_id).result == ["before", "after"]
+    assert store.reads.get(job_id).result == ["before", "after"]
     assert RAN == {"before": 1, "after": 1}
-    claims = [move for move in store.history(job_id) if move.to_state is State.RUNNING]
+    claims = [move for move in store.reads.history(job_id) if move.to_state is State.RUNNING]
     assert len(claims) == 2
 
 
@@ -138,7 +142,7 @@ def test_many_sleeps_cost_no_attempts(store: JobStore, clock: LogicalClock) -> N
     result = runner(store).run(job_id)
 
     assert result.outcome is Outcome.COMPLETED, result.error
-    assert store.get(job_id).attempts == 1
+    assert store.reads.get(job_id).attempts == 1
     assert dict(RAN) == {f"work-{n}": 1 for n in range(4)}
 
 
@@ -151,7 +155,7 @@ def test_sleeping_no_time_returns_at_once_and_records_nothing(
     job_id = submit(store, "nap", {"seconds": seconds})
 
     assert runner(store).run(job_id).outcome is Outcome.COMPLETED
-    assert sorted(step.name for step in store.steps(job_id)) == ["after", "before"]
+    assert sorted(step.name for step in store.reads.steps(job_id)) == ["after", "before"]
 
 
 @pytest.mark.parametrize(
@@ -172,7 +176,7 @@ def test_a_bad_sleep_fails_the_job_with_the_reason(
 
     assert result.outcome is Outcome.FAILED
     assert error in (result.error or "")
-    assert store.get(job_id).attempts == 1
+    assert store.reads.get(job_id).attempts == 1
 
 
 def _with_seconds(seconds: Any) -> Registry:
@@ -195,7 +199,7 @@ def test_sleep_until_an_aware_instant_and_not_a_naive_one(
     naive = submit(store, "nap_until", {"when": "2000-01-01T00:00:20"}, "naive")
 
     assert runner(store).run(later).outcome is Outcome.SLEEPING
-    assert store.get(later).run_after == clock.instant(20)
+    assert store.reads.get(later).run_after == clock.instant(20)
     assert runner(store).run(past).outcome is Outcome.COMPLETED
     failed = runner(store).run(naive)
     assert failed.outcome is Outcome.FAILED
@@ -206,10 +210,10 @@ def test_a_timer_named_like_a_recorded_step_fails_the_job(store: JobStore) -> No
     """Another version of the handler recorded a step under the timer's name: the job fails
     with the reason instead of treating that output as a wake-up."""
     job_id = submit(store, "nap_clash", {})
-    claim = store.claim(job_id, "w0", 60)
+    claim = store.ownership.claim(job_id, "w0", 60)
     assert claim is not None
-    store.record_step(claim, "same", {"not": "a timer"})
-    store.release(claim, "handed back")
+    store.ownership.record_step(claim, "same", {"not": "a timer"})
+    store.ownership.release(claim, "handed back")
 
     result = runner(store).run(job_id)
 
@@ -225,7 +229,7 @@ def test_a_sleep_is_a_fenced_owner_write(store: JobStore) -> None:
     def nap_cancelled(ctx: JobContext, cancel: bool) -> None:
         ctx.step("before", effect, "before")
         if cancel:
-            store.cancel(ctx.job_id, "stop")
+            store.operator.cancel(ctx.job_id, "stop")
         ctx.sleep("nap", 10)
 
     live = submit(store, "nap_cancelled", {"cancel": False}, "live")
@@ -236,8 +240,8 @@ def test_a_sleep_is_a_fenced_owner_write(store: JobStore) -> None:
 
     assert result.outcome is Outcome.LEASE_LOST
     assert "the job was cancelled" in (result.error or "")
-    assert store.get(cancelled).state is State.CANCELLED
-    assert [step.name for step in store.steps(cancelled)] == ["before"], "no timer recorded"
+    assert store.reads.get(cancelled).state is State.CANCELLED
+    assert [step.name for step in store.reads.steps(cancelled)] == ["before"], "no timer recorded"
 
 
 def test_a_run_past_its_time_limit_times_out_instead_of_sleeping(store: JobStore) -> None:
@@ -251,7 +255,7 @@ def test_a_run_past_its_time_limit_times_out_instead_of_sleeping(store: JobStore
 
     assert result.outcome is Outcome.RETRYING
     assert "passed its timeout of 0.1 s" in (result.error or "")
-    assert store.steps(job_id) == []
+    assert store.reads.steps(job_id) == []
 
 
 def test_store_wake_makes_only_waiting_queued_jobs_due(
@@ -259,12 +263,12 @@ def test_store_wake_makes_only_waiting_queued_jobs_due(
 ) -> None:
     sleeping = submit(store, "nap", {"seconds": 10}, "sleeping")
     runner(store).run(sleeping)
-    store.create("nap", {}, job_id="delayed", max_attempts=1, delay_seconds=50)
-    store.create("nap", {}, job_id="due", max_attempts=1)
+    store.submissions.create("nap", {}, job_id="delayed", max_attempts=1, delay_seconds=50)
+    store.submissions.create("nap", {}, job_id="due", max_attempts=1)
 
-    assert store.make_due(["sleeping"]) == ["sleeping"]
-    assert sorted(store.next_claimable()) == ["due", "sleeping"]
-    assert store.make_due() == ["delayed"]
+    assert store.operator.make_due(["sleeping"]) == ["sleeping"]
+    assert sorted(store.ownership.next_claimable()) == ["due", "sleeping"]
+    assert store.operator.make_due() == ["delayed"]
     assert runner(store).run(sleeping).outcome is Outcome.COMPLETED
 
 
@@ -272,22 +276,24 @@ def test_store_wake_makes_only_waiting_queued_jobs_due(
 
 
 def test_run_at_is_due_at_that_instant(store: JobStore, clock: LogicalClock) -> None:
-    later, _ = store.create(
+    later, _ = store.submissions.create(
         "nap",
         {},
         job_id="later",
         max_attempts=1,
         run_at=clock.instant(30).astimezone(dt.timezone(dt.timedelta(hours=2))),
     )
-    past, _ = store.create("nap", {}, job_id="past", max_attempts=1, run_at=clock.instant(-30))
+    past, _ = store.submissions.create(
+        "nap", {}, job_id="past", max_attempts=1, run_at=clock.instant(-30)
+    )
 
     assert later.run_after == clock.instant(30)
     assert later.dispatched_at is None, "the sweeper sends it once due"
     assert past.dispatched_at == clock.instant(0), "due already: rung after commit"
     clock.advance(29)
-    assert store.take_due_doorbell_ids(stale_seconds=60) == []
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=60) == []
     clock.advance(1)
-    assert store.take_due_doorbell_ids(stale_seconds=60) == ["later"]
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=60) == ["later"]
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["one", "many"])
@@ -295,11 +301,11 @@ def test_run_at_statements_are_not_reused_across_instants(engine: Engine, many: 
     """On the database's clock the store reuses its statements; one that holds a run_at
     must not be reused for another instant (or for an immediate job)."""
     store = JobStore(engine)
-    now = store.now()
+    now = store.reads.now()
     past, future = now - dt.timedelta(hours=1), now + dt.timedelta(hours=1)
 
     def create(job_id: str, run_at: dt.datetime | None) -> Any:
-        values = store.new_job_values(
+        values = store.submissions.new_job_values(
             "nap",
             {},
             job_id=job_id,
@@ -309,7 +315,7 @@ def test_run_at_statements_are_not_reused_across_instants(engine: Engine, many: 
             run_at=run_at,
         )
         rows = [values, {**values, "id": f"{job_id}-2"}] if many else [values]
-        return store.create_many("nap", rows)[0][0]
+        return store.submissions.create_many("nap", rows)[0][0]
 
     due, later, plain = create("due", past), create("later", future), create("plain", None)
 
@@ -376,7 +382,7 @@ def timer_follow_up(ctx: JobContext, hours: float) -> str:
 def test_delay_and_run_at_ring_only_when_due() -> None:
     rung: list[str] = []
     jobs.set_doorbell(rung.append)
-    now = default_app().runtime.store.now()
+    now = default_app().runtime.store.reads.now()
 
     due = jobs.submit("timer_lookup", run_at=now - dt.timedelta(seconds=1))
     later = jobs.submit("timer_lookup", run_at=now + dt.timedelta(hours=1))
@@ -430,7 +436,7 @@ def test_wake_makes_a_sleeping_job_due_now_and_rings_its_doorbell() -> None:
     woken = jobs.wake(job.id)
 
     assert rung == [job.id]
-    assert woken.run_after <= default_app().runtime.store.now()
+    assert woken.run_after <= default_app().runtime.store.reads.now()
     assert jobs.history(job.id)[-1].reason == "woken by an operator"
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED

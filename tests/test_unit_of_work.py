@@ -82,19 +82,21 @@ def test_a_store_write_in_a_rolled_back_transaction_leaves_nothing(
     before = snapshot(engine)
     with engine.connect() as conn:
         transaction = conn.begin()
-        _job, created = store.create("uow_echo", {"n": 1}, job_id="T-1", max_attempts=3, conn=conn)
+        _job, created = store.submissions.create(
+            "uow_echo", {"n": 1}, job_id="T-1", max_attempts=3, conn=conn
+        )
         assert created
         assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
-        store.set_limits("uow_echo", max_running=1, max_queued=None, conn=conn)
+        store.submissions.set_limits("uow_echo", max_running=1, max_queued=None, conn=conn)
         transaction.rollback()
     assert snapshot(engine) == before
 
 
 def test_a_store_write_in_a_committed_transaction_is_there(store: JobStore, engine: Engine) -> None:
     with engine.begin() as conn:
-        store.create("uow_echo", {"n": 1}, job_id="T-1", max_attempts=3, conn=conn)
-    assert store.get("T-1").state is jobs.State.QUEUED
-    assert [t.reason for t in store.history("T-1")] == ["submitted"]
+        store.submissions.create("uow_echo", {"n": 1}, job_id="T-1", max_attempts=3, conn=conn)
+    assert store.reads.get("T-1").state is jobs.State.QUEUED
+    assert [t.reason for t in store.reads.history("T-1")] == ["submitted"]
 
 
 # -- jobs.submit(connection=…) / (session=…) ---------------------------------------------
@@ -162,7 +164,7 @@ def test_a_commit_whose_doorbell_fails_is_left_to_the_sweeper(
     with engine.begin() as conn:
         job_id = jobs.submit("uow_echo", {"n": 1}, connection=conn)
     assert jobs.get(job_id).dispatched_at is None  # the next sweep sends it at once
-    assert default_app().runtime.store.take_due_doorbell_ids(300) == [job_id]
+    assert default_app().runtime.store.doorbells.take_due_doorbell_ids(300) == [job_id]
 
 
 def test_admission_refuses_before_the_callers_commit(
@@ -221,8 +223,8 @@ def test_one_heartbeat_renews_every_live_claim_and_drops_those_it_no_longer_runs
 ) -> None:
     store = JobStore(engine)  # the database's own clock
     for job_id in ("A", "B", "C"):
-        store.create("uow_echo", {}, job_id=job_id, max_attempts=3)
-    claims = {job_id: store.claim(job_id, "me", 0.6) for job_id in ("A", "B", "C")}
+        store.submissions.create("uow_echo", {}, job_id=job_id, max_attempts=3)
+    claims = {job_id: store.ownership.claim(job_id, "me", 0.6) for job_id in ("A", "B", "C")}
     lost: list[str] = []
     heartbeat = LeaseHeartbeat(store, lease_seconds=0.6)  # beats every 0.2 s
     try:
@@ -230,18 +232,18 @@ def test_one_heartbeat_renews_every_live_claim_and_drops_those_it_no_longer_runs
             claim = claims[job_id]
             assert claim is not None
             heartbeat.watch(claim, lambda err, job_id=job_id: lost.append(job_id))
-        first_leases = {job_id: store.get(job_id).lease_until for job_id in claims}
+        first_leases = {job_id: store.reads.get(job_id).lease_until for job_id in claims}
         claim_c = claims["C"]
         assert claim_c is not None
         heartbeat.unwatch(claim_c)  # the process no longer runs C
-        store.cancel("B")  # B is taken away: its owner must be told
+        store.operator.cancel("B")  # B is taken away: its owner must be told
         time.sleep(1.0)
-        a, c = store.get("A"), store.get("C")
+        a, c = store.reads.get("A"), store.reads.get("C")
         assert a.lease_until is not None
         assert first_leases["A"] is not None
         assert a.lease_until > first_leases["A"]
         assert c.lease_until == first_leases["C"]  # not renewed
-        assert store.claim("C", "rescuer", 30) is not None  # its lease ran out
+        assert store.ownership.claim("C", "rescuer", 30) is not None  # its lease ran out
         assert lost == ["B"]
         assert [claim.job_id for claim in heartbeat.watching()] == ["A"]
     finally:

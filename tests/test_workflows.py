@@ -97,12 +97,12 @@ def runner(store: JobStore, owner: str = "w1") -> Runner:
 
 
 def run_children(store: JobStore, parent_id: str, limit: int | None = None) -> list[Outcome]:
-    children = [job for job in store.children(parent_id) if job.state is State.QUEUED]
+    children = [job for job in store.reads.children(parent_id) if job.state is State.QUEUED]
     return [runner(store).run(child.id).outcome for child in children[:limit]]
 
 
 def claims_of(store: JobStore, job_id: str) -> int:
-    return sum(1 for move in store.history(job_id) if move.to_state is State.RUNNING)
+    return sum(1 for move in store.reads.history(job_id) if move.to_state is State.RUNNING)
 
 
 # -- fan-out and fan-in ---------------------------------------------------------------------
@@ -111,50 +111,50 @@ def claims_of(store: JobStore, job_id: str) -> int:
 def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> None:
     rung: list[Doorbell] = []
     store.statements.ring = rung.extend
-    store.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
+    store.submissions.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
 
     assert runner(store).run("p").outcome is Outcome.WAITING
-    parent = store.get("p")
+    parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 3)
     assert (parent.owner, parent.lease_until) == (None, None)
-    children = store.children("p")
+    children = store.reads.children("p")
     assert [child.id for child in children] == ["p.map.0", "p.map.1", "p.map.2"]
     assert all(child.parent_id == "p" for child in children)
     assert {doorbell.job_id for doorbell in rung} == {"p.map.0", "p.map.1", "p.map.2"}
 
     rung.clear()
     run_children(store, "p", limit=2)
-    parent = store.get("p")
+    parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 1)
     assert rung == []
 
     run_children(store, "p")
-    parent = store.get("p")
+    parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.QUEUED, 0)
     assert rung == [Doorbell("p", 0, "fan", None)]  # rung by the last child, after commit
 
     result = runner(store).run("p")
     assert result.outcome is Outcome.COMPLETED
-    assert store.get("p").result == 1 + 4 + 9
+    assert store.reads.get("p").result == 1 + 4 + 9
     assert RAN["fan"] == 2
     assert claims_of(store, "p") == 2
     assert [RAN[f"square-{n}"] for n in (1, 2, 3)] == [1, 1, 1]
 
 
 def test_wait_for_returns_results_in_the_order_asked(store: JobStore) -> None:
-    store.create("two_children", {}, job_id="p", max_attempts=1)
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=1)
     assert runner(store).run("p").outcome is Outcome.WAITING
     run_children(store, "p")
     assert runner(store).run("p").outcome is Outcome.COMPLETED
-    assert store.get("p").result == [9, 4]
+    assert store.reads.get("p").result == [9, 4]
 
 
 def test_children_that_ended_while_the_parent_parked_queue_it_at_once(store: JobStore) -> None:
-    store.create("two_children", {}, job_id="p", max_attempts=1)
-    claim = store.claim("p", "w1", 60)
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=1)
+    claim = store.ownership.claim("p", "w1", 60)
     assert claim is not None
     for key, n in (("a", 2), ("b", 3)):
-        row = store.new_job_values(
+        row = store.submissions.new_job_values(
             "square",
             {"n": n},
             job_id=f"p.{key}",
@@ -162,23 +162,27 @@ def test_children_that_ended_while_the_parent_parked_queue_it_at_once(store: Job
             delay_seconds=0,
             code_version=None,
         )
-        store.spawn(claim, "square", [row], [store.pending_step(f"spawn:{key}", {})])
+        store.workflows.spawn(
+            claim, "square", [row], [store.ownership.pending_step(f"spawn:{key}", {})]
+        )
     run_children(store, "p")
 
-    parked = store.wait_for_children(claim, ["p.a", "p.b"], "wait")
+    parked = store.workflows.wait_for_children(claim, ["p.a", "p.b"], "wait")
 
     assert parked.state is State.QUEUED  # nothing left to wait for: no WAITING at all
-    assert "WAITING" not in [move.to_state.value for move in store.history("p")]
+    assert "WAITING" not in [move.to_state.value for move in store.reads.history("p")]
 
 
 def test_a_re_run_never_creates_a_second_child(store: JobStore, clock: LogicalClock) -> None:
-    store.create("two_children", {}, job_id="p", max_attempts=2)
-    first = store.claim("p", "w1", 10)
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=2)
+    first = store.ownership.claim("p", "w1", 10)
     assert first is not None
-    row = store.new_job_values(
+    row = store.submissions.new_job_values(
         "square", {"n": 2}, job_id="p.a", max_attempts=1, delay_seconds=0, code_version=None
     )
-    store.spawn(first, "square", [row], [store.pending_step("spawn:a", {"child_id": "p.a"})])
+    store.workflows.spawn(
+        first, "square", [row], [store.ownership.pending_step("spawn:a", {"child_id": "p.a"})]
+    )
     # As if the parent had died between the child's insert and its own record of it:
     with store.engine.begin() as conn:
         conn.execute(delete(StepsTable).where(StepsTable.job_id == "p"))
@@ -188,119 +192,121 @@ def test_a_re_run_never_creates_a_second_child(store: JobStore, clock: LogicalCl
     run_children(store, "p")
     assert runner(store).run("p").outcome is Outcome.COMPLETED
 
-    assert sorted(job.id for job in store.children("p")) == ["p.a", "p.b"]
+    assert sorted(job.id for job in store.reads.children("p")) == ["p.a", "p.b"]
     assert RAN["square-2"] == 1
-    assert store.get("p").result == [9, 4]
+    assert store.reads.get("p").result == [9, 4]
 
 
 def test_a_stale_owner_spawns_nothing(store: JobStore, clock: LogicalClock) -> None:
-    store.create("two_children", {}, job_id="p", max_attempts=2)
-    stale = store.claim("p", "w1", 10)
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=2)
+    stale = store.ownership.claim("p", "w1", 10)
     assert stale is not None
     clock.advance(11)
-    assert store.claim("p", "w2", 60) is not None
-    row = store.new_job_values(
+    assert store.ownership.claim("p", "w2", 60) is not None
+    row = store.submissions.new_job_values(
         "square", {"n": 2}, job_id="p.a", max_attempts=1, delay_seconds=0, code_version=None
     )
     with pytest.raises(LeaseLost):
-        store.spawn(stale, "square", [row], [store.pending_step("spawn:a", {"child_id": "p.a"})])
-    assert store.children("p") == []
+        store.workflows.spawn(
+            stale, "square", [row], [store.ownership.pending_step("spawn:a", {"child_id": "p.a"})]
+        )
+    assert store.reads.children("p") == []
 
 
 def test_a_failed_child_raises_child_failed_in_the_parent(store: JobStore) -> None:
-    store.create("fan", {"numbers": [1, -1]}, job_id="p", max_attempts=1)
+    store.submissions.create("fan", {"numbers": [1, -1]}, job_id="p", max_attempts=1)
     runner(store).run("p")
     run_children(store, "p")
-    assert store.get("p").state is State.QUEUED
+    assert store.reads.get("p").state is State.QUEUED
 
     result = runner(store).run("p")
 
     assert result.outcome is Outcome.FAILED
-    error = store.get("p").last_error or ""
+    error = store.reads.get("p").last_error or ""
     assert "ChildFailed" in error
     assert "p.map.1" in error
     assert "no square for -1" in error
 
 
 def test_a_parent_may_catch_child_failed(store: JobStore) -> None:
-    store.create("forgiving", {}, job_id="p", max_attempts=1)
+    store.submissions.create("forgiving", {}, job_id="p", max_attempts=1)
     runner(store).run("p")
     run_children(store, "p")
     assert runner(store).run("p").outcome is Outcome.COMPLETED
-    assert store.get("p").result == "caught p.map.1"
+    assert store.reads.get("p").result == "caught p.map.1"
 
 
 def test_cancelling_a_parent_cancels_its_unfinished_children(store: JobStore) -> None:
-    store.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
+    store.submissions.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
     runner(store).run("p")
     run_children(store, "p", limit=1)
 
-    store.cancel("p")
+    store.operator.cancel("p")
 
-    states = {job.id: job.state for job in store.children("p")}
+    states = {job.id: job.state for job in store.reads.children("p")}
     assert states == {
         "p.map.0": State.COMPLETED,
         "p.map.1": State.CANCELLED,
         "p.map.2": State.CANCELLED,
     }
-    assert store.get("p").state is State.CANCELLED
+    assert store.reads.get("p").state is State.CANCELLED
 
 
 def test_cancelling_a_child_wakes_its_parent_which_sees_child_failed(store: JobStore) -> None:
-    store.create("fan", {"numbers": [1, 2]}, job_id="p", max_attempts=1)
+    store.submissions.create("fan", {"numbers": [1, 2]}, job_id="p", max_attempts=1)
     runner(store).run("p")
     run_children(store, "p", limit=1)
 
-    store.cancel("p.map.1", "not needed")
+    store.operator.cancel("p.map.1", "not needed")
 
-    assert store.get("p").state is State.QUEUED
+    assert store.reads.get("p").state is State.QUEUED
     assert runner(store).run("p").outcome is Outcome.FAILED
-    assert "p.map.1" in (store.get("p").last_error or "")
+    assert "p.map.1" in (store.reads.get("p").last_error or "")
 
 
 def test_the_sweeper_safety_net_wakes_a_stranded_parent(store: JobStore) -> None:
-    store.create("fan", {"numbers": [1]}, job_id="p", max_attempts=1)
+    store.submissions.create("fan", {"numbers": [1]}, job_id="p", max_attempts=1)
     runner(store).run("p")
     with store.engine.begin() as conn:  # a counter out of step: no child will wake it
         conn.execute(update(JobsTable).where(JobsTable.id == "p").values(children_pending=5))
     run_children(store, "p")
-    assert store.get("p").state is State.WAITING
+    assert store.reads.get("p").state is State.WAITING
 
-    woken = store.wake_stranded_parents()
+    woken = store.workflows.wake_stranded_parents()
 
     assert [job.id for job in woken] == ["p"]
     assert runner(store).run("p").outcome is Outcome.COMPLETED
-    assert store.wake_stranded_parents() == []
+    assert store.workflows.wake_stranded_parents() == []
 
 
 # -- events and deadlines -------------------------------------------------------------------
 
 
 def test_an_event_wakes_the_job_waiting_for_it(store: JobStore) -> None:
-    store.create("listener", {}, job_id="j", max_attempts=1)
+    store.submissions.create("listener", {}, job_id="j", max_attempts=1)
     assert runner(store).run("j").outcome is Outcome.WAITING
-    job = store.get("j")
+    job = store.reads.get("j")
     assert (job.state, job.wait_event) == (State.WAITING, "paid")
 
-    woken = store.send_event("j", "paid", {"amount": 12})
+    woken = store.workflows.send_event("j", "paid", {"amount": 12})
 
     assert woken is not None
     assert woken.state is State.QUEUED
     assert runner(store).run("j").outcome is Outcome.COMPLETED
-    assert store.get("j").result == {"amount": 12}
+    assert store.reads.get("j").result == {"amount": 12}
     assert RAN["listener"] == 2
 
 
 def test_an_event_sent_before_the_wait_is_kept_and_consumed_once(store: JobStore) -> None:
-    store.create("two_events", {}, job_id="j", max_attempts=1)
-    assert store.send_event("j", "ping", 1) is None
-    assert store.send_event("j", "other", 0) is None
+    store.submissions.create("two_events", {}, job_id="j", max_attempts=1)
+    assert store.workflows.send_event("j", "ping", 1) is None
+    assert store.workflows.send_event("j", "other", 0) is None
 
     assert runner(store).run("j").outcome is Outcome.WAITING  # one ping for two waits
-    store.send_event("j", "ping", 2)
+    store.workflows.send_event("j", "ping", 2)
     assert runner(store).run("j").outcome is Outcome.COMPLETED
 
-    assert store.get("j").result == [1, 2]
+    assert store.reads.get("j").result == [1, 2]
     with store.engine.connect() as conn:
         consumed = conn.execute(
             select(EventsTable.name, EventsTable.consumed_at.is_not(None)).order_by(EventsTable.id)
@@ -309,47 +315,47 @@ def test_an_event_sent_before_the_wait_is_kept_and_consumed_once(store: JobStore
 
 
 def test_an_event_to_a_finished_job_is_refused(store: JobStore) -> None:
-    store.create("listener", {}, job_id="j", max_attempts=1)
-    store.cancel("j")
+    store.submissions.create("listener", {}, job_id="j", max_attempts=1)
+    store.operator.cancel("j")
     with pytest.raises(InvalidInput, match="unfinished"):
-        store.send_event("j", "paid", None)
+        store.workflows.send_event("j", "paid", None)
 
 
 def test_the_deadline_of_an_event_fires_on_the_database_clock(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    store.create("listener", {"timeout": 30}, job_id="j", max_attempts=1)
+    store.submissions.create("listener", {"timeout": 30}, job_id="j", max_attempts=1)
     runner(store).run("j")
-    assert store.get("j").wait_deadline == clock.instant(30)
+    assert store.reads.get("j").wait_deadline == clock.instant(30)
     clock.advance(29)
-    assert store.fire_deadlines() == []
+    assert store.workflows.fire_deadlines() == []
     clock.advance(1)
 
-    fired = store.fire_deadlines()
+    fired = store.workflows.fire_deadlines()
 
     assert [job.id for job in fired] == ["j"]
-    assert store.send_event("j", "paid", 5) is None  # too late: kept, not delivered
+    assert store.workflows.send_event("j", "paid", 5) is None  # too late: kept, not delivered
     assert runner(store).run("j").outcome is Outcome.COMPLETED
-    assert store.get("j").result == "gave up"
+    assert store.reads.get("j").result == "gave up"
 
 
 def test_an_approval_with_a_timeout_times_out(store: JobStore, clock: LogicalClock) -> None:
-    store.create("approval_deadline", {}, job_id="j", max_attempts=1)
+    store.submissions.create("approval_deadline", {}, job_id="j", max_attempts=1)
     assert runner(store).run("j").outcome is Outcome.WAITING_APPROVAL
     clock.advance(31)
-    assert [job.id for job in store.fire_deadlines()] == ["j"]
+    assert [job.id for job in store.workflows.fire_deadlines()] == ["j"]
     assert runner(store).run("j").outcome is Outcome.COMPLETED
-    assert store.get("j").result == "escalated"
+    assert store.reads.get("j").result == "escalated"
 
 
 def test_an_approval_before_its_deadline_clears_it(store: JobStore, clock: LogicalClock) -> None:
-    store.create("approval_deadline", {}, job_id="j", max_attempts=1)
+    store.submissions.create("approval_deadline", {}, job_id="j", max_attempts=1)
     runner(store).run("j")
-    store.approve("j", "alice")
+    store.operator.approve("j", "alice")
     clock.advance(31)
-    assert store.fire_deadlines() == []
+    assert store.workflows.fire_deadlines() == []
     assert runner(store).run("j").outcome is Outcome.COMPLETED
-    assert store.get("j").result == "approved"
+    assert store.reads.get("j").result == "approved"
 
 
 # -- the public API, jobs.testing, explain and jobctl on the embedded default ---------------

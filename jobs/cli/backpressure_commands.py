@@ -27,11 +27,11 @@ def stats_dict() -> dict[str, Any]:
     store = runtime().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
-    for (kind, state), count in sorted(store.counts().items()):
+    for (kind, state), count in sorted(store.reads.counts().items()):
         by_state[state] = by_state.get(state, 0) + count
         by_kind[kind] = by_kind.get(kind, 0) + count
-    oldest = store.oldest_queued()
-    counts = store.counts()
+    oldest = store.reads.oldest_queued()
+    counts = store.reads.counts()
     limits = {
         kind: {
             "max_running": limit.max_running,
@@ -39,7 +39,7 @@ def stats_dict() -> dict[str, Any]:
             "max_queued": limit.max_queued,
             "queued": counts.get((kind, State.QUEUED.value), 0),
         }
-        for kind, limit in sorted(store.limits().items())
+        for kind, limit in sorted(store.reads.limits().items())
     }
     return {
         "total": sum(by_state.values()),
@@ -141,7 +141,7 @@ def limits(ctx: click.Context, as_json: bool) -> None:
 def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
     store = runtime().store
-    current = store.limits().get(kind)
+    current = store.reads.limits().get(kind)
     running = (
         (current.max_running if current else None)
         if max_running is None
@@ -152,5 +152,5 @@ def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> No
         if max_queued is None
         else (_limit_value(max_queued, "--max-queued"))
     )
-    result = store.set_limits(kind, max_running=running, max_queued=queued)
+    result = store.submissions.set_limits(kind, max_running=running, max_queued=queued)
     click.echo(f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}")

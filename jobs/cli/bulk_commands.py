@@ -95,7 +95,7 @@ def job_filter(
     return JobFilter(
         state=State(state.upper()) if state else None,
         kind=kind,
-        since=None if since is None else parse_since(since, _app().store.now),
+        since=None if since is None else parse_since(since, _app().store.reads.now),
         error_like=error_like,
         queue=queue,
         default_queue=_app().settings.queue,

@@ -61,8 +61,8 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
         return
 
     store = _store()
-    now = store.now()
-    found = [_schedule_dict(schedule, now) for schedule in store.schedules()]
+    now = store.reads.now()
+    found = [_schedule_dict(schedule, now) for schedule in store.reads.schedules()]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -151,7 +151,7 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
         )
     store = _store()
     if dry_run:
-        count = store.count_prunable(days * sweeper.DAY_SECONDS)
+        count = store.reads.count_prunable(days * sweeper.DAY_SECONDS)
     else:
         count = 0
         while True:  # small batches, each its own short transaction
@@ -186,7 +186,7 @@ def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
     store = _store()
     check_lookup_id(job_id)
     workers = None
-    if not no_workers and store.get(job_id).state is State.QUEUED:
+    if not no_workers and store.reads.get(job_id).state is State.QUEUED:
         workers = live_workers(app.celery)
     found = explain_job(store, app.settings, job_id, workers)
     if as_json:

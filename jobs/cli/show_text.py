@@ -40,7 +40,7 @@ def _heading(name: str, page: Page[Any], option: str) -> str:
 def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
     """Print ``job``'s fields, then a page of its children, steps and history, each from
     ``starts[table]`` (0 when absent)."""
-    reader = store.reader
+    reader = store.reads
     fields = [
         ("id", job.id),
         ("kind", job.kind),

@@ -220,7 +220,7 @@ class JobContext(Workflow):
                     if held and self.hold is not None:
                         self._record_held(pending)
                     else:
-                        self.store.record_steps(self.claim, pending)
+                        self.store.ownership.record_steps(self.claim, pending)
                 except LeaseLost as lost:  # refused by the fence: the handler stops too
                     self.lease_lost(lost)
                     raise
@@ -234,11 +234,13 @@ class JobContext(Workflow):
         claim, names = self.claim, [step.name for step in pending]
 
         def record() -> bool:
-            self.store.record_steps(claim, pending)
+            self.store.ownership.record_steps(claim, pending)
             return True
 
         def landed() -> bool | None:
-            recorded = self.store.steps_recorded_by(claim.job_id, claim.owner, claim.fence, names)
+            recorded = self.store.reads.steps_recorded_by(
+                claim.job_id, claim.owner, claim.fence, names
+            )
             return True if recorded else None
 
         self.hold.write(record, renew_after=True, landed=landed)
@@ -292,7 +294,7 @@ class JobContext(Workflow):
             output = self._run_timed(name, timeout, fn, *args, **kwargs)
         self.check_lease()
         try:
-            pending = self.store.pending_step(name, output)
+            pending = self.store.ownership.pending_step(name, output)
         except InvalidInput as err:
             raise Unstorable(str(err)) from None
         with self._pending_lock:
@@ -360,7 +362,7 @@ class JobContext(Workflow):
         span = _storable(lambda: seconds_of(seconds, f"timer {name!r}: seconds"))
         if self._replayed_timer(name) or span <= 0:
             return
-        raise Sleeping(name, self.store.now() + dt.timedelta(seconds=span))
+        raise Sleeping(name, self.store.reads.now() + dt.timedelta(seconds=span))
 
     def sleep_until(self, name: str, when: dt.datetime) -> None:
         """Sleep durably until ``when`` (an aware ``datetime``, compared with the database's
@@ -369,7 +371,7 @@ class JobContext(Workflow):
         wake_at = _storable(lambda: check_instant(when, f"timer {name!r}: when"))
         if self._replayed_timer(name):
             return
-        now = self.store.now()
+        now = self.store.reads.now()
         _storable(
             lambda: seconds_of(wake_at - now, f"timer {name!r}: time until {wake_at.isoformat()}")
         )

@@ -226,7 +226,7 @@ class LeaseHeartbeat:
             by_owner.setdefault(entry.claim.owner, []).append(entry)
         for owner, owned in by_owner.items():
             sent = time.monotonic()
-            renewed = self.store.renew_leases(
+            renewed = self.store.ownership.renew_leases(
                 owner,
                 [(entry.claim.job_id, entry.claim.fence) for entry in owned],
                 self.lease_seconds,
@@ -241,7 +241,7 @@ class LeaseHeartbeat:
                 if still_watched is None:
                     continue  # the run ended (and wrote its outcome) while we renewed
                 try:  # the database's answer: who holds the job now, under which fence
-                    lost = self.store.why_lost(entry.claim)
+                    lost = self.store.ownership.why_lost(entry.claim)
                 except Exception:
                     lost = LeaseLost(
                         entry.claim.job_id,

@@ -34,8 +34,8 @@ SCHEDULE_COLUMNS = tuple(SchedulesTable.__table__.c)
 
 class JobReader(PageReads):
     """Reads over one engine and one clock; :class:`jobs.core.store.JobStore` composes one
-    (``store.reader``), exposes its reads and adds the writes. The paged reads of one job's
-    rows (:class:`jobs.core.page_reads.PageReads`) are used through ``store.reader``."""
+    (``store.reads``), exposes its reads and adds the writes. The paged reads of one job's
+    rows (:class:`jobs.core.page_reads.PageReads`) are used through ``store.reads``."""
 
     def __init__(
         self, engine: Engine, clock: Clock | None = None, max_payload_bytes: int = 1_048_576

@@ -137,7 +137,7 @@ class Runner:
         know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
         process that knows it)."""
         sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
-        claim = self.store.claim(
+        claim = self.store.ownership.claim(
             job_id,
             self.owner,
             self.lease_seconds,
@@ -159,21 +159,21 @@ class Runner:
             claim,
             self.lease_seconds,
             sent,
-            renew=lambda: self.store.renew(claim, self.lease_seconds),
+            renew=lambda: self.store.ownership.renew(claim, self.lease_seconds),
         )
         try:
             kind = self.registry.get(job.kind)
             check_loaded(job.inputs, "inputs")
             kind.check_inputs(job.inputs)
             recorded = (
-                {step.name: step.output for step in self.store.steps(job.id)}
+                {step.name: step.output for step in self.store.reads.steps(job.id)}
                 if claim.has_steps
                 else {}
             )
             check_loaded(recorded, "a recorded step output")
         except (UnknownKind, InvalidInput) as err:
             # Not transient: no retry would help. Fail with the reason instead of looping.
-            failed = self.store.fail(claim, str(err))
+            failed = self.store.ownership.fail(claim, str(err))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
         started = time.monotonic()
         deadline = None if self.budget_seconds is None else started + self.budget_seconds
@@ -225,7 +225,7 @@ class Runner:
             parked = self._held(
                 ctx,
                 partial(
-                    self.store.wait_for_approval,
+                    self.store.ownership.wait_for_approval,
                     claim,
                     wait.reason,
                     wait.step_name,
@@ -234,23 +234,25 @@ class Runner:
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
         except WaitingForChildren as children:
-            parked = self.store.wait_for_children(
+            parked = self.store.workflows.wait_for_children(
                 claim, children.child_ids, children.step_name, steps=ctx.take_pending()
             )
             return self._result(parked, self._parked_or_back(parked), ctx)
         except WaitingForEvent as event:
-            parked = self.store.wait_for_event(
+            parked = self.store.workflows.wait_for_event(
                 claim, event.name, event.step_name, event.timeout, steps=ctx.take_pending()
             )
             return self._result(parked, self._parked_or_back(parked), ctx)
         except Sleeping as sleep:
-            slept = self._held(ctx, partial(self.store.sleep, claim, sleep.name, sleep.wake_at))
+            slept = self._held(
+                ctx, partial(self.store.ownership.sleep, claim, sleep.name, sleep.wake_at)
+            )
             return self._result(slept, Outcome.SLEEPING, ctx)
         except HandBack as hand_back:
-            released = self._held(ctx, partial(self.store.release, claim, str(hand_back)))
+            released = self._held(ctx, partial(self.store.ownership.release, claim, str(hand_back)))
             return self._result(released, Outcome.HANDED_BACK, ctx)
         except Unstorable as unstorable:
-            failed = self._held(ctx, partial(self.store.fail, claim, str(unstorable)))
+            failed = self._held(ctx, partial(self.store.ownership.fail, claim, str(unstorable)))
             return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
         except TimedOut as timed_out:
             ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
@@ -273,11 +275,13 @@ class Runner:
         ctx.check_lease()
         pending = ctx.take_pending()
         try:
-            completed = self._held(ctx, partial(self.store.complete, claim, result), pending)
+            completed = self._held(
+                ctx, partial(self.store.ownership.complete, claim, result), pending
+            )
         except InvalidInput as err:
             # The return value cannot be stored (not JSON, too big): no retry would change it,
             # and letting it escape would leave the job RUNNING until its lease ran out.
-            failed = self._held(ctx, partial(self.store.fail, claim, str(err)), pending)
+            failed = self._held(ctx, partial(self.store.ownership.fail, claim, str(err)), pending)
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
 
@@ -289,9 +293,9 @@ class Runner:
             delay = backoff_seconds(
                 job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
             )
-            retried = self._held(ctx, partial(self.store.retry, claim, error, delay))
+            retried = self._held(ctx, partial(self.store.ownership.retry, claim, error, delay))
             return retried, Outcome.RETRYING
-        return self._held(ctx, partial(self.store.fail, claim, error)), Outcome.FAILED
+        return self._held(ctx, partial(self.store.ownership.fail, claim, error)), Outcome.FAILED
 
     @staticmethod
     def _held(
@@ -307,7 +311,7 @@ class Runner:
         claim = ctx.claim
         return ctx.hold.write(
             partial(write, steps=pending),
-            landed=lambda: ctx.store.moved_by(claim.job_id, claim.owner, claim.fence),
+            landed=lambda: ctx.store.reads.moved_by(claim.job_id, claim.owner, claim.fence),
         )
 
     @staticmethod

@@ -158,7 +158,7 @@ class Workflow:
                 job_kind.check_inputs(inputs)
             version, kind_priority = job_kind.version, job_kind.priority
             kind_queue, kind_attempts = job_kind.queue, job_kind.max_attempts
-        return self.store.new_job_values(
+        return self.store.submissions.new_job_values(
             kind,
             inputs,
             job_id=child_id,
@@ -204,9 +204,9 @@ class Workflow:
             return child
         child_id = child_id_of(self.job_id, key)
         row = self._child_row(child_kind, inputs, child_id, max_attempts, priority, queue)
-        record = self.store.pending_step(name, {"child_id": child_id})
+        record = self.store.ownership.pending_step(name, {"child_id": child_id})
         records = [*self.take_pending(), record]
-        self._held(lambda: self.store.spawn(self.claim, child_kind, [row], records))
+        self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, [row], records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return child_id
@@ -238,12 +238,12 @@ class Workflow:
             self._child_row(child_kind, one, child_id, max_attempts, priority, queue)
             for one, child_id in zip(child_inputs, ids, strict=True)
         ]
-        record = self.store.pending_step(name, {"child_ids": ids})
+        record = self.store.ownership.pending_step(name, {"child_ids": ids})
         records = [*self.take_pending(), record]
         if rows:
-            self._held(lambda: self.store.spawn(self.claim, child_kind, rows, records))
+            self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, rows, records))
         else:
-            self._held(lambda: self.store.record_steps(self.claim, records))
+            self._held(lambda: self.store.ownership.record_steps(self.claim, records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return ids
@@ -263,7 +263,7 @@ class Workflow:
         if done:
             results: list[Any] = recorded["results"]
             return results
-        found = {job.id: job for job in self._held(lambda: self.store.jobs_by_id(ids))}
+        found = {job.id: job for job in self._held(lambda: self.store.reads.jobs_by_id(ids))}
         for child_id in ids:
             job = found.get(child_id)
             if job is None or job.parent_id != self.job_id:
@@ -274,11 +274,11 @@ class Workflow:
                 raise ChildFailed(child_id, job.state.value, job.last_error)
         if any(found[child_id].state is not State.COMPLETED for child_id in ids):
             raise WaitingForChildren(ids, name)
-        record = self.store.pending_step(
+        record = self.store.ownership.pending_step(
             name, {"results": [found[child_id].result for child_id in ids]}
         )
         records = [*self.take_pending(), record]
-        self._held(lambda: self.store.record_steps(self.claim, records))
+        self._held(lambda: self.store.ownership.record_steps(self.claim, records))
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         finished: list[Any] = record.output["results"]
@@ -327,7 +327,7 @@ class Workflow:
                 raise EventTimedOut(self.job_id, f"event {name!r}")
             return recorded["payload"]
         self.take_pending_and_record()
-        consumed = self.store.consume_event(self.claim, name, step_name)
+        consumed = self.store.workflows.consume_event(self.claim, name, step_name)
         if consumed is None:
             raise WaitingForEvent(name, step_name, timeout)
         self._recorded[step_name] = consumed.output

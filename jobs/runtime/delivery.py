@@ -18,6 +18,8 @@ from jobs.core.outage import OUTAGES, is_disconnect
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
 from jobs.core.store import JobStore
+from jobs.core.store.deferred import hold_completions
+from jobs.core.store.flights import share_flights
 from jobs.runtime.process import ProcessRuntime
 
 log = logging.getLogger("jobs.worker")
@@ -72,9 +74,11 @@ def _deliver(
     if runs_one_job_at_a_time():
         # Through an outage a held completion is tried again for half a lease: the lease
         # was renewed at most a third of a lease before the run ended, and the fence decides.
-        runtime.store.hold_completions(settings.hold_completion_seconds, settings.lease_seconds / 2)
+        hold_completions(
+            runtime.store.statements, settings.hold_completion_seconds, settings.lease_seconds / 2
+        )
     else:
-        runtime.store.share_flights()
+        share_flights(runtime.store.statements)
     _stores.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
     result = runner.run(job_id)
@@ -168,12 +172,12 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return
-    runtime.ring(runner.store.next_due_doorbells(result.job.kind, 1))
+    runtime.ring(runner.store.reads.next_due_doorbells(result.job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:
     try:
-        job = runner.store.get(job_id)
+        job = runner.store.reads.get(job_id)
     except UnknownJob:
         return "unknown job"
     if job.state is State.RUNNING:
@@ -185,9 +189,9 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
                 f"QUEUED, of kind {job.kind!r}, which this worker does not know "
                 f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
             )
-        if job.run_after > runner.store.now():
+        if job.run_after > runner.store.reads.now():
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
-        limits = runner.store.limits().get(job.kind)
+        limits = runner.store.reads.limits().get(job.kind)
         if limits is not None and limits.max_running is not None:
             return (
                 f"QUEUED, waiting for a slot ({job.kind!r} allows "

@@ -66,16 +66,16 @@ def full_value(store: JobStore, job_id: str, step: str, field: str) -> str:
     and, for an unknown step or field, :class:`InvalidInput`."""
     check_lookup_id(job_id)  # one no job can have (a NUL: PostgreSQL's DataError) is unknown
     if step:
-        text = store.reader.step_output_text(job_id, step)
+        text = store.reads.step_output_text(job_id, step)
         if text is None:
-            store.get(job_id)  # an unknown job says so
+            store.reads.get(job_id)  # an unknown job says so
             raise InvalidInput(
                 f"job {printable(job_id[:80])!r} has no step {printable(step[:80])!r}"
             )
         return text
     if field not in JOB_VALUES:
         raise InvalidInput(f"no value {printable(field[:40])!r}: one of {', '.join(JOB_VALUES)}")
-    return job_value(store.get(job_id), field)
+    return job_value(store.reads.get(job_id), field)
 
 
 def as_json(value: Any) -> str:

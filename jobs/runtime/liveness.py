@@ -327,7 +327,7 @@ def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS
     dialect = store.engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         return []
-    running = store.running_with_liveness()
+    running = store.reads.running_with_liveness()
     if not running:
         return []
     if dialect == "postgresql":
@@ -357,7 +357,7 @@ def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS
         ]
     rescued = []
     for job_id, owner, fence, reason in dead:
-        job = store.expire(job_id, owner, fence, reason)
+        job = store.operator.expire(job_id, owner, fence, reason)
         if job is not None:
             log.warning("job %s: owner %s is gone; now %s", job_id, owner, job.state.value)
             rescued.append(job)

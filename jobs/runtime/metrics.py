@@ -102,7 +102,7 @@ class TableCollector(Collector):
         by_state = GaugeMetricFamily(
             "jobs", "Jobs in the table by state and kind.", labels=["state", "kind"]
         )
-        by_priority = store.counts_by_priority()  # one grouped read for both gauges
+        by_priority = store.reads.counts_by_priority()  # one grouped read for both gauges
         counts = without_priority(by_priority)
         kinds = sorted({kind for kind, _ in counts})
         for kind in kinds:
@@ -116,13 +116,13 @@ class TableCollector(Collector):
             labels=["queue"],
         )
         totals: dict[str, int] = {}
-        for queue, count in store.queued_by_queue().items():
+        for queue, count in store.reads.queued_by_queue().items():
             name = self.default_queue if queue is None else queue
             totals[name] = totals.get(name, 0) + count
         for name, count in sorted(totals.items()):
             by_queue.add_metric([name], count)
         yield by_queue
-        oldest = store.oldest_queued()
+        oldest = store.reads.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
             "How long the oldest due QUEUED job has waited (0 when none is due).",
@@ -133,7 +133,7 @@ class TableCollector(Collector):
             "QUEUED jobs not due yet: sleeping on a durable timer, delayed, or backing off.",
             labels=["kind"],
         )
-        for kind, count in sorted(store.not_due().items()):
+        for kind, count in sorted(store.reads.not_due().items()):
             waiting.add_metric([kind], count)
         yield waiting
         near = GaugeMetricFamily(
@@ -141,7 +141,7 @@ class TableCollector(Collector):
             "RUNNING jobs whose lease ends within half a lease (expired: already ended).",
             labels=["kind", "expired"],
         )
-        rows = store.leases_ending(self.lease_seconds / 2)
+        rows = store.reads.leases_ending(self.lease_seconds / 2)
         for kind, expired, count in rows:
             near.add_metric([kind, "true" if expired else "false"], count)
         yield near
@@ -150,8 +150,8 @@ class TableCollector(Collector):
             "Seconds since each schedule's last submitted tick (grows if no sweeper fires it).",
             labels=["schedule", "kind"],
         )
-        instant = store.now()
-        for schedule in store.schedules():
+        instant = store.reads.now()
+        for schedule in store.reads.schedules():
             anchor = schedule.last_tick or schedule.created_at or instant
             since.add_metric([schedule.name, schedule.kind], (instant - anchor).total_seconds())
         yield since
@@ -181,7 +181,7 @@ class TableCollector(Collector):
             "Submits refused because the kind's max_queued was reached.",
             labels=["kind"],
         )
-        for (name, kind), value in sorted(self.store.counters().items()):
+        for (name, kind), value in sorted(self.store.reads.counters().items()):
             if name in RECOVERY_CAUSES:
                 recoveries.add_metric([RECOVERY_CAUSES[name], kind], value)
             elif name == "admission_refused":
@@ -192,7 +192,9 @@ class TableCollector(Collector):
     # -- tails -----------------------------------------------------------------------------
 
     def _tail_transitions(self) -> None:
-        moves, self._last_transition = self.store.moves_after(self._last_transition, TAIL_LIMIT)
+        moves, self._last_transition = self.store.reads.moves_after(
+            self._last_transition, TAIL_LIMIT
+        )
         for move in moves:
             if move.to_state is State.RUNNING:
                 if move.from_state is State.RUNNING:  # a claim took over a RUNNING job
@@ -206,7 +208,7 @@ class TableCollector(Collector):
                 )
 
     def _tail_steps(self) -> None:
-        timings, self._last_step_at = self.store.steps_after(self._last_step_at, TAIL_LIMIT)
+        timings, self._last_step_at = self.store.reads.steps_after(self._last_step_at, TAIL_LIMIT)
         for step in timings:
             self.step_seconds.labels(step.kind).observe(_seconds(step.recorded_at, step.began_at))
 

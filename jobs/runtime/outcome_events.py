@@ -111,7 +111,7 @@ def ended_elsewhere(store: JobStore, result: RunResult) -> Job | None:
     if result.outcome not in (Outcome.NOT_CLAIMED, Outcome.LEASE_LOST):
         return None
     try:
-        job = store.get(result.job_id)
+        job = store.reads.get(result.job_id)
     except Exception:  # gone (pruned) or unreadable: report the delivery as it went
         return None
     return job if job.state in (State.CANCELLED, State.FAILED) else None

@@ -47,9 +47,9 @@ def fire_due_ticks(
     now: dt.datetime | None = None,
 ) -> list[Fired]:
     """Submit a job for every due tick of every schedule (per its catch-up policy)."""
-    instant = now if now is not None else store.now()
+    instant = now if now is not None else store.reads.now()
     fired: list[Fired] = []
-    for schedule in store.schedules():
+    for schedule in store.reads.schedules():
         try:
             fired.extend(
                 _fire(store, ring_batch, schedule, instant, default_max_attempts, registry)
@@ -57,7 +57,7 @@ def fire_due_ticks(
         except AdmissionRefused as err:
             # Rolled back with last_tick: tried again next pass (or replaced by a later tick).
             log.warning("schedule %s: tick refused (%s)", schedule.name, err)
-            store.count_event("admission_refused", schedule.kind)
+            store.schedules.count_event("admission_refused", schedule.kind)
         except JobError as err:  # a bad row must not stop the other schedules
             log.error("schedule %s: %s", schedule.name, err)
         except Exception as err:  # a row no check lets in any more (OverflowError …)
@@ -85,7 +85,7 @@ def _fire(
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
         try:
-            outcome = store.fire_tick(
+            outcome = store.schedules.fire_tick(
                 schedule,
                 tick,
                 job_id=job_id,
@@ -96,7 +96,7 @@ def _fire(
             )
         except DuplicateJob:
             # The tick's ID is another job's: skip the tick, say so, and go on to the next.
-            if store.advance_schedule(schedule.name, tick):
+            if store.schedules.advance_schedule(schedule.name, tick):
                 log.warning(
                     "schedule %s: tick %s skipped: its job ID %s is taken by another job "
                     "(another kind or inputs); see jobctl show %s",
@@ -105,7 +105,7 @@ def _fire(
                     job_id,
                     job_id,
                 )
-                store.count_event("tick_skipped", schedule.kind)
+                store.schedules.count_event("tick_skipped", schedule.kind)
             continue
         if outcome is None:
             continue  # another sweeper fired this tick (or a later one) first

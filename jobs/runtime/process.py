@@ -160,7 +160,7 @@ class ProcessRuntime:
             if kind.name in self._seeded_kinds:
                 continue
             if kind.max_running is not None or kind.max_queued is not None:
-                self.store.set_limits(
+                self.store.submissions.set_limits(
                     kind.name,
                     max_running=kind.max_running,
                     max_queued=kind.max_queued,
@@ -251,7 +251,7 @@ class ProcessRuntime:
             why,
         )
         try:
-            self.store.mark_unrung(job_ids)
+            self.store.doorbells.mark_unrung(job_ids)
         except Exception:
             log.exception("could not mark %d job(s) unrung", len(job_ids))
 

@@ -72,7 +72,7 @@ class SweepReport:
 
 def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
     for kind, amount in Counter(kinds).items():
-        store.count_event(event, kind, amount)
+        store.schedules.count_event(event, kind, amount)
 
 
 def ring(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> list[str]:
@@ -98,7 +98,7 @@ def ring_all_due(store: JobStore, ring_batch: RingBatch) -> list[str]:
         since_start = max(time.monotonic() - started, 1e-6)
         batch = [
             doorbell
-            for doorbell in store.take_due_doorbells(since_start)
+            for doorbell in store.doorbells.take_due_doorbells(since_start)
             if doorbell.job_id not in taken
         ]
         if not batch:
@@ -132,28 +132,30 @@ def sweep_once(
     ``announce(jobs)`` hears of the jobs this pass FAILED (out of attempts after crashes),
     which no delivery will report to Celery's monitors."""
     dead = rescue_dead_owners(store)
-    expired = store.sweep_expired()
+    expired = store.operator.sweep_expired()
     if announce is not None:
         announce([job for job in (*dead, *expired) if job.state is State.FAILED])
     # Workflows: waits whose deadline passed, and (the safety net) parents no unfinished
     # child will wake; both are left QUEUED and unsent, so the ring below reaches them.
-    timed_out = store.fire_deadlines()
-    stranded = store.wake_stranded_parents()
+    timed_out = store.workflows.fire_deadlines()
+    stranded = store.workflows.wake_stranded_parents()
     _count_by_kind(store, "wait_deadline", (job.kind for job in timed_out))
     _count_by_kind(store, "recovery_stranded_parent", (job.kind for job in stranded))
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
-    stale = store.awaiting_ring_again(settings.ring_again_after_seconds)
+    stale = store.reads.awaiting_ring_again(settings.ring_again_after_seconds)
     health = QueueHealth.OK
     if watch is not None:  # every queue a QUEUED job waits on, JOBS_QUEUE always
-        waited_on = sorted(queue for queue in store.queued_by_queue() if queue is not None)
+        waited_on = sorted(queue for queue in store.reads.queued_by_queue() if queue is not None)
         health = watch.check(with_bands(settings, [settings.queue, *waited_on]))
     rung = ring_all_due(store, ring_batch) if health.ring_all else []
     stale_limit = None
     ready = watch.ready if watch is not None else waiting()
     if ready is not None:
-        stale_limit = store.stale_doorbells(settings.ring_again_after_seconds) - ready
-    due = store.take_due_doorbells(settings.ring_again_after_seconds, stale_limit=stale_limit)
+        stale_limit = store.reads.stale_doorbells(settings.ring_again_after_seconds) - ready
+    due = store.doorbells.take_due_doorbells(
+        settings.ring_again_after_seconds, stale_limit=stale_limit
+    )
     rung += ring(ring_batch, due)
     lost = [job_id for job_id in rung if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
@@ -183,7 +185,7 @@ def prune(
     days = check_days(retention_days, "retention days")
     deleted = 0
     for _ in range(batches):
-        batch = store.prune_finished(days * DAY_SECONDS, PRUNE_BATCH_SIZE)
+        batch = store.schedules.prune_finished(days * DAY_SECONDS, PRUNE_BATCH_SIZE)
         deleted += len(batch)
         if len(batch) < PRUNE_BATCH_SIZE:
             break

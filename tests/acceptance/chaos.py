@@ -98,7 +98,7 @@ class Chaos:
     def owned_by(self, pids: set[int]) -> tuple[str, ...]:
         return tuple(
             job.id
-            for job in self.stack.store.list(State.RUNNING, limit=1000)
+            for job in self.stack.store.reads.list(State.RUNNING, limit=1000)
             if job.owner and owner_pid(job.owner) in pids
         )
 

@@ -679,13 +679,13 @@ class Stack:
         return api.submit(kind, inputs, **options)
 
     def job(self, job_id: str) -> Job:
-        return self.store.get(job_id)
+        return self.store.reads.get(job_id)
 
     def steps(self, job_id: str) -> list[Step]:
-        return self.store.steps(job_id)
+        return self.store.reads.steps(job_id)
 
     def history(self, job_id: str) -> list[Transition]:
-        return self.store.history(job_id)
+        return self.store.reads.history(job_id)
 
     def effects(self, job_id: str) -> list[tuple[str, int]]:
         """(effect, pid) for each time a step function of ``job_id`` really ran."""

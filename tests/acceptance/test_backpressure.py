@@ -41,7 +41,7 @@ def _running_intervals(stack: Stack, job_id: str) -> list[tuple[dt.datetime, dt.
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: Stack) -> None:
     stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=RING_AGAIN_AFTER)
-    stack.store.set_limits("sleep_steps", max_running=1, max_queued=None)
+    stack.store.submissions.set_limits("sleep_steps", max_running=1, max_queued=None)
     workers = [stack.worker(name, pool="prefork", concurrency=2, wait=False) for name in "AB"]
     for worker in workers:
         worker.wait_ready()

@@ -101,7 +101,7 @@ class Project:
         return done.stdout.strip()
 
     def job(self, job_id: str) -> Job:
-        return self.store.get(job_id)
+        return self.store.reads.get(job_id)
 
     def wait_state(self, job_id: str, state: State, timeout: float = 60) -> Job:
         def reached() -> Job | None:
@@ -321,9 +321,9 @@ def test_an_existing_celery_project_runs_durable_jobs_routed_by_kind_and_flower_
     assert "Approved" in approved.text
     resumed = project.wait_state(parked, State.COMPLETED)
     assert small.owns(resumed.owner), resumed.owner
-    assert [move.approved_by for move in project.store.history(parked) if move.approved_by] == [
-        f"{AUTH[0]} (Flower)"
-    ]
+    assert [
+        move.approved_by for move in project.store.reads.history(parked) if move.approved_by
+    ] == [f"{AUTH[0]} (Flower)"]
 
     # A kind no worker knows is never failed: it stays QUEUED, and explain says why.
     orphan = project.run(

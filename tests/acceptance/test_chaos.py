@@ -115,11 +115,11 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
     everything = [*submitted, *listeners]
 
     def all_finished() -> bool:
-        jobs_now = [*everything, *(c.id for p in fan_outs for c in stack.store.children(p))]
+        jobs_now = [*everything, *(c.id for p in fan_outs for c in stack.store.reads.children(p))]
         return all(stack.job(job_id).state.value in ("COMPLETED", "FAILED") for job_id in jobs_now)
 
     wait_until(all_finished, 180, "every job to finish after the faults", interval=1)
-    created = [c.id for p in fan_outs for c in stack.store.children(p)]
+    created = [c.id for p in fan_outs for c in stack.store.reads.children(p)]
     report = check(stack, [*everything, *created], chaos.faults)
     for line in report.lines(seed):
         print(f"[chaos] {line}")

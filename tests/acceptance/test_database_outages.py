@@ -156,17 +156,17 @@ def test_a_step_that_ends_in_an_outage_is_recorded_once_and_the_run_goes_on(
         try:
             heartbeat = LeaseHeartbeat(store, 9.0)
             runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=9.0)
-            store.create("blip", {}, job_id="held", max_attempts=3)
+            store.submissions.create("blip", {}, job_id="held", max_attempts=3)
             with caplog.at_level(logging.INFO, logger="jobs"):
                 result = runner.run("held")
             heartbeat.stop()
             assert result.outcome is Outcome.COMPLETED, result
             assert ran == ["first", "second"]
-            job = store.get("held")
+            job = store.reads.get("held")
             assert job.state is State.COMPLETED, job
             assert job.attempts == 1, job
-            assert [step.name for step in store.steps("held")] == ["first", "second"]
-            assert len([t for t in store.history("held") if t.to_state is State.RUNNING]) == 1
+            assert [step.name for step in store.reads.steps("held")] == ["first", "second"]
+            assert len([t for t in store.reads.history("held") if t.to_state is State.RUNNING]) == 1
             outage_lines = [r.getMessage() for r in caplog.records if r.name == "jobs.outage"]
             assert len(outage_lines) == 2, outage_lines  # one when it went, one when it came back
             assert outage_lines[0].startswith("database unreachable"), outage_lines
@@ -207,16 +207,16 @@ def test_a_workflow_write_after_a_step_that_ends_in_an_outage_is_held(
         try:
             heartbeat = LeaseHeartbeat(store, 9.0)
             runner = Runner(store, "A", registry=registry, heartbeat=heartbeat, lease_seconds=9.0)
-            store.create("blip", {}, job_id="held", max_attempts=3)
-            store.send_event("held", "go", {"n": 1})
+            store.submissions.create("blip", {}, job_id="held", max_attempts=3)
+            store.workflows.send_event("held", "go", {"n": 1})
             result = runner.run("held")
             heartbeat.stop()
             assert result.outcome is Outcome.COMPLETED, result
             assert ran == ["first"]
-            job = store.get("held")
+            job = store.reads.get("held")
             assert job.state is State.COMPLETED, job
             assert job.attempts == 1, job
-            assert store.steps("held")[0].name == "first"
+            assert store.reads.steps("held")[0].name == "first"
         finally:
             start_again(private_pg)
 
@@ -240,7 +240,7 @@ def test_a_held_write_gives_up_when_the_lease_could_have_run_out(
     with private_store(private_pg) as store:
         try:
             runner = Runner(store, "A", registry=registry, lease_seconds=lease)
-            store.create("blip", {}, job_id="given-up", max_attempts=3)
+            store.submissions.create("blip", {}, job_id="given-up", max_attempts=3)
             started = time.monotonic()
             result = runner.run("given-up")
             took = time.monotonic() - started
@@ -249,9 +249,9 @@ def test_a_held_write_gives_up_when_the_lease_could_have_run_out(
             assert lease - safety_margin(lease) - 0.5 < took < lease, took
             assert ran == ["first"]
             wait_until(private_pg.accepting, 30, "the server to be back")
-            job = store.get("given-up")
+            job = store.reads.get("given-up")
             assert job.state is State.RUNNING, job
-            assert store.steps("given-up") == []
+            assert store.reads.steps("given-up") == []
         finally:
             start_again(private_pg)
 

@@ -17,7 +17,7 @@ SECOND = dt.timedelta(seconds=1)
 
 
 def ticks(stack: Stack) -> list[dt.datetime]:
-    found = [job.id for job in stack.store.list(kind="check_order", limit=1000)]
+    found = [job.id for job in stack.store.reads.list(kind="check_order", limit=1000)]
     assert all(job_id.startswith("beat@") for job_id in found)
     return sorted(dt.datetime.fromisoformat(job_id.split("@")[1]) for job_id in found)
 

@@ -80,7 +80,10 @@ def test_a_sweeper_in_another_pid_namespace_runs_no_step_twice(tmp_path: Path) -
         app = JobsApp(from_env(env))
         store = app.runtime.store
         job = wait_until(
-            lambda: (found := store.get(job_id)).state in (State.COMPLETED, State.FAILED) and found,
+            lambda: (
+                (found := store.reads.get(job_id)).state in (State.COMPLETED, State.FAILED)
+                and found
+            ),
             180,
             "the job to end",
         )

@@ -53,13 +53,13 @@ def test_sighup_hands_running_jobs_back_as_a_warm_shutdown_does(tmp_path: Path) 
         job_id = submitted.stdout.strip()
         app = JobsApp(from_env(env))
         store = app.runtime.store
-        wait_until(lambda: len(store.steps(job_id)) >= 3, 120, "the job's first steps")
-        first_owner = store.get(job_id).owner
+        wait_until(lambda: len(store.reads.steps(job_id)) >= 3, 120, "the job's first steps")
+        first_owner = store.reads.get(job_id).owner
         os.kill(proc.pid, signal.SIGHUP)
         handed_back = wait_until(
             lambda: any(
                 (move.from_state, move.to_state) == (State.RUNNING, State.QUEUED)
-                for move in store.history(job_id)
+                for move in store.reads.history(job_id)
             ),
             30,
             "the job handed back",
@@ -67,7 +67,7 @@ def test_sighup_hands_running_jobs_back_as_a_warm_shutdown_does(tmp_path: Path) 
         assert handed_back
         # The restarted worker (other pool processes) takes it up where its steps end.
         wait_until(
-            lambda: store.get(job_id).owner not in (None, first_owner),
+            lambda: store.reads.get(job_id).owner not in (None, first_owner),
             120,
             "the job claimed by the restarted worker",
         )

@@ -33,7 +33,7 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
     first = stack.worker("A")
     sweepers = [stack.start(f"sweeper-{n}", ["sweeper"]) for n in (1, 2)]
     job_id = stack.submit("follow_up", {"order_id": 7, "wait_seconds": SLEEP_SECONDS})
-    run_at = stack.store.now() + dt.timedelta(seconds=SLEEP_SECONDS)
+    run_at = stack.store.reads.now() + dt.timedelta(seconds=SLEEP_SECONDS)
     delayed = stack.submit("check_order", {"order_id": 8, "check_seconds": 0}, run_at=run_at)
 
     def asleep() -> dt.datetime | None:
@@ -53,7 +53,7 @@ def test_a_job_sleeping_across_a_worker_restart_wakes_once_on_time(stack: Stack)
     second = stack.worker("B")
     assert stack.queue_depth() == (0, 0), "a sleeping or delayed job holds no message"
     assert stack.job(delayed).dispatched_at is None
-    assert stack.store.now() < wake_at - dt.timedelta(seconds=3), (
+    assert stack.store.reads.now() < wake_at - dt.timedelta(seconds=3), (
         "the restart took most of the sleep; raise SLEEP_SECONDS"
     )
 

@@ -43,7 +43,7 @@ def fan_out_problems(
     problems: list[str] = []
     parent = stack.job(parent_id)
     expected = expected_children(parent_id, inputs)
-    children = stack.store.children(parent_id)
+    children = stack.store.reads.children(parent_id)
     ids = [child.id for child in children]
     if not set(ids) <= set(expected) or len(ids) != len(set(ids)):
         problems.append(f"{parent_id}: children {sorted(ids)} not among {sorted(expected)}")

@@ -129,7 +129,7 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     where = JobFilter(
         state=State(state) if state else None,
         kind=filters.kind.strip() or None,
-        since=parse_since(since, app.store.now) if since else None,
+        since=parse_since(since, app.store.reads.now) if since else None,
         error_like=error_like or None,
         queue=filters.queue.strip() or None,
         default_queue=app.settings.queue,
@@ -140,7 +140,7 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
 def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     """Everything the Jobs page shows, read now."""
     store = app.store
-    by_kind_state = store.counts()
+    by_kind_state = store.reads.counts()
     states = [state.value for state in State]
     counts: dict[str, dict[str, int]] = {}
     totals = dict.fromkeys(states, 0)
@@ -149,28 +149,30 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
         totals[state] = totals.get(state, 0) + jobs
     default_queue = app.settings.queue
     queues: dict[str, int] = {}
-    for queue, jobs in store.queued_by_queue().items():
+    for queue, jobs in store.reads.queued_by_queue().items():
         name = queue or default_queue
         queues[name] = queues.get(name, 0) + jobs
-    now = store.now()
-    schedules = [ScheduleRow(schedule, _next_tick(schedule, now)) for schedule in store.schedules()]
+    now = store.reads.now()
+    schedules = [
+        ScheduleRow(schedule, _next_tick(schedule, now)) for schedule in store.reads.schedules()
+    ]
     limits = [
         LimitRow(
             limit_row,
             by_kind_state.get((kind, State.RUNNING.value), 0),
             by_kind_state.get((kind, State.QUEUED.value), 0),
         )
-        for kind, limit_row in sorted(store.limits().items())
+        for kind, limit_row in sorted(store.reads.limits().items())
     ]
     return Overview(
         where=where,
         limit=limit,
-        jobs=store.reader.list_summaries(where, limit),
+        jobs=store.reads.list_summaries(where, limit),
         states=states,
         counts=counts,
         state_totals=totals,
         queues=sorted(queues.items()),
-        oldest=store.oldest_queued(),
+        oldest=store.reads.oldest_queued(),
         schedules=schedules,
         limits=limits,
     )
@@ -190,10 +192,10 @@ def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -
     starts = offsets or {}
     job = app.get(job_id)
     store = app.store
-    reader = store.reader
+    reader = store.reads
     parent = None
     if job.parent_id is not None:
-        parent = next(iter(store.jobs_by_id([job.parent_id])), None)
+        parent = next(iter(store.reads.jobs_by_id([job.parent_id])), None)
     return JobPage(
         job=job,
         values={name: clip(job_value(job, name)) for name in JOB_VALUES},
