@@ -21,7 +21,7 @@ import jobs
 from bench import plain_app
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _wait
-from jobs.application import default_app, reset_settings
+from jobs.application import default_app
 from jobs.core.models import JobsTable
 
 SKIP = 20  # completions before the timing starts: the worker is up and warm by then
@@ -193,7 +193,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
     the time includes reading the last ones)."""
     saved = os.environ.get("JOBS_DOORBELL_CONFIRMS")
     os.environ["JOBS_DOORBELL_CONFIRMS"] = "wait" if "awaited" in mode else "background"
-    reset_settings()
+    default_app().reset_settings()
     default_app().reset()
     try:
         started = time.perf_counter()
@@ -211,7 +211,7 @@ def _submit_durable(mode: str, ids: list[str]) -> float:
             os.environ.pop("JOBS_DOORBELL_CONFIRMS", None)
         else:
             os.environ["JOBS_DOORBELL_CONFIRMS"] = saved
-        reset_settings()
+        default_app().reset_settings()
         default_app().reset()
 
 

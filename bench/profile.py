@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import event
 
 import jobs
-from jobs.application import default_app, get_settings
+from jobs.application import default_app
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.runner import Outcome, Runner
@@ -100,9 +100,9 @@ def profile_jobs(database_url: str, kind: str, n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as folder_name:
         folder = Path(folder_name)
         engine = _traced_engine(database_url, folder)
-        store = TimedStore(engine, max_payload_bytes=get_settings().max_input_bytes)
+        store = TimedStore(engine, max_payload_bytes=default_app().settings.max_input_bytes)
         store.spent = defaultdict(float)
-        settings = get_settings()
+        settings = default_app().settings
         heartbeat = LeaseHeartbeat(store, settings.lease_seconds)
         liveness = LivenessLock(database_url)
         runner = Runner.from_settings(

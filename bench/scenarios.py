@@ -29,8 +29,7 @@ from bench import kinds, marks, plain_app
 from bench.procs import Child, Processes
 from bench.services import clock_offset, delete_queues, pg_database
 from bench.stats import percentile
-from jobs import api
-from jobs.application import default_app, reset_settings
+from jobs.application import default_app
 from jobs.core.models import JobsTable
 from jobs.core.settings import from_env
 from jobs.core.states import State
@@ -111,16 +110,16 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
     for key in saved:
         del os.environ[key]
     os.environ.update(values)
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     try:
         yield
     finally:
         for key in [k for k in os.environ if k.startswith("JOBS_")]:
             del os.environ[key]
         os.environ.update(saved)
-        reset_settings()
-        api.reset()
+        default_app().reset_settings()
+        jobs.reset()
 
 
 def _base_env() -> dict[str, str]:

@@ -144,12 +144,12 @@ def connections(concurrency: int, jobs_count: int, drain_jobs: int) -> None:
                     raise SystemExit("worker not ready:\n" + (logs / "worker.log").read_text())
                 time.sleep(0.1)
             os.environ.update({k: v for k, v in env.items() if k.startswith("JOBS_")})
-            from jobs import api  # noqa: PLC0415
-            from jobs.application import default_app, reset_settings  # noqa: PLC0415
+            import jobs  # noqa: PLC0415
+            from jobs.application import default_app  # noqa: PLC0415
 
-            reset_settings()
-            api.reset()
-            ids = [api.submit(STEP, {}) for _ in range(jobs_count)]
+            default_app().reset_settings()
+            jobs.reset()
+            ids = [jobs.submit(STEP, {}) for _ in range(jobs_count)]
 
             store = default_app().runtime.store
             most: dict[str, Counter[tuple[str, str]]] = {name: Counter() for name in procs}
@@ -165,7 +165,7 @@ def connections(concurrency: int, jobs_count: int, drain_jobs: int) -> None:
             for name, seen in most.items():
                 for (role, service), n in sorted(seen.items()):
                     print(f"  {name:8} {role:10} {service:10} {n}")
-            drain(api, database_url, drain_jobs, concurrency)
+            drain(jobs, database_url, drain_jobs, concurrency)
         finally:
             for popen in procs.values():
                 with_group(popen)

@@ -46,13 +46,16 @@ from jobs.core.states import TRANSITIONS, State
 from jobs.tasks import JobTask, job
 
 if TYPE_CHECKING:
-    from jobs.api import (
+    from jobs.application import (
+        JobsApp,
         approve,
         cancel,
         children,
+        default_app,
         get,
         history,
         list_jobs,
+        reset,
         retry,
         ring,
         schedule,
@@ -67,11 +70,10 @@ if TYPE_CHECKING:
         unschedule,
         wake,
     )
-    from jobs.application import JobsApp, default_app
     from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
     from jobs.core.schedule import Schedule
     from jobs.results import JobFailure, JobResult
-    from jobs.submit_options import SubmitOptions
+    from jobs.service.options import SubmitOptions
 
 _LAZY = {
     **dict.fromkeys(
@@ -97,12 +99,11 @@ _LAZY = {
             "unschedule",
             "wake",
         ),
-        "jobs.api",
+        "jobs.application",
     ),
     **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
-    **dict.fromkeys(("JobsApp", "default_app"), "jobs.application"),
-    "SubmitOptions": "jobs.submit_options",
-    **dict.fromkeys(("dispatch", "set_dispatcher"), "jobs.compat"),
+    **dict.fromkeys(("JobsApp", "reset"), "jobs.application"),
+    "SubmitOptions": "jobs.service.options",
     **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
     "Schedule": "jobs.core.schedule",
 }
@@ -156,6 +157,7 @@ __all__ = [
     "history",
     "job",
     "list_jobs",
+    "reset",
     "retry",
     "ring",
     "schedule",

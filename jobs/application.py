@@ -10,15 +10,18 @@ A :class:`JobsApp` owns
   user's own after :func:`jobs.contrib.celery.install`;
 - its **process runtime** (:class:`jobs.runtime.process.ProcessRuntime`: engine, store,
   doorbell, heartbeat, liveness lock), rebuilt after a fork and when the settings change;
-- the **operations** (:meth:`submit`, :meth:`approve` …), from
-  :class:`jobs.operations.JobOperations`.
+- its **services**, composed as Celery composes ``app.control``: ``app.jobs`` (submit,
+  read), ``app.operator`` (approve, cancel, retry, bulk), ``app.schedules`` and
+  ``app.limits`` (:mod:`jobs.service`), and ``app.transactions``, where their writes
+  commit and their doorbells ring.
 
-The module-level operations (``jobs.submit``, ``jobs.approve`` …, see :mod:`jobs.api`) call
-the process's default app, :func:`default_app`. Tests and embedders make their own::
+The module functions (``jobs.submit``, ``jobs.approve`` …) are the default app's services,
+bound at the bottom of this module: each calls :func:`default_app` at call time. Tests and
+embedders make their own app::
 
     app = JobsApp(Settings(...))           # or JobsApp() to read the environment
     app.registry.register("echo", echo)
-    job_id = app.submit("echo", {"text": "hi"})
+    job_id = app.jobs.submit("echo", {"text": "hi"})
 
 Nothing here is a module global but the default app itself.
 """
@@ -28,21 +31,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from jobs.core.database_urls import mask_url
 from jobs.core.errors import SettingsError
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import KNOWN, PREFIX, Settings, from_env
-from jobs.core.validate import (
-    clip,
-)
-from jobs.operations import JobOperations
+from jobs.core.validate import clip
+from jobs.service.limits import LimitService
+from jobs.service.operator import Operator
+from jobs.service.scheduling import ScheduleService
+from jobs.service.submitting import JobService
+from jobs.service.unit import Transactions
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
     # module that only defines jobs need neither
@@ -60,12 +66,16 @@ DefaultsSource = Callable[[], Mapping[str, str]]
 FROM_THE_ENVIRONMENT = "the environment"
 
 
-class JobsApp(JobOperations):
-    """One process's durable jobs: settings, registry, Celery app, runtime and operations.
+class JobsApp:
+    """One process's durable jobs: settings, registry, Celery app, runtime and services.
 
     ``settings`` fixes the settings (else they are read from the environment on first use
     and again after :meth:`reset_settings`); ``registry`` is the kinds this app runs (else
-    a registry of its own that imports ``JOBS_IMPORTS`` on first need)."""
+    a registry of its own that imports ``JOBS_IMPORTS`` on first need).
+
+    The services: :attr:`jobs` (submit, ring, events, reads), :attr:`operator` (approve,
+    wake, cancel, retry, bulk), :attr:`schedules`, :attr:`limits`; all commit and ring
+    through :attr:`transactions`."""
 
     def __init__(self, settings: Settings | None = None, *, registry: Registry | None = None):
         self._given_settings = settings
@@ -85,7 +95,20 @@ class JobsApp(JobOperations):
         self._celery: Celery | None = None
         self._celery_settings: Settings | None = None
         self._adopted: Celery | None = None
+        self._importing_celery_app = False
+        runtime = self._current_runtime
+        self.transactions = Transactions(lambda: runtime().ring)
+        self.jobs = JobService(registry, self._current_settings, runtime, self.transactions)
+        self.operator = Operator(runtime, self.transactions)
+        self.schedules = ScheduleService(registry, runtime)
+        self.limits = LimitService(runtime)
         atexit.register(_flush_doorbells_at_exit, weakref.ref(self))
+
+    def _current_settings(self) -> Settings:
+        return self.settings
+
+    def _current_runtime(self) -> ProcessRuntime:
+        return self.runtime
 
     def __repr__(self) -> str:
         return f"<JobsApp {'default' if self is _default else hex(id(self))}>"
@@ -95,27 +118,35 @@ class JobsApp(JobOperations):
     @property
     def settings(self) -> Settings:
         """The settings in force: given, or read from the environment (over the defaults
-        source) on first use and cached until :meth:`reset_settings`. ``JOBS_CELERY_APP``
-        is imported then, so its ``install(app)`` has adopted the project's Celery app (and
-        its broker) before anything publishes."""
+        source) on first use and cached until :meth:`reset_settings`. Reading them imports
+        nothing: the project's Celery app (``JOBS_CELERY_APP``) is imported by
+        :meth:`import_celery_app`, before the runtime or the Celery app is first built."""
         settings = self._settings
         if settings is None:
             with self._guard:
                 if self._settings is None:
                     source = self._defaults_source
                     env = {**(source() if source else {}), **os.environ}
-                    settings = from_env(env)
-                    if settings.celery_app is not None and self._adopted is None:
-                        self._import_celery_app(settings.celery_app)
-                        if self._defaults_source is not source:
-                            # The import set a framework up (Celery's Django fix-up calls
-                            # django.setup()), whose settings now fill the gaps.
-                            source = self._defaults_source
-                            env = {**(source() if source else {}), **os.environ}
-                            settings = from_env(env)
-                    self._settings = self._with_adopted_broker(settings, env)
+                    self._settings = self._with_adopted_broker(from_env(env), env)
                 settings = self._settings
         return settings
+
+    def import_celery_app(self) -> None:
+        """Import the project's Celery app that ``JOBS_CELERY_APP`` names, once, so its
+        ``install(app)`` has adopted it (and its broker) before anything publishes: what
+        :attr:`runtime` and :attr:`celery` call before they build anything. Nothing without
+        the setting, or once an app was adopted."""
+        with self._guard:
+            if self._adopted is not None or self._importing_celery_app:
+                return
+            name = self.settings.celery_app
+            if name is None:
+                return
+            self._importing_celery_app = True
+            try:
+                self._import_celery_app(name)
+            finally:
+                self._importing_celery_app = False
 
     def _with_adopted_broker(self, settings: Settings, env: Mapping[str, str]) -> Settings:
         """With a user's Celery app adopted, its broker carries the doorbells: the settings
@@ -210,10 +241,11 @@ class JobsApp(JobOperations):
         """This process's runtime for the settings in force: built on first use, and again
         after a fork (the parent's connections and locks are not the child's) or when the
         settings changed (the old one is closed, an injected doorbell carried over)."""
-        settings = self.settings
         runtime = self._runtime
-        if runtime is not None and runtime.pid == os.getpid() and runtime.settings == settings:
+        if runtime is not None and runtime.pid == os.getpid() and runtime.settings == self.settings:
             return runtime
+        self.import_celery_app()
+        settings = self.settings
         with self._guard:
             runtime = self._runtime
             pid = os.getpid()
@@ -268,8 +300,8 @@ class JobsApp(JobOperations):
         """The Celery app that carries this app's doorbells and runs its jobs: the one given
         to :meth:`adopt_celery`, else one built from the settings (and built again when they
         changed)."""
+        self.import_celery_app()
         with self._guard:
-            self.settings  # noqa: B018 - reading them imports JOBS_CELERY_APP, which adopts it
             if self._adopted is not None:
                 return self._adopted
             settings = self.settings
@@ -350,19 +382,65 @@ def default_app() -> JobsApp:
     return app
 
 
-def get_settings() -> Settings:
-    """The default app's settings (:attr:`JobsApp.settings`)."""
-    return default_app().settings
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def reset_settings() -> None:
-    """Read the default app's settings again on next use (:meth:`JobsApp.reset_settings`)."""
-    default_app().reset_settings()
+def _on_default_app(
+    name: str, service: Callable[[JobsApp], S], method: Callable[Concatenate[S, P], R]
+) -> Callable[P, R]:
+    """``method`` of the default app's ``service``, looked up at call time (a test that
+    resets the default app's settings or runtime is followed), under the public ``name``
+    with the method's signature and docstring."""
+
+    @functools.wraps(method)
+    def on_default_app(*args: P.args, **kwargs: P.kwargs) -> R:
+        return method(service(default_app()), *args, **kwargs)
+
+    on_default_app.__name__ = on_default_app.__qualname__ = name
+    on_default_app.__module__ = "jobs"
+    return on_default_app
 
 
-def set_defaults_source(
-    source: DefaultsSource | None, name: str = "the framework's settings"
-) -> None:
-    """Set where the default app reads settings the environment leaves unset
-    (:meth:`JobsApp.set_defaults_source`)."""
-    default_app().set_defaults_source(source, name)
+submit = _on_default_app("submit", lambda app: app.jobs, JobService.submit)
+submit_many = _on_default_app("submit_many", lambda app: app.jobs, JobService.submit_many)
+check_submit = _on_default_app("check_submit", lambda app: app.jobs, JobService.check_submit)
+ring = _on_default_app("ring", lambda app: app.jobs, JobService.ring)
+send_event = _on_default_app("send_event", lambda app: app.jobs, JobService.send_event)
+get = _on_default_app("get", lambda app: app.jobs, JobService.get)
+steps = _on_default_app("steps", lambda app: app.jobs, JobService.steps)
+history = _on_default_app("history", lambda app: app.jobs, JobService.history)
+children = _on_default_app("children", lambda app: app.jobs, JobService.children)
+list_jobs = _on_default_app("list_jobs", lambda app: app.jobs, JobService.list_jobs)
+approve = _on_default_app("approve", lambda app: app.operator, Operator.approve)
+wake = _on_default_app("wake", lambda app: app.operator, Operator.wake)
+cancel = _on_default_app("cancel", lambda app: app.operator, Operator.cancel)
+retry = _on_default_app("retry", lambda app: app.operator, Operator.retry)
+schedule = _on_default_app("schedule", lambda app: app.schedules, ScheduleService.put)
+unschedule = _on_default_app("unschedule", lambda app: app.schedules, ScheduleService.remove)
+schedules = _on_default_app("schedules", lambda app: app.schedules, ScheduleService.all)
+sync_schedules = _on_default_app("sync_schedules", lambda app: app.schedules, ScheduleService.sync)
+set_limits = _on_default_app("set_limits", lambda app: app.limits, LimitService.put)
+seed_limits = _on_default_app("seed_limits", lambda app: app.limits, LimitService.seed)
+
+
+reset = _on_default_app("reset", lambda app: app, JobsApp.reset)
+
+
+def set_doorbell(ring_one: Callable[[str], Any] | None) -> None:
+    """Replace the default app's doorbell with ``ring_one(job_id)``, called once per job
+    after its QUEUED state committed (a test that records doorbells, an embedded user's own
+    transport). ``None`` rings none: jobs then reach workers only through the sweeper,
+    which rings them again, or an in-process :func:`jobs.testing.drain`. Kept until
+    :func:`reset`. (:meth:`jobs.JobsApp.use_doorbell` takes a batch ringer instead.)"""
+    if ring_one is None:
+        default_app().use_doorbell(None)
+        return
+    ringer = ring_one
+
+    def ring_each(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
+        for job_id in job_ids:
+            ringer(job_id)
+
+    default_app().use_doorbell(ring_each)

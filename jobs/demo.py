@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from jobs.application import default_app, get_settings, reset_settings
+from jobs.application import default_app
 from jobs.core.database_urls import mask_url
 from jobs.core.errors import UnknownJob
 from jobs.core.states import State
@@ -97,7 +97,7 @@ class Processes:
 def _environment(values: dict[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
-    reset_settings()
+    default_app().reset_settings()
     try:
         yield
     finally:
@@ -106,7 +106,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-        reset_settings()
+        default_app().reset_settings()
 
 
 def _wait_for(check: Callable[[], Job | None], timeout: float, what: str) -> Job:
@@ -133,9 +133,9 @@ def _free_id(store: JobStore, wanted: str) -> str:
 
 
 def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) -> bool:
-    from jobs import api  # noqa: PLC0415
+    import jobs  # noqa: PLC0415
 
-    base = get_settings()
+    base = default_app().settings
     embedded = not base.database_url.startswith("postgresql")
     data_dir = base.data_dir / "demo"
     shutil.rmtree(data_dir, ignore_errors=True)  # logs and effects of an earlier run
@@ -149,8 +149,8 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
         # A short lease, so that even a hung (not dead) worker would be recovered quickly.
         overrides["JOBS_LEASE_SECONDS"] = "3"
     with _environment(overrides):
-        api.reset()
-        settings = get_settings()
+        jobs.reset()
+        settings = default_app().settings
         env = dict(os.environ)
         if not embedded:
             upgrade(default_app().runtime.engine)  # the demo may be the first thing run
@@ -163,17 +163,17 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
             return _tell(store, procs, job_id, timeout, echo, data_dir)
         finally:
             procs.stop_all()
-            api.reset()
+            jobs.reset()
 
 
 def _tell(
     store: JobStore, procs: Processes, job_id: str, timeout: float, echo: Echo, data_dir: Path
 ) -> bool:
-    from jobs import api  # noqa: PLC0415
+    import jobs  # noqa: PLC0415
 
     procs.start("sweeper", "sweeper")
     worker_a = procs.start("worker-A", "worker", "--pool", "solo", "--hostname", "A@%h")
-    job_id = api.submit("check_order", {"order_id": 42, "check_seconds": 3.0}, job_id=job_id)
+    job_id = jobs.submit("check_order", {"order_id": 42, "check_seconds": 3.0}, job_id=job_id)
     echo(f"submitted {job_id} (check_order, order 42): QUEUED")
 
     def a_is_in_second_step() -> Job | None:

@@ -114,7 +114,7 @@ class JobResult(Generic[R]):
     @property
     def job(self) -> Job:
         """The job's record, read now (:func:`jobs.get`)."""
-        return self.app.get(self.id)
+        return self.app.jobs.get(self.id)
 
     @property
     def job_state(self) -> State:
@@ -178,7 +178,7 @@ class JobResult(Generic[R]):
         (``disable_sync_subtasks`` …) are accepted and change nothing."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            job = self.app.get(self.id)
+            job = self.app.jobs.get(self.id)
             if celery_state(job) in READY_STATES:
                 outcome = self._outcome(job)
                 if propagate and isinstance(outcome, BaseException):
@@ -201,7 +201,7 @@ class JobResult(Generic[R]):
         next step (``terminate`` changes nothing: a job stops at a step boundary, fenced).
         A job that has already ended is left as it is, as Celery leaves a finished task."""
         with contextlib.suppress(IllegalTransition):
-            self.app.cancel(self.id, reason or "revoked through its result handle")
+            self.app.operator.cancel(self.id, reason or "revoked through its result handle")
 
     def forget(self) -> None:
         """Nothing: the job's row is its result, kept until the retention prunes it."""

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from jobs.application import JobsApp
     from jobs.results import JobResult
-    from jobs.transactions import UnitOfWork
+    from jobs.service.unit import UnitOfWork
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -179,7 +179,7 @@ class JobTask(Generic[P, R]):
             raise InvalidInput("give one of countdown and eta, not both")
         inputs = self.inputs_of(args or (), kwargs or {})
         app = self.app
-        submitted = app.submit(
+        submitted = app.jobs.submit(
             self.name,
             inputs,
             job_id=job_id if job_id is not None else task_id,

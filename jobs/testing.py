@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from jobs import api
+import jobs
 from jobs.application import default_app
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.store import Job, JobStore
@@ -49,9 +49,9 @@ def perform_job(
 ) -> Job:
     """Submit a job without ringing the doorbell, run it once in-process, return its record."""
     with default_app().runtime.doorbell_off():
-        job_id = api.submit(kind, inputs, job_id=job_id, max_attempts=max_attempts)
+        job_id = jobs.submit(kind, inputs, job_id=job_id, max_attempts=max_attempts)
     run(job_id)
-    return api.get(job_id)
+    return jobs.get(job_id)
 
 
 def drain(max_runs: int = 1000) -> list[RunResult]:

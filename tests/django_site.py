@@ -143,14 +143,14 @@ def django_world(
     jobs_isolated: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
     """Django set up, the settings.JOBS source in place for this test only."""
-    from jobs.application import default_app, set_defaults_source  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.contrib.django.ambient import joining_django_transactions  # noqa: PLC0415
     from jobs.contrib.django.apps import database_url, settings_env  # noqa: PLC0415
 
     configure(tmp_path_factory.getbasetemp() / "django-default.sqlite3")
-    set_defaults_source(settings_env)
+    default_app().set_defaults_source(settings_env)
     # What the app's ready() does (once per process), for this test only.
-    default_app().join_transactions_from(joining_django_transactions(database_url))
+    default_app().transactions.join_from(joining_django_transactions(database_url))
     try:
         yield
     finally:
@@ -162,5 +162,5 @@ def django_world(
             del connections[alias]
             del connections.settings[alias]
         ROUTER.alias = "default"
-        set_defaults_source(None)
-        default_app().join_transactions_from(None)
+        default_app().set_defaults_source(None)
+        default_app().transactions.join_from(None)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs.application import default_app, get_settings, reset_settings
+from jobs.application import default_app
 from jobs.core.errors import SettingsError
 from jobs.core.settings import from_env
 from jobs.runtime.amqp_doorbells import DoorbellRefused
@@ -44,8 +44,8 @@ def publisher(
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
     monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", request.param)
-    reset_settings()
-    settings = get_settings()
+    default_app().reset_settings()
+    settings = default_app().settings
     publisher = CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
     try:
         publisher(["first"])
@@ -194,7 +194,7 @@ def test_a_doorbell_lost_after_its_submit_returned_marks_the_job_unsent(
     queue = f"doorbells-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
-    reset_settings()
+    default_app().reset_settings()
     default_app().reset()  # the default doorbell, not the test-suite's none
     jobs.job("doorbell_kind")(lambda ctx: None)
     try:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs import api, testing
-from jobs.application import default_app, get_settings, reset_settings
+from jobs import testing
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.registry import REGISTRY
 from jobs.core.runner import Outcome
@@ -106,9 +106,9 @@ def api_slow(ctx: JobContext, steps: int, pause: float) -> int:
 def use_settings(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
     for key, value in values.items():
         monkeypatch.setenv(f"JOBS_{key}", value)
-    reset_settings()
-    api.reset()
-    api.set_doorbell(None)
+    default_app().reset_settings()
+    jobs.reset()
+    jobs.set_doorbell(None)
 
 
 def use_short_lease(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -155,7 +155,7 @@ def test_submit_and_get() -> None:
     assert job.state is jobs.State.QUEUED
     assert job.kind == "api_lookup"
     assert job.inputs == {"order_id": 7}
-    assert job.max_attempts == get_settings().default_max_attempts == 5
+    assert job.max_attempts == default_app().settings.default_max_attempts == 5
     assert [j.id for j in jobs.list_jobs()] == [job_id]
     assert CALLS == {}  # nothing runs without a worker
 
@@ -429,7 +429,7 @@ def test_submit_rings_the_doorbell_after_commit() -> None:
     assert seen == [(job_id, jobs.State.QUEUED)]  # committed before the publish
     assert jobs.get(job_id).dispatched_at is not None
     assert jobs.ring(job_id) is True
-    delayed = jobs.submit("api_lookup", {"order_id": 2}, delay_seconds=60)
+    delayed = jobs.submit("api_lookup", {"order_id": 2}, delay=60)
     assert len(seen) == 2  # a delayed job is rung by the sweeper when due
     assert jobs.get(delayed).dispatched_at is None
 
@@ -450,17 +450,6 @@ def test_a_failing_doorbell_loses_nothing(caplog: pytest.LogCaptureFixture) -> N
     assert jobs.ring(job_id) is False
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED
-
-
-def test_the_old_names_of_ringing_still_work_with_a_warning() -> None:
-    seen: list[str] = []
-    with pytest.warns(DeprecationWarning, match="use jobs.set_doorbell"):
-        jobs.set_dispatcher(seen.append)
-    job_id = jobs.submit("api_lookup", {"order_id": 1})
-    assert seen == [job_id]
-    with pytest.warns(DeprecationWarning, match="use jobs.ring"):
-        assert jobs.dispatch(job_id) is True
-    assert seen == [job_id, job_id]
 
 
 def test_approve_rings_the_doorbell() -> None:
@@ -713,15 +702,15 @@ def test_unknown_setting_lists_the_known_ones_but_not_test_variables() -> None:
 
 def test_settings_are_read_once_until_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "11")
-    reset_settings()
-    first = get_settings()
+    default_app().reset_settings()
+    first = default_app().settings
     assert first.lease_seconds == 11
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "12")
-    assert get_settings() is first
-    reset_settings()
-    assert get_settings().lease_seconds == 12
+    assert default_app().settings is first
+    default_app().reset_settings()
+    assert default_app().settings.lease_seconds == 12
     monkeypatch.setenv("JOBS_TYPO", "1")
-    reset_settings()
+    default_app().reset_settings()
     with pytest.raises(jobs.SettingsError, match="JOBS_TYPO"):
-        get_settings()
+        default_app().settings  # noqa: B018 - reading them raises
     assert default_app()._settings is None

@@ -11,11 +11,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobs
-from jobs.application import JobsApp, default_app
+from jobs.application import default_app
 from jobs.cli import bulk_commands, main
 from jobs.core.context import JobContext
 from jobs.core.records import JobFilter, Selected
 from jobs.core.states import State
+from jobs.service.submitting import JobService
 from jobs.testing import run
 
 SIDE_EFFECTS: list[str] = []
@@ -209,12 +210,12 @@ def test_bulk_skips_and_reports_jobs_that_changed_after_the_selection(
 ) -> None:
     ids = [failed_order(n) for n in range(1, 5)]
     monkeypatch.setattr(bulk_commands, "BATCH_SIZE", 2)
-    select = JobsApp.select_jobs
+    select = JobService.select_jobs
 
     def select_then_someone_acts(
-        app: JobsApp, where: JobFilter, limit: int, **kw: Any
+        service: JobService, where: JobFilter, limit: int, **kw: Any
     ) -> tuple[int, list[Selected]]:
-        found = select(app, where, limit, **kw)
+        found = select(service, where, limit, **kw)
         jobs.retry(ids[1], by="bob", reason="by hand")  # QUEUED now
         jobs.retry(ids[3], by="bob", reason="by hand")
         jobs.cancel(ids[3], "no, not this one")  # CANCELLED: retryable, but not as selected
@@ -222,7 +223,7 @@ def test_bulk_skips_and_reports_jobs_that_changed_after_the_selection(
         return found
 
     kept: dict[str, Any] = {}
-    monkeypatch.setattr(JobsApp, "select_jobs", select_then_someone_acts)
+    monkeypatch.setattr(JobService, "select_jobs", select_then_someone_acts)
 
     result = jobctl("retry", "--kind", "bulk_order", "--yes", "--json")
 

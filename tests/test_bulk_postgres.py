@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 import jobs
-from jobs.application import JobsApp, default_app, reset_settings
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.context import JobContext
 from jobs.core.records import JobFilter, Selected
 from jobs.core.states import State
+from jobs.service.submitting import JobService
 
 pytestmark = pytest.mark.postgres
 
@@ -39,11 +40,11 @@ def thousand_failed(
 ) -> list[str]:
     """1,000 FAILED jobs of one kind with a Timeout error, as a bad deploy leaves them."""
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
-    reset_settings()
+    default_app().reset_settings()
     app = default_app()
     app.reset()
     app.use_doorbell(None)
-    ids = app.submit_many("bulk_bench", [{"n": n} for n in range(JOBS)])
+    ids = app.jobs.submit_many("bulk_bench", [{"n": n} for n in range(JOBS)])
     with clean_pg_engine.begin() as conn:  # set-up only: the failures themselves
         conn.execute(
             text(
@@ -61,17 +62,17 @@ def test_a_bulk_retry_of_a_thousand_failed_jobs_in_committed_batches(
     rung: list[str] = []
     default_app().use_doorbell(lambda ids, priority=0, **_kw: rung.extend(ids))
     changed = thousand_failed[500]
-    select = JobsApp.select_jobs
+    select = JobService.select_jobs
 
     def select_then_someone_retries_one(
-        app: JobsApp, where: JobFilter, limit: int, **kw: Any
+        service: JobService, where: JobFilter, limit: int, **kw: Any
     ) -> tuple[int, list[Selected]]:
-        found = select(app, where, limit, **kw)
+        found = select(service, where, limit, **kw)
         jobs.retry(changed, by="bob", reason="by hand")
         jobs.cancel(changed, "not this one")
         return found
 
-    monkeypatch.setattr(JobsApp, "select_jobs", select_then_someone_retries_one)
+    monkeypatch.setattr(JobService, "select_jobs", select_then_someone_retries_one)
     command = [
         "retry",
         "--kind",

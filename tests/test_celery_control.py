@@ -70,7 +70,7 @@ def test_async_result_is_the_jobs_handle_for_a_job_and_celerys_for_anything_else
     on_postgres: JobsApp,
 ) -> None:
     app = user_app(on_postgres)
-    job_id = on_postgres.submit("ctl_check_order", {"order_id": 1})
+    job_id = on_postgres.jobs.submit("ctl_check_order", {"order_id": 1})
     handle = app.AsyncResult(job_id)
     assert isinstance(handle, JobResult)
     assert handle.state == "PENDING"
@@ -91,8 +91,8 @@ def test_revoke_cancels_the_job_durably_and_still_broadcasts(on_postgres: JobsAp
         exclusive=True,
         auto_delete=True,
     )
-    first = on_postgres.submit("ctl_check_order", {"order_id": 1})
-    second = on_postgres.submit("ctl_check_order", {"order_id": 2})
+    first = on_postgres.jobs.submit("ctl_check_order", {"order_id": 1})
+    second = on_postgres.jobs.submit("ctl_check_order", {"order_id": 2})
     with Connection(AMQP_URL) as conn:
         control(conn.default_channel).declare()
         app.control.revoke(first)
@@ -100,16 +100,16 @@ def test_revoke_cancels_the_job_durably_and_still_broadcasts(on_postgres: JobsAp
         app.control.revoke([second, "not-a-job"], terminate=True)
         assert broadcasts(conn, control, second), "Celery's revoke was not broadcast"
     for job_id, said in ((first, ""), (second, " (terminate=True)")):
-        job = on_postgres.get(job_id)
+        job = on_postgres.jobs.get(job_id)
         assert job.state is State.CANCELLED
-        last = on_postgres.history(job_id)[-1]
+        last = on_postgres.jobs.history(job_id)[-1]
         assert last.to_state is State.CANCELLED
         assert last.reason is not None
         assert last.reason.startswith("revoked through Celery's app.control.revoke from ")
         assert last.reason.endswith(said)
     # A job already ended is left as it is, as Celery's revoke of a finished task.
     app.control.revoke(first)
-    assert on_postgres.get(first).state is State.CANCELLED
+    assert on_postgres.jobs.get(first).state is State.CANCELLED
     assert app.AsyncResult(first).state == "REVOKED"
 
 

@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 import jobs
-from jobs import api
 from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.context import JobContext
@@ -99,5 +98,5 @@ def test_a_caller_cannot_take_a_child_s_id(squat: str) -> None:
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "reserved for child jobs" in result.stderr
     with pytest.raises(InvalidInput, match="reserved for child jobs"):
-        api.check_submit("collide_leaf", {"who": "squat"}, job_id=squat)
+        default_app().jobs.check_submit("collide_leaf", {"who": "squat"}, job_id=squat)
     assert jobs.list_jobs(limit=10) == []

@@ -18,7 +18,7 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 
 import jobs
-from jobs.application import default_app, get_settings, reset_settings
+from jobs.application import default_app
 from jobs.cli import core_commands, main
 from jobs.core.context import JobContext
 from jobs.schema import MIGRATIONS
@@ -511,14 +511,14 @@ def test_db_upgrade_on_a_fresh_data_dir(isolated_jobs: Path) -> None:
 
 def test_a_bad_setting_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "soon")
-    reset_settings()
+    default_app().reset_settings()
 
     assert_one_line_error(jobctl("list"), "JOBS_LEASE_SECONDS")
 
 
 def test_an_unreachable_database_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/jobs")
-    reset_settings()
+    default_app().reset_settings()
 
     assert_one_line_error(jobctl("stats"), "database error")
     assert_one_line_error(jobctl("db", "upgrade"), "database error")
@@ -529,7 +529,7 @@ def test_an_unreachable_host_list_names_every_host_tried(monkeypatch: pytest.Mon
     monkeypatch.setenv(
         "JOBS_DATABASE_URL", "postgresql://nobody:s3cret@127.0.0.1:1,127.0.0.1:2/jobs"
     )
-    reset_settings()
+    default_app().reset_settings()
 
     result = jobctl("stats")
     assert_one_line_error(result, "every host tried", "127.0.0.1:1:", "127.0.0.1:2:")
@@ -692,7 +692,7 @@ def test_setting_mistakes_are_one_line(
 ) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    reset_settings()
+    default_app().reset_settings()
     result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 1}')
     assert_one_line_error(result, fragment)
     assert "s3cret" not in result.output
@@ -703,7 +703,7 @@ def test_a_data_dir_that_is_a_file_is_one_line(
 ) -> None:
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "a-file"))
-    reset_settings()
+    default_app().reset_settings()
     assert_one_line_error(jobctl("list"), "is a file, not a folder")
 
 
@@ -814,11 +814,11 @@ def test_the_worker_sends_task_events_unless_they_are_off(
 
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
-    reset_settings()
+    default_app().reset_settings()
     execs: list[list[str]] = []
     monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(list(argv)))
     assert jobctl("worker", "-c", "1").exit_code == 0
     [argv] = execs
     assert argv[1:3] == ["-m", "jobs.runtime.worker_main"]
     assert ("-E" in argv) is events
-    assert celery_config(get_settings())["worker_send_task_events"] is events
+    assert celery_config(default_app().settings)["worker_send_task_events"] is events

@@ -140,10 +140,10 @@ def test_jobs_celery_app_is_checked_and_must_install(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("JOBS_CELERY_APP", "plainproj")
     with pytest.raises(jobs.SettingsError, match=r"call jobs.contrib.celery.install\(app\)"):
-        JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+        JobsApp(registry=Registry(imports=())).import_celery_app()
     monkeypatch.setenv("JOBS_CELERY_APP", "no_such_project_module")
     with pytest.raises(jobs.SettingsError, match="cannot import it"):
-        JobsApp(registry=Registry(imports=())).settings  # noqa: B018
+        JobsApp(registry=Registry(imports=())).import_celery_app()
 
 
 def test_install_puts_every_durable_queue_with_its_arguments_into_the_apps_config(

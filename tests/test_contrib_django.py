@@ -18,7 +18,7 @@ pytest.importorskip("django")
 
 import jobs
 from jobs import testing
-from jobs.application import get_settings
+from jobs.application import default_app
 from jobs.core.errors import AdmissionRefused, SettingsError
 from jobs.core.states import State
 from tests import django_site
@@ -54,10 +54,9 @@ def shop(
         url = request.getfixturevalue("clean_pg_web_url")
         alias = "shop_pg"
     monkeypatch.setenv("JOBS_DATABASE_URL", url)
-    from jobs.application import reset_settings  # noqa: PLC0415
 
-    reset_settings()
-    jobs.api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     import orders.jobs  # noqa: F401, PLC0415 - the shop's job kind
 
     # Outside any request: brings a fresh SQLite file's job tables to head (and to WAL),
@@ -308,11 +307,10 @@ def test_submit_refuses_a_job_table_in_another_database(
     shop: Doorbell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import jobs.contrib.django  # noqa: PLC0415
-    from jobs.application import reset_settings  # noqa: PLC0415
     from tests.django_site import ROUTER  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
-    reset_settings()
+    default_app().reset_settings()
     with pytest.raises(SettingsError, match="submit_on_commit"):
         jobs.contrib.django.submit(KIND, {"order_id": 1}, using=ROUTER.alias)
 
@@ -322,22 +320,20 @@ def test_settings_come_from_settings_jobs_and_the_environment_wins(
 ) -> None:
     from django.test import override_settings  # noqa: PLC0415
 
-    from jobs.application import reset_settings  # noqa: PLC0415
-
     with override_settings(JOBS={"LEASE_SECONDS": 7, "IMPORTS": ["a.b", "c"]}):
-        reset_settings()
-        settings = get_settings()
+        default_app().reset_settings()
+        settings = default_app().settings
         assert settings.lease_seconds == 7
         assert settings.imports == ("a.b", "c")
         assert settings.database_url.endswith("django-default.sqlite3")  # Django's default
         monkeypatch.setenv("JOBS_LEASE_SECONDS", "9")
-        reset_settings()
-        assert get_settings().lease_seconds == 9
+        default_app().reset_settings()
+        assert default_app().settings.lease_seconds == 9
     with override_settings(JOBS={"LEASE_SECOND": 7}):
-        reset_settings()
+        default_app().reset_settings()
         with pytest.raises(SettingsError, match=r"settings.JOBS: unknown setting 'LEASE_SECOND'"):
-            get_settings()
-    reset_settings()
+            default_app().settings  # noqa: B018 - reading them raises
+    default_app().reset_settings()
 
 
 def test_management_commands_wrap_jobctl_with_the_projects_settings(tmp_path: Path) -> None:
@@ -493,11 +489,9 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
 
     from django.test import Client  # noqa: PLC0415
 
-    from jobs.application import reset_settings  # noqa: PLC0415
-
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "600")  # in-process runs that write a lot
-    reset_settings()
-    jobs.api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     parent = testing.perform_job("shop_many_children", {"count": ADMIN_CHILDREN})
     big = testing.perform_job("shop_big_outputs", {"steps": 60})
     assert parent.state is State.WAITING, parent.last_error

@@ -18,7 +18,7 @@ pytest.importorskip("flask_sqlalchemy")
 
 import jobs
 from jobs import testing
-from jobs.application import get_settings, set_defaults_source
+from jobs.application import default_app
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
 
@@ -72,13 +72,13 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
         with app.app_context():
             shop_flask.db.engine.dispose()
         REGISTRY.remove_job_scope(app.app_context)
-        set_defaults_source(None)
+        default_app().set_defaults_source(None)
 
 
 def test_the_jobs_live_in_the_apps_database_unless_configured(shop: Shop) -> None:
-    assert get_settings().database_url == shop.app.config["SQLALCHEMY_DATABASE_URI"].replace(
-        "postgresql://", "postgresql+psycopg://"
-    )
+    assert default_app().settings.database_url == shop.app.config[
+        "SQLALCHEMY_DATABASE_URI"
+    ].replace("postgresql://", "postgresql+psycopg://")
 
 
 def test_an_order_and_its_job_commit_together_and_the_job_runs_in_the_app_context(
@@ -234,7 +234,7 @@ def test_settings_come_from_app_config_and_the_environment_wins(
 ) -> None:
     from flask import Flask  # noqa: PLC0415
 
-    from jobs.application import reset_settings  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.contrib.flask import Jobs  # noqa: PLC0415
     from jobs.core.errors import SettingsError  # noqa: PLC0415
 
@@ -243,22 +243,22 @@ def test_settings_come_from_app_config_and_the_environment_wins(
     app.config["JOBS_QUEUE"] = "shop"
     try:
         Jobs(app)
-        settings = get_settings()
+        settings = default_app().settings
         assert (settings.lease_seconds, settings.imports, settings.queue) == (
             7,
             ("a", "b.c"),
             "shop",
         )
         monkeypatch.setenv("JOBS_LEASE_SECONDS", "9")
-        reset_settings()
-        assert get_settings().lease_seconds == 9
+        default_app().reset_settings()
+        assert default_app().settings.lease_seconds == 9
         app.config["JOBS_LEASE_SECOND"] = 1
-        reset_settings()
+        default_app().reset_settings()
         with pytest.raises(SettingsError, match=r"app\.config: unknown setting 'LEASE_SECOND'"):
-            get_settings()
+            default_app().settings  # noqa: B018 - reading them raises
     finally:
         REGISTRY.remove_job_scope(app.app_context)
-        set_defaults_source(None)
+        default_app().set_defaults_source(None)
 
 
 def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
@@ -283,7 +283,7 @@ def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
         ext.create_tables()
         with app.app_context():
             engine_url = db.engine.url.render_as_string(hide_password=False)
-        assert get_settings().database_url == engine_url
+        assert default_app().settings.database_url == engine_url
         assert (jobs_isolated / "instance" / "shop.db").exists()
         response = app.test_client().post("/jobs/relative_echo", json={"text": "hi"})
         assert response.status_code == 202, response.data
@@ -292,7 +292,7 @@ def test_a_relative_sqlite_uri_puts_the_jobs_in_the_file_flask_sqlalchemy_uses(
         with app.app_context():
             db.engine.dispose()
         REGISTRY.remove_job_scope(app.app_context)
-        set_defaults_source(None)
+        default_app().set_defaults_source(None)
 
 
 def test_the_blueprint_refuses_whom_authorize_refuses_and_approves_as_whom_it_names(
@@ -336,7 +336,7 @@ def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path
         assert ext.blueprint(insecure_no_auth=True).name == "jobs"
     finally:
         REGISTRY.remove_job_scope(app.app_context)
-        set_defaults_source(None)
+        default_app().set_defaults_source(None)
 
 
 TINY_APP = """

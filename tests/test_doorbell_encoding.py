@@ -10,7 +10,7 @@ import uuid
 
 from amqp.serialization import decode_properties_basic
 
-from jobs.application import get_settings
+from jobs.application import default_app
 from jobs.runtime.amqp_doorbells import AmqpDoorbells
 from jobs.runtime.celery_app import make_app
 from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
@@ -54,7 +54,7 @@ def test_the_encoding_is_py_amqps_byte_for_byte() -> None:
 
 
 def test_a_doorbell_decodes_to_celerys_headers_with_its_own_ids() -> None:
-    settings = get_settings()
+    settings = default_app().settings
     doorbells = AmqpDoorbells(make_app(settings), task_queue(settings))
     message = doorbells.message("job-ü 1", priority=3)
     decoded, _end = decode_properties_basic(message._serialize_properties(), 0)

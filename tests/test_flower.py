@@ -19,8 +19,7 @@ import pytest
 import requests
 
 import jobs
-from jobs import api
-from jobs.application import reset_settings
+from jobs.application import default_app
 from jobs.core.db import make_engine
 from jobs.schema import upgrade
 from tests.conftest import AMQP_URL, service_unavailable
@@ -87,8 +86,8 @@ def test_flower_shows_worker_and_job_task(
     }
     for key, value in settings_env.items():
         monkeypatch.setenv(key, value)
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     upgrade(make_engine(pg_url))
     env = {**os.environ, **settings_env}
     port = _free_port()

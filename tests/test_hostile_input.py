@@ -28,8 +28,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
 import jobs
-from jobs import api
-from jobs.application import default_app, reset_settings
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.database_urls import mask_url
 from jobs.core.errors import InvalidInput, SettingsError, UnknownJob
@@ -75,11 +74,11 @@ def on_postgres(
 ) -> Iterator[str]:
     """The process's jobs (API and jobctl) on the session's PostgreSQL database."""
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
-    reset_settings()
-    api.reset()
-    api.set_doorbell(None)
+    default_app().reset_settings()
+    jobs.reset()
+    jobs.set_doorbell(None)
     yield pg_url
-    api.reset()
+    jobs.reset()
 
 
 BACKENDS = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -366,8 +365,8 @@ def test_a_broken_broker_url_stops_the_process_at_start_up(url: str, fragment: s
 
 def test_submit_with_a_broken_broker_url_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_BROKER_URL", "amqp://guest:guest@localhost:notaport//")
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     one_line_error(jobctl("submit", "hostile_echo"), "JOBS_BROKER_URL")
 
 
@@ -397,7 +396,7 @@ def test_concurrent_first_use_imports_jobs_imports_once_for_everyone(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("JOBS_IMPORTS", "hostile_slow_kinds")
-    reset_settings()
+    default_app().reset_settings()
     from jobs.core.registry import REGISTRY  # noqa: PLC0415
 
     REGISTRY.reset_imports()
@@ -458,8 +457,8 @@ def test_a_body_over_the_input_limit_is_refused_before_it_is_read(
     from jobs.contrib.flask import Jobs  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_MAX_INPUT_BYTES", "1000")
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     app = Flask(__name__)
     app.register_blueprint(Jobs(app).blueprint(insecure_no_auth=True))
     answer = app.test_client().post(

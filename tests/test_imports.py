@@ -118,15 +118,13 @@ LAYERS = {
     "jobs.core": (
         "jobs.runtime",
         "jobs.application",
-        "jobs.operations",
-        "jobs.api",
+        "jobs.service",
         "jobs.cli",
         "jobs.contrib",
     ),
     "jobs.runtime": (
         "jobs.application",
-        "jobs.operations",
-        "jobs.api",
+        "jobs.service",
         "jobs.cli",
         "jobs.contrib",
         "jobs.testing",

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
-from jobs.application import JobsApp, get_settings
+from jobs.application import JobsApp, default_app
 from jobs.core.db import make_engine
 from jobs.core.errors import LeaseLost
 from jobs.core.states import State
@@ -112,7 +112,7 @@ def test_sqlite_liveness_is_the_owner_process(tmp_path: object) -> None:
     upgrade(engine)
     sqlite_store = JobStore(engine)
     assert JobsApp(
-        dataclasses.replace(get_settings(), database_url=f"sqlite:///{tmp_path}/x.db")
+        dataclasses.replace(default_app().settings, database_url=f"sqlite:///{tmp_path}/x.db")
     ).runtime.liveness_key() == liveness.pid_key(os.getpid())
     finished = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -203,7 +203,7 @@ def test_a_sweeper_in_another_pid_namespace_leaves_a_live_owner_alone(tmp_path: 
     namespace's PIDs: it must not call this live owner dead (it did, and the step ran three
     times at once). The owner's job is left to its lease there."""
     url = f"sqlite:///{tmp_path}/x.db"
-    app = JobsApp(dataclasses.replace(get_settings(), database_url=url))
+    app = JobsApp(dataclasses.replace(default_app().settings, database_url=url))
     store = app.runtime.store
     store.submissions.create("k", {}, job_id="alive", max_attempts=3)
     claimed = store.ownership.claim(
@@ -227,7 +227,7 @@ def test_locks_taken_where_the_sweeper_cannot_see_them_turn_liveness_off(
     out of the sweeper's sight (it reads the jobs database's locks), so every live owner
     looked dead. Such a lock proves nothing: liveness is off and the lease decides."""
     settings = dataclasses.replace(
-        get_settings(), database_url=pg_url, liveness_database_url=PG_ADMIN_URL
+        default_app().settings, database_url=pg_url, liveness_database_url=PG_ADMIN_URL
     )
     app = JobsApp(settings)
     try:

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
 import jobs
-from jobs.application import default_app, reset_settings
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
 from jobs.core.context import JobContext
@@ -93,7 +93,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         request.getfixturevalue("clean_pg_engine")
         monkeypatch.setenv("JOBS_DATABASE_URL", request.getfixturevalue("pg_url"))
         monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)  # a server database needs a real broker
-        reset_settings()
+        default_app().reset_settings()
         default_app().reset()
     store = default_app().store
     _failed_with_errors(store, store.engine)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobs
-from jobs.application import default_app, get_settings, reset_settings
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.models import SCHEMA_REVISION
 from jobs.core.store import JobStore
@@ -131,14 +131,14 @@ def test_bad_schedules_are_one_line_and_write_nothing(args: list[str], fragment:
 
 
 def test_a_kind_declared_with_a_schedule_is_synced_and_validated() -> None:
-    from jobs import api  # noqa: PLC0415
+    import jobs  # noqa: PLC0415
     from jobs.core.errors import InvalidInput  # noqa: PLC0415
 
     @jobs.job("ops_hourly", schedule="@hourly", timezone="Asia/Tokyo")
     def ops_hourly(ctx: JobContext) -> None:
         return None
 
-    synced = {s.name: s for s in api.sync_schedules()}
+    synced = {s.name: s for s in default_app().schedules.sync()}
     assert synced["ops_hourly"].spec == "0 * * * *"
     assert synced["ops_hourly"].source == "code"
     with pytest.raises(InvalidInput, match="schedule"):
@@ -163,15 +163,15 @@ def test_prune_dry_run_counts_and_prune_deletes_only_old_finished_jobs(
     assert result.stdout.strip() == "deleted 1 finished jobs older than 0 days"
     assert [job.id for job in jobs.list_jobs()] == [kept]
     monkeypatch.setenv("JOBS_RETENTION_DAYS", "none")
-    reset_settings()
+    default_app().reset_settings()
     one_line_error(jobctl("prune"), 1, "JOBS_RETENTION_DAYS=none")
 
 
 @pytest.mark.parametrize(("raw", "days"), [("none", None), ("", 14.0), ("0.5", 0.5)])
 def test_retention_days_setting(monkeypatch: pytest.MonkeyPatch, raw: str, days: float) -> None:
     monkeypatch.setenv("JOBS_RETENTION_DAYS", raw)
-    reset_settings()
-    assert get_settings().retention_days == days
+    default_app().reset_settings()
+    assert default_app().settings.retention_days == days
 
 
 # -- explain --------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def explained(job_id: str) -> dict[str, Any]:
 
 
 def test_explain_a_job_that_is_not_due_yet() -> None:
-    job_id = jobs.submit("ops_lookup", {"order_id": 1}, delay_seconds=3600)
+    job_id = jobs.submit("ops_lookup", {"order_id": 1}, delay=3600)
     found = explained(job_id)
     assert found["reason"] == "not_due"
     assert "not due until" in found["explanation"]
@@ -208,7 +208,7 @@ def test_explain_a_job_waiting_for_a_slot_of_its_kind() -> None:
 
 def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_RING_AGAIN_AFTER_SECONDS", "1")
-    reset_settings()
+    default_app().reset_settings()
     sent = jobs.submit("ops_lookup", {"order_id": 1})
     assert explained(sent)["reason"] == "waiting_for_worker"
     time.sleep(1.1)
@@ -333,9 +333,9 @@ def test_explain_tells_a_live_owner_from_a_dead_one_on_postgresql(pg_url: str) -
             store.submissions.create("ops_lookup", {"order_id": 1}, job_id=job_id, max_attempts=2)
         assert store.ownership.claim("alive", "w1", 60, liveness_key=key) is not None
         assert store.ownership.claim("dead", "w2", 60, liveness_key=key + 1) is not None
-        assert explain(store, get_settings(), "alive").reason == "running"
-        assert "which is alive" in explain(store, get_settings(), "alive").paragraph
-        assert explain(store, get_settings(), "dead").reason == "owner_dead"
+        assert explain(store, default_app().settings, "alive").reason == "running"
+        assert "which is alive" in explain(store, default_app().settings, "alive").paragraph
+        assert explain(store, default_app().settings, "dead").reason == "owner_dead"
     finally:
         lock.release()
         engine.dispose()
@@ -394,7 +394,7 @@ def test_explain_asks_about_the_broker_when_a_dispatched_job_is_never_claimed(
     """A worker on another broker than the submitters' never claims anything: explain says
     so, whether the message counts as lost or the sweeper has just sent it again."""
     monkeypatch.setenv("JOBS_RING_AGAIN_AFTER_SECONDS", "1")
-    reset_settings()
+    default_app().reset_settings()
     sent = jobs.submit("ops_lookup", {"order_id": 1})
     time.sleep(1.1)
     found = explained(sent)

@@ -21,7 +21,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.transport import filesystem
 
-from jobs.application import get_settings, reset_settings
+from jobs.application import default_app
 from jobs.runtime import doorbell_encoding, fs_transport
 from jobs.runtime.amqp_doorbells import DoorbellRefused
 from jobs.runtime.celery_app import make_app
@@ -85,16 +85,16 @@ def rabbit(monkeypatch: pytest.MonkeyPatch, fresh_checks: None) -> Iterator[str]
     queue = f"self-check-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
-    reset_settings()
+    default_app().reset_settings()
     yield queue
-    with make_app(get_settings()).connection_for_write() as connection:
+    with make_app(default_app().settings).connection_for_write() as connection:
         connection.default_channel.queue_delete(queue)
 
 
 def publisher_for(lost: list[str], confirms: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("JOBS_DOORBELL_CONFIRMS", confirms)
-    reset_settings()
-    settings = get_settings()
+    default_app().reset_settings()
+    settings = default_app().settings
     return CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from jobs.application import reset_settings
+from jobs.application import default_app
 from jobs.cli import main
 from jobs.core.errors import InvalidInput
 from jobs.simulate import simulate
@@ -137,7 +137,7 @@ def test_the_configured_database_is_never_touched(
 ) -> None:
     # An unreachable database would fail any command that opened it.
     monkeypatch.setenv("JOBS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/jobs")
-    reset_settings()
+    default_app().reset_settings()
 
     assert cli_lines() == LEASE_2
     assert not (isolated_jobs / "jobs-data").exists()

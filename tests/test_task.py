@@ -51,7 +51,7 @@ def test_delivery_runs_the_job_and_a_duplicate_is_dropped() -> None:
 
 
 def test_a_job_not_due_yet_is_left_alone() -> None:
-    job_id = jobs.submit("task_probe", {"n": 1}, delay_seconds=3600)
+    job_id = jobs.submit("task_probe", {"n": 1}, delay=3600)
     assert deliver(job_id).startswith(f"{job_id}: dropped (QUEUED but not due until")
     assert jobs.get(job_id).state is jobs.State.QUEUED
 
@@ -87,11 +87,11 @@ def test_a_worker_on_the_solo_pool_is_warned_at_start_up(
 
     from celery.concurrency import get_implementation  # noqa: PLC0415
 
-    from jobs.application import default_app, reset_settings  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime.celery_app import SOLO_POOL_WARNING, warn_about_the_pool  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_BROKER_URL", broker)
-    reset_settings()
+    default_app().reset_settings()
     with caplog.at_level("WARNING", logger="jobs.worker"):
         warn_about_the_pool(
             SimpleNamespace(pool_cls=get_implementation(pool)), default_app().settings

@@ -17,8 +17,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 import jobs
-from jobs import api, testing
-from jobs.application import default_app, get_settings, reset_settings
+from jobs import testing
+from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.models import JobsTable
@@ -60,12 +60,12 @@ def app_engine(
     that checks visibility; the "app" engine is the test's own, as a web app's would be."""
     url, engine = database
     monkeypatch.setenv("JOBS_DATABASE_URL", url)
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     bell = Doorbell(engine)
     jobs.set_doorbell(bell)
     yield engine, bell
-    api.reset()
+    jobs.reset()
 
 
 def count_jobs(engine: Engine) -> int:
@@ -258,8 +258,8 @@ def test_a_forked_child_builds_its_own_engine_and_liveness_lock(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, clean_pg_engine: Engine
 ) -> None:
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     parent = default_app().runtime
     parent_key = parent.liveness_key()
     assert parent_key is not None
@@ -302,8 +302,8 @@ def test_a_one_step_job_makes_three_write_transactions_submit_included(
     """Counted from the transaction IDs stamped on the job's history and step rows: every
     write of a job leaves one (the heartbeat's renewals aside)."""
     monkeypatch.setenv("JOBS_DATABASE_URL", pg_url)
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     jobs.set_doorbell(None)
     job = testing.perform_job("uow_echo", {"n": 5})
     assert job.state is jobs.State.COMPLETED
@@ -335,9 +335,9 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     queue = f"uow-batch-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("JOBS_BROKER_URL", AMQP_URL)
     monkeypatch.setenv("JOBS_QUEUE", queue)
-    reset_settings()
+    default_app().reset_settings()
     ids = [f"job-{i}" for i in range(300)]
-    settings = get_settings()
+    settings = default_app().settings
     publisher = CeleryRinger(settings, celery=lambda: make_app(settings))
     try:
         publisher(ids)

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 import jobs
-from jobs import api, testing
+from jobs import testing
 from jobs.application import default_app
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
@@ -81,8 +81,8 @@ def val_loud_error(ctx: JobContext) -> None:
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 960, 10_000, 1_000_000])
 def test_deep_inputs_are_refused_at_submit(depth: int) -> None:
     with pytest.raises(InvalidInput, match=f"nests deeper than {MAX_DEPTH} levels"):
-        api.submit("val_echo", {"x": nested(depth)})
-    assert api.list_jobs() == []
+        jobs.submit("val_echo", {"x": nested(depth)})
+    assert jobs.list_jobs() == []
 
 
 def test_inputs_at_the_depth_limit_run() -> None:
@@ -94,7 +94,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
     """A row written before the depth check (or by hand) holds inputs too deep to read: the
     claim still succeeds and the job is FAILED, instead of every claim rolling back and the
     sweeper re-sending the job forever."""
-    job_id = api.submit("val_echo", {"x": 1})
+    job_id = jobs.submit("val_echo", {"x": 1})
     deep = '{"x": ' + "[" * 5000 + "1" + "]" * 5000 + "}"
     with default_app().runtime.store.engine.begin() as conn:
         conn.execute(
@@ -102,7 +102,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
         )
     result = testing.run(job_id)
     assert result.outcome is Outcome.FAILED
-    job = api.get(job_id)
+    job = jobs.get(job_id)
     assert job.state is State.FAILED
     assert job.last_error is not None
     assert "inputs cannot be loaded: nested too deeply" in job.last_error
@@ -110,7 +110,7 @@ def test_a_job_that_cannot_be_loaded_fails_with_the_reason() -> None:
 
 
 def test_a_recorded_step_that_cannot_be_loaded_fails_the_job() -> None:
-    job_id = api.submit("val_bad_name", {"name": "charge"})
+    job_id = jobs.submit("val_bad_name", {"name": "charge"})
     with default_app().runtime.store.engine.begin() as conn:
         conn.execute(
             text(
@@ -120,7 +120,9 @@ def test_a_recorded_step_that_cannot_be_loaded_fails_the_job() -> None:
             {"id": job_id, "bad": "{not json"},
         )
     assert testing.run(job_id).outcome is Outcome.FAILED
-    assert "a recorded step output cannot be loaded: not JSON" in (api.get(job_id).last_error or "")
+    assert "a recorded step output cannot be loaded: not JSON" in (
+        jobs.get(job_id).last_error or ""
+    )
     assert CALLS["charge"] == 0
 
 
@@ -131,7 +133,7 @@ def test_an_unstorable_step_output_fails_the_job_after_one_run(what: str) -> Non
     assert CALLS["charge"] == 1  # the side effect ran once, not once per attempt
     assert job.attempts == 1
     assert "output of step 'charge'" in (job.last_error or ""), job.last_error
-    assert api.steps(job.id) == []
+    assert jobs.steps(job.id) == []
 
 
 @pytest.mark.parametrize("name", ["two words", "", "x" * 300, "tab\there"])
@@ -173,9 +175,9 @@ def val_approved(ctx: JobContext) -> dict[str, Any]:
 def test_approvers_may_have_spaces_in_their_names() -> None:
     job = testing.perform_job("val_approved")
     assert job.state is State.WAITING_APPROVAL
-    api.approve(job.id, by="Alice Smith", note="looks fine\nto me")
+    jobs.approve(job.id, by="Alice Smith", note="looks fine\nto me")
     testing.run(job.id)
-    done = api.get(job.id)
+    done = jobs.get(job.id)
     assert done.state is State.COMPLETED
     assert done.result == {"approved_by": "Alice Smith", "note": "looks fine\nto me"}
 
@@ -193,20 +195,20 @@ def test_approvers_may_have_spaces_in_their_names() -> None:
 def test_bad_approvals_are_refused_and_change_nothing(by: str, note: str | None) -> None:
     job = testing.perform_job("val_approved")
     with pytest.raises(InvalidInput):
-        api.approve(job.id, by=by, note=note)
-    assert api.get(job.id).state is State.WAITING_APPROVAL
+        jobs.approve(job.id, by=by, note=note)
+    assert jobs.get(job.id).state is State.WAITING_APPROVAL
 
 
 @pytest.mark.parametrize("reason", ["r" * (TEXT_LENGTH + 1), "nul\x00", "\udcff"])
 def test_bad_cancel_reasons_are_refused_and_change_nothing(reason: str) -> None:
-    job_id = api.submit("val_echo", {"x": 1})
+    job_id = jobs.submit("val_echo", {"x": 1})
     with pytest.raises(InvalidInput, match="cancel reason"):
-        api.cancel(job_id, reason)
-    assert api.get(job_id).state is State.QUEUED
+        jobs.cancel(job_id, reason)
+    assert jobs.get(job_id).state is State.QUEUED
 
 
 @pytest.mark.parametrize("value", [{"x": "\ud800"}, {"x": float("inf")}, {"x": {1, 2}}])
 def test_inputs_that_are_not_json_are_refused(value: dict[str, Any]) -> None:
     with pytest.raises(InvalidInput):
-        api.submit("val_echo", value)
-    assert api.list_jobs() == []
+        jobs.submit("val_echo", value)
+    assert jobs.list_jobs() == []

@@ -5,7 +5,7 @@
 - ``FLASK_APP`` set: the Flask app is loaded, and its ``Jobs(app)`` supplies its
   ``app.config`` and Flask-SQLAlchemy's database (as ``flask jobs`` does).
 - ``JOBS_CELERY_APP`` set: the project's Celery app is imported (its broker carries the
-  doorbells) when the settings are first read.
+  doorbells, and Celery's Django fix-up sets Django up) before the settings are read.
 
 ``JOBS_*`` environment variables win over all of them. Two set-ups that would quietly
 answer from the wrong place stop the command with one line instead: a framework that gives
@@ -62,6 +62,7 @@ def read_the_app_settings(ctx: click.Context) -> None:
         return
     app = default_app()
     set_up_the_framework(app)
+    app.import_celery_app()
     settings = app.settings
     if name not in NO_BROKER:
         refuse_an_unread_broker(app, settings)

@@ -227,7 +227,7 @@ def run_bulk(action: Action, job_id: str | None, bulk: Bulk) -> bool:
 
 def _act(action: Action, where: JobFilter, bulk: Bulk) -> None:
     app = _app()
-    count, selected = app.select_jobs(where, bulk.limit, among=action.applies_to)
+    count, selected = app.jobs.select_jobs(where, bulk.limit, among=action.applies_to)
     report: dict[str, Any] = {
         "action": action.name,
         "filter": where.described(),
@@ -323,13 +323,15 @@ def retry(job_id: str | None, by: str, reason: str, from_start: bool, bulk: Bulk
         "retry",
         "retried",
         RETRYABLE,
-        lambda batch: app.retry_selected(batch, by=by, reason=reason, from_start=from_start),
+        lambda batch: app.operator.retry_selected(
+            batch, by=by, reason=reason, from_start=from_start
+        ),
     )
     if run_bulk(action, job_id, bulk):
         return
     assert job_id is not None  # run_bulk refuses neither an ID nor a filter
     try:
-        job = app.retry(job_id, by=by, reason=reason, from_start=from_start)
+        job = app.operator.retry(job_id, by=by, reason=reason, from_start=from_start)
     except IllegalTransition as err:
         raise click.ClickException(
             f"{err} (only a FAILED or CANCELLED job can be retried)"
@@ -345,7 +347,7 @@ def bulk_approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> b
         "approve",
         "approved",
         APPROVABLE,
-        lambda batch: app.approve_selected(batch, by=by, note=note),
+        lambda batch: app.operator.approve_selected(batch, by=by, note=note),
     )
     return run_bulk(action, job_id, bulk)
 
@@ -357,7 +359,7 @@ def bulk_cancel(job_id: str | None, reason: str, bulk: Bulk) -> bool:
         "cancel",
         "cancelled",
         CANCELLABLE,
-        lambda batch: app.cancel_selected(batch, reason=reason),
+        lambda batch: app.operator.cancel_selected(batch, reason=reason),
     )
     return run_bulk(action, job_id, bulk)
 

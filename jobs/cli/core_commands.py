@@ -1,7 +1,7 @@
 """jobctl commands over the core alone: submit, show, list, approve, cancel, wake, db,
 simulate (stats and limits: :mod:`jobs.cli.backpressure_commands`).
 
-Every command reads the ledger through :mod:`jobs.api` (or the store), never through a
+Every command reads the ledger through the default app's services (or the store), never through a
 broker, so what it prints is what a recovering worker would see. Output meant for
 scripts (``--json``) uses ISO 8601 instants with their offset and keeps the store's
 field names.

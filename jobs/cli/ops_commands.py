@@ -141,10 +141,10 @@ def remove_schedule(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Delete finished jobs (COMPLETED, FAILED, CANCELLED) with their steps and history."""
-    from jobs.application import get_settings  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime import sweeper  # noqa: PLC0415
 
-    days = get_settings().retention_days if older_than is None else older_than
+    days = default_app().settings.retention_days if older_than is None else older_than
     if days is None:
         raise click.ClickException(
             "JOBS_RETENTION_DAYS=none keeps finished jobs; give --older-than DAYS to prune"
@@ -202,11 +202,11 @@ def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 def metrics(port: int, addr: str) -> None:
     """Serve Prometheus metrics read from the job tables on http://ADDR:PORT/metrics."""
-    from jobs.application import get_settings  # noqa: PLC0415
+    from jobs.application import default_app  # noqa: PLC0415
     from jobs.runtime.metrics import serve  # noqa: PLC0415
 
     try:
-        settings = get_settings()
+        settings = default_app().settings
         serve(_store(), port, settings.lease_seconds, addr, default_queue=settings.queue)
     except OSError as err:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {err.strerror}") from None

@@ -113,7 +113,6 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="With --once: the pass's job IDs as JSON.")
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
-    from jobs import api  # noqa: PLC0415
     from jobs.runtime.outcome_events import OutcomeEvents  # noqa: PLC0415
     from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
     from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
@@ -122,7 +121,7 @@ def sweeper(once: bool, as_json: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     runtime = default_app().runtime
     store = runtime.store
-    api.sync_schedules()  # periodic kinds declared in code (JOBS_IMPORTS)
+    default_app().schedules.sync()  # periodic kinds declared in code (JOBS_IMPORTS)
     watch = None if settings.is_embedded_broker else QueueWatch(settings)
     # Flower hears of the jobs the sweeper fails (no delivery reports them), on a broker.
     announce = OutcomeEvents(

@@ -67,7 +67,7 @@ def is_job(jobs_app: JobsApp, task_id: Any) -> bool:
         return False
     try:
         check_lookup_id(task_id)
-        jobs_app.get(task_id)
+        jobs_app.jobs.get(task_id)
     except (UnknownJob, InvalidInput):
         return False
     except Exception as err:  # the database is down: plain tasks' results must still work
@@ -90,7 +90,7 @@ def revoke_jobs(jobs_app: JobsApp, job_ids: Iterable[str], *, terminate: bool = 
         if not is_job(jobs_app, job_id):
             continue
         try:
-            jobs_app.cancel(job_id, reason)
+            jobs_app.operator.cancel(job_id, reason)
         except IllegalTransition:
             continue  # already ended: as Celery's revoke of a finished task, nothing
         cancelled.append(job_id)

@@ -30,8 +30,8 @@ import click
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
 from flask.cli import with_appcontext
 
-from jobs import api
-from jobs.application import default_app, reset_settings, set_defaults_source
+import jobs
+from jobs.application import default_app
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -111,7 +111,7 @@ def export_app_settings(app: Flask, db: Any) -> None:
     really uses, and ``JOBS_IMPORTS`` defaulting to the app's module."""
     for name, value in config_env(app.config, engine_url(app, db), app.import_name).items():
         os.environ.setdefault(name, value)
-    reset_settings()
+    default_app().reset_settings()
 
 
 def jobctl_commands(ext: Jobs) -> click.Command:
@@ -213,7 +213,7 @@ class Jobs:
         self.app = app
         app.extensions["jobs"] = self
         config = app.config
-        set_defaults_source(
+        default_app().set_defaults_source(
             lambda: config_env(config, engine_url(app, self.db), app.import_name),
             f"{app.name}'s app.config",
         )
@@ -248,14 +248,14 @@ class Jobs:
         :func:`jobs.submit`'s). Commit with ``db.session.commit()``; a rollback (or a
         request that ends without a commit) leaves no job and rings no doorbell."""
         if self.db is None:
-            return api.submit(kind, inputs, **options)
-        return api.submit(kind, inputs, session=self.db.session, **options)
+            return jobs.submit(kind, inputs, **options)
+        return jobs.submit(kind, inputs, session=self.db.session, **options)
 
     def approve(self, job_id: str, *, by: str, note: str | None = None) -> Job:
         """:func:`jobs.approve` in the request's ``db.session`` transaction."""
         if self.db is None:
-            return api.approve(job_id, by=by, note=note)
-        return api.approve(job_id, by=by, note=note, session=self.db.session)
+            return jobs.approve(job_id, by=by, note=note)
+        return jobs.approve(job_id, by=by, note=note, session=self.db.session)
 
     def retry(
         self,
@@ -267,8 +267,8 @@ class Jobs:
     ) -> Job:
         """:func:`jobs.retry` in the request's ``db.session`` transaction."""
         if self.db is None:
-            return api.retry(job_id, by=by, reason=reason, from_start=from_start)
-        return api.retry(
+            return jobs.retry(job_id, by=by, reason=reason, from_start=from_start)
+        return jobs.retry(
             job_id, by=by, reason=reason, from_start=from_start, session=self.db.session
         )
 
@@ -342,7 +342,7 @@ class Jobs:
 
         @routes.get("/<job_id>")
         def show(job_id: str) -> Response:
-            job = api.get(job_id)
+            job = jobs.get(job_id)
             acting_user("show", job.kind, job)
             return jsonify(job_json(job))
 
@@ -351,7 +351,7 @@ class Jobs:
             body's ``by``) and the request's JSON object, checked before anything is read."""
             by = None
             if authorize is not None:
-                job = api.get(job_id)
+                job = jobs.get(job_id)
                 by = acting_user(action, job.kind, job)
             body = request_json() or {}
             if not isinstance(body, dict):

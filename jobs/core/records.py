@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
-
-from sqlalchemy import Row
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from jobs.core.states import State
 from jobs.core.validate import NAME_LENGTH, QUEUE_NAME_LENGTH, check_error_pattern, check_text
+
+if TYPE_CHECKING:  # annotations only: the records load no database library
+    from sqlalchemy import Row
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,11 +13,11 @@ import time
 from typing import Any
 
 import jobs
-from jobs.application import get_settings
+from jobs.application import default_app
 
 
 def _effect(name: str, job_id: str) -> None:
-    path = get_settings().data_dir / "effects.log"
+    path = default_app().settings.data_dir / "effects.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as log:
         log.write(f"{job_id} {name} pid={os.getpid()} at={time.time():.6f}\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jobs
-from jobs.application import get_settings
+from jobs.application import default_app
 from jobs.examples.check_order import _effect
 
 
@@ -30,7 +30,7 @@ def _ship(job_id: str, order_id: int) -> str:
 
 def _email(job_id: str, parcel: str) -> bool:
     _effect("email", job_id)
-    if not (get_settings().data_dir / "mailer.fixed").exists():
+    if not (default_app().settings.data_dir / "mailer.fixed").exists():
         raise MailerDown(f"mailer: template for {parcel} is broken (ConnectionTimeout)")
     return True
 

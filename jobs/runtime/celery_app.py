@@ -136,8 +136,10 @@ class JobsHost(Protocol):
         """This process's runtime (engine, store, doorbell, heartbeat, liveness lock)."""
         ...
 
-    def sync_schedules(self) -> Any:
-        """Write the schedules declared in code into the database."""
+    @property
+    def schedules(self) -> Any:
+        """The application's periodic jobs (``schedules.sync()`` writes the schedules
+        declared in code into the database)."""
         ...
 
 

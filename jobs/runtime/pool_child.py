@@ -68,7 +68,7 @@ def _ready_the_database_side(host: Any) -> None:
     try:  # bounded by the connect timeout; taken again before the child's first claim
         runtime.liveness_key()
         runtime.seed_limits()
-        host.sync_schedules()  # periodic kinds declared in code, fired by sweepers
+        host.schedules.sync()  # periodic kinds declared in code, fired by sweepers
     except Exception as err:  # the database may be down: the child must still start
         log.warning("liveness lock not taken yet: %s", type(err).__name__)
 

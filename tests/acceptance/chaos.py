@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from jobs import api
+import jobs
 from jobs.application import default_app
 from jobs.core.states import State, is_legal
 from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
@@ -153,7 +153,7 @@ class Chaos:
             owned = self.owned_by({p for w in self.pool for p in (w.pid, *w.pool_children())})
             at = time.time()
             self.database.restart()
-            api.reset()  # this process's pooled connections died with the server
+            jobs.reset()  # this process's pooled connections died with the server
             return self._record(Fault(kind, at, (), f"{len(owned)} jobs running"))
         if kind == "outage_at_step_end":
             return self._record(self.outage_at_step_end(self.random.uniform(0.2, 1.2)))
@@ -215,7 +215,7 @@ class Chaos:
             time.sleep(down_seconds)
         finally:
             self.database.start_if_stopped()
-        api.reset()  # this process's pooled connections died with the server
+        jobs.reset()  # this process's pooled connections died with the server
         return Fault(
             "outage_at_step_end",
             at,

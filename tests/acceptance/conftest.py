@@ -39,8 +39,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from jobs import api
-from jobs.application import default_app, reset_settings
+import jobs
+from jobs.application import default_app
 from jobs.core.context import wake_at_of
 from jobs.core.states import State
 from jobs.core.store import Job, JobStore, Step, Transition
@@ -582,8 +582,8 @@ class Stack:
         for key, value in self.env.items():
             if key.startswith("JOBS_"):
                 self.monkeypatch.setenv(key, value)
-        reset_settings()
-        api.reset()  # the default doorbell: publish to this stack's broker and queue
+        default_app().reset_settings()
+        jobs.reset()  # the default doorbell: publish to this stack's broker and queue
 
     @property
     def store(self) -> JobStore:
@@ -676,7 +676,7 @@ class Stack:
     # -- jobs ---------------------------------------------------------------------------
 
     def submit(self, kind: str, inputs: dict[str, Any], **options: Any) -> str:
-        return api.submit(kind, inputs, **options)
+        return jobs.submit(kind, inputs, **options)
 
     def job(self, job_id: str) -> Job:
         return self.store.reads.get(job_id)
@@ -905,7 +905,7 @@ def stack(
         finally:
             # Closes the engine and the liveness lock an in-process worker (scenario 11)
             # took in this process.
-            api.reset()
+            jobs.reset()
             if admin is not None:
                 _drop_database(admin, database_url)
             if broker:

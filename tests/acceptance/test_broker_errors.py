@@ -14,7 +14,7 @@ import time
 import pytest
 from kombu import Connection, Queue
 
-from jobs.application import get_settings
+from jobs.application import default_app
 from jobs.core.states import State
 from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
@@ -60,7 +60,7 @@ def test_inequivalent_queue_declare_waits_instead_of_exiting(stack: Stack) -> No
     assert resumed < 15, "consumption resumes within the longest pause plus a job"
     assert worker.alive()
     assert "consuming from" in worker.output()
-    assert task_queue(get_settings()).queue_arguments == {
+    assert task_queue(default_app().settings).queue_arguments == {
         "x-queue-type": "quorum",
         "x-delivery-limit": 20,
     }

@@ -25,7 +25,6 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 import jobs
-from jobs import api
 from jobs.application import default_app
 from tests.acceptance.chaos import CHILD_SECONDS, KIND, SPAWN_PAUSE, STEP_SECONDS, Chaos, check
 from tests.acceptance.conftest import (
@@ -97,7 +96,7 @@ def test_chaos(stack: Stack, private_pg: PrivatePostgres) -> None:
         try:  # the database may be restarting (a fault): the send is all or nothing
             jobs.send_event(job_id, "tick", payload)
         except DBAPIError:
-            api.reset()
+            jobs.reset()
             return False
         return True
 

@@ -11,7 +11,7 @@ import time
 import psycopg
 import pytest
 
-from jobs import api
+import jobs
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     PRIVATE_PG_RABBITMQ,
@@ -79,7 +79,7 @@ def test_a_promote_with_synchronous_replication_loses_nothing_and_reruns_no_step
     private_standby.promote()
     promoted = time.monotonic()
     assert not private_standby.in_recovery()
-    api.reset()  # this test process's own pooled connections died with the primary
+    jobs.reset()  # this test process's own pooled connections died with the primary
 
     def finished() -> bool:
         return all(stack.job(job_id).state is State.COMPLETED for job_id in ids)

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from jobs import api
+import jobs
 from jobs.core.context import JobContext
 from jobs.core.db import make_engine
 from jobs.core.heartbeat import LeaseHeartbeat
@@ -62,7 +62,7 @@ def test_a_postgres_restart_mid_step_reruns_no_live_step(
 
     restarted = time.monotonic()
     private_pg.restart()
-    api.reset()  # this test process's own pooled connections died with the server
+    jobs.reset()  # this test process's own pooled connections died with the server
     print(f"\n[pg restart] took {time.monotonic() - restarted:.2f}s with 4 jobs mid-step")
 
     for job_id in ids:
@@ -306,7 +306,7 @@ def test_a_3s_restart_with_steps_ending_inside_it_costs_seconds(
     finally:
         private_pg.start_if_stopped()
     back = time.monotonic()
-    api.reset()  # this test process's own pooled connections died with the server
+    jobs.reset()  # this test process's own pooled connections died with the server
 
     def finished() -> bool:
         return all(stack.job(job_id).state is State.COMPLETED for job_id in ids)

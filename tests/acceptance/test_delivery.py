@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from jobs import api
-from jobs.application import default_app, reset_settings
+import jobs
+from jobs.application import default_app
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     BOTH,
@@ -95,7 +95,7 @@ def test_lost_message_is_rung_again_by_sweeper(stack: Stack) -> None:
     worker = stack.worker("A", wait=False)
     stack.sweeper()
     worker.wait_ready()
-    api.set_doorbell(None)
+    jobs.set_doorbell(None)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.2})
     submitted = stack.job(job_id)
     assert submitted.state is State.QUEUED
@@ -124,8 +124,8 @@ def test_failed_publish_loses_nothing(stack: Stack, monkeypatch: pytest.MonkeyPa
     job is committed QUEUED and marked not-dispatched, and the sweeper sends it."""
     worker = stack.worker("A")
     monkeypatch.setenv("JOBS_BROKER_URL", "amqp://guest:guest@127.0.0.1:1//")
-    reset_settings()
-    api.reset()
+    default_app().reset_settings()
+    jobs.reset()
     started = time.monotonic()
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.2})
     print(f"\n[failed publish] submit returned after {time.monotonic() - started:.2f}s")

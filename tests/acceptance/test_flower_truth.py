@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from jobs import api
+import jobs
 from jobs.core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, free_port, wait_until
 
@@ -60,7 +60,7 @@ def test_flower_shows_failure_for_the_sweepers_and_revoked_for_cancels(stack: St
 
     # Cancelled while queued: its doorbell waits in the queue until a worker starts.
     queued = stack.submit("sleep_steps", {"steps": 1, "seconds": 0.0})
-    api.cancel(queued, "cancelled while queued")
+    jobs.cancel(queued, "cancelled while queued")
 
     worker = stack.worker("A", pool="prefork", concurrency=1)
     revoked = wait_until(
@@ -71,7 +71,7 @@ def test_flower_shows_failure_for_the_sweepers_and_revoked_for_cancels(stack: St
     # Cancelled while running: the run is refused at its next step.
     running = stack.submit("sleep_steps", {"steps": 40, "seconds": 0.25})
     stack.wait_effect(running, "sleep-1")
-    api.cancel(running, "cancelled while running")
+    jobs.cancel(running, "cancelled while running")
     wait_until(lambda: newest_state(base, running, "REVOKED"), 90, f"{running} REVOKED")
     states = [task["state"] for task in tasks_of(base, running)]
     assert "SUCCESS" not in states, states

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from jobs import api
+import jobs
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     KINDS,
@@ -272,7 +272,7 @@ def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
     finally:
         private_pg.start_if_stopped()
     back = time.monotonic()
-    api.reset()  # this test process's own pooled connections died with the server
+    jobs.reset()  # this test process's own pooled connections died with the server
 
     def every_job_completed() -> bool:
         return all(state is State.COMPLETED for state in _states(stack, job_ids).values())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from kombu import Connection, Queue
 
-from jobs import api
+import jobs
 from jobs.core.states import State
 from jobs.runtime.broker_errors import UPGRADE_HINT
 from jobs.runtime.queues import HIGH_BAND_SUFFIX
@@ -82,7 +82,7 @@ def test_the_sweepers_ring_again_rings_higher_priorities_first(stack: Stack) -> 
     the high-priority batch first and each message with its priority; one worker of
     concurrency 1 then starts the high ones first."""
     stack.configure(JOBS_RING_AGAIN_AFTER_SECONDS=1)
-    api.set_doorbell(None)  # as if every publish after commit was lost
+    jobs.set_doorbell(None)  # as if every publish after commit was lost
     low, high = submit_low_then_high(stack)
     assert stack.queue_depth() == (0, 0)
     submitted = {job_id: stack.job(job_id).dispatched_at for job_id in low + high}

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import pytest
 from kombu import Connection
 
-from jobs.application import get_settings
+from jobs.application import default_app
 from jobs.core.states import State
 from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import (
@@ -40,7 +40,7 @@ def declare_on(node: RabbitNode) -> None:
     """Declare the stack's queue through ``node``: a classic queue lives there, a quorum
     queue's first leader is there."""
     with Connection(node.url, connect_timeout=5) as conn:
-        task_queue(get_settings()).bind(conn.default_channel).declare()
+        task_queue(default_app().settings).bind(conn.default_channel).declare()
 
 
 def point_at(stack: Stack, nodes: Iterable[RabbitNode]) -> None:

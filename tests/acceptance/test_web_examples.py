@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import jobs
-from jobs.application import set_defaults_source
+from jobs.application import default_app
 from jobs.core.states import State
 from tests import django_site
 from tests.acceptance.conftest import BOTH, EMBEDDED, Stack
@@ -174,7 +174,7 @@ def flask_shop(stack: Stack) -> Iterator[Any]:
         with app.app_context():
             shop_flask.db.engine.dispose()
         jobs.REGISTRY.remove_job_scope(app.app_context)
-        set_defaults_source(None)
+        default_app().set_defaults_source(None)
 
 
 @pytest.mark.slow

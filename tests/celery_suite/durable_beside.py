@@ -150,15 +150,15 @@ class Beside:
         """Submit one job and wait until it completed; fail the caller (the test's
         teardown) when it did not."""
         n = self.submitted
-        job_id = self.app.submit(KIND, {"n": n})
+        job_id = self.app.jobs.submit(KIND, {"n": n})
         self.submitted += 1
         wait = STALLED_WAIT_SECONDS if self.stalled else JOB_WAIT_SECONDS
         deadline = time.monotonic() + wait
-        job = self.app.get(job_id)
+        job = self.app.jobs.get(job_id)
         while job.state not in FINISHED and time.monotonic() < deadline:
             time.sleep(0.05)
-            job = self.app.get(job_id)
-        steps = [step.name for step in self.app.steps(job_id)]
+            job = self.app.jobs.get(job_id)
+        steps = [step.name for step in self.app.jobs.steps(job_id)]
         if job.state is State.COMPLETED and job.result == {"n": n, "result": 2 * (n + 1)}:
             self.completed += 1
             self.stalled = False

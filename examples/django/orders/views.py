@@ -57,9 +57,7 @@ def approve_order(request: HttpRequest, order_id: int) -> HttpResponse:
     if order is None:
         return JsonResponse({"error": "no such order"}, status=404)
     try:
-        job = jobs.contrib.django.approve(
-            order.job_id, by=request.user.get_username(), using=router.db_for_write(Order)
-        )
+        job = jobs.approve(order.job_id, by=request.user.get_username())
     except jobs.IllegalTransition as err:
         return JsonResponse({"error": str(err)}, status=409)
     return JsonResponse({"job": {"id": job.id, "state": job.state.value}})

@@ -15,7 +15,8 @@
   each job, as Celery's Django fix-up does).
 - The admin lists jobs (filters by state and kind, search by ID), shows a job's steps and
   history a page at a time, and approves (recording the admin user), cancels, or retries a
-  FAILED or CANCELLED job from the step that failed, through :mod:`jobs.api`; each action
+  FAILED or CANCELLED job from the step that failed, through ``jobs.approve``/``cancel``/
+  ``retry`` (which join the admin's ``atomic()`` block when there is one); each action
   needs its own permission (``durable_jobs.approve_job``, ``cancel_job``, ``retry_job``).
 """
 
@@ -23,9 +24,6 @@ from __future__ import annotations
 
 from jobs.contrib.django.submit import (
     AdmissionRefusedMiddleware,
-    approve,
-    cancel,
-    retry,
     submit,
     submit_many,
     submit_on_commit,
@@ -35,9 +33,6 @@ from jobs.contrib.django.unit import DjangoUnit
 __all__ = [
     "AdmissionRefusedMiddleware",
     "DjangoUnit",
-    "approve",
-    "cancel",
-    "retry",
     "submit",
     "submit_many",
     "submit_on_commit",

@@ -2,7 +2,8 @@
 job's steps and history, its parent and children as links (a parked parent shows how many
 children it still waits for), approve (recording the admin user), cancel, and retry a
 FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are
-read through the unmanaged :class:`JobRow`; every change goes through :mod:`jobs.api`.
+read through the unmanaged :class:`JobRow`; every change goes through ``jobs.approve``,
+``jobs.cancel`` and ``jobs.retry``.
 
 Each action needs a permission of its own (``durable_jobs.approve_job``, ``cancel_job``,
 ``retry_job``); the view permission shows jobs and changes none. A job's page shows a page
@@ -23,9 +24,8 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from jobs.application import default_app
+from jobs.application import approve, cancel, default_app, retry
 from jobs.contrib.django.models import JobRow
-from jobs.contrib.django.submit import approve, cancel, retry
 from jobs.core.errors import InvalidInput, JobError, UnknownJob
 from jobs.core.page_reads import Page
 from jobs.runtime.job_pages import PAGE_ROWS, as_json, clip, full_value, page_offsets
@@ -89,7 +89,7 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # a read-only page; the actions below change jobs through jobs.api
+        return False  # a read-only page; the actions below change jobs through the services
 
     def _link(self, job_id: str) -> str:
         meta = JobRow._meta
@@ -286,16 +286,12 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Approve selected jobs (as you)", permissions=["approve"])
     def approve_jobs(self, request: HttpRequest, queryset: Any) -> None:
         by = f"admin:{request.user.get_username()}"
-        using = router.db_for_write(JobRow)
-        self._each(
-            request, queryset, "approved", lambda job_id: approve(job_id, by=by, using=using)
-        )
+        self._each(request, queryset, "approved", lambda job_id: approve(job_id, by=by))
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: Any) -> None:
         why = f"cancelled in the admin by {request.user.get_username()}"
-        using = router.db_for_write(JobRow)
-        self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why, using=using))
+        self._each(request, queryset, "cancelled", lambda job_id: cancel(job_id, why))
 
     @admin.action(
         description="Retry selected failed or cancelled jobs from the failed step",
@@ -303,12 +299,11 @@ class JobAdmin(admin.ModelAdmin):
     )
     def retry_jobs(self, request: HttpRequest, queryset: Any) -> None:
         by = f"admin:{request.user.get_username()}"
-        using = router.db_for_write(JobRow)
         self._each(
             request,
             queryset,
             "retried",
-            lambda job_id: retry(job_id, by=by, reason="retried in the admin", using=using),
+            lambda job_id: retry(job_id, by=by, reason="retried in the admin"),
         )
 
     def _each(self, request: HttpRequest, queryset: Any, done: str, change: Any) -> None:

@@ -19,8 +19,7 @@ from sqlalchemy.engine import make_url
 from jobs.application import default_app
 from jobs.contrib.django.unit import DjangoUnit
 from jobs.core.errors import SettingsError
-from jobs.operations import AmbientUnit
-from jobs.transactions import UnitOfWork
+from jobs.service.unit import AmbientUnit, UnitOfWork
 
 UrlOf = Callable[[str], str]
 """A Django database alias's SQLAlchemy URL (``jobs.contrib.django.apps.database_url``)."""

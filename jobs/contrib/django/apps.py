@@ -13,7 +13,7 @@ from django.db import connections
 from django.db.models.signals import post_migrate
 from sqlalchemy.engine import URL
 
-from jobs.application import default_app, reset_settings, set_defaults_source
+from jobs.application import default_app
 from jobs.contrib.django.ambient import joining_django_transactions
 from jobs.core.errors import SettingsError
 from jobs.core.settings import as_env
@@ -79,10 +79,10 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        set_defaults_source(settings_env, "settings.JOBS")
+        default_app().set_defaults_source(settings_env, "settings.JOBS")
         default_app().registry.add_job_scope(fresh_connections)
         # A plain jobs.submit (or .delay()) inside atomic() on the jobs' database joins it.
-        default_app().join_transactions_from(joining_django_transactions(database_url))
+        default_app().transactions.join_from(joining_django_transactions(database_url))
         post_migrate.connect(upgrade_job_tables, sender=self)
 
 
@@ -90,12 +90,11 @@ def upgrade_job_tables(using: str = "default", **_: Any) -> None:
     """After ``manage.py migrate``: bring the job tables to head with their own Alembic
     migrations (what ``jobctl db upgrade`` does), once, for the database they live in.
     Django's migrations never touch them."""
-    from jobs.api import reset  # noqa: PLC0415 - no database work at import
-    from jobs.application import default_app  # noqa: PLC0415
+    from jobs.application import default_app, reset  # noqa: PLC0415 - no database at import
     from jobs.schema import upgrade  # noqa: PLC0415
 
     if using != "default":
         return
-    reset_settings()  # the test runner renames the database before it migrates
+    default_app().reset_settings()  # the test runner renames the database before it migrates
     reset()
     upgrade(default_app().runtime.engine)

@@ -1,6 +1,6 @@
 """Read-only views of the job tables for the admin (``managed = False``: Django never
 creates, migrates or flushes them; our Alembic migrations own them). Every change goes
-through :mod:`jobs.api`, never through these models."""
+through ``jobs.approve``, ``jobs.cancel`` and the other operations, never through these models."""
 
 from __future__ import annotations
 

@@ -10,13 +10,13 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from sqlalchemy.engine import make_url
 
-from jobs import api
+import jobs
 from jobs.application import default_app
 from jobs.contrib.django.ambient import same_database
 from jobs.contrib.django.apps import database_url
 from jobs.contrib.django.unit import DjangoUnit
 from jobs.core.errors import AdmissionRefused, SettingsError
-from jobs.core.records import Job
+from jobs.service.options import new_job_id
 
 
 def _check_shared(using: str) -> None:
@@ -43,7 +43,7 @@ def submit(
     alias = using or "default"
     _check_shared(alias)
     with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
-        return api.submit(kind, inputs, unit=unit, **options)
+        return jobs.submit(kind, inputs, unit=unit, **options)
 
 
 def submit_many(
@@ -57,49 +57,11 @@ def submit_many(
     alias = using or "default"
     _check_shared(alias)
     with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
-        return api.submit_many(kind, inputs, unit=unit, **options)
+        return jobs.submit_many(kind, inputs, unit=unit, **options)
 
 
 def _shared(using: str) -> bool:
     return same_database(default_app().runtime.settings.database_url, database_url(using))
-
-
-def approve(job_id: str, *, by: str, note: str | None = None, using: str | None = None) -> Job:
-    """:func:`jobs.approve` in the current ``atomic()`` block when the job tables share
-    Django's database (on SQLite a second connection would wait for the view's own write
-    lock), else on its own."""
-    alias = using or "default"
-    if not _shared(alias):
-        return api.approve(job_id, by=by, note=note)
-    with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
-        return api.approve(job_id, by=by, note=note, unit=unit)
-
-
-def cancel(
-    job_id: str, reason: str = "cancelled by an operator", *, using: str | None = None
-) -> Job:
-    """:func:`jobs.cancel`, joining the current ``atomic()`` block like :func:`approve`."""
-    alias = using or "default"
-    if not _shared(alias):
-        return api.cancel(job_id, reason)
-    with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
-        return api.cancel(job_id, reason, unit=unit)
-
-
-def retry(
-    job_id: str,
-    *,
-    by: str,
-    reason: str = "retried by an operator",
-    from_start: bool = False,
-    using: str | None = None,
-) -> Job:
-    """:func:`jobs.retry`, joining the current ``atomic()`` block like :func:`approve`."""
-    alias = using or "default"
-    if not _shared(alias):
-        return api.retry(job_id, by=by, reason=reason, from_start=from_start)
-    with transaction.atomic(using=alias, savepoint=False), DjangoUnit(alias) as unit:
-        return api.retry(job_id, by=by, reason=reason, from_start=from_start, unit=unit)
 
 
 def submit_on_commit(
@@ -116,10 +78,10 @@ def submit_on_commit(
     chosen now. The risk: the queue may fill up, or the process die, between the commit
     and the submit; the saved data then has no job (logged, never raised into the
     commit)."""
-    api.check_submit(kind, inputs, job_id=job_id)
-    chosen = job_id or api.new_job_id()
+    default_app().jobs.check_submit(kind, inputs, job_id=job_id)
+    chosen = job_id or new_job_id()
     transaction.on_commit(
-        lambda: api.submit(kind, inputs, job_id=chosen, **options),
+        lambda: jobs.submit(kind, inputs, job_id=chosen, **options),
         using=using,
         robust=True,
     )

@@ -20,7 +20,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.pool import NullPool
 
 from jobs.core.errors import SettingsError
-from jobs.transactions import Ring
+from jobs.core.records import Doorbell
+from jobs.service.unit import Ring
 
 _DIALECTS = {"sqlite": "sqlite://", "postgresql": "postgresql+psycopg://"}
 
@@ -106,7 +107,7 @@ ENGINES = _Engines()
 
 class DjangoUnit:
     """Django's connection for ``using`` (default ``"default"``) inside ``atomic()``, as a
-    :class:`jobs.transactions.UnitOfWork`::
+    :class:`jobs.service.unit.UnitOfWork`::
 
         with transaction.atomic(), DjangoUnit() as unit:
             order = Order.objects.create(...)
@@ -139,10 +140,10 @@ class DjangoUnit:
             self._connection = ENGINES.get(self.using).connect()
         return self._connection
 
-    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
+    def after_commit(self, doorbells: Sequence[Doorbell], ring: Ring) -> None:
         """Ring from ``transaction.on_commit`` (dropped by Django on a rollback)."""
-        ids = list(job_ids)
-        transaction.on_commit(lambda: ring(ids), using=self.using, robust=True)
+        owed = list(doorbells)
+        transaction.on_commit(lambda: ring(owed), using=self.using, robust=True)
 
     def close(self) -> None:
         """Give the borrowed connection back (Django's transaction goes on untouched)."""

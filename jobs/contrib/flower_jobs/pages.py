@@ -190,7 +190,7 @@ def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -
     :class:`jobs.UnknownJob` for an unknown ID). Every part is bounded: a page of each
     table, outputs and the job's values clipped."""
     starts = offsets or {}
-    job = app.get(job_id)
+    job = app.jobs.get(job_id)
     store = app.store
     reader = store.reads
     parent = None
@@ -215,14 +215,14 @@ def act(app: JobsApp, job_id: str, action: str, user: str, note: str, from_start
     note = note.strip()
     by = f"{user} (Flower)"
     if action == "approve":
-        return app.approve(job_id, by=by, note=note or None)
+        return app.operator.approve(job_id, by=by, note=note or None)
     if action == "wake":
-        return app.wake(job_id, f"woken by {by}" + (f": {note}" if note else ""))
+        return app.operator.wake(job_id, f"woken by {by}" + (f": {note}" if note else ""))
     if action == "retry":
         reason = note or "retried in Flower"
-        return app.retry(job_id, by=by, reason=reason, from_start=from_start)
+        return app.operator.retry(job_id, by=by, reason=reason, from_start=from_start)
     if action == "cancel":
-        return app.cancel(job_id, f"cancelled by {by}" + (f": {note}" if note else ""))
+        return app.operator.cancel(job_id, f"cancelled by {by}" + (f": {note}" if note else ""))
     raise InvalidInput(f"unknown action {printable(action[:40])!r}")
 
 

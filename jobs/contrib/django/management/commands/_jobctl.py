@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from jobs.application import reset_settings
+from jobs.application import default_app
 from jobs.contrib.django.apps import settings_env
 
 
@@ -29,7 +29,7 @@ def export_settings() -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if folder not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
-    reset_settings()
+    default_app().reset_settings()
 
 
 class JobctlCommand(BaseCommand):

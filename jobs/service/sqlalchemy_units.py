@@ -1,53 +1,32 @@
-"""Submitting inside the caller's transaction: the job commits or rolls back with the
-caller's own data, and its doorbell rings only after the commit.
-
-A :class:`UnitOfWork` is what :func:`jobs.submit` needs from a caller's transaction: a
-SQLAlchemy ``Connection`` inside it, and a way to run something once it has committed.
-Three adapters come with the project: a SQLAlchemy ``Connection`` (:class:`ConnectionUnit`),
-a SQLAlchemy ``Session`` (:class:`SessionUnit`, also what Flask-SQLAlchemy hands out), and
-Django's connection (``jobs.contrib.django``). A rollback drops the pending doorbells with
-the rows; a process that dies between the commit and the publish leaves QUEUED jobs whose
-doorbell the sweeper sends once ``JOBS_RING_AGAIN_AFTER_SECONDS`` has passed.
-"""
+"""The units of work for a caller's SQLAlchemy transaction: a ``Connection`` in a
+transaction (:class:`ConnectionUnit`) and a ``Session`` (:class:`SessionUnit`, also what
+Flask-SQLAlchemy hands out). A rollback drops the pending doorbells with the rows."""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
 
+from jobs.core.records import Doorbell
+from jobs.service.unit import Ring, UnitOfWork
+
 if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
     from sqlalchemy.orm import Session, scoped_session
-
-Ring = Callable[[Sequence[str]], Any]
-
-
-class UnitOfWork(Protocol):
-    """A caller's transaction that a submit joins."""
-
-    @property
-    def connection(self) -> Connection:
-        """A connection inside the caller's transaction; the store writes through it."""
-        ...
-
-    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
-        """Call ``ring(job_ids)`` once the caller's transaction has committed; never if it
-        rolls back."""
-        ...
 
 
 class _Pending:
     """Doorbells waiting for one transaction's end."""
 
     def __init__(self) -> None:
-        self.batches: list[tuple[list[str], Ring]] = []
+        self.batches: list[tuple[list[Doorbell], Ring]] = []
 
     def ring_all(self) -> None:
         batches, self.batches = self.batches, []
-        for job_ids, ring in batches:
-            ring(job_ids)
+        for doorbells, ring in batches:
+            ring(doorbells)
 
     def drop(self) -> None:
         self.batches = []
@@ -75,13 +54,13 @@ class ConnectionUnit:
         """The caller's connection, inside its transaction."""
         return self._connection
 
-    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
-        """Ring ``job_ids`` once the caller's transaction commits; nothing on a rollback."""
+    def after_commit(self, doorbells: Sequence[Doorbell], ring: Ring) -> None:
+        """Ring ``doorbells`` once the caller's transaction commits; nothing on a rollback."""
         pending = _by_connection.get(self._connection)
         if pending is None:
             pending = _by_connection[self._connection] = _Pending()
             _listen(self._connection, pending)
-        pending.batches.append((list(job_ids), ring))
+        pending.batches.append((list(doorbells), ring))
 
 
 def _listen(connection: Connection, pending: _Pending) -> None:
@@ -110,14 +89,14 @@ class SessionUnit:
         """The session's connection (the session begins its transaction if it had none)."""
         return self._session.connection()
 
-    def after_commit(self, job_ids: Sequence[str], ring: Ring) -> None:
-        """Ring ``job_ids`` from the session's ``after_commit``; nothing on a rollback."""
+    def after_commit(self, doorbells: Sequence[Doorbell], ring: Ring) -> None:
+        """Ring ``doorbells`` from the session's ``after_commit``; nothing on a rollback."""
         pending = _by_session.get(self._session)
         if pending is None:
             pending = _by_session[self._session] = _Pending()
             event.listen(self._session, "after_commit", lambda _session: pending.ring_all())
             event.listen(self._session, "after_rollback", lambda _session: pending.drop())
-        pending.batches.append((list(job_ids), ring))
+        pending.batches.append((list(doorbells), ring))
 
 
 def unit_for(
@@ -140,3 +119,6 @@ def unit_for(
             return SessionUnit(session())
         return SessionUnit(session)
     return unit
+
+
+__all__ = ["ConnectionUnit", "SessionUnit", "unit_for"]

@@ -1,6 +1,6 @@
 """A submit's options and IDs: :class:`SubmitOptions`, a frozen value of how a submit asks
-for its jobs (kept and reused, ``jobs.SubmitOptions``), and :func:`new_job_id` for a submit
-that names no job ID.
+for its jobs (kept and reused, ``jobs.SubmitOptions``), :func:`chosen_options` (the options
+with a call's keywords over them) and :func:`new_job_id` for a submit that names no job ID.
 """
 
 from __future__ import annotations
@@ -50,4 +50,18 @@ class SubmitOptions:
         return (0.0 if self.delay is None else self.delay), None
 
 
-__all__ = ["SubmitOptions", "new_job_id"]
+def chosen_options(
+    options: SubmitOptions | None,
+    max_attempts: int | None,
+    delay: float | dt.timedelta | None,
+    run_at: dt.datetime | None,
+    priority: int | None,
+    queue: str | None,
+) -> SubmitOptions:
+    """A submit's options: ``options`` with the keywords given over them."""
+    return (options or SubmitOptions()).merged(
+        max_attempts=max_attempts, delay=delay, run_at=run_at, priority=priority, queue=queue
+    )
+
+
+__all__ = ["SubmitOptions", "chosen_options", "new_job_id"]
