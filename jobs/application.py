@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from jobs.core.database_urls import mask_url
 from jobs.core.errors import SettingsError
+from jobs.core.lazy import lazy_module
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import KNOWN, PREFIX, Settings, from_env
 from jobs.core.validate import clip
@@ -50,12 +52,19 @@ from jobs.service.scheduling import ScheduleService
 from jobs.service.submitting import JobService
 from jobs.service.unit import Transactions
 
-if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use: a worker's main process and a
-    # module that only defines jobs need neither
+if TYPE_CHECKING:
     from celery import Celery
+    from celery.app import utils as celery_utils
 
     from jobs.core.store import JobStore
+    from jobs.runtime import celery_app as celery_runner
+    from jobs.runtime import process
     from jobs.runtime.process import DoorbellRinger, ProcessRuntime
+else:  # SQLAlchemy and Celery load on first use: a worker's main process and a module that
+    # only defines jobs need neither
+    celery_utils = lazy_module("celery.app.utils")
+    celery_runner = lazy_module("jobs.runtime.celery_app")
+    process = lazy_module("jobs.runtime.process")
 
 log = logging.getLogger("jobs")
 
@@ -257,9 +266,7 @@ class JobsApp:
                     self._inherited.append(runtime)
                 else:
                     runtime.close()
-            from jobs.runtime.process import ProcessRuntime  # noqa: PLC0415 - SQLAlchemy
-
-            runtime = ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
+            runtime = process.ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
             if self._injected_ringer is not None:
                 runtime.use_doorbell(self._injected_ringer[0])
             self._runtime = runtime
@@ -306,9 +313,7 @@ class JobsApp:
                 return self._adopted
             settings = self.settings
             if self._celery is None or self._celery_settings != settings:
-                from jobs.runtime.celery_app import make_app  # noqa: PLC0415 - Celery on need
-
-                self._celery = make_app(settings, self)
+                self._celery = celery_runner.make_app(settings, self)
                 self._celery_settings = settings
             return self._celery
 
@@ -317,14 +322,10 @@ class JobsApp:
         ``celery -A`` does (the working folder first on the path); its module's
         ``install(app)`` adopts it, and its task modules are imported, as a worker of the app
         imports them. One that does not install durable jobs is an error naming what to add."""
-        import sys  # noqa: PLC0415
-
-        from celery.app.utils import find_app  # noqa: PLC0415 - Celery on need
-
         if "" not in sys.path and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
-            found = find_app(name)
+            found = celery_utils.find_app(name)
             # Its task modules (include=, imports=, autodiscovery), where the kinds live.
             found.loader.import_default_modules()
         except Exception as err:  # whatever the project's module raises

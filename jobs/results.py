@@ -15,11 +15,15 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from celery import exceptions as celery_exceptions
 
 from jobs.core.errors import IllegalTransition, JobError
+from jobs.core.lazy import lazy_module
 from jobs.core.states import State
 
 if TYPE_CHECKING:
+    from jobs import application
     from jobs.application import JobsApp
     from jobs.core.records import Job
+else:  # the application's module imports the tasks', which import this one
+    application = lazy_module("jobs.application")
 
 R = TypeVar("R")
 
@@ -85,9 +89,7 @@ class JobResult(Generic[R]):
     def app(self) -> JobsApp:
         """The jobs application whose table holds the job."""
         if self._app is None:
-            from jobs.application import default_app  # noqa: PLC0415 - no circle at import
-
-            return default_app()
+            return application.default_app()
         return self._app
 
     @property

@@ -34,6 +34,7 @@ from typing import (
 
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
+from jobs.core.lazy import lazy_module
 from jobs.core.registry import REGISTRY, JobKind, Registry
 from jobs.core.signatures import Signature
 
@@ -41,9 +42,13 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
     from sqlalchemy.orm import Session, scoped_session
 
+    from jobs import application, results
     from jobs.application import JobsApp
     from jobs.results import JobResult
     from jobs.service.unit import UnitOfWork
+else:  # the application imports this module's users; the results import Celery
+    application = lazy_module("jobs.application")
+    results = lazy_module("jobs.results")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -105,9 +110,7 @@ class JobTask(Generic[P, R]):
     def app(self) -> JobsApp:
         """The jobs application this kind's submits go to."""
         if self._app is None:
-            from jobs.application import default_app  # noqa: PLC0415 - no circle at import
-
-            return default_app()
+            return application.default_app()
         return self._app
 
     def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -214,9 +217,7 @@ class JobTask(Generic[P, R]):
 
     def AsyncResult(self, job_id: str) -> JobResult[R]:
         """The handle of job ``job_id`` (Celery's ``task.AsyncResult``)."""
-        from jobs.results import JobResult  # noqa: PLC0415 - Celery loads on first submit
-
-        return JobResult(job_id, self._app)
+        return results.JobResult(job_id, self._app)
 
 
 @overload

@@ -1,5 +1,6 @@
 """The house's shape, checked: no import circle among the modules of ``jobs/`` (imports
-inside functions included; those under ``if TYPE_CHECKING:`` never run and are left out),
+inside functions and modules declared with ``lazy_module("…")`` included; those under
+``if TYPE_CHECKING:`` never run and are left out),
 and layers that point one way (core → runtime → the application → CLI and contrib)."""
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def imported_names(path: Path, name: str) -> Iterator[str]:
     for node in ast.walk(tree):
         if node in skipped:
             continue
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_module":
+            yield node.args[0].value  # type: ignore[attr-defined]  # a module imported on use
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -20,12 +20,14 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from jobs.application import JobsApp, default_app
 from jobs.cli.group import main
 from jobs.core.errors import IllegalTransition, InvalidInput
+from jobs.core.records import BulkOutcome, JobFilter, Selected
 from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
 from jobs.core.validate import (
     ERROR_PATTERN_LENGTH,
@@ -35,10 +37,6 @@ from jobs.core.validate import (
     clip,
     printable,
 )
-
-if TYPE_CHECKING:  # SQLAlchemy loads only when a command runs
-    from jobs.application import JobsApp
-    from jobs.core.records import BulkOutcome, JobFilter, Selected
 
 #: Jobs written per transaction: short enough to hold no lock for long, large enough that
 #: a thousand jobs take a few seconds.
@@ -55,8 +53,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _app() -> JobsApp:
-    from jobs.application import default_app  # noqa: PLC0415
-
     return default_app()
 
 
@@ -88,8 +84,6 @@ def job_filter(
     queue: str | None = None,
 ) -> JobFilter:
     """The options of ``jobctl list`` and of the bulk actions as a :class:`JobFilter`."""
-    from jobs.core.records import JobFilter  # noqa: PLC0415
-
     if error_like is not None:
         check_error_pattern(error_like, "--error-like")
     return JobFilter(

@@ -39,6 +39,7 @@ from jobs.cli.render import (
     transition_dict,
 )
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
+from jobs.core.lazy import lazy_module
 from jobs.core.states import TERMINAL, State
 from jobs.core.validate import (
     MAX_ATTEMPTS,
@@ -54,7 +55,14 @@ from jobs.core.validate import (
 )
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
+    from jobs import schema
+    from jobs import simulate as replaying
+    from jobs.cli import show_text
     from jobs.core.records import Job, Step
+else:  # Alembic, and the store's reads: only when the command runs, never for --help
+    schema = lazy_module("jobs.schema")
+    replaying = lazy_module("jobs.simulate")
+    show_text = lazy_module("jobs.cli.show_text")
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75
@@ -291,10 +299,8 @@ def show(
             }
         )
         return
-    from jobs.cli.show_text import show_text  # noqa: PLC0415 - the store's reads: not for --help
-
     starts = {"steps": steps_from, "history": history_from, "children": children_from}
-    show_text(runtime().store, job, starts)
+    show_text.show_text(runtime().store, job, starts)
 
 
 @main.command("list")
@@ -412,8 +418,6 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Bring the schema to the version this code needs."""
-    from jobs import schema  # noqa: PLC0415 - Alembic only for the db commands
-
     engine = runtime().engine
     schema.upgrade(engine)
     click.echo(f"database at revision {schema.current_revision(engine)} (head)")
@@ -423,8 +427,6 @@ def upgrade() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def current(as_json: bool) -> None:
     """Show the schema's revision and whether it is the one this code needs."""
-    from jobs import schema  # noqa: PLC0415
-
     engine = runtime().engine
     revision, head = schema.current_revision(engine), schema.head_revision(engine)
     if as_json:
@@ -457,7 +459,5 @@ def current(as_json: bool) -> None:
 )
 def simulate(lease_steps: int, steps: int) -> None:
     """Replay the crash-and-recover story on a private in-memory database, deterministically."""
-    from jobs.simulate import simulate as replay  # noqa: PLC0415
-
-    for line in replay(lease_steps=lease_steps, steps=steps):
+    for line in replaying.simulate(lease_steps=lease_steps, steps=steps):
         click.echo(line)

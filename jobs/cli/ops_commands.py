@@ -1,6 +1,7 @@
 """jobctl commands for time and operations: schedules, prune, explain, metrics.
 
-Each imports what it needs when it runs, so ``jobctl --help`` loads none of it.
+What loads SQLAlchemy, Celery or the metrics library is declared below as a module imported
+on first use, so ``jobctl --help`` loads none of it.
 """
 
 from __future__ import annotations
@@ -13,18 +14,29 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+import jobs
+from jobs.application import default_app
+from jobs.cli.core_commands import parse_inputs
 from jobs.cli.group import Finite, main
-from jobs.core.validate import MAX_RETENTION_DAYS
+from jobs.core.lazy import lazy_module
+from jobs.core.states import State
+from jobs.core.validate import MAX_RETENTION_DAYS, check_lookup_id, printable
 
 if TYPE_CHECKING:
     from jobs.core.schedule import Schedule
     from jobs.core.store import JobStore
+    from jobs.runtime import explain as diagnosis
+    from jobs.runtime import metrics as prometheus
+    from jobs.runtime import sweeper, workers
+else:
+    diagnosis = lazy_module("jobs.runtime.explain")
+    prometheus = lazy_module("jobs.runtime.metrics")
+    sweeper = lazy_module("jobs.runtime.sweeper")
+    workers = lazy_module("jobs.runtime.workers")
 
 
 def _store() -> JobStore:
     """The process's store (loads SQLAlchemy: only when a command runs)."""
-    from jobs.application import default_app  # noqa: PLC0415
-
     return default_app().runtime.store
 
 
@@ -108,8 +120,6 @@ def add_schedule(
 
     SPEC is cron ("0 * * * *", "@daily") or an interval ("every 5m").
     """
-    import jobs  # noqa: PLC0415
-    from jobs.cli.core_commands import parse_inputs  # noqa: PLC0415
 
     made = jobs.schedule(
         name, kind, spec, inputs=parse_inputs(input_json), timezone=timezone, catch_up=catch_up
@@ -123,7 +133,6 @@ def add_schedule(
 @click.argument("name")
 def remove_schedule(name: str) -> None:
     """Stop schedule NAME (jobs it already submitted are left alone)."""
-    import jobs  # noqa: PLC0415
 
     if not jobs.unschedule(name):
         raise click.ClickException(f"unknown schedule {name!r:.80}")
@@ -141,8 +150,6 @@ def remove_schedule(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
     """Delete finished jobs (COMPLETED, FAILED, CANCELLED) with their steps and history."""
-    from jobs.application import default_app  # noqa: PLC0415
-    from jobs.runtime import sweeper  # noqa: PLC0415
 
     days = default_app().settings.retention_days if older_than is None else older_than
     if days is None:
@@ -176,19 +183,14 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
 )
 def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
     """Why a job is where it is, and what an operator can do."""
-    from jobs.application import default_app  # noqa: PLC0415
-    from jobs.core.states import State  # noqa: PLC0415
-    from jobs.core.validate import check_lookup_id, printable  # noqa: PLC0415
-    from jobs.runtime.explain import explain as explain_job  # noqa: PLC0415
-    from jobs.runtime.workers import live_workers  # noqa: PLC0415
 
     app = default_app()
     store = _store()
     check_lookup_id(job_id)
-    workers = None
+    serving = None
     if not no_workers and store.reads.get(job_id).state is State.QUEUED:
-        workers = live_workers(app.celery)
-    found = explain_job(store, app.settings, job_id, workers)
+        serving = workers.live_workers(app.celery)
+    found = diagnosis.explain(store, app.settings, job_id, serving)
     if as_json:
         click.echo(json.dumps(found.as_dict(), indent=2))
         return
@@ -202,12 +204,10 @@ def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 def metrics(port: int, addr: str) -> None:
     """Serve Prometheus metrics read from the job tables on http://ADDR:PORT/metrics."""
-    from jobs.application import default_app  # noqa: PLC0415
-    from jobs.runtime.metrics import serve  # noqa: PLC0415
 
     try:
         settings = default_app().settings
-        serve(_store(), port, settings.lease_seconds, addr, default_queue=settings.queue)
+        prometheus.serve(_store(), port, settings.lease_seconds, addr, default_queue=settings.queue)
     except OSError as err:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {err.strerror}") from None
     click.echo(f"serving metrics on http://{addr}:{port}/metrics (Ctrl-C stops)")

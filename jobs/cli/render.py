@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from jobs.application import default_app
 from jobs.core.validate import (
     printable,
 )
@@ -21,9 +22,7 @@ if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a comm
 
 
 def runtime() -> ProcessRuntime:
-    """The process's runtime, imported on first use so ``--help`` stays fast."""
-    from jobs.application import default_app  # noqa: PLC0415
-
+    """The process's runtime (built on first use, so ``--help`` opens nothing)."""
     return default_app().runtime
 
 

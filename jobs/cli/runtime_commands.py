@@ -9,13 +9,30 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from jobs.application import default_app
 from jobs.cli.group import Finite, main
+from jobs.core.lazy import lazy_module
 from jobs.core.settings import Settings
 from jobs.core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
+from jobs.runtime.frameworks import set_up_for_job_modules
+
+if TYPE_CHECKING:
+    from jobs import demo as demos
+    from jobs.runtime import metrics as prometheus
+    from jobs.runtime import outcome_events, queue_watch
+    from jobs.runtime import queues as queue_routes
+    from jobs.runtime import sweeper as sweeping
+else:  # kombu, SQLAlchemy and the metrics library: only when the command runs
+    demos = lazy_module("jobs.demo")
+    prometheus = lazy_module("jobs.runtime.metrics")
+    outcome_events = lazy_module("jobs.runtime.outcome_events")
+    queue_watch = lazy_module("jobs.runtime.queue_watch")
+    queue_routes = lazy_module("jobs.runtime.queues")
+    sweeping = lazy_module("jobs.runtime.sweeper")
 
 
 def settings_after_the_job_modules() -> Settings:
@@ -25,8 +42,6 @@ def settings_after_the_job_modules() -> Settings:
     database from one place and the broker from another. Says on stderr, in one line,
     which setting came from where when they came from more than one place. A bad setting
     or module stops here with one line."""
-    from jobs.runtime.frameworks import set_up_for_job_modules  # noqa: PLC0415
-
     app = default_app()
     set_up_for_job_modules()  # a Django project's job modules import its models
     app.registry.names()  # so does a bad JOBS_IMPORTS module
@@ -78,15 +93,15 @@ def worker(
 
     Extra arguments are passed to Celery's `worker` command unchanged.
     """
-    from jobs.runtime.queues import served_queues, with_bands  # noqa: PLC0415
-
     settings = settings_after_the_job_modules()
     export_for_the_worker()
     kinds = default_app().registry.kinds()
     consumed = (
-        served_queues(settings, kinds)
+        queue_routes.served_queues(settings, kinds)
         if not queues
-        else with_bands(settings, [name.strip() for name in queues.split(",") if name.strip()])
+        else queue_routes.with_bands(
+            settings, [name.strip() for name in queues.split(",") if name.strip()]
+        )
     )
     # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
     # the same worker, without the REPL and plugin commands in every process's memory.
@@ -113,23 +128,19 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="With --once: the pass's job IDs as JSON.")
 def sweeper(once: bool, as_json: bool) -> None:
     """Recover jobs without the broker: dead owners, expired leases, lost messages."""
-    from jobs.runtime.outcome_events import OutcomeEvents  # noqa: PLC0415
-    from jobs.runtime.queue_watch import QueueWatch  # noqa: PLC0415
-    from jobs.runtime.sweeper import run_forever, sweep_once  # noqa: PLC0415
-
     settings = settings_after_the_job_modules()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     runtime = default_app().runtime
     store = runtime.store
     default_app().schedules.sync()  # periodic kinds declared in code (JOBS_IMPORTS)
-    watch = None if settings.is_embedded_broker else QueueWatch(settings)
+    watch = None if settings.is_embedded_broker else queue_watch.QueueWatch(settings)
     # Flower hears of the jobs the sweeper fails (no delivery reports them), on a broker.
-    announce = OutcomeEvents(
+    announce = outcome_events.OutcomeEvents(
         lambda: default_app().celery,
         enabled=settings.task_events and not settings.is_embedded_broker,
     )
     if once:
-        report = sweep_once(
+        report = sweeping.sweep_once(
             store, settings, runtime.ring_batch, runtime.waiting_doorbells, watch, announce
         )
         if as_json:
@@ -142,10 +153,10 @@ def sweeper(once: bool, as_json: bool) -> None:
         )
         return
     if settings.metrics_port is not None:
-        from jobs.runtime.metrics import serve  # noqa: PLC0415 - the optional extra
-
-        serve(store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue)
-    run_forever(
+        prometheus.serve(
+            store, settings.metrics_port, settings.lease_seconds, default_queue=settings.queue
+        )
+    sweeping.run_forever(
         store,
         settings,
         runtime.ring_batch,
@@ -166,9 +177,7 @@ def sweeper(once: bool, as_json: bool) -> None:
 )
 def demo(job_id: str, timeout: float) -> None:
     """The T-42 story with real processes: worker A is SIGKILLed mid-job, worker B finishes it."""
-    from jobs.demo import run_demo  # noqa: PLC0415
-
-    ok = run_demo(job_id=job_id, timeout=timeout, echo=click.echo)
+    ok = demos.run_demo(job_id=job_id, timeout=timeout, echo=click.echo)
     if not ok:
         raise SystemExit(1)
 

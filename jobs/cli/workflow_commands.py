@@ -7,6 +7,7 @@ import json
 
 import click
 
+import jobs
 from jobs.cli.group import main
 
 
@@ -18,8 +19,6 @@ def send_event(job_id: str, name: str, payload: str) -> None:
     """Send event NAME with a JSON PAYLOAD (default null) to job ID. A job waiting for it
     (``ctx.wait_for_event(NAME)``) is queued now; any other unfinished job keeps it for
     its next wait of that name."""
-    import jobs  # noqa: PLC0415 - loaded when the command runs
-
     try:
         value = json.loads(payload)
     except ValueError as err:

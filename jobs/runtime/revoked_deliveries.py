@@ -48,7 +48,7 @@ def cancel_jobs_on_revoke(
 ) -> None:
     """Wrap this process's ``revoke`` control command, and connect Celery's
     ``task_revoked`` signal, so a revoke naming a delivery of a doorbell (a task whose name
-    ``is_doorbell_task``) ends in ``store_of().cancel(job_id, reason)`` for the job it names.
+    ``is_doorbell_task``) ends in ``store_of().operator.cancel(…)`` for the job it names.
     The store is asked for at the first such revoke, not before: a prefork worker's main
     process holds no database connection until then. Once a process; a later call replaces
     what the first one set."""
@@ -125,7 +125,7 @@ def _cancel_in_background(store_of: Callable[[], Any], jobs: dict[str, str], nod
     def cancel_each() -> None:
         for task_id, job_id in jobs.items():
             try:
-                store_of().cancel(job_id, REASON.format(task_id=task_id, node=node))
+                store_of().operator.cancel(job_id, REASON.format(task_id=task_id, node=node))
             except (IllegalTransition, UnknownJob):
                 continue  # already ended (or gone): as Celery's revoke of a finished task
             except Exception as err:  # the database may be down: say so, never raise

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, event
 
 from jobs.core.records import Doorbell
-from jobs.service.unit import Ring, UnitOfWork
 
 if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
     from sqlalchemy.orm import Session, scoped_session
+
+    from jobs.service.unit import Ring, UnitOfWork
 
 
 class _Pending:
