@@ -225,9 +225,9 @@ class JobsApp(JobOperations):
                     self._inherited.append(runtime)
                 else:
                     runtime.close()
-            from jobs.runtime.process import ProcessRuntime  # noqa: PLC0415 - SQLAlchemy
+            from jobs.runtime.process import ProcessRuntime, celery_doorbell  # noqa: PLC0415
 
-            runtime = ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
+            runtime = ProcessRuntime(settings, self.registry, celery_doorbell(lambda: self.celery))
             if self._injected_ringer is not None:
                 runtime.use_doorbell(self._injected_ringer[0])
             self._runtime = runtime
