@@ -521,8 +521,8 @@ def _hand_back_on_shutdown(celery: Any, **_: Any) -> None:
 
 def _hand_back_on_restart(celery: Any, **_: Any) -> None:
     """``worker_ready``: SIGHUP restarts a worker: hand its running jobs back first
-    (:mod:`.worker_signals`). Sent by the worker's consumer, but read here as before, from
-    the process's current app (the worker's)."""
+    (:mod:`.worker_signals`). Sent by the worker's consumer; the worker's app is read, as
+    for a warm shutdown, from the process's current one."""
     installed = _installed_for(celery, current_app)
     if installed is not None:
         hand_back_before_restart(installed.shutting_down)
@@ -531,8 +531,8 @@ def _hand_back_on_restart(celery: Any, **_: Any) -> None:
 def _start_pool_child(celery: Any, **_: Any) -> None:
     """``worker_process_init``: a prefork child of a worker that runs durable jobs arms its
     time-limit backstop and gets its database side ready in the background
-    (:func:`start_pool_child`). Sent by the host name at most: the child's current app is
-    the worker's."""
+    (:func:`start_pool_child`). Sent with the host name at most: the child's current app
+    is the worker's."""
     installed = _installed_for(celery, current_app)
     if installed is not None and installed.runs_jobs:
         start_pool_child(installed.host)
