@@ -266,7 +266,8 @@ class JobsApp:
                     self._inherited.append(runtime)
                 else:
                     runtime.close()
-            runtime = process.ProcessRuntime(settings, self.registry, celery=lambda: self.celery)
+            doorbell = process.celery_doorbell(lambda: self.celery)
+            runtime = process.ProcessRuntime(settings, self.registry, doorbell)
             if self._injected_ringer is not None:
                 runtime.use_doorbell(self._injected_ringer[0])
             self._runtime = runtime

@@ -106,7 +106,7 @@ def test_the_same_url_for_liveness_keeps_the_time_outs(pg_url: str) -> None:
     engine keeps its statement, lock and idle-in-transaction time-outs (they were dropped)."""
     url = host_list_url(pg_url)
     settings = from_env({"JOBS_DATABASE_URL": url, "JOBS_LIVENESS_DATABASE_URL": url})
-    runtime = ProcessRuntime(settings, Registry(imports=()), lambda: None)
+    runtime = ProcessRuntime(settings, Registry(imports=()), lambda settings, on_lost: None)
     try:
         assert runtime.pooled is False
         engine: Engine = runtime.engine
@@ -118,4 +118,6 @@ def test_the_same_url_for_liveness_keeps_the_time_outs(pg_url: str) -> None:
     other = from_env(
         {"JOBS_DATABASE_URL": "postgresql://u@pooler:6432/jobs", "JOBS_LIVENESS_DATABASE_URL": url}
     )
-    assert ProcessRuntime(other, Registry(imports=()), lambda: None).pooled is True
+    assert (
+        ProcessRuntime(other, Registry(imports=()), lambda settings, on_lost: None).pooled is True
+    )

@@ -73,9 +73,8 @@ def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:
     installed: Installed = install_runner(app, jobs_app)
     if installed.host is not jobs_app:
         raise ValueError("this Celery app already runs another jobs application's jobs")
-    if installed.on_users_app:
+    if not installed.first_install_on_users_app():
         return jobs_app
-    installed.on_users_app = True
     jobs_app.adopt_celery(app)
     wrap_results_and_revoke(app, jobs_app)  # app.AsyncResult(job_id), app.control.revoke
     registry = jobs_app.registry

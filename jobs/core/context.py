@@ -30,6 +30,7 @@ from jobs.core.waits import TIMED_OUT, Workflow
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
     from jobs.core.outage import LeaseHold
+    from jobs.core.registry import Registry
     from jobs.core.store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
@@ -121,6 +122,8 @@ class JobContext(Workflow):
         heartbeat: LeaseHeartbeat | None = None,
         run_deadline: tuple[float, str] | None = None,
         hold: LeaseHold | None = None,
+        registry: Registry | None = None,
+        default_max_attempts: int = 5,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -145,6 +148,10 @@ class JobContext(Workflow):
         # Holds this thread's writes through a database outage while the lease can be live
         # (jobs.core.outage); None writes once and lets the error go.
         self.hold = hold
+        # The kinds children take their defaults from (attempts, priority, queue, version),
+        # and the attempts of a child whose kind sets none (JOBS_DEFAULT_MAX_ATTEMPTS).
+        self.registry = registry
+        self.default_max_attempts = default_max_attempts
 
     @property
     def job_id(self) -> str:

@@ -113,6 +113,17 @@ class LeaseHeartbeat:
         self._stopped = False
         self._thread: threading.Thread | None = None
 
+    def end_stuck_runs_with(
+        self, stop_process: StopProcess | None, backstop: Backstop | None
+    ) -> None:
+        """From now on, end the process with ``stop_process`` when a run passed its time
+        limit and is still in its handler, and arm ``backstop`` for the earliest deadline
+        (``None``: end nothing, arm nothing); what the constructor's arguments of the same
+        names set, for a process that learns how late (a prefork pool child, once forked)."""
+        with self._lock:
+            self.stop_process = stop_process
+            self.backstop = backstop
+
     @property
     def interval(self) -> float:
         """Seconds between renewals: a third of the lease, so two may fail before it ends."""

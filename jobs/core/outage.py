@@ -97,6 +97,11 @@ class OutageLog:
         self._since: float | None = None
         self._lock = threading.Lock()
 
+    def describe(self, target: str) -> None:
+        """Name what the process connects to (a masked URL or host list) in the lines that
+        say the database went and came back: the runtime does, as it builds its engine."""
+        self.target = target
+
     @property
     def down(self) -> bool:
         """Whether an outage is under way (seen, and no success since)."""

@@ -192,9 +192,9 @@ class Runner:
             heartbeat=self.heartbeat,
             run_deadline=run_deadline,
             hold=hold,
+            registry=self.registry,  # children take their kinds' defaults
+            default_max_attempts=self.default_max_attempts,
         )
-        ctx.registry = self.registry  # children take their kinds' defaults
-        ctx.default_max_attempts = self.default_max_attempts
         if self.heartbeat is not None:
 
             def timed_out(why: str) -> None:

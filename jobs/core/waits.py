@@ -86,11 +86,10 @@ T = TypeVar("T")
 class Workflow:
     """Children and events for a handler's context (see the module's docstring)."""
 
-    # Set by the runner: kinds' defaults for children (attempts, priority, queue, version).
-    registry: Registry | None = None
-    default_max_attempts: int = 5
-
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # given to the context's constructor
+        # Kinds' defaults for children (attempts, priority, queue, version).
+        registry: Registry | None
+        default_max_attempts: int
         store: JobStore
         claim: Claim
         hold: LeaseHold | None

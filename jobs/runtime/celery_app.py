@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, current_app, signals
@@ -57,7 +58,7 @@ from jobs.runtime.queues import (
 )
 from jobs.runtime.revoked_deliveries import cancel_jobs_on_revoke
 from jobs.runtime.shared_flag import SharedFlag
-from jobs.runtime.worker_signals import hand_back_before_restart
+from jobs.runtime.worker_signals import connect_for_app, hand_back_before_restart
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
     from jobs.core.runner import RunResult
@@ -159,9 +160,10 @@ class Installed:
         self.shutting_down = SharedFlag()
         self.kind_tasks: set[str] = set()  # the kinds' task names registered on the app
         self.kind_tasks_lock = threading.Lock()
-        self.on_users_app = False  # jobs.contrib.celery.install ran on it
+        self._on_users_app = False  # jobs.contrib.celery.install ran on it
+        self._users_app_lock = threading.Lock()
         self.start_notes: list[str] = []  # said once the worker's logging is set up
-        self.runs_jobs = True  # a worker that consumes no durable queue: False at its start
+        self._runs_jobs = True  # a worker that consumes no durable queue: False at its start
 
         def run_job(task: Any, *args: Any, **kwargs: Any) -> str:
             """Claim the job through the core, run it, and let the message be acknowledged."""
@@ -197,6 +199,25 @@ class Installed:
             raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
 
+    @property
+    def runs_jobs(self) -> bool:
+        """Whether this process's worker consumes a durable queue (true until its start
+        says otherwise, :meth:`consumes`): only then are its pool children made ready."""
+        return self._runs_jobs
+
+    def consumes(self, durable_queues: Iterable[str]) -> bool:
+        """At the worker's start: the durable queues it consumes (none: a worker of the app
+        that serves only plain tasks). Returns :attr:`runs_jobs`."""
+        self._runs_jobs = bool(list(durable_queues))
+        return self._runs_jobs
+
+    def first_install_on_users_app(self) -> bool:
+        """Note that ``jobs.contrib.celery.install`` runs on the app (a user's): true the
+        first time, false when it already ran (the second install does nothing more)."""
+        with self._users_app_lock:
+            first, self._on_users_app = not self._on_users_app, True
+        return first
+
     def is_job_task(self, name: str) -> bool:
         """Whether ``name`` is a job task of this app (a doorbell's delivery)."""
         return name == TASK_NAME or name in self.kind_tasks
@@ -208,8 +229,8 @@ class Installed:
 
 def installed_on(celery: Any) -> Installed | None:
     """The durable jobs installed on a Celery app (or on the app behind Celery's
-    ``current_app`` proxy), if any: signals are process-wide, and act only for workers of
-    an app with durable jobs, not for any Celery app that happens to import this module."""
+    ``current_app`` proxy), if any: what a consumer, a worker signal or a test finds on the
+    app it is given."""
     if celery is None:
         return None
     get_current = getattr(celery, "_get_current_object", None)
@@ -270,7 +291,17 @@ def install_runner(celery: Celery, host: JobsHost, *, dedicated: bool = False) -
     celery.task(name=TASK_NAME, **JOB_TASK_OPTIONS)(installed.task_body)
     with contextlib.suppress(SettingsError):  # a broken JOBS_IMPORTS stops the worker later
         register_kind_tasks(celery, installed, host.registry.registered_names())
+    connect_worker_signals(celery)
     return installed
+
+
+def connect_worker_signals(celery: Celery) -> None:
+    """Connect the worker signals durable jobs act on, for ``celery``'s workers only
+    (:func:`jobs.runtime.worker_signals.connect_for_app`; again for the same app: nothing
+    more). Nothing is connected at import, so a process that imports this module and runs
+    a worker of another app hears nothing from durable jobs."""
+    for signal, handler in WORKER_SIGNALS:
+        connect_for_app(celery, signal, handler)
 
 
 def register_kind_tasks(celery: Celery, installed: Installed, kinds: Iterable[str]) -> list[str]:
@@ -344,14 +375,23 @@ def _load_kinds(celery: Any, installed: Installed) -> list[str]:
     return names
 
 
-@signals.celeryd_init.connect
-def _before_the_queues(instance: Any = None, options: Any = None, **_: Any) -> None:
-    """``celery worker`` (the program) before it selects its queues: the kinds and their
-    tasks, so the consumer knows every kind's task name from its first message, and every
-    jobs queue declared as every process declares it, so ``-Q video`` consumes a priority
-    (or quorum) queue, not one Celery would make up with other arguments."""
-    celery: Any = getattr(instance, "app", None)
-    installed = installed_on(celery)
+def _installed_for(celery: Any, app: Any) -> Installed | None:
+    """The durable jobs installed on ``celery``, when ``app`` (the app of the worker that
+    sent a signal, or Celery's ``current_app``) is that very app; else ``None``: the signal
+    is another app's worker's."""
+    get_current = getattr(app, "_get_current_object", None)
+    if callable(get_current):
+        app = get_current()
+    return installed_on(celery) if app is celery else None
+
+
+def _before_the_queues(celery: Any, instance: Any = None, options: Any = None, **_: Any) -> None:
+    """``celeryd_init``: ``celery worker`` (the program) before it selects its queues: the
+    kinds and their tasks, so the consumer knows every kind's task name from its first
+    message, and every jobs queue declared as every process declares it, so ``-Q video``
+    consumes a priority (or quorum) queue, not one Celery would make up with other
+    arguments. (Sent by the worker's host name: the worker itself is ``instance``.)"""
+    installed = _installed_for(celery, getattr(instance, "app", None))
     if installed is None:
         return
     _load_kinds(celery, installed)
@@ -382,13 +422,11 @@ def _queues_option(options: Any) -> list[str]:
     return [name.strip() for name in given or () if isinstance(name, str) and name.strip()]
 
 
-@signals.worker_init.connect
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Any worker of an app with durable jobs (Celery's in-process test worker too): the
-    kinds, a word about the pool, and, when it consumes a durable queue, the code its pool
-    children run loaded before the pool forks."""
-    celery: Any = getattr(sender, "app", None)
-    installed = installed_on(celery)
+def _on_worker_init(celery: Any, sender: Any = None, **_: Any) -> None:
+    """``worker_init``, sent by the worker: any worker of an app with durable jobs
+    (Celery's in-process test worker too): the kinds, a word about the pool, and, when it
+    consumes a durable queue, the code its pool children run loaded before the pool forks."""
+    installed = _installed_for(celery, getattr(sender, "app", None))
     if installed is None:
         return
     _load_kinds(celery, installed)
@@ -398,8 +436,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     consumed = list(getattr(celery.amqp.queues, "consume_from", None) or ())
     served = served_queues(settings, installed.host.registry.kinds())
     durable = consumed if installed.dedicated else [name for name in consumed if name in served]
-    installed.runs_jobs = bool(durable)
-    if installed.runs_jobs:  # process-wide tweaks: only where durable jobs run
+    if installed.consumes(durable):  # process-wide tweaks: only where durable jobs run
         preload_for_the_pool(settings)
         cancel_jobs_on_revoke(installed.is_job_task, lambda: installed.host.runtime.store)
         installed.start_notes.append(
@@ -409,12 +446,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         )
 
 
-@signals.celeryd_after_setup.connect
-def _say_what_the_worker_runs(instance: Any = None, **_: Any) -> None:
-    """Once ``celery worker`` has set its logging up (what ``worker_init`` logs before that
-    is lost): the kinds it runs, and where it listens."""
-    celery: Any = getattr(instance, "app", None)
-    installed = installed_on(celery)
+def _say_what_the_worker_runs(celery: Any, instance: Any = None, **_: Any) -> None:
+    """``celeryd_after_setup`` (sent by the worker's host name; the worker is
+    ``instance``): once ``celery worker`` has set its logging up (what ``worker_init`` logs
+    before that is lost), the kinds it runs, and where it listens."""
+    installed = _installed_for(celery, getattr(instance, "app", None))
     if installed is None:
         return
     names = installed.host.registry.registered_names()
@@ -475,27 +511,67 @@ def warn_about_the_pool(worker: Any, settings: Settings) -> None:
         log.warning(SOLO_POOL_WARNING)
 
 
-@signals.worker_shutting_down.connect
-def _hand_back_on_shutdown(**_: Any) -> None:
-    """Warm shutdown (SIGTERM): running jobs stop at their next step and go back to the queue."""
-    installed = installed_on(current_app)
+def _hand_back_on_shutdown(celery: Any, **_: Any) -> None:
+    """``worker_shutting_down``, a warm shutdown (SIGTERM): running jobs stop at their next
+    step and go back to the queue. Sent by the worker's host name: the worker's app is the
+    process's current one."""
+    installed = _installed_for(celery, current_app)
     if installed is not None:
         log.info("warm shutdown: running jobs will be handed back at their next step")
         installed.shutting_down.set()
 
 
-@signals.worker_ready.connect
-def _hand_back_on_restart(**_: Any) -> None:
-    """SIGHUP restarts a worker: hand its running jobs back first (:mod:`.worker_signals`)."""
-    installed = installed_on(current_app)
+def _hand_back_on_restart(celery: Any, **_: Any) -> None:
+    """``worker_ready``: SIGHUP restarts a worker: hand its running jobs back first
+    (:mod:`.worker_signals`). Sent by the worker's consumer; the worker's app is read, as
+    for a warm shutdown, from the process's current one."""
+    installed = _installed_for(celery, current_app)
     if installed is not None:
         hand_back_before_restart(installed.shutting_down)
 
 
-@signals.worker_process_init.connect
-def _start_pool_child(**_: Any) -> None:
-    """A prefork child of a worker that runs durable jobs arms its time-limit backstop and
-    gets its database side ready in the background (:func:`start_pool_child`)."""
-    installed = installed_on(current_app)
+def _start_pool_child(celery: Any, **_: Any) -> None:
+    """``worker_process_init``: a prefork child of a worker that runs durable jobs arms its
+    time-limit backstop and gets its database side ready in the background
+    (:func:`start_pool_child`). Sent with the host name at most: the child's current app
+    is the worker's."""
+    installed = _installed_for(celery, current_app)
     if installed is not None and installed.runs_jobs:
         start_pool_child(installed.host)
+
+
+def _child_sends_held_completions(celery: Any, **_: Any) -> None:
+    """``worker_process_shutdown``: a prefork pool child stopping (a warm shutdown, its max
+    tasks per child) sends the completion it holds (:func:`_send_held_completions`). Sent
+    by the host name: the child's current app is the worker's."""
+    if _installed_for(celery, current_app) is not None:
+        _send_held_completions()
+
+
+def _worker_sends_held_completions(celery: Any, sender: Any = None, **_: Any) -> None:
+    """``worker_shutdown``, sent by the worker as its own process ends (a solo or threads
+    worker's deliveries ran there): it sends the completions it holds."""
+    if _installed_for(celery, getattr(sender, "app", None)) is not None:
+        _send_held_completions()
+
+
+def _send_held_completions() -> None:
+    """:func:`jobs.runtime.delivery.send_held_completions` in a process that delivered
+    jobs: only there is the delivery loaded (by a delivery, or before the pool forked), and
+    a process that never loaded it holds nothing and does not load SQLAlchemy to say so."""
+    delivery = sys.modules.get("jobs.runtime.delivery")
+    if delivery is not None:
+        delivery.send_held_completions()
+
+
+WORKER_SIGNALS: tuple[tuple[Any, Callable[..., None]], ...] = (
+    (signals.celeryd_init, _before_the_queues),
+    (signals.worker_init, _on_worker_init),
+    (signals.celeryd_after_setup, _say_what_the_worker_runs),
+    (signals.worker_shutting_down, _hand_back_on_shutdown),
+    (signals.worker_ready, _hand_back_on_restart),
+    (signals.worker_process_init, _start_pool_child),
+    (signals.worker_process_shutdown, _child_sends_held_completions),
+    (signals.worker_shutdown, _worker_sends_held_completions),
+)
+"""Each worker signal durable jobs act on, and its handler (given the app it serves)."""

@@ -11,8 +11,6 @@ import time
 import weakref
 from collections.abc import Callable
 
-from celery import signals
-
 from jobs.core.errors import UnknownJob
 from jobs.core.outage import OUTAGES, is_disconnect
 from jobs.core.runner import Outcome, Runner, RunResult
@@ -118,10 +116,12 @@ def runs_one_job_at_a_time() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def send_held_completions(**_: object) -> None:
+def send_held_completions() -> None:
     """A process stopping (a prefork pool child at a warm shutdown or at its max tasks per
     child; a solo worker's main process at the end of its shutdown) sends the completion
-    it holds rather than leave its job to be recovered and its last step run again."""
+    it holds rather than leave its job to be recovered and its last step run again. Called
+    from the worker's signals, which installing durable jobs on an app connects
+    (:func:`jobs.runtime.celery_app.connect_worker_signals`)."""
     for store in list(_stores):
         held, flights = store.statements.held, store.statements.flights
         if flights is not None:
@@ -143,10 +143,6 @@ def send_held_completions(**_: object) -> None:
             store.flush_held()
         except Exception as err:  # the process is ending; the job recovers from the database
             log.warning("held completion not sent at exit: %s", type(err).__name__)
-
-
-signals.worker_process_shutdown.connect(send_held_completions)  # a prefork pool child
-signals.worker_shutdown.connect(send_held_completions)  # the worker's own process, last
 
 
 def make_runner(

@@ -6,10 +6,11 @@ parent, so everything of that kind lives in one :class:`ProcessRuntime`, owned b
 process's application object (:class:`jobs.application.JobsApp`), which builds a new one
 after a fork and when the settings change.
 
-The doorbell is injected: :meth:`ProcessRuntime.use_doorbell` replaces it (``None``
-sends none; tests and embedded users), and by default the Celery ringer of
-:mod:`jobs.runtime.ringer` is made on first need, so a process that never rings
-never imports Celery.
+The doorbell is injected: the runtime is given a :data:`DoorbellFactory` (the
+application's is :func:`celery_doorbell`: the Celery ringer of :mod:`jobs.runtime.ringer`
+on the application's Celery app), called on first need, so a process that never rings
+never imports Celery; :meth:`ProcessRuntime.use_doorbell` replaces it (``None`` sends none;
+tests and embedded users).
 """
 
 from __future__ import annotations
@@ -53,14 +54,33 @@ class DoorbellRinger(Protocol):
     ) -> None: ...
 
 
+DoorbellFactory = Callable[[Settings, Callable[[list[str]], None]], DoorbellRinger | None]
+"""Makes a runtime's doorbell for its settings, given what to call with the jobs whose
+doorbells were found lost after their publish returned (they are marked unsent)."""
+
+
+def celery_doorbell(celery: Callable[[], Any]) -> DoorbellFactory:
+    """The default doorbell: a :class:`jobs.runtime.ringer.CeleryRinger` publishing through
+    the Celery app ``celery()`` returns (asked for on the first publish; Celery is imported
+    with the ringer, on first need)."""
+
+    def make(settings: Settings, on_lost: Callable[[list[str]], None]) -> DoorbellRinger:
+        from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415 - lazily
+
+        return CeleryRinger(settings, on_lost=on_lost, celery=celery)
+
+    return make
+
+
 class ProcessRuntime:
     """Everything one process holds open for one set of settings; built lazily, piece by
-    piece, so a process pays only for what it uses."""
+    piece, so a process pays only for what it uses. ``doorbell`` makes the doorbell on its
+    first need (:func:`celery_doorbell`), unless :meth:`use_doorbell` chose one first."""
 
-    def __init__(self, settings: Settings, registry: Registry, celery: Callable[[], Any]) -> None:
+    def __init__(self, settings: Settings, registry: Registry, doorbell: DoorbellFactory) -> None:
         self.settings = settings
         self.registry = registry
-        self._celery = celery  # the Celery app the default doorbell publishes with
+        self._make_doorbell = doorbell
         self.pid = os.getpid()
         self._lock = threading.RLock()
         self._engine: Engine | None = None
@@ -82,7 +102,7 @@ class ProcessRuntime:
         with self._lock:
             if self._engine is None:
                 self._engine = make_engine(self.settings.database_url, pooled=self.pooled)
-                OUTAGES.target = describe_hosts(self.settings.database_url)
+                OUTAGES.describe(describe_hosts(self.settings.database_url))
             return self._engine
 
     @property
@@ -128,8 +148,7 @@ class ProcessRuntime:
             self._stop_on_timeout = stop
             self._backstop = backstop
             if self._heartbeat is not None:
-                self._heartbeat.stop_process = stop
-                self._heartbeat.backstop = backstop
+                self._heartbeat.end_stuck_runs_with(stop, backstop)
 
     def liveness_key(self) -> int | None:
         """The key this process stamps on the jobs it claims, so a sweeper can tell that
@@ -200,14 +219,10 @@ class ProcessRuntime:
 
     @property
     def ringer(self) -> DoorbellRinger | None:
-        """The doorbell in use: the Celery ringer unless replaced."""
+        """The doorbell in use: the one the runtime's factory makes unless replaced."""
         with self._lock:
             if not self._ringer_chosen:
-                from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415 - lazily
-
-                self._ringer = CeleryRinger(
-                    self.settings, on_lost=self._doorbells_lost, celery=self._celery
-                )
+                self._ringer = self._make_doorbell(self.settings, self._doorbells_lost)
                 self._ringer_chosen = True
             return self._ringer
 
