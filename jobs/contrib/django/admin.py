@@ -194,7 +194,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="children")
     def children(self, row: JobRow) -> Any:
-        page = default_app().store.reads.children_page(
+        page = default_app().store.pages.children_page(
             row.id, _offsets().get("children", 0), PAGE_ROWS["children"]
         )
         if not page.total:
@@ -213,7 +213,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="steps")
     def steps(self, row: JobRow) -> Any:  # Django's SafeString
-        page = default_app().store.reads.steps_page(
+        page = default_app().store.pages.steps_page(
             row.id, _offsets().get("steps", 0), PAGE_ROWS["steps"]
         )
         shown = format_html_join(
@@ -240,7 +240,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="history")
     def history(self, row: JobRow) -> Any:
-        page = default_app().store.reads.history_page(
+        page = default_app().store.pages.history_page(
             row.id, _offsets().get("history", 0), PAGE_ROWS["history"]
         )
         shown = format_html_join(
