@@ -8,8 +8,15 @@ CI=true they fail instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -242,3 +249,165 @@ def snapshot(engine: Engine) -> Snapshot:
             [tuple(row) for row in conn.execute(select(t).order_by(*t.primary_key.columns))]
             for t in STORE_TABLES
         )
+
+
+# -- jobctl and its worker in child processes (start-up checks, an operator's low cases) -----
+
+
+def jobctl_in_child(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m jobs <args>`` in a child process with ``env`` (a minute at most), its
+    output captured as text; a failure is the caller's to judge."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused command printed: it exited 1, with no traceback."""
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    return line
+
+
+def start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[int | None, str]:
+    """Start ``jobctl worker`` and read it until it says "ready" (then stop it: exit status
+    None) or exits by itself (its status), with everything it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "worker", "--pool", "solo", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if " ready." in line:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+                return None, "".join(lines)
+        return proc.wait(timeout=60), "".join(lines)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def refused(status: int | None, output: str, *fragments: str) -> None:
+    """The worker of :func:`start_worker` refused to start, in one line naming
+    ``fragments``, with no traceback."""
+    assert status is not None, f"the worker started:\n{output}"
+    assert status != 0
+    assert "Traceback" not in output, output
+    refusals = [line for line in output.splitlines() if "the worker will not start" in line]
+    assert len(refusals) == 1, output
+    for fragment in fragments:
+        assert fragment in refusals[0], refusals[0]
+
+
+# -- memory: what a page, a list or an upload costs -----------------------------------------
+
+
+class AllocationPeak:
+    """``with AllocationPeak() as traced: …``, then ``traced.peak``: the most this process
+    had allocated at once inside the block, in bytes (``tracemalloc``, on only there)."""
+
+    peak = 0
+
+    def __enter__(self) -> AllocationPeak:
+        tracemalloc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _, self.peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory so far (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+# -- the job pages' probe: Flower's and the Django admin's paging tests ----------------------
+
+#: The probe's sizes: a parent of 20,000 children, a job of sixty steps with 1 MiB outputs
+#: (and list rows whose inputs are as large): a page of each stays small all the same.
+PAGE_CHILDREN = 20_000
+PAGE_BIG_STEPS = 60
+PAGE_OUTPUT_CHARS = 1_000_000
+#: Inputs, an output or an error a hostile client could store: HTML that would run script,
+#: and terminal escapes (colour, window title, bell).
+HOSTILE = (
+    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    "\x1b[31mred\x1b]0;owned\x07</pre><b>bold</b>"
+)
+
+
+@functools.cache
+def page_probe_kinds() -> None:
+    """Register the probe's kinds with the default app, once a process:
+    ``page_many_children`` (``count`` children of ``page_leaf``), ``page_big_outputs`` (a
+    step ``hostile`` whose output is :data:`HOSTILE`, then ``steps`` steps ``big-NN`` whose
+    outputs are :data:`PAGE_OUTPUT_CHARS` copies of the digit ``NN % 10``) and
+    ``page_padded`` (inputs as large as given)."""
+
+    @jobs.job("page_leaf")
+    def page_leaf(ctx: jobs.JobContext, n: int) -> int:
+        return n
+
+    @jobs.job("page_padded")
+    def page_padded(ctx: jobs.JobContext, pad: str) -> int:
+        return len(pad)
+
+    @jobs.job("page_many_children")
+    def page_many_children(ctx: jobs.JobContext, count: int) -> int:
+        return len(ctx.map("page_leaf", [{"n": n} for n in range(count)]))
+
+    @jobs.job("page_big_outputs")
+    def page_big_outputs(ctx: jobs.JobContext, steps: int) -> int:
+        ctx.step("hostile", lambda: HOSTILE)
+        for index in range(steps):
+            ctx.step(f"big-{index:02d}", lambda index=index: str(index % 10) * PAGE_OUTPUT_CHARS)
+        return steps
+
+
+def whole_output(index: int) -> str:
+    """The whole output of step ``big-NN`` of ``page_big_outputs``, as stored JSON text."""
+    return '"' + str(index % 10) * PAGE_OUTPUT_CHARS + '"'
+
+
+def assert_children_paged(parent_id: str, first: str, following: str) -> None:
+    """The first page of a ``page_many_children`` parent's children and the next one
+    (``?children=100``): 100 links each, none on both, the count of all, and the link to
+    the page after."""
+    listed = rf">({re.escape(parent_id)}\.map\.\d+)</a>"
+    shown = set(re.findall(listed, first))
+    assert len(shown) == 100
+    assert f"1-100 of {PAGE_CHILDREN}" in first
+    more = set(re.findall(listed, following))
+    assert len(more) == 100
+    assert not shown & more
+    assert "children=200" in following  # the next page's link
+
+
+def assert_outputs_escaped(page: str) -> None:
+    """A page of ``page_big_outputs``'s steps: the hostile output shown as text, none of
+    its HTML live."""
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page
+    assert "<script>window" not in page
+    assert "<img src=x" not in page

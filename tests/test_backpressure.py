@@ -343,7 +343,7 @@ def test_set_limits_overwrites_and_only_if_absent_does_not(store: JobStore) -> N
 def test_next_due_is_the_oldest_due_queued_job_of_the_kind(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    assert store.reads.next_due(KIND) == []
+    assert store.depth.next_due(KIND) == []
     new(store, "o0", kind=OTHER)  # older, but another kind
     clock.advance()
     new(store, "a")
@@ -353,15 +353,15 @@ def test_next_due_is_the_oldest_due_queued_job_of_the_kind(
     new(store, "b")
     clock.advance()
     new(store, "c")
-    assert store.reads.next_due(KIND) == ["a"]
-    assert store.reads.next_due(KIND, 10) == ["a", "b", "c"]
+    assert store.depth.next_due(KIND) == ["a"]
+    assert store.depth.next_due(KIND, 10) == ["a", "b", "c"]
     claimed(store, "a")
-    assert store.reads.next_due(KIND, 10) == ["b", "c"]
+    assert store.depth.next_due(KIND, 10) == ["b", "c"]
     clock.advance(3)  # tick 7: "later" is due, after b and c by run_after
-    assert store.reads.next_due(KIND, 10) == ["b", "c", "later"]
-    assert store.reads.next_due(KIND, 2) == ["b", "c"]
-    assert store.reads.next_due(OTHER, 10) == ["o0"]
-    assert store.reads.next_due("nobody", 10) == []
+    assert store.depth.next_due(KIND, 10) == ["b", "c", "later"]
+    assert store.depth.next_due(KIND, 2) == ["b", "c"]
+    assert store.depth.next_due(OTHER, 10) == ["o0"]
+    assert store.depth.next_due("nobody", 10) == []
 
 
 # -- real processes racing for the last slots ---------------------------------------------------

@@ -7,7 +7,6 @@ admin user) and cancels, settings come from settings.JOBS under the environment.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,16 @@ from jobs.application import default_app
 from jobs.core.errors import AdmissionRefused, SettingsError
 from jobs.core.states import State
 from tests import django_site
+from tests.conftest import (
+    PAGE_BIG_STEPS,
+    PAGE_CHILDREN,
+    PAGE_OUTPUT_CHARS,
+    AllocationPeak,
+    assert_children_paged,
+    assert_outputs_escaped,
+    page_probe_kinds,
+    whole_output,
+)
 from tests.django_site import use_database
 
 django_world = django_site.django_world
@@ -460,24 +469,6 @@ def test_each_admin_action_needs_a_permission_of_its_own(shop: Doorbell) -> None
     assert [t.approved_by for t in jobs.history(job_id) if t.approved_by] == ["admin:approver"]
 
 
-ADMIN_CHILDREN = 20_000
-ADMIN_OUTPUT_CHARS = 1_000_000
-ADMIN_HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="alert(1)">'
-
-
-@jobs.job("shop_many_children")
-def shop_many_children(ctx: jobs.JobContext, count: int) -> int:
-    return len(ctx.map("shop_square", [{"n": n} for n in range(count)]))
-
-
-@jobs.job("shop_big_outputs")
-def shop_big_outputs(ctx: jobs.JobContext, steps: int) -> int:
-    ctx.step("hostile", lambda: ADMIN_HOSTILE)
-    for index in range(steps):
-        ctx.step(f"big-{index:02d}", lambda index=index: str(index % 10) * ADMIN_OUTPUT_CHARS)
-    return steps
-
-
 def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     shop: Doorbell, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -485,15 +476,14 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     shows a page of each table (links to the next), outputs clipped with a link to the
     whole value (plain text, for a user who may view jobs), stored HTML escaped; the page
     is small and rendering it allocates little."""
-    import tracemalloc  # noqa: PLC0415
-
     from django.test import Client  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "600")  # in-process runs that write a lot
     default_app().reset_settings()
     jobs.reset()
-    parent = testing.perform_job("shop_many_children", {"count": ADMIN_CHILDREN})
-    big = testing.perform_job("shop_big_outputs", {"steps": 60})
+    page_probe_kinds()
+    parent = testing.perform_job("page_many_children", {"count": PAGE_CHILDREN})
+    big = testing.perform_job("page_big_outputs", {"steps": PAGE_BIG_STEPS})
     assert parent.state is State.WAITING, parent.last_error
     assert big.state is State.COMPLETED, big.last_error
     client = Client()
@@ -501,13 +491,10 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     page_of = "/admin/durable_jobs/jobrow/{}/change/"
 
     client.get(page_of.format(parent.id))  # warm: templates, permissions
-    tracemalloc.start()
-    try:
+    with AllocationPeak() as traced:
         children = client.get(page_of.format(parent.id))
         outputs = client.get(page_of.format(big.id))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = traced.peak
     assert children.status_code == 200
     assert outputs.status_code == 200
     print(
@@ -517,55 +504,38 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     assert len(children.content) < 200_000
     assert len(outputs.content) < 400_000
     assert peak < 30 * 2**20
-    first = set(re.findall(rf">({re.escape(parent.id)}\.map\.\d+)</a>", children.content.decode()))
-    assert len(first) == 100
-    assert f"1-100 of {ADMIN_CHILDREN}" in children.content.decode()
     following = client.get(page_of.format(parent.id), {"children": 100}).content.decode()
-    second = set(re.findall(rf">({re.escape(parent.id)}\.map\.\d+)</a>", following))
-    assert len(second) == 100
-    assert not first & second
-    assert "children=200" in following
+    assert_children_paged(parent.id, children.content.decode(), following)
 
     shown = outputs.content.decode()
-    assert f"the whole {ADMIN_OUTPUT_CHARS + 2} characters" in shown
-    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in shown
-    assert "<script>window" not in shown
-    assert "<img src=x" not in shown
+    assert f"the whole {PAGE_OUTPUT_CHARS + 2} characters" in shown
+    assert_outputs_escaped(shown)
     value = f"/admin/durable_jobs/jobrow/{big.id}/value/"
     whole = client.get(value, {"step": "big-07"})
     assert whole.status_code == 200
     assert whole["Content-Type"].startswith("text/plain")
     assert whole["X-Content-Type-Options"] == "nosniff"
-    assert whole.content.decode() == '"' + "7" * ADMIN_OUTPUT_CHARS + '"'
+    assert whole.content.decode() == whole_output(7)
     assert client.get(value, {"step": "nope"}).status_code == 400
     assert client.get(value, {"field": "inputs"}).content.decode() == '{\n  "steps": 60\n}'
     client.force_login(staff_user("nobody"))
     assert client.get(value, {"step": "big-07"}).status_code == 403
 
 
-@jobs.job("shop_padded")
-def shop_padded(ctx: jobs.JobContext, pad: str) -> int:
-    return len(pad)
-
-
 def test_the_admin_list_reads_no_inputs_or_results(shop: Doorbell) -> None:
     """Thirty jobs with inputs of almost 1 MiB each: the list page (100 to a page) reads
     none of them, so rendering it allocates little."""
-    import tracemalloc  # noqa: PLC0415
-
     from django.test import Client  # noqa: PLC0415
 
+    page_probe_kinds()
     for _ in range(30):
-        jobs.submit("shop_padded", {"pad": "p" * 1_000_000})
+        jobs.submit("page_padded", {"pad": "p" * PAGE_OUTPUT_CHARS})
     client = Client()
     client.force_login(staff_user("viewer", "view_jobrow"))
     client.get("/admin/durable_jobs/jobrow/")  # warm
-    tracemalloc.start()
-    try:
+    with AllocationPeak() as traced:
         listing = client.get("/admin/durable_jobs/jobrow/")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = traced.peak
     assert listing.status_code == 200
     print(f"admin list: {len(listing.content)} bytes, peak allocation {peak / 2**20:.1f} MiB")
     assert peak < 10 * 2**20

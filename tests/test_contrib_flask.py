@@ -21,6 +21,7 @@ from jobs import testing
 from jobs.application import default_app
 from jobs.core.registry import REGISTRY
 from jobs.core.states import State
+from tests.conftest import peak_rss_mib
 
 
 @jobs.job("relative_echo")
@@ -395,13 +396,6 @@ server = make_server("127.0.0.1", 0, app)
 print(server.server_port, flush=True)
 server.serve_forever()
 """
-
-
-def peak_rss_mib(pid: int) -> float:
-    """The process's peak resident memory so far (``VmHWM``), in MiB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
 
 
 def send_chunked(port: int, path: str, total_bytes: int) -> bytes:

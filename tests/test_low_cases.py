@@ -29,8 +29,15 @@ from jobs.core.states import State
 from jobs.runtime.sweeper import run_forever
 from jobs.schema import upgrade
 from jobs.testing import perform_job
-from tests.conftest import AMQP_URL, PG_ADMIN_URL, private_pg_database
-from tests.test_startup_checks import refused, start_worker
+from tests.conftest import (
+    AMQP_URL,
+    PG_ADMIN_URL,
+    error_line,
+    jobctl_in_child,
+    private_pg_database,
+    refused,
+    start_worker,
+)
 
 
 def jobctl(*args: str) -> Result:
@@ -126,17 +133,11 @@ def test_from_file_dev_zero_is_a_bounded_read() -> None:
 def test_flower_options_with_a_space_are_one_line(tmp_path: Path) -> None:
     """``--port 5555`` ended in a Tornado traceback: Tornado takes ``--port=5555`` only.
     (In a child process: jobctl flower becomes Flower.)"""
-    done = subprocess.run(
-        [sys.executable, "-m", "jobs", "flower", "--insecure-no-auth", "--port", "5555"],
-        env={**os.environ, "JOBS_DATA_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    done = jobctl_in_child(
+        {**os.environ, "JOBS_DATA_DIR": str(tmp_path)},
+        *("flower", "--insecure-no-auth", "--port", "5555"),
     )
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr, done.stderr
-    [line] = done.stderr.strip().splitlines()
+    line = error_line(done)
     assert "write --port=5555 instead of --port 5555" in line
 
 
@@ -160,17 +161,7 @@ def test_a_read_only_role_is_one_line(tmp_path: Path) -> None:
             env["JOBS_DATABASE_URL"] = read_only.render_as_string(hide_password=False)
             env["JOBS_BROKER_URL"] = AMQP_URL  # a server database needs a real broker
             env["JOBS_DATA_DIR"] = str(tmp_path)
-            done = subprocess.run(
-                [sys.executable, "-m", "jobs", "cancel", "some-job"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert done.returncode == 1
-            assert "Traceback" not in done.stderr, done.stderr
-            [line] = done.stderr.strip().splitlines()
+            line = error_line(jobctl_in_child(env, "cancel", "some-job"))
             assert "permission denied" in line
             assert "SELECT, INSERT, UPDATE and DELETE" in line
             status, output = start_worker(env)

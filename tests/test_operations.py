@@ -244,7 +244,7 @@ def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_histor
     finished_job(store, "young", State.COMPLETED)
     clock.advance(1 * DAY + 1)
 
-    assert store.reads.count_prunable(14 * DAY) == 3
+    assert store.depth.count_prunable(14 * DAY) == 3
     assert prune(store, None) == 0  # JOBS_RETENTION_DAYS=none keeps everything
     assert prune(store, 14.0) == 3
     remaining = {job.id for job in store.reads.list(limit=50)}
@@ -266,7 +266,7 @@ def test_retention_deletes_only_finished_jobs_past_the_age_with_steps_and_histor
         ).scalar_one()
     assert (orphans, history) == (0, 0)
     assert store.reads.steps("young") != []
-    assert store.reads.count_prunable(14 * DAY) == 0
+    assert store.depth.count_prunable(14 * DAY) == 0
 
 
 def test_retention_works_in_batches(store: JobStore, clock: LogicalClock) -> None:
@@ -285,7 +285,7 @@ def test_counters_add_up_per_name_and_kind(store: JobStore) -> None:
     store.schedules.count_event("recovery_expired_lease", "a", 2)
     store.schedules.count_event("recovery_expired_lease", "b")
     store.schedules.count_event("admission_refused", "a", 0)
-    assert store.reads.counters() == {
+    assert store.depth.counters() == {
         ("recovery_expired_lease", "a"): 3,
         ("recovery_expired_lease", "b"): 1,
     }
@@ -320,7 +320,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
     assert set(sent) == {"hung", "beat@2000-01-02T00:00:10Z"}
-    assert store.reads.counters() == {("recovery_expired_lease", "k"): 1}
+    assert store.depth.counters() == {("recovery_expired_lease", "k"): 1}
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
@@ -342,7 +342,7 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     assert set(report.rung) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
     assert sweep_once(store, settings, lambda job_ids, priority, **_: True).lost_messages == ()
-    assert store.reads.counters() == {("recovery_lost_message", "k"): 1}
+    assert store.depth.counters() == {("recovery_lost_message", "k"): 1}
 
 
 def test_firing_a_tick_moves_last_tick_and_inserts_the_job_together(

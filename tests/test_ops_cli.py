@@ -65,7 +65,7 @@ def test_submit_exits_75_on_admission_refusal_with_the_retry_after() -> None:
     one_line_error(refused, 75, "max_queued=1", "nothing was written; retry in 30s")
     assert len(jobs.list_jobs(kind="ops_lookup")) == 1  # nothing was written
     store = the_store()
-    assert store.reads.counters() == {("admission_refused", "ops_lookup"): 1}
+    assert store.depth.counters() == {("admission_refused", "ops_lookup"): 1}
 
 
 def test_help_and_usage_load_no_database_broker_or_metrics_library() -> None:

@@ -144,8 +144,8 @@ def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
         new(store, job_id, priority)
         clock.advance(1)
     assert store.ownership.next_claimable() == ["new-top", "mid", "old-low"]
-    assert store.reads.next_due("kind", 3) == ["new-top", "mid", "old-low"]
-    assert store.reads.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9, "kind")]
+    assert store.depth.next_due("kind", 3) == ["new-top", "mid", "old-low"]
+    assert store.depth.next_due_doorbells("kind", 1) == [Doorbell("new-top", 9, "kind")]
 
 
 def test_batches_go_highest_priority_first_keeping_order() -> None:

@@ -12,6 +12,7 @@ from jobs.core.errors import SettingsError
 from jobs.core.models import StepsTable, TransitionsTable
 from jobs.core.settings import from_env
 from jobs.runtime.explain import explain
+from tests.conftest import PAGE_OUTPUT_CHARS, AllocationPeak, page_probe_kinds
 from tests.test_contrib_django import Doorbell, django_world, post, shop, staff_user
 
 __all__ = ["django_world", "shop"]  # the fixtures the tests below use
@@ -111,51 +112,37 @@ def test_explain_reads_a_bounded_part_of_a_long_jobs_steps_and_history() -> None
     """``jobctl explain`` (on every Flower job page too) read every step name and every
     history row: a job of 100,000 steps took 8 s and 83 MiB per page. It reads the count,
     the first names, the last steps and the last moves, whatever their number."""
-    import tracemalloc  # noqa: PLC0415
-
     app = default_app()
     rows = 20_000
     job_id = long_runner(rows)
     explain(app.store, app.settings, job_id)  # warm
-    tracemalloc.start()
-    try:
+    with AllocationPeak() as traced:
         told = explain(app.store, app.settings, job_id)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = traced.peak
     print(f"explain of {rows} steps and moves: peak allocation {peak / 2**20:.1f} MiB")
     assert peak < 3 * 2**20
     assert "tool-000000, tool-000001" in told.paragraph
     assert f"and {rows - 30} more" in told.paragraph
 
 
-@jobs.job("probe_padded")
-def probe_padded(ctx: jobs.JobContext, pad: str) -> int:
-    return len(pad)
-
-
 def test_jobctl_list_reads_no_inputs_or_results_for_its_table() -> None:
     """``jobctl list`` read every listed job whole to print seven columns: 300 jobs with
     1 MiB inputs took 348 MB. The table reads the list's columns only (``--json``, which
     prints the inputs and results, still reads them)."""
-    import tracemalloc  # noqa: PLC0415
-
     from click.testing import CliRunner  # noqa: PLC0415
 
     from jobs.cli import main  # noqa: PLC0415
 
+    page_probe_kinds()
     for _ in range(20):
-        jobs.submit("probe_padded", {"pad": "p" * 1_000_000})
+        jobs.submit("page_padded", {"pad": "p" * PAGE_OUTPUT_CHARS})
     runner = CliRunner()
     runner.invoke(main, ["list", "--limit", "5"])  # warm
-    tracemalloc.start()
-    try:
+    with AllocationPeak() as traced:
         listed = runner.invoke(main, ["list", "--limit", "100000"])
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = traced.peak
     assert listed.exit_code == 0, listed.output
-    assert listed.output.count("probe_padded") == 20
+    assert listed.output.count("page_padded") == 20
     print(f"jobctl list: peak allocation {peak / 2**20:.1f} MiB")
     assert peak < 5 * 2**20
     as_json = runner.invoke(main, ["list", "--limit", "1", "--json"])

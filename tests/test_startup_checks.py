@@ -4,10 +4,6 @@ URL's own session options."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,14 @@ from jobs.core.models import SCHEMA_REVISION
 from jobs.core.settings import from_env
 from jobs.core.store import JobStore
 from jobs.schema import alembic_config, known_revisions, upgrade
-from tests.conftest import AMQP_URL, private_pg_database
+from tests.conftest import (
+    AMQP_URL,
+    error_line,
+    jobctl_in_child,
+    private_pg_database,
+    refused,
+    start_worker,
+)
 
 
 @pytest.mark.postgres
@@ -63,45 +66,6 @@ def _worker_env(tmp_path: Path, database_url: str | None = None) -> dict[str, st
     return env
 
 
-def start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[int | None, str]:
-    """Start ``jobctl worker`` and read it until it says "ready" (then stop it: exit status
-    None) or exits by itself (its status), with everything it printed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "worker", "--pool", "solo", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if " ready." in line:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
-                return None, "".join(lines)
-        return proc.wait(timeout=60), "".join(lines)
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def refused(status: int | None, output: str, *fragments: str) -> None:
-    assert status is not None, f"the worker started:\n{output}"
-    assert status != 0
-    assert "Traceback" not in output, output
-    refusals = [line for line in output.splitlines() if "the worker will not start" in line]
-    assert len(refusals) == 1, output
-    for fragment in fragments:
-        assert fragment in refusals[0], refusals[0]
-
-
 def test_a_node_name_too_long_to_store_isrefused_at_start(tmp_path: Path) -> None:
     """A node name of ~195 characters or more: the worker said "ready" and every claim then
     failed on PostgreSQL's varchar(200) owner column."""
@@ -142,26 +106,9 @@ def test_a_schema_newer_than_the_code_is_named_and_never_upgraded(tmp_path: Path
         status, output = start_worker(env)
         refused(status, output, "at 0099", "newer than this code", "upgrade durable-jobs")
         for command in (["db", "upgrade"], ["list"]):
-            done = subprocess.run(
-                [sys.executable, "-m", "jobs", *command],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert done.returncode == 1, done.stdout + done.stderr
-            assert "Traceback" not in done.stderr, done.stderr
-            [line] = done.stderr.strip().splitlines()
+            line = error_line(jobctl_in_child(env, *command))
             assert "is at 0099, newer than this code" in line, line
-        current = subprocess.run(
-            [sys.executable, "-m", "jobs", "db", "current"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        current = jobctl_in_child(env, "db", "current")
         assert "newer than this code" in current.stdout, current.stdout + current.stderr
 
 
@@ -170,17 +117,7 @@ def test_an_embedded_schema_newer_than_the_code_is_one_line(tmp_path: Path) -> N
     Alembic (a traceback on every command)."""
     url = f"sqlite:///{tmp_path}/jobs.db"
     _schema_at(url, "0099")
-    done = subprocess.run(
-        [sys.executable, "-m", "jobs", "list"],
-        env=_worker_env(tmp_path, url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr, done.stderr
-    [line] = done.stderr.strip().splitlines()
+    line = error_line(jobctl_in_child(_worker_env(tmp_path, url), "list"))
     assert "is at 0099, newer than this code" in line, line
 
 

@@ -366,9 +366,9 @@ def test_claim_of_unknown_or_ended_job_is_none(store: JobStore) -> None:
 def test_claim_records_liveness_key_and_completion_clears_it(store: JobStore) -> None:
     new(store)
     claim = claimed(store, liveness_key=1234)
-    assert store.reads.running_with_liveness() == [("j1", "A", 1, 1234)]
+    assert store.depth.running_with_liveness() == [("j1", "A", 1, 1234)]
     store.ownership.complete(claim)
-    assert store.reads.running_with_liveness() == []
+    assert store.depth.running_with_liveness() == []
 
 
 # -- the owner's writes ----------------------------------------------------------------------
@@ -1055,7 +1055,7 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
         clock.advance(0.001)
     clock.advance(31)
     store.doorbells.mark_unrung([new(store, "never")])  # its publish failed: always sent
-    assert store.reads.stale_doorbells(30) == 5
+    assert store.depth.stale_doorbells(30) == 5
     sent: list[str] = []
 
     def publish(job_ids: object, priority: int, **_: object) -> bool:
@@ -1118,12 +1118,12 @@ def test_list_and_counts(store: JobStore, clock: LogicalClock) -> None:
     assert [j.id for j in store.reads.list(state=State.RUNNING)] == ["c"]
     assert [j.id for j in store.reads.list(kind="other")] == ["b"]
     assert [j.id for j in store.reads.list(limit=1)] == ["c"]
-    assert store.reads.counts() == {
+    assert store.depth.counts() == {
         ("kind", "QUEUED"): 1,
         ("kind", "RUNNING"): 1,
         ("other", "QUEUED"): 1,
     }
-    assert store.reads.oldest_queued() == ("a", pytest.approx(2.0, abs=margin(clock) / 2))
+    assert store.depth.oldest_queued() == ("a", pytest.approx(2.0, abs=margin(clock) / 2))
 
 
 def test_logical_timestamps_round_trip_exactly(store: JobStore, clock: LogicalClock) -> None:
@@ -1223,11 +1223,11 @@ def test_real_clock_sweep_and_dispatch(make_store: Callable[..., JobStore]) -> N
 
 def test_real_clock_oldest_queued(make_store: Callable[..., JobStore]) -> None:
     store = make_store(clock=DatabaseClock())
-    assert store.reads.oldest_queued() is None
+    assert store.depth.oldest_queued() is None
     new(store, "first")
     time.sleep(0.05)
     new(store, "second")
-    oldest = store.reads.oldest_queued()
+    oldest = store.depth.oldest_queued()
     assert oldest is not None
     assert oldest[0] == "first"
     assert 0.04 <= oldest[1] < 5

@@ -27,11 +27,11 @@ def stats_dict() -> dict[str, Any]:
     store = runtime().store
     by_state = {state.value: 0 for state in State}
     by_kind: dict[str, int] = {}
-    for (kind, state), count in sorted(store.reads.counts().items()):
+    for (kind, state), count in sorted(store.depth.counts().items()):
         by_state[state] = by_state.get(state, 0) + count
         by_kind[kind] = by_kind.get(kind, 0) + count
-    oldest = store.reads.oldest_queued()
-    counts = store.reads.counts()
+    oldest = store.depth.oldest_queued()
+    counts = store.depth.counts()
     limits = {
         kind: {
             "max_running": limit.max_running,

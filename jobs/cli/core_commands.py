@@ -338,7 +338,7 @@ def list_command(
         echo_json([job_dict(job) for job in found])
         return
     # The table's columns only: no inputs or results (300 jobs of 1 MiB inputs took 348 MB).
-    summaries = _app().store.reads.list_summaries(where, limit)
+    summaries = _app().store.pages.list_summaries(where, limit)
     if not summaries:
         click.echo("no jobs")
         return

@@ -158,7 +158,7 @@ def prune(older_than: float | None, dry_run: bool, as_json: bool) -> None:
         )
     store = _store()
     if dry_run:
-        count = store.reads.count_prunable(days * sweeper.DAY_SECONDS)
+        count = store.depth.count_prunable(days * sweeper.DAY_SECONDS)
     else:
         count = 0
         while True:  # small batches, each its own short transaction

@@ -40,7 +40,7 @@ def _heading(name: str, page: Page[Any], option: str) -> str:
 def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
     """Print ``job``'s fields, then a page of its children, steps and history, each from
     ``starts[table]`` (0 when absent)."""
-    reader = store.reads
+    pages = store.pages
     fields = [
         ("id", job.id),
         ("kind", job.kind),
@@ -60,12 +60,12 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         fields.append(("parent", job.parent_id))
     for name, value in fields:
         click.echo(f"{name + ':':<13}{value}")
-    children = reader.children_page(job.id, starts.get("children", 0), SHOW_ROWS["children"])
+    children = pages.children_page(job.id, starts.get("children", 0), SHOW_ROWS["children"])
     if children.total:
         click.echo(_heading("children", children, "--children-from"))
         for child in children.rows:
             click.echo(f"  {child.id} {child.state.value}")
-    steps = reader.steps_page(job.id, starts.get("steps", 0), SHOW_ROWS["steps"])
+    steps = pages.steps_page(job.id, starts.get("steps", 0), SHOW_ROWS["steps"])
     click.echo(_heading("steps", steps, "--steps-from"))
     for step in steps.rows:
         output = step.preview
@@ -75,7 +75,7 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
             f"  {step.name}  {output}  "
             f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
         )
-    history = reader.history_page(job.id, starts.get("history", 0), SHOW_ROWS["history"])
+    history = pages.history_page(job.id, starts.get("history", 0), SHOW_ROWS["history"])
     click.echo(_heading("history", history, "--history-from"))
     for move in history.rows:
         click.echo("  " + history_line(move))

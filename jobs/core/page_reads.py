@@ -3,18 +3,20 @@ its steps, history and children a page at a time (``LIMIT``/``OFFSET`` in the da
 with the total counted there), each step's output clipped in the database to a preview
 (with the full value's length, so a page can link to it), and one full value by name.
 A page's size and its reader's memory never grow with the job's: 20,000 children or sixty
-1 MiB outputs read as one page of previews. Mixed into :class:`jobs.core.reader.JobReader`.
+1 MiB outputs read as one page of previews. :class:`jobs.core.store.JobStore` composes one
+(``store.pages``) beside its other readers (:mod:`jobs.core.reader`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Text, case, cast, func, literal, select
+from sqlalchemy import Connection, Engine, Text, case, cast, func, literal, select
 
 from jobs.core.models import JobsTable, StepsTable, TransitionsTable
+from jobs.core.reader import TRANSITION_COLUMNS, filtered, read_only, transition_of
 from jobs.core.records import JobFilter, Transition
 from jobs.core.states import State
 
@@ -95,18 +97,6 @@ class JobSummary:
 LIST_ERROR_CHARS = 200
 
 
-def _transition(row: Any) -> Transition:
-    return Transition(
-        State(row.from_state) if row.from_state else None,
-        State(row.to_state),
-        row.at,
-        row.owner,
-        row.fence,
-        row.reason,
-        row.approved_by,
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class RecordedSteps:
     """A job's recorded steps as :meth:`PageReads.step_names` reads them: how many, the
@@ -122,18 +112,16 @@ def _bounds(offset: int, limit: int) -> tuple[int, int]:
 
 
 class PageReads:
-    """The paged reads (see the module's docstring), on a reader's read connections."""
+    """The paged reads (see the module's docstring), over one engine (``store.pages``)."""
 
-    def _read(self) -> Connection:
-        raise NotImplementedError  # JobReader's
-
-    def _conditions(self, where: JobFilter) -> list[ColumnElement[bool]]:
-        raise NotImplementedError  # JobReader's: the WHERE conditions of a filter
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def list_summaries(self, where: JobFilter, limit: int) -> list[JobSummary]:
-        """The newest ``limit`` jobs ``where`` selects (as :meth:`JobReader.list` orders
-        them), without their inputs and results and with their errors clipped by the
-        database: a list page's size does not grow with what the jobs carry."""
+        """The newest ``limit`` jobs ``where`` selects (in the order of
+        :meth:`jobs.core.reader.JobReader.list`), without their inputs and results and with
+        their errors clipped by the database: a list page's size does not grow with what the
+        jobs carry."""
         stmt = (
             select(
                 JobsTable.id,
@@ -147,7 +135,7 @@ class PageReads:
                 func.substr(JobsTable.last_error, 1, LIST_ERROR_CHARS).label("last_error"),
                 JobsTable.owner,
             )
-            .where(*self._conditions(where))
+            .where(*filtered(where))
             .order_by(JobsTable.created_at.desc(), JobsTable.id)
             .limit(limit)
         )
@@ -253,20 +241,12 @@ class PageReads:
         state is among them (``jobctl explain`` reads no more, however long the history)."""
         with self._read() as conn:
             rows = conn.execute(
-                select(
-                    TransitionsTable.from_state,
-                    TransitionsTable.to_state,
-                    TransitionsTable.at,
-                    TransitionsTable.owner,
-                    TransitionsTable.fence,
-                    TransitionsTable.reason,
-                    TransitionsTable.approved_by,
-                )
+                select(*TRANSITION_COLUMNS)
                 .where(TransitionsTable.job_id == job_id)
                 .order_by(TransitionsTable.id.desc())
                 .limit(max(1, min(int(limit), MAX_PAGE_ROWS)))
             ).all()
-        return [_transition(row) for row in reversed(rows)]
+        return [transition_of(row) for row in reversed(rows)]
 
     def history_page(self, job_id: str, offset: int = 0, limit: int = 100) -> Page[Transition]:
         """The job's state changes from ``offset``, oldest first (reasons and notes are
@@ -279,21 +259,13 @@ class PageReads:
                 .where(TransitionsTable.job_id == job_id)
             ).scalar_one()
             rows = conn.execute(
-                select(
-                    TransitionsTable.from_state,
-                    TransitionsTable.to_state,
-                    TransitionsTable.at,
-                    TransitionsTable.owner,
-                    TransitionsTable.fence,
-                    TransitionsTable.reason,
-                    TransitionsTable.approved_by,
-                )
+                select(*TRANSITION_COLUMNS)
                 .where(TransitionsTable.job_id == job_id)
                 .order_by(TransitionsTable.id)
                 .offset(offset)
                 .limit(limit)
             ).all()
-        return Page([_transition(row) for row in rows], offset, limit, int(total))
+        return Page([transition_of(row) for row in rows], offset, limit, int(total))
 
     def children_page(
         self, parent_id: str, offset: int = 0, limit: int = 100
@@ -316,6 +288,9 @@ class PageReads:
             ChildSummary(row.id, row.kind, State(row.state), row.updated_at) for row in rows
         ]
         return Page(children, offset, limit, int(total))
+
+    def _read(self) -> Connection:
+        return read_only(self.engine)
 
 
 __all__ = [

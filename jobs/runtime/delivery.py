@@ -168,7 +168,7 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
     unlimited kinds cost no extra query here.)"""
     if result.job is None or result.max_running is None:
         return
-    runtime.ring(runner.store.reads.next_due_doorbells(result.job.kind, 1))
+    runtime.ring(runner.store.depth.next_due_doorbells(result.job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:

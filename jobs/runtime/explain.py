@@ -84,7 +84,7 @@ def _children_of_wait(store: JobStore, job: Job, history: Sequence[Transition]) 
     history, else (no such line) every child the job has."""
     park = _last_move_to(list(history), State.WAITING)
     asked = _PARKED_FOR.match(park.reason or "") if park is not None else None
-    return int(asked.group(1)) if asked else store.reads.children_page(job.id, 0, 1).total
+    return int(asked.group(1)) if asked else store.pages.children_page(job.id, 0, 1).total
 
 
 def _waiting(
@@ -154,8 +154,8 @@ def explain(
     now = store.reads.now()
     # Bounded however long the job ran: its last moves, its first step names and its last
     # steps (a 100,000-step job's explain read them all: 8 s and 83 MiB per Flower page).
-    history = store.reads.recent_history(job_id)
-    recorded = store.reads.step_names(job_id, first=SHOWN_STEP_NAMES)
+    history = store.pages.recent_history(job_id)
+    recorded = store.pages.step_names(job_id, first=SHOWN_STEP_NAMES)
     timers = {
         wake_at_of(json.loads(small) if small else None): name for name, small in recorded.recent
     }
@@ -248,7 +248,7 @@ def _queued(
             (f"jobctl wake {quoted} to run it now", f"jobctl cancel {quoted} to stop it"),
         )
     limits = store.reads.limits().get(job.kind)
-    running = store.reads.counts().get((job.kind, State.RUNNING.value), 0)
+    running = store.depth.counts().get((job.kind, State.RUNNING.value), 0)
     if limits is not None and limits.max_running is not None and running >= limits.max_running:
         return (
             "waiting_for_slot",
@@ -286,7 +286,7 @@ def _queued(
         )
     due_for = (now - job.run_after).total_seconds()
     nothing_running = not any(
-        state == State.RUNNING.value for (_, state), count in store.reads.counts().items() if count
+        state == State.RUNNING.value for (_, state), count in store.depth.counts().items() if count
     )
     if due_for >= settings.ring_again_after_seconds and nothing_running:
         return (
@@ -300,7 +300,7 @@ def _queued(
                 "compare the 'worker: broker …' line of a worker's log with this one",
             ),
         )
-    ahead = store.reads.oldest_queued()
+    ahead = store.depth.oldest_queued()
     backlog = "" if ahead is None else f" The oldest due job has waited {_span(ahead[1])}."
     return (
         "waiting_for_worker",

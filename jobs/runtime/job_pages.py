@@ -66,7 +66,7 @@ def full_value(store: JobStore, job_id: str, step: str, field: str) -> str:
     and, for an unknown step or field, :class:`InvalidInput`."""
     check_lookup_id(job_id)  # one no job can have (a NUL: PostgreSQL's DataError) is unknown
     if step:
-        text = store.reads.step_output_text(job_id, step)
+        text = store.pages.step_output_text(job_id, step)
         if text is None:
             store.reads.get(job_id)  # an unknown job says so
             raise InvalidInput(

@@ -327,7 +327,7 @@ def rescue_dead_owners(store: JobStore, recheck_seconds: float = RECHECK_SECONDS
     dialect = store.engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         return []
-    running = store.reads.running_with_liveness()
+    running = store.depth.running_with_liveness()
     if not running:
         return []
     if dialect == "postgresql":

@@ -24,8 +24,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from jobs.core.depth_reads import without_priority
 from jobs.core.errors import SettingsError
-from jobs.core.reader import without_priority
 from jobs.core.states import State
 from jobs.core.store import JobStore
 
@@ -102,7 +102,7 @@ class TableCollector(Collector):
         by_state = GaugeMetricFamily(
             "jobs", "Jobs in the table by state and kind.", labels=["state", "kind"]
         )
-        by_priority = store.reads.counts_by_priority()  # one grouped read for both gauges
+        by_priority = store.depth.counts_by_priority()  # one grouped read for both gauges
         counts = without_priority(by_priority)
         kinds = sorted({kind for kind, _ in counts})
         for kind in kinds:
@@ -116,13 +116,13 @@ class TableCollector(Collector):
             labels=["queue"],
         )
         totals: dict[str, int] = {}
-        for queue, count in store.reads.queued_by_queue().items():
+        for queue, count in store.depth.queued_by_queue().items():
             name = self.default_queue if queue is None else queue
             totals[name] = totals.get(name, 0) + count
         for name, count in sorted(totals.items()):
             by_queue.add_metric([name], count)
         yield by_queue
-        oldest = store.reads.oldest_queued()
+        oldest = store.depth.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
             "How long the oldest due QUEUED job has waited (0 when none is due).",
@@ -133,7 +133,7 @@ class TableCollector(Collector):
             "QUEUED jobs not due yet: sleeping on a durable timer, delayed, or backing off.",
             labels=["kind"],
         )
-        for kind, count in sorted(store.reads.not_due().items()):
+        for kind, count in sorted(store.depth.not_due().items()):
             waiting.add_metric([kind], count)
         yield waiting
         near = GaugeMetricFamily(
@@ -141,7 +141,7 @@ class TableCollector(Collector):
             "RUNNING jobs whose lease ends within half a lease (expired: already ended).",
             labels=["kind", "expired"],
         )
-        rows = store.reads.leases_ending(self.lease_seconds / 2)
+        rows = store.depth.leases_ending(self.lease_seconds / 2)
         for kind, expired, count in rows:
             near.add_metric([kind, "true" if expired else "false"], count)
         yield near
@@ -181,7 +181,7 @@ class TableCollector(Collector):
             "Submits refused because the kind's max_queued was reached.",
             labels=["kind"],
         )
-        for (name, kind), value in sorted(self.store.reads.counters().items()):
+        for (name, kind), value in sorted(self.store.depth.counters().items()):
             if name in RECOVERY_CAUSES:
                 recoveries.add_metric([RECOVERY_CAUSES[name], kind], value)
             elif name == "admission_refused":
@@ -192,7 +192,7 @@ class TableCollector(Collector):
     # -- tails -----------------------------------------------------------------------------
 
     def _tail_transitions(self) -> None:
-        moves, self._last_transition = self.store.reads.moves_after(
+        moves, self._last_transition = self.store.depth.moves_after(
             self._last_transition, TAIL_LIMIT
         )
         for move in moves:
@@ -208,7 +208,7 @@ class TableCollector(Collector):
                 )
 
     def _tail_steps(self) -> None:
-        timings, self._last_step_at = self.store.reads.steps_after(self._last_step_at, TAIL_LIMIT)
+        timings, self._last_step_at = self.store.depth.steps_after(self._last_step_at, TAIL_LIMIT)
         for step in timings:
             self.step_seconds.labels(step.kind).observe(_seconds(step.recorded_at, step.began_at))
 

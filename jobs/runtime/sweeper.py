@@ -143,16 +143,16 @@ def sweep_once(
     _count_by_kind(store, "recovery_stranded_parent", (job.kind for job in stranded))
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
-    stale = store.reads.awaiting_ring_again(settings.ring_again_after_seconds)
+    stale = store.depth.awaiting_ring_again(settings.ring_again_after_seconds)
     health = QueueHealth.OK
     if watch is not None:  # every queue a QUEUED job waits on, JOBS_QUEUE always
-        waited_on = sorted(queue for queue in store.reads.queued_by_queue() if queue is not None)
+        waited_on = sorted(queue for queue in store.depth.queued_by_queue() if queue is not None)
         health = watch.check(with_bands(settings, [settings.queue, *waited_on]))
     rung = ring_all_due(store, ring_batch) if health.ring_all else []
     stale_limit = None
     ready = watch.ready if watch is not None else waiting()
     if ready is not None:
-        stale_limit = store.reads.stale_doorbells(settings.ring_again_after_seconds) - ready
+        stale_limit = store.depth.stale_doorbells(settings.ring_again_after_seconds) - ready
     due = store.doorbells.take_due_doorbells(
         settings.ring_again_after_seconds, stale_limit=stale_limit
     )

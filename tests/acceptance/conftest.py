@@ -246,6 +246,21 @@ class PrivatePostgres:
         with contextlib.suppress(Exception):
             self.start()
 
+    def outage(self, seconds: float) -> tuple[float, float]:
+        """Stop the server for ``seconds`` and start it again (started however this ends),
+        then drop this test process's pooled connections, which died with it. Returns when
+        it stopped and when it was back (``time.monotonic()``)."""
+        try:
+            self.stop()
+            stopped = time.monotonic()
+            time.sleep(seconds)
+            self.start()
+        finally:
+            self.start_if_stopped()
+        back = time.monotonic()
+        jobs.reset()
+        return stopped, back
+
     def clone_as_standby(self, root: Path) -> PrivatePostgres:
         """A streaming standby of this server (``pg_basebackup -R``: a base backup plus
         ``standby.signal`` and ``primary_conninfo``) in ``root``, on its own port, not yet
@@ -468,6 +483,38 @@ def wait_until(
                 f"timed out after {timeout:.1f}s waiting for {what} (last: {last!r})"
             )
         time.sleep(interval)
+
+
+# -- jobctl children outside a Stack: an embedded folder of a test's own kinds -------------
+
+
+def embedded_env(tmp_path: Path, module: str, source: str, **extra: str) -> dict[str, str]:
+    """The environment of ``jobctl`` child processes on an embedded setup in
+    ``tmp_path / "data"``, with none of this process's ``JOBS_*``: their kinds are
+    ``source``, written to ``tmp_path`` as the module ``module`` (on their ``PYTHONPATH``
+    and in ``JOBS_IMPORTS``); ``extra`` on top."""
+    (tmp_path / f"{module}.py").write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
+    env.update(
+        JOBS_DATA_DIR=str(tmp_path / "data"),
+        JOBS_IMPORTS=module,
+        PYTHONPATH=str(tmp_path),
+        **extra,
+    )
+    return env
+
+
+def submit_in_child(env: dict[str, str], kind: str) -> str:
+    """``jobctl submit <kind>`` in a child process with ``env`` (it must succeed); the new
+    job's ID."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", "submit", kind],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
 
 
 # -- processes ----------------------------------------------------------------------------

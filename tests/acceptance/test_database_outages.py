@@ -298,15 +298,7 @@ def test_a_3s_restart_with_steps_ending_inside_it_costs_seconds(
         30,
         "four jobs in flight",
     )
-    try:
-        private_pg.stop()
-        stopped = time.monotonic()
-        time.sleep(BLIP_SECONDS)
-        private_pg.start()
-    finally:
-        private_pg.start_if_stopped()
-    back = time.monotonic()
-    jobs.reset()  # this test process's own pooled connections died with the server
+    stopped, back = private_pg.outage(BLIP_SECONDS)
 
     def finished() -> bool:
         return all(stack.job(job_id).state is State.COMPLETED for job_id in ids)

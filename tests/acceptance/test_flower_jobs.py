@@ -8,7 +8,6 @@ job's page is saved under the test's tmp folder (its path is printed)."""
 from __future__ import annotations
 
 import base64
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,23 +16,27 @@ from typing import Any
 import pytest
 import requests
 
-import jobs
 from jobs import testing
 from jobs.application import default_app
 from jobs.core.states import State
 from tests.acceptance.conftest import BOTH, KINDS, PG_RABBITMQ, Stack, free_port
-from tests.conftest import IN_CI
+from tests.conftest import (
+    HOSTILE,
+    IN_CI,
+    PAGE_BIG_STEPS,
+    PAGE_CHILDREN,
+    PAGE_OUTPUT_CHARS,
+    assert_children_paged,
+    assert_outputs_escaped,
+    page_probe_kinds,
+    peak_rss_mib,
+    whole_output,
+)
 
 IMPORTS = f"{KINDS},jobs.examples.ship_order"
 AUTH = ("oncall", "s3cret-pw")
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-#: Inputs and an error a hostile client could store: HTML that would run script, and
-#: terminal escapes (colour, window title, bell).
-HOSTILE = (
-    '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
-    "\x1b[31mred\x1b]0;owned\x07</pre><b>bold</b>"
-)
 
 
 def _browser() -> Any:
@@ -202,42 +205,6 @@ def test_operator_approves_retries_and_reads_hostile_jobs_in_flower(
     assert browser.title.startswith("Job ")
 
 
-#: A page's limits under the probe's sizes: 20,000 children, sixty 1 MiB outputs.
-CHILDREN = 20_000
-BIG_STEPS = 60
-OUTPUT_CHARS = 1_000_000
-
-
-@jobs.job("page_leaf")
-def page_leaf(ctx: jobs.JobContext, n: int) -> int:
-    return n
-
-
-@jobs.job("page_padded")
-def page_padded(ctx: jobs.JobContext, pad: str) -> int:
-    return len(pad)
-
-
-@jobs.job("page_many_children")
-def page_many_children(ctx: jobs.JobContext, count: int) -> int:
-    return len(ctx.map("page_leaf", [{"n": n} for n in range(count)]))
-
-
-@jobs.job("page_big_outputs")
-def page_big_outputs(ctx: jobs.JobContext, steps: int) -> int:
-    ctx.step("hostile", lambda: HOSTILE)
-    for index in range(steps):
-        ctx.step(f"big-{index:02d}", lambda index=index: str(index % 10) * OUTPUT_CHARS)
-    return steps
-
-
-def peak_rss_mib(pid: int) -> float:
-    """A process's peak resident memory so far (``VmHWM``), in MiB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
-
-
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
 def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) -> None:
     """A parent with 20,000 children and a job with sixty 1 MiB step outputs: each page is
@@ -245,11 +212,12 @@ def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) 
     (served as plain text), stored HTML escaped, and Flower's peak memory flat."""
     # In-process runs that write 20,000 children or 60 MiB in one go: a lease to match.
     stack.configure(JOBS_IMPORTS=IMPORTS, JOBS_LEASE_SECONDS=600)
+    page_probe_kinds()
     with default_app().runtime.doorbell_off():
-        parent = testing.perform_job("page_many_children", {"count": CHILDREN})
-        big = testing.perform_job("page_big_outputs", {"steps": BIG_STEPS})
+        parent = testing.perform_job("page_many_children", {"count": PAGE_CHILDREN})
+        big = testing.perform_job("page_big_outputs", {"steps": PAGE_BIG_STEPS})
         for _ in range(40):  # jobs the list shows, with inputs of almost 1 MiB each
-            stack.submit("page_padded", {"pad": "p" * OUTPUT_CHARS})
+            stack.submit("page_padded", {"pad": "p" * PAGE_OUTPUT_CHARS})
     assert parent.state is State.WAITING, parent.last_error
     assert big.state is State.COMPLETED, big.last_error
     port = free_port()
@@ -268,21 +236,14 @@ def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) 
     children = session.get(f"{base}/jobs/job/{parent.id}", timeout=120)
     assert children.status_code == 200
     assert len(children.content) < 200_000, len(children.content)
-    listed = rf">({re.escape(parent.id)}\.map\.\d+)</a>"
-    first = set(re.findall(listed, children.text))
-    assert len(first) == 100
-    assert f"1-100 of {CHILDREN}" in children.text
     following = session.get(f"{base}/jobs/job/{parent.id}", params={"children": 100}, timeout=60)
-    second = set(re.findall(listed, following.text))
-    assert len(second) == 100
-    assert not first & second
-    assert "children=200" in following.text  # the next page's link
+    assert_children_paged(parent.id, children.text, following.text)
 
     outputs = session.get(f"{base}/jobs/job/{big.id}", timeout=120)
     assert outputs.status_code == 200
     assert len(outputs.content) < 400_000, len(outputs.content)
-    assert f"of {OUTPUT_CHARS + 2} characters" in outputs.text
-    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in outputs.text
+    assert f"of {PAGE_OUTPUT_CHARS + 2} characters" in outputs.text
+    assert_outputs_escaped(outputs.text)
     assert "<script>" not in outputs.text
     assert "<img" not in outputs.text
     listed_jobs = session.get(f"{base}/jobs", params={"limit": 1000}, timeout=120)
@@ -301,7 +262,7 @@ def test_job_pages_are_paged_and_clipped_with_flowers_memory_flat(stack: Stack) 
     assert whole.status_code == 200
     assert whole.headers["Content-Type"].startswith("text/plain")
     assert whole.headers["X-Content-Type-Options"] == "nosniff"
-    assert whole.text == '"' + "7" * OUTPUT_CHARS + '"'
+    assert whole.text == whole_output(7)
     hostile = session.get(f"{base}/jobs/value", params={"job": big.id, "step": "hostile"})
     assert hostile.headers["Content-Type"].startswith("text/plain")
     assert "<script>" in hostile.text  # as text, never as HTML

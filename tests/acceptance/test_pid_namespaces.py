@@ -14,7 +14,7 @@ import pytest
 from jobs.application import JobsApp
 from jobs.core.settings import from_env
 from jobs.core.states import State
-from tests.acceptance.conftest import wait_until
+from tests.acceptance.conftest import embedded_env, submit_in_child, wait_until
 
 COUNTED_KINDS = """
 import os
@@ -40,15 +40,13 @@ def ns_counted(ctx):
 def test_a_sweeper_in_another_pid_namespace_runs_no_step_twice(tmp_path: Path) -> None:
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("another PID namespace needs root on Linux")
-    (tmp_path / "ns_kinds.py").write_text(COUNTED_KINDS)
     runs = tmp_path / "runs.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
-    env.update(
-        JOBS_DATA_DIR=str(tmp_path / "data"),
-        JOBS_IMPORTS="ns_kinds",
+    env = embedded_env(
+        tmp_path,
+        "ns_kinds",
+        COUNTED_KINDS,
         JOBS_SWEEP_INTERVAL_SECONDS="0.2",
         NS_TEST_RUNS=str(runs),
-        PYTHONPATH=str(tmp_path),
     )
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     worker = subprocess.Popen([sys.executable, "-m", "jobs", "worker", "-c", "1"], env=env, **quiet)
@@ -69,14 +67,7 @@ def test_a_sweeper_in_another_pid_namespace_runs_no_step_twice(tmp_path: Path) -
         **quiet,
     )
     try:
-        job_id = subprocess.run(
-            [sys.executable, "-m", "jobs", "submit", "ns_counted"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.strip()
+        job_id = submit_in_child(env, "ns_counted")
         app = JobsApp(from_env(env))
         store = app.runtime.store
         job = wait_until(

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-import jobs
 from jobs.core.states import State
 from tests.acceptance.conftest import (
     KINDS,
@@ -265,14 +264,7 @@ def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
         f"{in_flight} jobs in flight",
         interval=0.05,
     )
-    try:
-        private_pg.stop()
-        time.sleep(OUTAGE_SECONDS)
-        private_pg.start()
-    finally:
-        private_pg.start_if_stopped()
-    back = time.monotonic()
-    jobs.reset()  # this test process's own pooled connections died with the server
+    _, back = private_pg.outage(OUTAGE_SECONDS)
 
     def every_job_completed() -> bool:
         return all(state is State.COMPLETED for state in _states(stack, job_ids).values())

@@ -11,7 +11,7 @@ from pathlib import Path
 from jobs.application import JobsApp
 from jobs.core.settings import from_env
 from jobs.core.states import State
-from tests.acceptance.conftest import wait_until
+from tests.acceptance.conftest import embedded_env, submit_in_child, wait_until
 
 SLOW_KINDS = """
 import time
@@ -29,28 +29,16 @@ def test_sighup_hands_running_jobs_back_as_a_warm_shutdown_does(tmp_path: Path) 
     """Celery restarts a worker on SIGHUP (off a terminal): a warm stop and a re-exec, but
     without the shutdown signal, so a running job was not handed back: the restart waited
     for it to finish, however long it ran."""
-    (tmp_path / "hup_kinds.py").write_text(SLOW_KINDS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBS_")}
-    env["JOBS_DATA_DIR"] = str(tmp_path / "data")
-    env.update(JOBS_IMPORTS="hup_kinds", PYTHONPATH=str(tmp_path))
-    store_env = {**os.environ, **env}
+    env = embedded_env(tmp_path, "hup_kinds", SLOW_KINDS)
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobs", "worker", "-c", "1"],
-        env=store_env,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
-        submitted = subprocess.run(
-            [sys.executable, "-m", "jobs", "submit", "hup_slow"],
-            env=store_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        job_id = submitted.stdout.strip()
+        job_id = submit_in_child(env, "hup_slow")
         app = JobsApp(from_env(env))
         store = app.runtime.store
         wait_until(lambda: len(store.reads.steps(job_id)) >= 3, 120, "the job's first steps")

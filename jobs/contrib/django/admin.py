@@ -8,35 +8,25 @@ read through the unmanaged :class:`JobRow`; every change goes through ``jobs.app
 Each action needs a permission of its own (``durable_jobs.approve_job``, ``cancel_job``,
 ``retry_job``); the view permission shows jobs and changes none. A job's page shows a page
 of its steps, history and children at a time (``?steps=50``), and clips outputs and the
-job's values with a link to ``<id>/value/``, which serves one whole as plain text."""
+job's values with a link to ``<id>/value/``, which serves one whole as plain text. Those
+computed fields are :mod:`jobs.contrib.django.job_fields`'s."""
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse
-from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
+from django.urls import path
 
 from jobs.application import approve, cancel, default_app, retry
+from jobs.contrib.django import job_fields
 from jobs.contrib.django.models import JobRow
 from jobs.core.errors import InvalidInput, JobError, UnknownJob
-from jobs.core.page_reads import Page
-from jobs.runtime.job_pages import PAGE_ROWS, as_json, clip, full_value, page_offsets
-
-#: Where the change page being rendered starts each of its tables (``?steps=50``).
-_OFFSETS: ContextVar[dict[str, int] | None] = ContextVar("jobs_admin_offsets", default=None)
-
-
-def _offsets() -> dict[str, int]:
-    return _OFFSETS.get() or {}
-
+from jobs.runtime.job_pages import full_value, page_offsets
 
 #: The query-string lookups the list takes: its filters' own (``?state__exact=FAILED``).
 _FILTER_LOOKUPS = frozenset(
@@ -54,21 +44,21 @@ class JobAdmin(admin.ModelAdmin):
         "id",
         "kind",
         "state",
-        "inputs_clipped",
-        "result_clipped",
-        "last_error_clipped",
+        job_fields.inputs_clipped,
+        job_fields.result_clipped,
+        job_fields.last_error_clipped,
         "owner",
         "attempts",
         "max_attempts",
         "priority",
         "waiting_for",
-        "parent",
-        "children",
+        job_fields.parent,
+        job_fields.children,
         "created_at",
         "updated_at",
         "finished_at",
-        "steps",
-        "history",
+        job_fields.steps,
+        job_fields.history,
     )
 
     def get_queryset(self, request: HttpRequest) -> Any:
@@ -90,18 +80,6 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a read-only page; the actions below change jobs through the services
-
-    def _link(self, job_id: str) -> str:
-        meta = JobRow._meta
-        return str(
-            reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[quote(job_id)])
-        )
-
-    @admin.display(description="parent")
-    def parent(self, row: JobRow) -> Any:
-        if row.parent_id is None:
-            return "-"
-        return format_html('<a href="{}">{}</a>', self._link(row.parent_id), row.parent_id)
 
     def get_urls(self) -> list[Any]:
         """The admin's URLs, and ``<id>/value/?step=<name>`` (or ``?field=inputs``,
@@ -136,128 +114,14 @@ class JobAdmin(admin.ModelAdmin):
     ) -> Any:
         """The job's page, its steps, history and children from the query's ``steps=``,
         ``history=`` and ``children=`` offsets on (a page of each)."""
-        token = _OFFSETS.set(page_offsets(request.GET))
+        token = job_fields.OFFSETS.set(page_offsets(request.GET))
         try:
             response = super().change_view(request, object_id, form_url, extra_context)
             if hasattr(response, "render"):
                 response.render()  # the fields read the offsets while it renders
             return response
         finally:
-            _OFFSETS.reset(token)
-
-    def _value_link(self, row: JobRow, **named: str) -> str:
-        meta = JobRow._meta
-        url = reverse(f"admin:{meta.app_label}_{meta.model_name}_value", args=[quote(row.id)])
-        return f"{url}?{urlencode(named)}"
-
-    def _pager(self, table: str, page: Page[Any]) -> Any:
-        offsets = _offsets()
-        links = [
-            format_html(
-                '<a href="?{}">{} {}</a>', urlencode({**offsets, table: offset}), label, page.limit
-            )
-            for label, offset in (("previous", page.previous_offset), ("next", page.next_offset))
-            if offset is not None
-        ]
-        if not links:
-            return ""
-        shown = f"{page.offset + 1}-{page.offset + len(page.rows)} of {page.total}"
-        return format_html(
-            "<div>{}: {}</div>", shown, format_html_join(" · ", "{}", ((link,) for link in links))
-        )
-
-    def _clipped(self, row: JobRow, field: str) -> Any:
-        stored = getattr(row, field)
-        value = clip((stored or "") if field == "last_error" else as_json(stored))
-        if not value.clipped:
-            return format_html("<pre>{}</pre>", value.text)
-        return format_html(
-            '<pre>{}</pre><div>the first {} of {} characters: <a href="{}">the whole value</a>'
-            "</div>",
-            value.text,
-            len(value.text),
-            value.length,
-            self._value_link(row, field=field),
-        )
-
-    @admin.display(description="inputs")
-    def inputs_clipped(self, row: JobRow) -> Any:
-        return self._clipped(row, "inputs")
-
-    @admin.display(description="result")
-    def result_clipped(self, row: JobRow) -> Any:
-        return self._clipped(row, "result")
-
-    @admin.display(description="last error")
-    def last_error_clipped(self, row: JobRow) -> Any:
-        return self._clipped(row, "last_error")
-
-    @admin.display(description="children")
-    def children(self, row: JobRow) -> Any:
-        page = default_app().store.reads.children_page(
-            row.id, _offsets().get("children", 0), PAGE_ROWS["children"]
-        )
-        if not page.total:
-            return "-"
-        waiting = (
-            format_html("<div>waiting for {} of them</div>", row.children_pending)
-            if row.state == "WAITING" and row.children_pending
-            else ""
-        )
-        links = format_html_join(
-            "\n",
-            '<div><a href="{}">{}</a> {}</div>',
-            ((self._link(child.id), child.id, child.state.value) for child in page.rows),
-        )
-        return format_html("{}{}{}", waiting, links, self._pager("children", page))
-
-    @admin.display(description="steps")
-    def steps(self, row: JobRow) -> Any:  # Django's SafeString
-        page = default_app().store.reads.steps_page(
-            row.id, _offsets().get("steps", 0), PAGE_ROWS["steps"]
-        )
-        shown = format_html_join(
-            "\n",
-            "<div><b>{}</b> = {}{} <small>({} by {})</small></div>",
-            (
-                (
-                    step.name,
-                    step.preview,
-                    format_html(
-                        ' … <a href="{}">the whole {} characters</a>',
-                        self._value_link(row, step=step.name),
-                        step.length,
-                    )
-                    if step.clipped
-                    else "",
-                    step.recorded_at,
-                    step.owner,
-                )
-                for step in page.rows
-            ),
-        )
-        return format_html("{}{}", shown, self._pager("steps", page))
-
-    @admin.display(description="history")
-    def history(self, row: JobRow) -> Any:
-        page = default_app().store.reads.history_page(
-            row.id, _offsets().get("history", 0), PAGE_ROWS["history"]
-        )
-        shown = format_html_join(
-            "\n",
-            "<div>{} {} → {} <small>{} {}</small></div>",
-            (
-                (
-                    move.at,
-                    move.from_state.value if move.from_state else "-",
-                    move.to_state.value,
-                    move.approved_by or move.owner or "",
-                    move.reason or "",
-                )
-                for move in page.rows
-            ),
-        )
-        return format_html("{}{}", shown, self._pager("history", page))
+            job_fields.OFFSETS.reset(token)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         """The list; a POST of one of the jobs actions that the user may not take is

@@ -140,7 +140,7 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
 def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     """Everything the Jobs page shows, read now."""
     store = app.store
-    by_kind_state = store.reads.counts()
+    by_kind_state = store.depth.counts()
     states = [state.value for state in State]
     counts: dict[str, dict[str, int]] = {}
     totals = dict.fromkeys(states, 0)
@@ -149,7 +149,7 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
         totals[state] = totals.get(state, 0) + jobs
     default_queue = app.settings.queue
     queues: dict[str, int] = {}
-    for queue, jobs in store.reads.queued_by_queue().items():
+    for queue, jobs in store.depth.queued_by_queue().items():
         name = queue or default_queue
         queues[name] = queues.get(name, 0) + jobs
     now = store.reads.now()
@@ -167,12 +167,12 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     return Overview(
         where=where,
         limit=limit,
-        jobs=store.reads.list_summaries(where, limit),
+        jobs=store.pages.list_summaries(where, limit),
         states=states,
         counts=counts,
         state_totals=totals,
         queues=sorted(queues.items()),
-        oldest=store.reads.oldest_queued(),
+        oldest=store.depth.oldest_queued(),
         schedules=schedules,
         limits=limits,
     )
@@ -192,17 +192,17 @@ def job_page(app: JobsApp, job_id: str, offsets: dict[str, int] | None = None) -
     starts = offsets or {}
     job = app.jobs.get(job_id)
     store = app.store
-    reader = store.reads
+    pages = store.pages
     parent = None
     if job.parent_id is not None:
         parent = next(iter(store.reads.jobs_by_id([job.parent_id])), None)
     return JobPage(
         job=job,
         values={name: clip(job_value(job, name)) for name in JOB_VALUES},
-        steps=reader.steps_page(job.id, starts.get("steps", 0), PAGE_ROWS["steps"]),
-        history=reader.history_page(job.id, starts.get("history", 0), PAGE_ROWS["history"]),
+        steps=pages.steps_page(job.id, starts.get("steps", 0), PAGE_ROWS["steps"]),
+        history=pages.history_page(job.id, starts.get("history", 0), PAGE_ROWS["history"]),
         parent=parent,
-        children=reader.children_page(job.id, starts.get("children", 0), PAGE_ROWS["children"]),
+        children=pages.children_page(job.id, starts.get("children", 0), PAGE_ROWS["children"]),
         explanation=explain(store, app.settings, job.id),
         actions=[name for name, states in ACTIONS.items() if job.state in states],
     )

@@ -20,7 +20,11 @@ part owns one concern, and all share one execution layer (one statement cache, o
   writes held through a database outage; :mod:`~jobs.core.store.flights`: the completions
   of jobs that share a process, many in one flight.
 
-Reads are :class:`jobs.core.reader.JobReader`'s (``store.reads``). Every state change is a single
+Reads are three readers' (none changes a row): :class:`jobs.core.reader.JobReader`
+(``store.reads``: one job, its steps, history and children; lists; schedules),
+:class:`jobs.core.depth_reads.DepthReads` (``store.depth``: counts, what is due or stale,
+what moved since a watermark) and :class:`jobs.core.page_reads.PageReads` (``store.pages``:
+a job's rows a bounded page at a time). Every state change is a single
 compare-and-set UPDATE whose WHERE clause carries the allowed source states from
 :data:`jobs.core.states.TRANSITIONS` (and, for an owner's writes, the owner, the fence
 and an unexpired lease on the database clock). Zero rows matched means the change was
@@ -34,6 +38,8 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from jobs.core.clock import Clock, DatabaseClock
+from jobs.core.depth_reads import DepthReads
+from jobs.core.page_reads import PageReads
 from jobs.core.reader import JobReader
 from jobs.core.records import (
     BulkOutcome,
@@ -57,7 +63,8 @@ class JobStore:
     """The job tables' parts, built on one execution layer (see the package's docstring).
 
     Callers use the part that owns what they do: ``store.submissions.create(…)``,
-    ``store.ownership.claim(…)``, ``store.operator.cancel(…)``, ``store.reads.get(…)``.
+    ``store.ownership.claim(…)``, ``store.operator.cancel(…)``, ``store.reads.get(…)``,
+    ``store.depth.counts()``, ``store.pages.steps_page(…)``.
     Nothing here passes a call on.
 
     **Unit of work.** Every write takes an optional ``conn``: a SQLAlchemy ``Connection``
@@ -84,6 +91,8 @@ class JobStore:
         self.clock: Clock = clock or DatabaseClock()
         self.max_payload_bytes = max_payload_bytes
         self.reads = JobReader(engine, self.clock, max_payload_bytes)
+        self.depth = DepthReads(engine, self.clock)
+        self.pages = PageReads(engine)
         self.statements = Statements(engine, self.clock, on_driver=on_driver)
         self.submissions = Submissions(self.statements, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)

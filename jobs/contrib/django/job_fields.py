@@ -1,0 +1,176 @@
+"""What a job's admin page shows besides its plain fields (the ``readonly_fields``
+callables of :class:`jobs.contrib.django.admin.JobAdmin`): its parent and children as
+links (a parked parent: how many children it still waits for), its inputs, result and
+last error clipped with a link to the whole value, and a page each of its steps, history
+and children with links to the previous and next pages. Each reads a bounded page through
+``store.pages``, from the offsets the page being rendered was asked for (``?steps=50``)."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from jobs.application import default_app
+from jobs.contrib.django.models import JobRow
+from jobs.core.page_reads import Page
+from jobs.runtime.job_pages import PAGE_ROWS, as_json, clip
+
+#: Where the change page being rendered starts each of its tables (``?steps=50``): set by
+#: :meth:`jobs.contrib.django.admin.JobAdmin.change_view` while the page renders.
+OFFSETS: ContextVar[dict[str, int] | None] = ContextVar("jobs_admin_offsets", default=None)
+
+
+def _offsets() -> dict[str, int]:
+    return OFFSETS.get() or {}
+
+
+def _link(job_id: str) -> str:
+    meta = JobRow._meta
+    return str(reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[quote(job_id)]))
+
+
+@admin.display(description="parent")
+def parent(row: JobRow) -> Any:
+    if row.parent_id is None:
+        return "-"
+    return format_html('<a href="{}">{}</a>', _link(row.parent_id), row.parent_id)
+
+
+def _value_link(row: JobRow, **named: str) -> str:
+    meta = JobRow._meta
+    url = reverse(f"admin:{meta.app_label}_{meta.model_name}_value", args=[quote(row.id)])
+    return f"{url}?{urlencode(named)}"
+
+
+def _pager(table: str, page: Page[Any]) -> Any:
+    offsets = _offsets()
+    links = [
+        format_html(
+            '<a href="?{}">{} {}</a>', urlencode({**offsets, table: offset}), label, page.limit
+        )
+        for label, offset in (("previous", page.previous_offset), ("next", page.next_offset))
+        if offset is not None
+    ]
+    if not links:
+        return ""
+    shown = f"{page.offset + 1}-{page.offset + len(page.rows)} of {page.total}"
+    return format_html(
+        "<div>{}: {}</div>", shown, format_html_join(" · ", "{}", ((link,) for link in links))
+    )
+
+
+def _clipped(row: JobRow, field: str) -> Any:
+    stored = getattr(row, field)
+    value = clip((stored or "") if field == "last_error" else as_json(stored))
+    if not value.clipped:
+        return format_html("<pre>{}</pre>", value.text)
+    return format_html(
+        '<pre>{}</pre><div>the first {} of {} characters: <a href="{}">the whole value</a></div>',
+        value.text,
+        len(value.text),
+        value.length,
+        _value_link(row, field=field),
+    )
+
+
+@admin.display(description="inputs")
+def inputs_clipped(row: JobRow) -> Any:
+    return _clipped(row, "inputs")
+
+
+@admin.display(description="result")
+def result_clipped(row: JobRow) -> Any:
+    return _clipped(row, "result")
+
+
+@admin.display(description="last error")
+def last_error_clipped(row: JobRow) -> Any:
+    return _clipped(row, "last_error")
+
+
+@admin.display(description="children")
+def children(row: JobRow) -> Any:
+    page = default_app().store.pages.children_page(
+        row.id, _offsets().get("children", 0), PAGE_ROWS["children"]
+    )
+    if not page.total:
+        return "-"
+    waiting = (
+        format_html("<div>waiting for {} of them</div>", row.children_pending)
+        if row.state == "WAITING" and row.children_pending
+        else ""
+    )
+    links = format_html_join(
+        "\n",
+        '<div><a href="{}">{}</a> {}</div>',
+        ((_link(child.id), child.id, child.state.value) for child in page.rows),
+    )
+    return format_html("{}{}{}", waiting, links, _pager("children", page))
+
+
+@admin.display(description="steps")
+def steps(row: JobRow) -> Any:  # Django's SafeString
+    page = default_app().store.pages.steps_page(
+        row.id, _offsets().get("steps", 0), PAGE_ROWS["steps"]
+    )
+    shown = format_html_join(
+        "\n",
+        "<div><b>{}</b> = {}{} <small>({} by {})</small></div>",
+        (
+            (
+                step.name,
+                step.preview,
+                format_html(
+                    ' … <a href="{}">the whole {} characters</a>',
+                    _value_link(row, step=step.name),
+                    step.length,
+                )
+                if step.clipped
+                else "",
+                step.recorded_at,
+                step.owner,
+            )
+            for step in page.rows
+        ),
+    )
+    return format_html("{}{}", shown, _pager("steps", page))
+
+
+@admin.display(description="history")
+def history(row: JobRow) -> Any:
+    page = default_app().store.pages.history_page(
+        row.id, _offsets().get("history", 0), PAGE_ROWS["history"]
+    )
+    shown = format_html_join(
+        "\n",
+        "<div>{} {} → {} <small>{} {}</small></div>",
+        (
+            (
+                move.at,
+                move.from_state.value if move.from_state else "-",
+                move.to_state.value,
+                move.approved_by or move.owner or "",
+                move.reason or "",
+            )
+            for move in page.rows
+        ),
+    )
+    return format_html("{}{}", shown, _pager("history", page))
+
+
+__all__ = [
+    "OFFSETS",
+    "children",
+    "history",
+    "inputs_clipped",
+    "last_error_clipped",
+    "parent",
+    "result_clipped",
+    "steps",
+]
