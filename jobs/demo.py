@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import jobs
 from jobs.application import default_app
 from jobs.core.database_urls import mask_url
 from jobs.core.errors import UnknownJob
@@ -133,8 +134,6 @@ def _free_id(store: JobStore, wanted: str) -> str:
 
 
 def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) -> bool:
-    import jobs  # noqa: PLC0415
-
     base = default_app().settings
     embedded = not base.database_url.startswith("postgresql")
     data_dir = base.data_dir / "demo"
@@ -169,8 +168,6 @@ def run_demo(job_id: str = "T-42", timeout: float = 90.0, echo: Echo = print) ->
 def _tell(
     store: JobStore, procs: Processes, job_id: str, timeout: float, echo: Echo, data_dir: Path
 ) -> bool:
-    import jobs  # noqa: PLC0415
-
     procs.start("sweeper", "sweeper")
     worker_a = procs.start("worker-A", "worker", "--pool", "solo", "--hostname", "A@%h")
     job_id = jobs.submit("check_order", {"order_id": 42, "check_seconds": 3.0}, job_id=job_id)

@@ -17,10 +17,18 @@ from sqlalchemy.exc import DBAPIError
 
 from jobs.core.db import READ_ONLY
 from jobs.core.errors import SettingsError
+from jobs.core.lazy import lazy_module
 from jobs.core.models import SCHEMA_REVISION
 
 if TYPE_CHECKING:
+    from alembic import command
+    from alembic import config as alembic_config_module
+    from alembic import script as alembic_script
     from alembic.config import Config
+else:  # Alembic only to migrate: a worker that checks the revision never loads it
+    command = lazy_module("alembic.command")
+    alembic_config_module = lazy_module("alembic.config")
+    alembic_script = lazy_module("alembic.script")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -64,9 +72,7 @@ def refuse_newer(engine: Engine) -> None:
 
 def alembic_config(engine: Engine) -> Config:
     """Alembic's configuration for our migrations against ``engine`` (no alembic.ini)."""
-    from alembic.config import Config  # noqa: PLC0415 - Alembic only to migrate
-
-    config = Config()
+    config = alembic_config_module.Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option(
         "sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%")
@@ -76,9 +82,7 @@ def alembic_config(engine: Engine) -> Config:
 
 def head_revision(engine: Engine) -> str:
     """The newest migration's revision (what ``jobctl db upgrade`` brings a database to)."""
-    from alembic.script import ScriptDirectory  # noqa: PLC0415
-
-    head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+    head = alembic_script.ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
     assert head is not None
     return head
 
@@ -104,8 +108,6 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     PostgreSQL the transaction first takes an advisory lock, so the next one waits, then
     finds the schema at ``revision`` and does nothing (SQLite's ``BEGIN IMMEDIATE`` already
     serializes them)."""
-    from alembic import command  # noqa: PLC0415
-
     refuse_newer(engine)
     config = alembic_config(engine)
     with engine.begin() as conn:
