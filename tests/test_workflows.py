@@ -20,7 +20,7 @@ from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
 from jobs.core.models import EventsTable, JobsTable, StepsTable
-from jobs.core.records import Doorbell
+from jobs.core.records import Doorbell, Ring
 from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
@@ -92,13 +92,15 @@ def approval_deadline(ctx: JobContext) -> str:
     return "approved"
 
 
-def runner(store: JobStore, owner: str = "w1") -> Runner:
-    return Runner(store, owner, lease_seconds=60, registry=KINDS)
+def runner(store: JobStore, owner: str = "w1", ring: Ring | None = None) -> Runner:
+    return Runner(store, owner, lease_seconds=60, registry=KINDS, ring=ring)
 
 
-def run_children(store: JobStore, parent_id: str, limit: int | None = None) -> list[Outcome]:
+def run_children(
+    store: JobStore, parent_id: str, limit: int | None = None, ring: Ring | None = None
+) -> list[Outcome]:
     children = [job for job in store.reads.children(parent_id) if job.state is State.QUEUED]
-    return [runner(store).run(child.id).outcome for child in children[:limit]]
+    return [runner(store, ring=ring).run(child.id).outcome for child in children[:limit]]
 
 
 def claims_of(store: JobStore, job_id: str) -> int:
@@ -110,10 +112,9 @@ def claims_of(store: JobStore, job_id: str) -> int:
 
 def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> None:
     rung: list[Doorbell] = []
-    store.statements.ring = rung.extend
     store.submissions.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
 
-    assert runner(store).run("p").outcome is Outcome.WAITING
+    assert runner(store, ring=rung.extend).run("p").outcome is Outcome.WAITING
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 3)
     assert (parent.owner, parent.lease_until) == (None, None)
@@ -123,12 +124,12 @@ def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> N
     assert {doorbell.job_id for doorbell in rung} == {"p.map.0", "p.map.1", "p.map.2"}
 
     rung.clear()
-    run_children(store, "p", limit=2)
+    run_children(store, "p", limit=2, ring=rung.extend)
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 1)
     assert rung == []
 
-    run_children(store, "p")
+    run_children(store, "p", ring=rung.extend)
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.QUEUED, 0)
     assert rung == [Doorbell("p", 0, "fan", None)]  # rung by the last child, after commit

@@ -30,6 +30,7 @@ from jobs.core.waits import TIMED_OUT, Workflow
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
     from jobs.core.outage import LeaseHold
+    from jobs.core.records import Ring
     from jobs.core.store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
@@ -121,6 +122,7 @@ class JobContext(Workflow):
         heartbeat: LeaseHeartbeat | None = None,
         run_deadline: tuple[float, str] | None = None,
         hold: LeaseHold | None = None,
+        ring: Ring | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -145,6 +147,9 @@ class JobContext(Workflow):
         # Holds this thread's writes through a database outage while the lease can be live
         # (jobs.core.outage); None writes once and lets the error go.
         self.hold = hold
+        # Rings the doorbells of the children a spawn inserted, after its commit; None
+        # rings none (the sweeper rings them once they wait long enough).
+        self.ring = ring
 
     @property
     def job_id(self) -> str:

@@ -152,7 +152,9 @@ signals.worker_shutdown.connect(send_held_completions)  # the worker's own proce
 def make_runner(
     runtime: ProcessRuntime, hostname: str | None, stopping: Callable[[], bool]
 ) -> Runner:
-    """A runner for this process: its store, owner name, liveness key and heartbeat."""
+    """A runner for this process: its store, owner name, liveness key, heartbeat, and the
+    process's ring for the doorbells its runs' writes owe (a parent queued by its last
+    child's end, a spawn's children), rung after each of those writes committed."""
     settings = runtime.settings
     return Runner.from_settings(
         runtime.store,
@@ -163,6 +165,7 @@ def make_runner(
         heartbeat=runtime.heartbeat,
         budget_seconds=settings.delivery_budget_seconds,
         stopping=stopping,
+        ring=runtime.ring,
     )
 
 
