@@ -142,6 +142,40 @@ def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> N
     assert [RAN[f"square-{n}"] for n in (1, 2, 3)] == [1, 1, 1]
 
 
+def test_a_runner_without_a_ring_leaves_the_woken_parent_unrung_for_the_sweeper(
+    store: JobStore,
+) -> None:
+    """No store write rings: a child's finish owes its parent's doorbell only to a caller
+    that rings (``rings=True``); without one the parent is queued unrung, as the sweeper's
+    own moves leave theirs, and the sweeper's next ring of due doorbells reaches it."""
+    store.submissions.create("fan", {"numbers": [1, 2]}, job_id="p", max_attempts=1)
+    assert runner(store).run("p").outcome is Outcome.WAITING
+    run_children(store, "p")
+
+    parent = store.reads.get("p")
+    assert (parent.state, parent.dispatched_at) == (State.QUEUED, None)
+    assert [doorbell.job_id for doorbell in store.doorbells.take_due_doorbells(60)] == ["p"]
+
+
+def test_a_spawn_returns_the_doorbells_of_the_children_it_inserted(store: JobStore) -> None:
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=1)
+    claim = store.ownership.claim("p", "w1", 60)
+    assert claim is not None
+    row = store.submissions.new_job_values(
+        "square", {"n": 2}, job_id="p.a", max_attempts=1, delay_seconds=0, code_version=None
+    )
+    spawned = store.workflows.spawn(
+        claim, "square", [row], [store.ownership.pending_step("spawn:a", {})]
+    )
+    again = store.workflows.spawn(claim, "square", [row], [])
+
+    assert [(moved.job.id, moved.doorbells) for moved in spawned] == [
+        ("p.a", (Doorbell("p.a", 0, "square", None),))
+    ]
+    assert [(moved.job.id, moved.doorbells) for moved in again] == [("p.a", ())]
+    assert store.reads.get("p.a").dispatched_at is not None  # the caller rings it
+
+
 def test_wait_for_returns_results_in_the_order_asked(store: JobStore) -> None:
     store.submissions.create("two_children", {}, job_id="p", max_attempts=1)
     assert runner(store).run("p").outcome is Outcome.WAITING
