@@ -127,7 +127,7 @@ def _finish(scene: _Scene, claim: Claim) -> None:
         scene.clock.advance()
     scene.store.ownership.record_step(claim, STEP_NAME, STEP_OUTPUT)
     scene.say(f"B recorded step {STEP_NAME!r}: {STEP_OUTPUT}")
-    done = scene.store.ownership.complete(claim, {"order_id": 42, "checked": True})
+    done = scene.store.ownership.complete(claim, {"order_id": 42, "checked": True}).job
     scene.say(f"B completed {scene.view(done)}")
 
 

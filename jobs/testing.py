@@ -25,13 +25,16 @@ def make_runner(
     store: JobStore | None = None, owner: str | None = None, heartbeat: bool = True
 ) -> Runner:
     """A runner like a worker's, signed ``inline@<host>:<pid>``; ``heartbeat=False`` runs
-    without lease renewals (deterministic tests whose lease outlasts the run)."""
+    without lease renewals (deterministic tests whose lease outlasts the run). On the
+    application's store it rings the doorbells its writes owe with the application's
+    doorbell; on a ``store`` of the caller's it rings none."""
     runtime = default_app().runtime
     return Runner.from_settings(
         store or runtime.store,
         owner or f"inline@{socket.gethostname()}:{os.getpid()}",
         runtime.settings,
         heartbeat=runtime.heartbeat if heartbeat else None,
+        ring=runtime.ring if store is None else None,
     )
 
 

@@ -81,7 +81,7 @@ def test_the_driver_path_reads_the_rows_sqlalchemy_reads(tokyo_engine: Engine) -
         store.ownership.record_step(claim, "fetch", {"rows": [1, 2]})
         done = store.ownership.complete(
             claim, {"total": 3.5}, steps=[store.ownership.pending_step("refund", None)]
-        )
+        ).job
         assert comparable(done) == comparable(store.reads.get(job_id))
         results[name] = [{**comparable(job), "id": None} for job in (submitted, claim.job, done)]
         assert [step.name for step in store.reads.steps(job_id)] == ["fetch", "refund"]
@@ -107,7 +107,7 @@ def test_the_driver_path_on_the_database_clock_reads_what_sqlalchemy_reads(
     claim = store.ownership.claim("j1", "A", 30)
     assert claim is not None
     assert comparable(claim.job) == comparable(store.reads.get("j1"))
-    done = store.ownership.complete(claim, {"ok": True})
+    done = store.ownership.complete(claim, {"ok": True}).job
     assert comparable(done) == comparable(store.reads.get("j1"))
     assert done.finished_at is not None
     assert done.finished_at.tzinfo is dt.UTC
@@ -161,6 +161,6 @@ def test_a_connection_the_server_dropped_is_retried_once_on_the_driver_path(
     assert claim is not None
     assert claim.job.state is State.RUNNING
     drop_the_pooled_connection()
-    assert store.ownership.complete(claim, {"ok": True}).state is State.COMPLETED
+    assert store.ownership.complete(claim, {"ok": True}).job.state is State.COMPLETED
     with one_connection_engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar_one() == 1

@@ -78,10 +78,8 @@ def test_a_child_finishes_in_the_round_trips_of_an_ordinary_completion(
 ) -> None:
     store, folder = traced
     rung: list[Doorbell] = []
-    store.statements.ring = rung.extend
     parent = parked_parent(store, ["p.a", "p.b"])
     assert store.workflows.wait_for_children(parent, ["p.a", "p.b"], "wait").state is State.WAITING
-    rung.clear()  # the children's own doorbells, rung by the spawn
     store.submissions.create("square", {}, job_id="plain", max_attempts=1)
     claims = {job_id: store.ownership.claim(job_id, "w2", 60) for job_id in ("plain", "p.a", "p.b")}
     step = [store.ownership.pending_step("square", 4)]
@@ -89,7 +87,7 @@ def test_a_child_finishes_in_the_round_trips_of_an_ordinary_completion(
     for job_id, claim in claims.items():
         assert claim is not None
         before = round_trips(folder)
-        store.ownership.complete(claim, 4, steps=step)
+        rung.extend(store.ownership.complete(claim, 4, steps=step, rings=True).doorbells)
         costs[job_id] = round_trips(folder) - before
 
     assert costs == {"plain": 1, "p.a": 1, "p.b": 1}
@@ -115,7 +113,7 @@ def test_a_child_whose_parent_does_not_wait_for_it_leaves_the_parent_alone(
     before = store.reads.get("p")
     claim = store.ownership.claim("p.a", "w2", 60)
     assert claim is not None
-    assert store.ownership.complete(claim, 1).state is State.COMPLETED
+    assert store.ownership.complete(claim, 1).job.state is State.COMPLETED
     assert store.reads.get("p") == before  # RUNNING, untouched: not even its updated_at
 
 
@@ -126,10 +124,7 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
     row lock while the child's finishing statement starts: that statement's snapshot shows
     the parent RUNNING, yet the child that completes the set still wakes it."""
     store, _ = traced
-    rung: list[Doorbell] = []
-    store.statements.ring = rung.extend
     parked_parent(store, ["p.a"])
-    rung.clear()  # the child's own doorbell, rung by the spawn
     claim = store.ownership.claim("p.a", "w2", 60)
     assert claim is not None
     finished: list[Any] = []
@@ -142,7 +137,7 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
             )
         )
         finishing = threading.Thread(
-            target=lambda: finished.append(store.ownership.complete(claim, 1))
+            target=lambda: finished.append(store.ownership.complete(claim, 1, rings=True))
         )
         finishing.start()
         deadline = time.monotonic() + 10
@@ -161,7 +156,7 @@ def test_a_park_committed_while_the_child_finishes_is_counted(
         park.commit()
     finishing.join(10)
 
-    assert [job.state for job in finished] == [State.COMPLETED]
+    assert [moved.job.state for moved in finished] == [State.COMPLETED]
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.QUEUED, 0)
-    assert rung == [Doorbell("p", 0, "fan", None)]
+    assert [moved.doorbells for moved in finished] == [(Doorbell("p", 0, "fan", None),)]

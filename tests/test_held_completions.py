@@ -66,7 +66,7 @@ def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it
     assert claim is not None
     returned = store.ownership.complete(
         claim, {"n": 1}, steps=[store.ownership.pending_step("only", 7)]
-    )
+    ).job
     # The run is over for the runner, but nothing says COMPLETED before the commit.
     assert returned.state is State.RUNNING
     assert _state(clean_pg_engine, "a") == "RUNNING"
@@ -182,7 +182,7 @@ def test_a_job_of_a_limited_kind_completes_at_once(engine: Engine) -> None:
     claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
     assert claim.max_running == 1
-    assert store.ownership.complete(claim, None).state is State.COMPLETED
+    assert store.ownership.complete(claim, None).job.state is State.COMPLETED
 
 
 def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_completion(
@@ -283,7 +283,7 @@ def test_an_idle_process_writes_a_completion_at_once(engine: Engine) -> None:
     store.submissions.create("k", {}, job_id="a", max_attempts=3)
     claim = store.ownership.claim("a", "W", 30)
     assert claim is not None
-    assert store.ownership.complete(claim, "ok").state is State.COMPLETED
+    assert store.ownership.complete(claim, "ok").job.state is State.COMPLETED
     held = store.statements.held
     assert held is not None
     assert (held.carried, held.alone, held.at_once) == (0, 0, 1)
@@ -299,18 +299,19 @@ def test_a_pause_longer_than_the_window_makes_the_process_idle_again(engine: Eng
         store.submissions.create("k", {}, job_id=job_id, max_attempts=3)
     claim = store.ownership.claim("a", "W", 30)  # right after the warm-ups' completions: busy
     assert claim is not None
-    assert store.ownership.complete(claim, None).state is State.RUNNING  # held
+    assert store.ownership.complete(claim, None).job.state is State.RUNNING  # held
     time.sleep(1.5)  # no claim within the window: the timer sends it alone
     assert store.reads.get("a").state is State.COMPLETED
     claim = store.ownership.claim("b", "W", 30)  # came after the window: idle
     assert claim is not None
-    assert store.ownership.complete(claim, None).state is State.COMPLETED  # written at once
+    assert store.ownership.complete(claim, None).job.state is State.COMPLETED  # written at once
     claim = store.ownership.claim("c", "W", 30)  # one short gap: a job that followed one other
     assert claim is not None
-    assert store.ownership.complete(claim, None).state is State.COMPLETED  # still written at once
+    completed = store.ownership.complete(claim, None).job
+    assert completed.state is State.COMPLETED  # still written at once
     claim = store.ownership.claim("d", "W", 30)  # two short gaps in a row: a backlog, busy again
     assert claim is not None
-    assert store.ownership.complete(claim, None).state is State.RUNNING
+    assert store.ownership.complete(claim, None).job.state is State.RUNNING
     held = store.statements.held
     assert held is not None
     assert (held.carried, held.alone, held.at_once) == (0, 1, 4)

@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from jobs.core.context import JobContext
 from jobs.core.db import make_engine
-from jobs.core.records import Claim, Job, PendingStep
+from jobs.core.records import Claim, Moved, PendingStep
 from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
@@ -39,8 +39,7 @@ class LostAckOwnership(Ownership):
     commit, then raise a disconnect."""
 
     def __init__(self, store: JobStore, lose: set[str]) -> None:
-        super().__init__(store.statements, store.max_payload_bytes)
-        self.finish_child = store.workflows.finish_child
+        super().__init__(store.statements, store.workflows, store.max_payload_bytes)
         self.lose = lose
         self.lost: list[str] = []
 
@@ -56,11 +55,16 @@ class LostAckOwnership(Ownership):
         self._once("record_steps", lambda: super(LostAckOwnership, self).record_steps(claim, steps))
 
     def complete(
-        self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
-    ) -> Job:
+        self,
+        claim: Claim,
+        result: Any = None,
+        *,
+        steps: Sequence[PendingStep] = (),
+        rings: bool = False,
+    ) -> Moved:
         return self._once(  # type: ignore[no-any-return]
             "complete",
-            lambda: super(LostAckOwnership, self).complete(claim, result, steps=steps),
+            lambda: super(LostAckOwnership, self).complete(claim, result, steps=steps, rings=rings),
         )
 
 

@@ -190,11 +190,11 @@ class World:
         elif write == "record_step":
             self.record_step(claim, STEP_NAMES[n % len(STEP_NAMES)])
         elif write == "complete":
-            if job := self.fenced(write, claim, lambda: store.ownership.complete(claim, n)):
+            if job := self.fenced(write, claim, lambda: store.ownership.complete(claim, n).job):
                 assert job.state is State.COMPLETED
                 assert job.result == n
         elif write == "fail":
-            if job := self.fenced(write, claim, lambda: store.ownership.fail(claim, "x")):
+            if job := self.fenced(write, claim, lambda: store.ownership.fail(claim, "x").job):
                 assert job.state is State.FAILED
         elif write == "retry":
             if job := self.fenced(write, claim, lambda: store.ownership.retry(claim, "boom", n)):

@@ -156,7 +156,7 @@ def test_the_fence_bump_refuses_the_old_owners_writes(store: JobStore, engine: E
     with pytest.raises(LeaseLost):
         store.ownership.complete(old, "stale result")
     assert snapshot(engine) == before
-    assert store.ownership.complete(newer, "fresh").state is State.COMPLETED
+    assert store.ownership.complete(newer, "fresh").job.state is State.COMPLETED
 
 
 def test_the_fence_bump_makes_an_older_selection_stale(store: JobStore) -> None:

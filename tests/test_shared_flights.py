@@ -82,7 +82,7 @@ def _complete_at_once(
 
     def complete(claim: Claim) -> None:
         try:
-            outcomes[claim.job_id] = store.ownership.complete(claim, {"n": claim.job_id})
+            outcomes[claim.job_id] = store.ownership.complete(claim, {"n": claim.job_id}).job
             seen[claim.job_id] = _committed_state(engine, claim.job_id)
         except BaseException as err:
             outcomes[claim.job_id] = err
@@ -200,7 +200,7 @@ def test_an_error_in_one_completion_is_its_own_and_the_others_commit(
     def complete(claim: Claim) -> None:
         steps = [store.ownership.pending_step("step", 2)] if claim.job_id == "twice" else []
         try:
-            outcomes[claim.job_id] = store.ownership.complete(claim, None, steps=steps)
+            outcomes[claim.job_id] = store.ownership.complete(claim, None, steps=steps).job
         except BaseException as err:
             outcomes[claim.job_id] = err
 
@@ -224,7 +224,7 @@ def test_a_lone_completion_in_a_shared_process_is_committed_when_it_returns(
     store = JobStore(engine)
     share_flights(store.statements)
     (claim,) = _claimed(store, ["alone"])
-    assert store.ownership.complete(claim, "ok").state is State.COMPLETED
+    assert store.ownership.complete(claim, "ok").job.state is State.COMPLETED
     assert _committed_state(clean_pg_engine, "alone") == "COMPLETED"
 
 

@@ -244,10 +244,12 @@ def test_payload_limit_is_inclusive(make_store: Callable[..., JobStore]) -> None
 @pytest.mark.parametrize(
     "move",
     [
-        lambda store, claim: store.ownership.complete(
-            claim, {"total": 3}, steps=[store.ownership.pending_step("s", 1)]
+        lambda store, claim: (
+            store.ownership.complete(
+                claim, {"total": 3}, steps=[store.ownership.pending_step("s", 1)]
+            ).job
         ),
-        lambda store, claim: store.ownership.fail(claim, "boom"),
+        lambda store, claim: store.ownership.fail(claim, "boom").job,
         lambda store, claim: store.ownership.release(claim, "shutting down"),
         lambda store, claim: store.ownership.sleep(
             claim, "nap", dt.datetime(2031, 1, 1, tzinfo=UTC)
@@ -426,7 +428,7 @@ def test_complete(store: JobStore, clock: LogicalClock) -> None:
     new(store)
     claim = claimed(store, liveness_key=7)
     clock.advance(3)
-    job = store.ownership.complete(claim, {"total": 12})
+    job = store.ownership.complete(claim, {"total": 12}).job
     assert job.state is State.COMPLETED
     assert job.result == {"total": 12}
     assert job.lease_until is None
@@ -446,7 +448,7 @@ def test_complete_with_a_non_json_result_changes_nothing(store: JobStore, engine
 
 def test_fail(store: JobStore, clock: LogicalClock) -> None:
     new(store)
-    job = store.ownership.fail(claimed(store), "ValueError: nope")
+    job = store.ownership.fail(claimed(store), "ValueError: nope").job
     assert job.state is State.FAILED
     assert job.last_error == "ValueError: nope"
     assert job.finished_at == clock.instant()
@@ -648,7 +650,7 @@ def test_approve_records_who_and_the_reclaim_sees_it(store: JobStore, clock: Log
     outputs = {s.name: s.output for s in store.reads.steps("j1")}
     assert outputs == {"lookup": 42, "approval-1": {"approved_by": "alice", "note": "fine by me"}}
     store.ownership.record_step(again, "refund", True)
-    assert store.ownership.complete(again, "done").state is State.COMPLETED
+    assert store.ownership.complete(again, "done").job.state is State.COMPLETED
 
 
 def test_approve_without_a_note(store: JobStore) -> None:

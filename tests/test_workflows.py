@@ -20,7 +20,7 @@ from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
 from jobs.core.models import EventsTable, JobsTable, StepsTable
-from jobs.core.records import Doorbell
+from jobs.core.records import Doorbell, Ring
 from jobs.core.registry import Registry
 from jobs.core.runner import Outcome, Runner
 from jobs.core.states import State
@@ -92,13 +92,15 @@ def approval_deadline(ctx: JobContext) -> str:
     return "approved"
 
 
-def runner(store: JobStore, owner: str = "w1") -> Runner:
-    return Runner(store, owner, lease_seconds=60, registry=KINDS)
+def runner(store: JobStore, owner: str = "w1", ring: Ring | None = None) -> Runner:
+    return Runner(store, owner, lease_seconds=60, registry=KINDS, ring=ring)
 
 
-def run_children(store: JobStore, parent_id: str, limit: int | None = None) -> list[Outcome]:
+def run_children(
+    store: JobStore, parent_id: str, limit: int | None = None, ring: Ring | None = None
+) -> list[Outcome]:
     children = [job for job in store.reads.children(parent_id) if job.state is State.QUEUED]
-    return [runner(store).run(child.id).outcome for child in children[:limit]]
+    return [runner(store, ring=ring).run(child.id).outcome for child in children[:limit]]
 
 
 def claims_of(store: JobStore, job_id: str) -> int:
@@ -110,10 +112,9 @@ def claims_of(store: JobStore, job_id: str) -> int:
 
 def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> None:
     rung: list[Doorbell] = []
-    store.statements.ring = rung.extend
     store.submissions.create("fan", {"numbers": [1, 2, 3]}, job_id="p", max_attempts=1)
 
-    assert runner(store).run("p").outcome is Outcome.WAITING
+    assert runner(store, ring=rung.extend).run("p").outcome is Outcome.WAITING
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 3)
     assert (parent.owner, parent.lease_until) == (None, None)
@@ -123,12 +124,12 @@ def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> N
     assert {doorbell.job_id for doorbell in rung} == {"p.map.0", "p.map.1", "p.map.2"}
 
     rung.clear()
-    run_children(store, "p", limit=2)
+    run_children(store, "p", limit=2, ring=rung.extend)
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.WAITING, 1)
     assert rung == []
 
-    run_children(store, "p")
+    run_children(store, "p", ring=rung.extend)
     parent = store.reads.get("p")
     assert (parent.state, parent.children_pending) == (State.QUEUED, 0)
     assert rung == [Doorbell("p", 0, "fan", None)]  # rung by the last child, after commit
@@ -139,6 +140,40 @@ def test_map_parks_the_parent_and_the_last_child_queues_it(store: JobStore) -> N
     assert RAN["fan"] == 2
     assert claims_of(store, "p") == 2
     assert [RAN[f"square-{n}"] for n in (1, 2, 3)] == [1, 1, 1]
+
+
+def test_a_runner_without_a_ring_leaves_the_woken_parent_unrung_for_the_sweeper(
+    store: JobStore,
+) -> None:
+    """No store write rings: a child's finish owes its parent's doorbell only to a caller
+    that rings (``rings=True``); without one the parent is queued unrung, as the sweeper's
+    own moves leave theirs, and the sweeper's next ring of due doorbells reaches it."""
+    store.submissions.create("fan", {"numbers": [1, 2]}, job_id="p", max_attempts=1)
+    assert runner(store).run("p").outcome is Outcome.WAITING
+    run_children(store, "p")
+
+    parent = store.reads.get("p")
+    assert (parent.state, parent.dispatched_at) == (State.QUEUED, None)
+    assert [doorbell.job_id for doorbell in store.doorbells.take_due_doorbells(60)] == ["p"]
+
+
+def test_a_spawn_returns_the_doorbells_of_the_children_it_inserted(store: JobStore) -> None:
+    store.submissions.create("two_children", {}, job_id="p", max_attempts=1)
+    claim = store.ownership.claim("p", "w1", 60)
+    assert claim is not None
+    row = store.submissions.new_job_values(
+        "square", {"n": 2}, job_id="p.a", max_attempts=1, delay_seconds=0, code_version=None
+    )
+    spawned = store.workflows.spawn(
+        claim, "square", [row], [store.ownership.pending_step("spawn:a", {})]
+    )
+    again = store.workflows.spawn(claim, "square", [row], [])
+
+    assert [(moved.job.id, moved.doorbells) for moved in spawned] == [
+        ("p.a", (Doorbell("p.a", 0, "square", None),))
+    ]
+    assert [(moved.job.id, moved.doorbells) for moved in again] == [("p.a", ())]
+    assert store.reads.get("p.a").dispatched_at is not None  # the caller rings it
 
 
 def test_wait_for_returns_results_in_the_order_asked(store: JobStore) -> None:

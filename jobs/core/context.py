@@ -30,6 +30,7 @@ from jobs.core.waits import TIMED_OUT, Workflow
 if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load SQLAlchemy
     from jobs.core.heartbeat import LeaseHeartbeat
     from jobs.core.outage import LeaseHold
+    from jobs.core.records import Ring
     from jobs.core.registry import Registry
     from jobs.core.store import Claim, JobStore, PendingStep
 
@@ -124,6 +125,7 @@ class JobContext(Workflow):
         hold: LeaseHold | None = None,
         registry: Registry | None = None,
         default_max_attempts: int = 5,
+        ring: Ring | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -152,6 +154,9 @@ class JobContext(Workflow):
         # and the attempts of a child whose kind sets none (JOBS_DEFAULT_MAX_ATTEMPTS).
         self.registry = registry
         self.default_max_attempts = default_max_attempts
+        # Rings the doorbells of the children a spawn inserted, after its commit; None
+        # rings none (the sweeper rings them once they wait long enough).
+        self.ring = ring
 
     @property
     def job_id(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from jobs.core.states import State
@@ -158,6 +158,24 @@ class Doorbell(NamedTuple):
     queue: str | None = None
 
 
+Ring = Callable[[Sequence[Doorbell]], object]
+"""Rings doorbells of mixed priorities, kinds and queues whose jobs' QUEUED state has
+committed (:meth:`jobs.runtime.process.ProcessRuntime.ring` is one). A store write never
+rings: it returns the doorbells it owes (:class:`Moved`), and its caller rings them after
+the commit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """What a store write wrote, and the doorbells it owes: jobs it queued as a side effect
+    (a child's finish that queued its waiting parent, a spawn's new children) and marked
+    rung, for its caller to ring once the write has committed. A write whose caller does
+    not ring leaves such jobs unrung instead, for the sweeper, and owes nothing."""
+
+    job: Job
+    doorbells: tuple[Doorbell, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class JobFilter:
     """Which jobs ``jobctl list`` shows and a bulk action selects: of one ``state``, one
@@ -258,3 +276,15 @@ class RingBatch(Protocol):
         kind: str | None = None,
         queue: str | None = None,
     ) -> bool: ...
+
+
+def ring_in_batches(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> list[str]:
+    """Ring doorbells of mixed priorities, kinds and queues with ``ring_batch``, one batch
+    per priority, kind and queue, the highest priority first; returns the IDs of the
+    batches that went out."""
+    return [
+        job_id
+        for batch in in_batches(doorbells)
+        if ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
+        for job_id in batch.job_ids
+    ]

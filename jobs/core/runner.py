@@ -35,6 +35,7 @@ from jobs.core.context import (
 from jobs.core.errors import InvalidInput, LeaseLost, UnknownKind
 from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.outage import LeaseHold
+from jobs.core.records import Moved, Ring
 from jobs.core.registry import REGISTRY, Registry
 from jobs.core.settings import Settings
 from jobs.core.states import State
@@ -98,8 +99,13 @@ class Runner:
         retry_backoff_max_seconds: float = 300.0,
         stopping: Callable[[], bool] | None = None,
         default_max_attempts: int = 5,
+        ring: Ring | None = None,
     ) -> None:
         self.store = store
+        # Rings the doorbells a run's writes owe after they committed: a parent queued by
+        # its last child's end, a spawn's new children. None rings nothing: the writes then
+        # leave such a parent unrung, for the sweeper.
+        self.ring = ring
         # A child spawned without max_attempts, of a kind without one, gets this.
         self.default_max_attempts = default_max_attempts
         self.owner = owner
@@ -173,7 +179,7 @@ class Runner:
             check_loaded(recorded, "a recorded step output")
         except (UnknownKind, InvalidInput) as err:
             # Not transient: no retry would help. Fail with the reason instead of looping.
-            failed = self.store.ownership.fail(claim, str(err))
+            failed = self._rung(self.store.ownership.fail(claim, str(err), rings=self.rings))
             return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
         started = time.monotonic()
         deadline = None if self.budget_seconds is None else started + self.budget_seconds
@@ -194,6 +200,7 @@ class Runner:
             hold=hold,
             registry=self.registry,  # children take their kinds' defaults
             default_max_attempts=self.default_max_attempts,
+            ring=self.ring,
         )
         if self.heartbeat is not None:
 
@@ -252,7 +259,9 @@ class Runner:
             released = self._held(ctx, partial(self.store.ownership.release, claim, str(hand_back)))
             return self._result(released, Outcome.HANDED_BACK, ctx)
         except Unstorable as unstorable:
-            failed = self._held(ctx, partial(self.store.ownership.fail, claim, str(unstorable)))
+            failed = self._held(
+                ctx, partial(self.store.ownership.fail, claim, str(unstorable), rings=self.rings)
+            )
             return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
         except TimedOut as timed_out:
             ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
@@ -276,12 +285,16 @@ class Runner:
         pending = ctx.take_pending()
         try:
             completed = self._held(
-                ctx, partial(self.store.ownership.complete, claim, result), pending
+                ctx,
+                partial(self.store.ownership.complete, claim, result, rings=self.rings),
+                pending,
             )
         except InvalidInput as err:
             # The return value cannot be stored (not JSON, too big): no retry would change it,
             # and letting it escape would leave the job RUNNING until its lease ran out.
-            failed = self._held(ctx, partial(self.store.ownership.fail, claim, str(err)), pending)
+            failed = self._held(
+                ctx, partial(self.store.ownership.fail, claim, str(err), rings=self.rings), pending
+            )
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
 
@@ -295,24 +308,43 @@ class Runner:
             )
             retried = self._held(ctx, partial(self.store.ownership.retry, claim, error, delay))
             return retried, Outcome.RETRYING
-        return self._held(ctx, partial(self.store.ownership.fail, claim, error)), Outcome.FAILED
+        failed = self._held(ctx, partial(self.store.ownership.fail, claim, error, rings=self.rings))
+        return failed, Outcome.FAILED
 
-    @staticmethod
+    @property
+    def rings(self) -> bool:
+        """Whether this runner rings the doorbells its writes owe (it has a ring)."""
+        return self.ring is not None
+
+    def _rung(self, moved: Moved) -> Job:
+        """Ring the doorbells ``moved``'s write owes, now that it committed; its job."""
+        if moved.doorbells and self.ring is not None:
+            self.ring(moved.doorbells)
+        return moved.job
+
     def _held(
-        ctx: JobContext, write: Callable[..., Job], steps: Sequence[PendingStep] | None = None
+        self,
+        ctx: JobContext,
+        write: Callable[..., Job | Moved],
+        steps: Sequence[PendingStep] | None = None,
     ) -> Job:
         """``write(steps=…)``, an outcome write with the run's pending steps (taken from
         ``ctx`` unless given), held through a database outage while the lease can be live
         (:class:`jobs.core.outage.LeaseHold`): the outcome is kept, not re-rolled; one
-        whose acknowledgement was lost is found in the job's history, not raised."""
+        whose acknowledgement was lost is found in the job's history, not raised. The
+        doorbells a write owes ring after it committed (:meth:`_rung`); one found in the
+        history owes none: its doorbells were lost with its answer, for the sweeper."""
         pending = ctx.take_pending() if steps is None else steps
-        if ctx.hold is None:
-            return write(steps=pending)
         claim = ctx.claim
-        return ctx.hold.write(
-            partial(write, steps=pending),
-            landed=lambda: ctx.store.reads.moved_by(claim.job_id, claim.owner, claim.fence),
+        written = (
+            write(steps=pending)
+            if ctx.hold is None
+            else ctx.hold.write(
+                partial(write, steps=pending),
+                landed=lambda: ctx.store.reads.moved_by(claim.job_id, claim.owner, claim.fence),
+            )
         )
+        return self._rung(written) if isinstance(written, Moved) else written
 
     @staticmethod
     def _parked_or_back(job: Job) -> Outcome:

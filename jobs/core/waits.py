@@ -21,7 +21,7 @@ from jobs.core.validate import CHILD_SEPARATOR, NAME_LENGTH, check_timeout
 
 if TYPE_CHECKING:  # annotations only
     from jobs.core.outage import LeaseHold
-    from jobs.core.records import Claim, PendingStep
+    from jobs.core.records import Claim, Moved, PendingStep, Ring
     from jobs.core.registry import Registry
     from jobs.core.store import JobStore
 
@@ -93,6 +93,7 @@ class Workflow:
         store: JobStore
         claim: Claim
         hold: LeaseHold | None
+        ring: Ring | None
         _recorded: dict[str, Any]
         replayed_steps: list[str]
         ran_steps: list[str]
@@ -133,6 +134,12 @@ class Workflow:
         except LeaseLost as lost:
             self.lease_lost(lost)
             raise
+
+    def _rung(self, spawned: Sequence[Moved]) -> None:
+        """Ring the doorbells a spawn owes (its new children), now that it committed."""
+        owed = [doorbell for child in spawned for doorbell in child.doorbells]
+        if owed and self.ring is not None:
+            self.ring(owed)
 
     def _count(self, prefix: str) -> str:
         counters: dict[str, int] = self.__dict__.setdefault("_wait_counters", {})
@@ -205,7 +212,9 @@ class Workflow:
         row = self._child_row(child_kind, inputs, child_id, max_attempts, priority, queue)
         record = self.store.ownership.pending_step(name, {"child_id": child_id})
         records = [*self.take_pending(), record]
-        self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, [row], records))
+        self._rung(
+            self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, [row], records))
+        )
         self._recorded[name] = record.output
         self.ran_steps.append(name)
         return child_id
@@ -240,7 +249,11 @@ class Workflow:
         record = self.store.ownership.pending_step(name, {"child_ids": ids})
         records = [*self.take_pending(), record]
         if rows:
-            self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, rows, records))
+            self._rung(
+                self._held(
+                    lambda: self.store.workflows.spawn(self.claim, child_kind, rows, records)
+                )
+            )
         else:
             self._held(lambda: self.store.ownership.record_steps(self.claim, records))
         self._recorded[name] = record.output

@@ -148,7 +148,9 @@ def send_held_completions() -> None:
 def make_runner(
     runtime: ProcessRuntime, hostname: str | None, stopping: Callable[[], bool]
 ) -> Runner:
-    """A runner for this process: its store, owner name, liveness key and heartbeat."""
+    """A runner for this process: its store, owner name, liveness key, heartbeat, and the
+    process's ring for the doorbells its runs' writes owe (a parent queued by its last
+    child's end, a spawn's children), rung after each of those writes committed."""
     settings = runtime.settings
     return Runner.from_settings(
         runtime.store,
@@ -159,6 +161,7 @@ def make_runner(
         heartbeat=runtime.heartbeat,
         budget_seconds=settings.delivery_budget_seconds,
         stopping=stopping,
+        ring=runtime.ring,
     )
 
 

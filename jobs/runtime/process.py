@@ -122,8 +122,6 @@ class ProcessRuntime:
             if self._store is None:
                 ensure_schema(self.engine)
                 self._store = JobStore(self.engine, max_payload_bytes=self.settings.max_input_bytes)
-                # A parent queued by its last child's finish rings after that commit.
-                self._store.statements.ring = self.ring
             return self._store
 
     @property

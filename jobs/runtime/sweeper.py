@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
 from jobs.core.outage import first_line, is_disconnect
-from jobs.core.records import Doorbell, Job, RingBatch, in_batches
+from jobs.core.records import Job, RingBatch, ring_in_batches
 from jobs.core.settings import Settings
 from jobs.core.states import State
 from jobs.core.store import JobStore
@@ -75,18 +75,6 @@ def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
         store.schedules.count_event(event, kind, amount)
 
 
-def ring(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> list[str]:
-    """Ring doorbells of mixed priorities, kinds and queues, one batch per priority,
-    kind and queue, the highest priority first; returns the IDs of the batches that went
-    out."""
-    return [
-        job_id
-        for batch in in_batches(doorbells)
-        if ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
-        for job_id in batch.job_ids
-    ]
-
-
 def ring_all_due(store: JobStore, ring_batch: RingBatch) -> list[str]:
     """Ring again every due QUEUED job's doorbell, however recently it was sent (the queue
     that held it was lost). Each batch is marked rung as it is taken, and only jobs
@@ -104,7 +92,7 @@ def ring_all_due(store: JobStore, ring_batch: RingBatch) -> list[str]:
         if not batch:
             return rung
         taken.update(doorbell.job_id for doorbell in batch)
-        rung += ring(ring_batch, batch)
+        rung += ring_in_batches(ring_batch, batch)
 
 
 def sweep_once(
@@ -156,7 +144,7 @@ def sweep_once(
     due = store.doorbells.take_due_doorbells(
         settings.ring_again_after_seconds, stale_limit=stale_limit
     )
-    rung += ring(ring_batch, due)
+    rung += ring_in_batches(ring_batch, due)
     lost = [job_id for job_id in rung if job_id in stale]
     _count_by_kind(store, "recovery_lost_message", (stale[job_id] for job_id in lost))
     try:

@@ -96,10 +96,8 @@ class JobStore:
         self.statements = Statements(engine, self.clock, on_driver=on_driver)
         self.submissions = Submissions(self.statements, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
-        self.ownership = Ownership(self.statements, max_payload_bytes)
-        self.ownership.finish_child = self.workflows.finish_child
-        self.operator = Operations(self.statements, self.ownership)
-        self.operator.workflows = self.workflows
+        self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
+        self.operator = Operations(self.statements, self.workflows)
         self.doorbells = Doorbells(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
 

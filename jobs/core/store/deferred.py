@@ -100,6 +100,13 @@ class HeldWrites:
         self._ended_at: float | None = None
         self._short_gaps = 0  # short gaps in a row while idle
 
+    def retime(self, flush_after: float, keep_trying_for: float) -> None:
+        """Hold a write at most ``flush_after`` seconds from now on, and keep trying one
+        sent alone through an outage for ``keep_trying_for`` seconds after it was held
+        (the settings a delivery brings)."""
+        self.flush_after = flush_after
+        self.keep_trying_for = keep_trying_for
+
     def ended(self, *, held: bool) -> None:
         """A completion ended a run (``held``, or written at once): the next statement
         will say whether this process is busy."""
@@ -266,8 +273,7 @@ def hold_completions(
     sent alone after ``flush_after`` seconds (and, through a database outage, tried again
     for ``keep_trying_for`` seconds after they were held)."""
     if statements.held is not None:
-        statements.held.flush_after = flush_after
-        statements.held.keep_trying_for = keep_trying_for
+        statements.held.retime(flush_after, keep_trying_for)
         return
 
     def send_alone(write: HeldWrite) -> Any:
@@ -277,7 +283,7 @@ def hold_completions(
 
         return retry_on_disconnect(attempt)
 
-    statements.held = HeldWrites(flush_after, send_alone, keep_trying_for)
+    statements.hold(HeldWrites(flush_after, send_alone, keep_trying_for))
 
 
 def can_hold(statements: Statements) -> bool:

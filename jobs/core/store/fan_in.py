@@ -36,8 +36,9 @@ from jobs.core import states
 from jobs.core.models import JobsTable, TransitionsTable
 from jobs.core.records import Doorbell, Job
 from jobs.core.states import TERMINAL, State
+from jobs.core.store.clauses import param, state_in
 from jobs.core.store.row_changes import RowChanges
-from jobs.core.store.statements import Statements, param, state_in
+from jobs.core.store.statements import Statements
 
 
 def doorbell_of(row: Row[Any] | Job) -> Doorbell:
@@ -50,8 +51,9 @@ def settle_parent(
 ) -> Doorbell | None:
     """In the finishing transaction of job ``row`` (just moved to an end state): if its
     parent awaits it, count it down; the child that brings the count to 0 moves the
-    parent WAITING → QUEUED and gets the parent's doorbell to ring after the commit
-    (``ringing``; else the parent is left unrung for the sweeper)."""
+    parent WAITING → QUEUED and returns the parent's doorbell, owed by the caller's write:
+    with ``ringing`` (its caller rings it after the commit) the parent is marked rung;
+    without, it is left unrung for the sweeper, and no doorbell is owed."""
     if row.parent_id is None or not row.awaited or State(row.state) not in TERMINAL:
         return None
     clock = statements.clock
@@ -80,7 +82,7 @@ def settle_parent(
         ),
         reason=f"its last awaited child {row.id!r} ended {row.state}",
     )
-    return None if woken is None else doorbell_of(woken)
+    return None if woken is None or not ringing else doorbell_of(woken)
 
 
 def child_finish_statement(

@@ -61,6 +61,22 @@ class _Seat:
     woken: threading.Event = dataclasses.field(default_factory=threading.Event)
     flight: list[_Seat] | None = None
 
+    def answered(self, row: Any) -> None:
+        """The write's first row (``None``: refused) came back."""
+        self.row = row
+
+    def failed(self, error: BaseException) -> None:
+        """The write met ``error``, raised to its caller."""
+        self.error = error
+
+    def landed(self) -> None:
+        """The seat's flight landed: its row or error is final."""
+        self.done = True
+
+    def flies_next(self, flight: list[_Seat]) -> None:
+        """This seat's caller flies ``flight`` (the writes that came meanwhile) next."""
+        self.flight = flight
+
 
 MOST_IN_THE_AIR = 2
 """Flights of one process in the air at once: the next boards while one waits for its
@@ -119,14 +135,14 @@ class SharedFlights:
         finally:
             with self._lock:
                 for seat in passengers:
-                    seat.done = True
+                    seat.landed()
                 self._in_the_air -= 1
                 self.sent += len(passengers)
                 self.flights += 1
                 self.largest = max(self.largest, len(passengers))
                 pilot = self._waiting[0] if self._waiting else None
                 if pilot is not None:
-                    pilot.flight = self._board()
+                    pilot.flies_next(self._board())
             for seat in passengers:
                 seat.woken.set()
             if pilot is not None:
@@ -140,21 +156,21 @@ class SharedFlights:
         except DBAPIError as err:
             if err.connection_invalidated or len(passengers) == 1:
                 for seat in passengers:
-                    seat.error = err
+                    seat.failed(err)
                 return
         except BaseException as err:  # the pilot's own interruption: every passenger's error
             for seat in passengers:
-                seat.error = err
+                seat.failed(err)
             raise
         else:
             for seat, row in zip(passengers, rows, strict=True):
-                seat.row = row
+                seat.answered(row)
             return
         for seat in passengers:
             try:
-                seat.row = self._send_alone(seat.write)
+                seat.answered(self._send_alone(seat.write))
             except Exception as err:
-                seat.error = err
+                seat.failed(err)
 
 
 def share_flights(statements: Statements) -> None:
@@ -178,7 +194,7 @@ def share_flights(statements: Statements) -> None:
         with statements.unit(None, one_statement=True) as conn:
             return write.statement.first(conn, write.values)
 
-    statements.flights = SharedFlights(send_together, send_alone)
+    statements.share(SharedFlights(send_together, send_alone))
 
 
 def flies(statements: Statements) -> bool:

@@ -17,7 +17,6 @@ from jobs.core.errors import NothingToWake, UnknownJob
 from jobs.core.models import JobsTable, StepsTable
 from jobs.core.records import BulkOutcome, Job, Selected
 from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
-from jobs.core.store.ownership import Ownership
 from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
@@ -42,12 +41,11 @@ def retry_reason(by: str, reason: str, *, from_start: bool) -> str:
 class Operations:
     """Operators' and the sweeper's moves (see the module's docstring)."""
 
-    def __init__(self, statements: Statements, ownership: Ownership) -> None:
+    def __init__(self, statements: Statements, workflows: Workflows) -> None:
         self.statements = statements
-        self.ownership = ownership
         self.engine = statements.engine
         self.clock = statements.clock
-        self.workflows: Workflows | None = None  # set by the store (cancel's cascade)
+        self.workflows = workflows  # a cancel's cascade to the job's children
 
     def _not_due(self) -> ColumnElement[bool]:
         """A job whose ``run_after`` is still ahead: with QUEUED, one waiting on a timer
@@ -150,8 +148,7 @@ class Operations:
             return None
         # Workflows: its unfinished children are cancelled with it, and a child counts
         # itself down in its waiting parent (left unrung, for the sweeper).
-        if self.workflows is not None:
-            self.workflows.cancel_children(unit, job_id, reason)
+        self.workflows.cancel_children(unit, job_id, reason)
         settle_parent(self.statements, unit, row, ringing=False)
         return Job.from_row(row)
 

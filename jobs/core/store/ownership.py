@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -32,28 +32,32 @@ from jobs.core.db import retry_on_disconnect
 from jobs.core.errors import LeaseLost, StepError
 from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
-from jobs.core.records import Claim, Job, PendingStep
+from jobs.core.records import Claim, Job, Moved, PendingStep
 from jobs.core.states import State
+from jobs.core.store.clauses import kind_in, param
 from jobs.core.store.deferred import completion_ended, hold, holds_now
 from jobs.core.store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
 from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
-from jobs.core.store.statements import Statements, kind_in, param
+from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import lock_limits, running_of_kind
+from jobs.core.store.workflows import Workflows
 from jobs.core.validate import check_name, encode_json
 
 
 class Ownership:
     """What the owner of a claim does (see the module's docstring)."""
 
-    def __init__(self, statements: Statements, max_payload_bytes: int) -> None:
+    def __init__(
+        self, statements: Statements, workflows: Workflows, max_payload_bytes: int
+    ) -> None:
         self.statements = statements
         self.engine = statements.engine
         self.clock = statements.clock
         self.max_payload_bytes = max_payload_bytes
-        # A child's end, which also counts it down in its waiting parent (set by the
-        # store to :meth:`jobs.core.store.workflows.Workflows.finish_child`).
-        self.finish_child: Callable[..., Job] | None = None
+        # A child's end also counts it down in its waiting parent
+        # (:meth:`jobs.core.store.workflows.Workflows.finish_child`).
+        self.workflows = workflows
 
     # -- the claim -------------------------------------------------------------------------
 
@@ -287,23 +291,31 @@ class Ownership:
     # -- the run's end ---------------------------------------------------------------------
 
     def complete(
-        self, claim: Claim, result: Any = None, *, steps: Sequence[PendingStep] = ()
-    ) -> Job:
+        self,
+        claim: Claim,
+        result: Any = None,
+        *,
+        steps: Sequence[PendingStep] = (),
+        rings: bool = False,
+    ) -> Moved:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
         In a worker that holds completions (:mod:`jobs.core.store.deferred`) and is busy,
         the move of a job without a parent, of a kind without a running limit, is held for
         the next flight, and the job returned is the claimed one (still RUNNING). In a
         worker whose jobs share the process, it is committed before this returns, in a
         flight shared with the completions of the jobs beside it
-        (:mod:`jobs.core.store.flights`)."""
+        (:mod:`jobs.core.store.flights`). A child's completion that queues its waiting
+        parent owes the parent's doorbell when the caller ``rings`` (see
+        :meth:`Workflows.finish_child`); no other completion owes any."""
         encode_json(result, "result", self.max_payload_bytes)
-        if claim.job.parent_id is not None and self.finish_child is not None:
-            return self.finish_child(
+        if claim.job.parent_id is not None:
+            return self.workflows.finish_child(
                 claim,
                 State.COMPLETED,
                 RowChanges.finished(self.clock.now(), result=result),
                 "completed",
                 steps,
+                rings=rings,
             )
         statements = self.statements
         if flies(statements):  # jobs share this process: committed in a shared flight
@@ -311,7 +323,7 @@ class Ownership:
             move = statements.owner_move_statement(
                 claim, State.COMPLETED, changes, "completed", steps
             )
-            return move_in_flight(statements, claim, State.COMPLETED, move, steps)
+            return Moved(move_in_flight(statements, claim, State.COMPLETED, move, steps))
         plain = claim.max_running is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
@@ -320,7 +332,7 @@ class Ownership:
             )
             hold(statements, key, build, params, claim.job_id, "completion")
             completion_ended(statements, held=True)
-            return claim.job
+            return Moved(claim.job)
         completed = self.statements.owner_move(
             claim,
             State.COMPLETED,
@@ -330,26 +342,25 @@ class Ownership:
         )
         if plain:
             completion_ended(statements, held=False)
-        return completed
+        return Moved(completed)
 
-    def fail(self, claim: Claim, error: str, *, steps: Sequence[PendingStep] = ()) -> Job:
+    def fail(
+        self,
+        claim: Claim,
+        error: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+        rings: bool = False,
+    ) -> Moved:
         """The owner's FAILED, with the error as the reason and the pending steps recorded
-        in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live."""
-        if claim.job.parent_id is not None and self.finish_child is not None:
-            return self.finish_child(
-                claim,
-                State.FAILED,
-                RowChanges.finished(self.clock.now(), last_error=error),
-                error,
-                steps,
+        in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live.
+        A child's failure owes its parent's doorbell as a completion does (:meth:`complete`)."""
+        changes = RowChanges.finished(self.clock.now(), last_error=error)
+        if claim.job.parent_id is not None:
+            return self.workflows.finish_child(
+                claim, State.FAILED, changes, error, steps, rings=rings
             )
-        return self.statements.owner_move(
-            claim,
-            State.FAILED,
-            RowChanges.finished(self.clock.now(), last_error=error),
-            error,
-            steps,
-        )
+        return Moved(self.statements.owner_move(claim, State.FAILED, changes, error, steps))
 
     def retry(
         self,

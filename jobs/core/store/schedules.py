@@ -25,7 +25,8 @@ from jobs.core.models import (
 from jobs.core.reader import JobReader
 from jobs.core.records import Job
 from jobs.core.schedule import Schedule, check_schedule
-from jobs.core.store.statements import Statements, insert_for
+from jobs.core.store.clauses import insert_for
+from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import Submissions
 from jobs.core.validate import check_name, encode_json
 

@@ -37,7 +37,8 @@ from jobs.core.models import JobsTable, KindLimitsTable, TransitionsTable
 from jobs.core.reader import JOB_COLUMNS
 from jobs.core.records import Job, KindLimits
 from jobs.core.states import State
-from jobs.core.store.statements import Statements, insert_for
+from jobs.core.store.clauses import insert_for
+from jobs.core.store.statements import Statements
 from jobs.core.validate import (
     MAX_ATTEMPTS,
     MAX_DELAY_SECONDS,
