@@ -26,6 +26,7 @@ import click
 
 from jobs.application import JobsApp, default_app
 from jobs.cli.group import main
+from jobs.core import reasons
 from jobs.core.errors import IllegalTransition, InvalidInput
 from jobs.core.records import BulkOutcome, JobFilter, Selected
 from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
@@ -302,7 +303,7 @@ def _operator() -> str:
 @main.command()
 @click.argument("job_id", metavar="[ID]", required=False)
 @click.option("--by", default=_operator, help="Who retries; recorded in the history.")
-@click.option("--reason", default="retried by an operator", show_default=True)
+@click.option("--reason", default=reasons.RETRIED, show_default=True)
 @click.option(
     "--from-start",
     is_flag=True,

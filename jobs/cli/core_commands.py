@@ -38,6 +38,7 @@ from jobs.cli.render import (
     table,
     transition_dict,
 )
+from jobs.core import reasons
 from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
 from jobs.core.lazy import lazy_module
 from jobs.core.states import TERMINAL, State
@@ -385,7 +386,7 @@ def approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> None:
 
 @main.command()
 @click.argument("job_id", metavar="[ID]", required=False)
-@click.option("--reason", default="cancelled by an operator", show_default=True)
+@click.option("--reason", default=reasons.CANCELLED, show_default=True)
 @bulk_options
 def cancel(job_id: str | None, reason: str, bulk: Bulk) -> None:
     """Stop a job that has not ended (a running owner stops at its next write); or many,
@@ -399,7 +400,7 @@ def cancel(job_id: str | None, reason: str, bulk: Bulk) -> None:
 
 @main.command()
 @click.argument("job_id", metavar="ID")
-@click.option("--reason", default="woken by an operator", show_default=True)
+@click.option("--reason", default=reasons.WOKEN, show_default=True)
 def wake(job_id: str, reason: str) -> None:
     """Make a QUEUED job waiting on a timer (a sleep, --delay/--run-at, a retry's backoff)
     due now, and ring its doorbell."""

@@ -32,6 +32,7 @@ from flask.cli import with_appcontext
 
 import jobs
 from jobs.application import default_app
+from jobs.core import reasons
 from jobs.core.errors import (
     AdmissionRefused,
     DuplicateJob,
@@ -262,7 +263,7 @@ class Jobs:
         job_id: str,
         *,
         by: str,
-        reason: str = "retried by an operator",
+        reason: str = reasons.RETRIED,
         from_start: bool = False,
     ) -> Job:
         """:func:`jobs.retry` in the request's ``db.session`` transaction."""
@@ -372,7 +373,7 @@ class Jobs:
         @routes.post("/<job_id>/retry")
         def retry(job_id: str) -> Response:
             by, body = actor_and_body("retry", job_id)
-            reason = body.get("reason", "retried by an operator")
+            reason = body.get("reason", reasons.RETRIED)
             from_start = body.get("from_start", False)
             if not isinstance(from_start, bool):
                 raise InvalidInput("from_start must be true or false")

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Row, delete, insert, select, update
 
+from jobs.core import reasons
 from jobs.core.errors import NothingToWake, UnknownJob
 from jobs.core.models import JobsTable, StepsTable
 from jobs.core.records import BulkOutcome, Job, Selected
@@ -114,7 +115,7 @@ class Operations:
     def cancel(
         self,
         job_id: str,
-        reason: str = "cancelled by an operator",
+        reason: str = reasons.CANCELLED,
         *,
         conn: Connection | None = None,
     ) -> Job:
@@ -156,7 +157,7 @@ class Operations:
         self,
         job_id: str,
         by: str,
-        reason: str = "retried by an operator",
+        reason: str = reasons.RETRIED,
         *,
         from_start: bool = False,
         conn: Connection | None = None,
@@ -224,7 +225,7 @@ class Operations:
         self,
         selected: Sequence[Selected],
         by: str,
-        reason: str = "retried by an operator",
+        reason: str = reasons.RETRIED,
         *,
         from_start: bool = False,
     ) -> BulkOutcome:
@@ -240,7 +241,7 @@ class Operations:
         )
 
     def cancel_selected(
-        self, selected: Sequence[Selected], reason: str = "cancelled by an operator"
+        self, selected: Sequence[Selected], reason: str = reasons.CANCELLED
     ) -> BulkOutcome:
         """:meth:`cancel` for one batch of selected jobs, as :meth:`retry_selected`."""
         check_text(reason, "cancel reason")
@@ -286,7 +287,7 @@ class Operations:
     def wake_job(
         self,
         job_id: str,
-        reason: str = "woken by an operator",
+        reason: str = reasons.WOKEN,
         *,
         conn: Connection | None = None,
     ) -> Job:
