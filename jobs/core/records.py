@@ -158,6 +158,11 @@ class Doorbell(NamedTuple):
     queue: str | None = None
 
 
+def doorbell_of(job: Row[Any] | Job) -> Doorbell:
+    """The doorbell that sends a job (a row or a snapshot) to its kind's queue."""
+    return Doorbell(job.id, job.priority, job.kind, job.queue)
+
+
 Ring = Callable[[Sequence[Doorbell]], object]
 """Rings doorbells of mixed priorities, kinds and queues whose jobs' QUEUED state has
 committed (:meth:`jobs.runtime.process.ProcessRuntime.ring` is one). A store write never

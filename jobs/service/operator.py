@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobs.core import reasons
-from jobs.core.records import BulkOutcome, Job, Selected
+from jobs.core.records import BulkOutcome, Job, Selected, doorbell_of
 from jobs.core.validate import check_lookup_id
-from jobs.service.submitting import doorbell_of
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use
     from sqlalchemy import Connection

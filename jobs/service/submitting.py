@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobs.core.errors import AdmissionRefused, InvalidInput
-from jobs.core.records import Doorbell, Job, JobFilter, Selected, Step, Transition
+from jobs.core.records import Job, JobFilter, Selected, Step, Transition, doorbell_of
 from jobs.core.registry import JobKind, Registry
 from jobs.core.settings import Settings
 from jobs.core.states import State
@@ -325,11 +325,6 @@ class JobService:
         return self._runtime().store.reads.select_jobs(where, limit, among)
 
 
-def doorbell_of(job: Job) -> Doorbell:
-    """The doorbell a job that an operation moved to QUEUED is owed."""
-    return Doorbell(job.id, job.priority, job.kind, job.queue)
-
-
 def count_event(runtime: ProcessRuntime, event: str, kind: str, *, wait: bool = True) -> None:
     """Bump an operational counter for the metrics, in a transaction of its own; a failure
     to count is logged in one line, never raised (the caller's own error matters more)."""
@@ -339,4 +334,4 @@ def count_event(runtime: ProcessRuntime, event: str, kind: str, *, wait: bool = 
         log.warning("could not count %s for kind %s: %s", event, kind, err)
 
 
-__all__ = ["JobService", "count_event", "doorbell_of"]
+__all__ = ["JobService", "count_event"]

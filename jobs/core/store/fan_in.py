@@ -34,16 +34,11 @@ from sqlalchemy import (
 
 from jobs.core import states
 from jobs.core.models import JobsTable, TransitionsTable
-from jobs.core.records import Doorbell, Job
+from jobs.core.records import Doorbell, doorbell_of
 from jobs.core.states import TERMINAL, State
 from jobs.core.store.clauses import param, state_in
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
-
-
-def doorbell_of(row: Row[Any] | Job) -> Doorbell:
-    """The doorbell that sends a job (a row or a snapshot) to its kind's queue."""
-    return Doorbell(row.id, row.priority, row.kind, row.queue)
 
 
 def settle_parent(
@@ -234,4 +229,4 @@ def child_finish_statement(
     )
 
 
-__all__ = ["child_finish_statement", "doorbell_of", "settle_parent"]
+__all__ = ["child_finish_statement", "settle_parent"]

@@ -30,11 +30,11 @@ from sqlalchemy import Connection, Executable, and_, exists, select, update
 
 from jobs.core.db import retry_on_disconnect
 from jobs.core.models import JobsTable
-from jobs.core.records import Claim, Doorbell, Job, Moved, PendingStep
+from jobs.core.records import Claim, Doorbell, Job, Moved, PendingStep, doorbell_of
 from jobs.core.states import TERMINAL, State, sources_of
 from jobs.core.store.clauses import state_in
 from jobs.core.store.events import EventWaits
-from jobs.core.store.fan_in import child_finish_statement, doorbell_of, settle_parent
+from jobs.core.store.fan_in import child_finish_statement, settle_parent
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import Submissions
@@ -328,4 +328,4 @@ class Workflows(EventWaits):
         return woken
 
 
-__all__ = ["TIMED_OUT", "Workflows", "doorbell_of", "settle_parent"]
+__all__ = ["TIMED_OUT", "Workflows", "settle_parent"]
