@@ -50,11 +50,10 @@ class Operator:
         """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its
         steps."""
         check_lookup_id(job_id)
-        with self._transactions.joined(connection, session, unit) as joined:
-            conn = None if joined is None else joined.connection
-            job = self._runtime().store.operator.approve(job_id, by, note, conn=conn)
-            self._transactions.ring_after_commit(joined, [doorbell_of(job)])
-        return job
+        operator = self._runtime().store.operator
+        return self._transactions.queue_one(
+            lambda conn: operator.approve(job_id, by, note, conn=conn), connection, session, unit
+        )
 
     def wake(
         self,
@@ -69,11 +68,10 @@ class Operator:
         retry's backoff) due now, recording ``reason`` in its history, and ring its
         doorbell. Any other job raises :class:`jobs.NothingToWake` and nothing changes."""
         check_lookup_id(job_id)
-        with self._transactions.joined(connection, session, unit) as joined:
-            conn = None if joined is None else joined.connection
-            job = self._runtime().store.operator.wake_job(job_id, reason, conn=conn)
-            self._transactions.ring_after_commit(joined, [doorbell_of(job)])
-        return job
+        operator = self._runtime().store.operator
+        return self._transactions.queue_one(
+            lambda conn: operator.wake_job(job_id, reason, conn=conn), connection, session, unit
+        )
 
     def retry(
         self,
@@ -95,12 +93,13 @@ class Operator:
         queued, running or waiting raises :class:`jobs.IllegalTransition` and nothing
         changes. The doorbell rings after the commit."""
         check_lookup_id(job_id)
-        with self._transactions.joined(connection, session, unit) as joined:
-            conn = None if joined is None else joined.connection
-            store = self._runtime().store
-            job = store.operator.retry(job_id, by, reason, from_start=from_start, conn=conn)
-            self._transactions.ring_after_commit(joined, [doorbell_of(job)])
-        return job
+        operator = self._runtime().store.operator
+        return self._transactions.queue_one(
+            lambda conn: operator.retry(job_id, by, reason, from_start=from_start, conn=conn),
+            connection,
+            session,
+            unit,
+        )
 
     def cancel(
         self,

@@ -15,7 +15,8 @@ from jobs.core.records import Doorbell
 if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
     from sqlalchemy.orm import Session, scoped_session
 
-    from jobs.service.unit import Ring, UnitOfWork
+    from jobs.core.records import Ring
+    from jobs.service.unit import UnitOfWork
 
 
 class _Pending:

@@ -257,11 +257,13 @@ class JobService:
         Returns whether a waiting job was woken. ``connection=``/``session=``/``unit=``
         join the caller's transaction, as for :meth:`submit`."""
         check_lookup_id(job_id)
-        with self._transactions.joined(connection, session, unit) as joined:
-            conn = None if joined is None else joined.connection
-            woken = self._runtime().store.workflows.send_event(job_id, name, payload, conn=conn)
-            if woken is not None:
-                self._transactions.ring_after_commit(joined, [doorbell_of(woken)])
+        workflows = self._runtime().store.workflows
+        woken = self._transactions.queue_one(
+            lambda conn: workflows.send_event(job_id, name, payload, conn=conn),
+            connection,
+            session,
+            unit,
+        )
         return woken is not None
 
     # -- reading ---------------------------------------------------------------------------

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from jobs.core.records import Doorbell
+from jobs.core.records import Doorbell, Job, Ring, doorbell_of
 
 if TYPE_CHECKING:  # the ORM only where a caller brings a Session (workers never load it)
     from sqlalchemy import Connection
     from sqlalchemy.orm import Session, scoped_session
 
-Ring = Callable[[Sequence[Doorbell]], object]
-"""Rings doorbells whose jobs' QUEUED state committed (``ProcessRuntime.ring``)."""
+MaybeJob = TypeVar("MaybeJob", Job, "Job | None")
+"""What a write of one job returns: the job it moved, or (an event no job waited for) none."""
 
 
 class UnitOfWork(Protocol):
@@ -86,6 +86,23 @@ class Transactions:
         if given is not None or self._ambient is None:
             return contextlib.nullcontext(given)
         return self._ambient()
+
+    def queue_one(
+        self,
+        write: Callable[[Connection | None], MaybeJob],
+        connection: Connection | None = None,
+        session: Session | scoped_session[Any] | None = None,
+        unit: UnitOfWork | None = None,
+    ) -> MaybeJob:
+        """Run ``write`` (a store write of one job, on the connection it is given, ``None``
+        to commit alone) in the transaction :meth:`joined` finds, and ring the doorbell of
+        the job it queued, if any, after that commit: what an operator's approve, wake and
+        retry, and an event that wakes a job, all do."""
+        with self.joined(connection, session, unit) as joined:
+            job = write(None if joined is None else joined.connection)
+            if job is not None:
+                self.ring_after_commit(joined, [doorbell_of(job)])
+        return job
 
     def ring_after_commit(self, unit: UnitOfWork | None, doorbells: Sequence[Doorbell]) -> None:
         """Ring ``doorbells`` now if the write committed alone (``unit`` is ``None``), else

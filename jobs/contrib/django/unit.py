@@ -20,8 +20,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.pool import NullPool
 
 from jobs.core.errors import SettingsError
-from jobs.core.records import Doorbell
-from jobs.service.unit import Ring
+from jobs.core.records import Doorbell, Ring
 
 _DIALECTS = {"sqlite": "sqlite://", "postgresql": "postgresql+psycopg://"}
 
