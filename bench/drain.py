@@ -21,8 +21,8 @@ import jobs
 from bench import plain_app
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _wait
+from jobs._store.tables import JobsTable
 from jobs.application import default_app
-from jobs.core.models import JobsTable
 
 SKIP = 20  # completions before the timing starts: the worker is up and warm by then
 FILL_BATCH = 1000

@@ -28,7 +28,7 @@ import jobs
 from bench import kinds, plain_app
 from bench.procs import Child
 from bench.scenarios import BackendRun, _wait
-from jobs.core.states import State
+from jobs._core.states import State
 
 
 def writes_per_child(run: BackendRun, parent_id: str, children: int) -> float:

@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from jobs.core.database_urls import normalize_database_url
+from jobs._config.database_urls import normalize_database_url
 
 if TYPE_CHECKING:
     from bench.procs import Child

@@ -26,7 +26,7 @@ from bench import kinds, plain_app
 from bench.drain import FILL_BATCH, Drain, steady_rate
 from bench.procs import Child
 from bench.scenarios import PG_RABBITMQ, BackendRun, _base_env, _wait
-from jobs.core.models import JobsTable
+from jobs._store.tables import JobsTable
 
 # (pool, concurrency, agent-shaped jobs, no-op jobs) per drain. Celery's gevent pool with
 # a prefetch of one per greenlet takes about 10-20 deliveries a second here, plain

@@ -82,7 +82,7 @@ class Processes:
         the process ``jobctl worker`` execs, each as its users run it."""
         hostname = f"{name}@%h"
         command = (
-            ["-m", "jobs.runtime.worker_main"]
+            ["-m", "jobs._worker.main"]
             if app == "jobs.celery_app"
             else ["-m", "celery", "-A", app, "worker"]
         )

@@ -1,6 +1,6 @@
 """Where a durable job's time and round trips go, measured in-process on PostgreSQL.
 
-The same :class:`jobs.core.runner.Runner` a worker uses runs ``n`` jobs of a kind in this
+The same :class:`jobs._worker.runner.Runner` a worker uses runs ``n`` jobs of a kind in this
 process, with the store's calls timed and libpq's protocol trace on every connection of
 its engine: the round trips are the flights (the server answering after the client sent;
 ``BEGIN`` and ``COMMIT`` count as their own; a claim sent in one pipeline with the
@@ -23,13 +23,13 @@ from typing import Any
 from sqlalchemy import event
 
 import jobs
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.deferred import hold_completions
+from jobs._worker.liveness import LivenessLock
+from jobs._worker.runner import Outcome, Runner
 from jobs.application import default_app
-from jobs.core.db import make_engine
-from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.runner import Outcome, Runner
-from jobs.core.store import JobStore
-from jobs.core.store.deferred import hold_completions
-from jobs.runtime.liveness import LivenessLock
 
 TIMED = ("claim", "steps", "record_steps", "complete")
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from sqlalchemy import Engine, insert
 
 from bench.services import pg_database
-from jobs.core.clock import LogicalClock
-from jobs.core.db import make_engine
-from jobs.core.models import JobsTable, StepsTable, TransitionsTable
-from jobs.core.store import JobStore
-from jobs.runtime.sweeper import PRUNE_BATCH_SIZE, PRUNE_BATCHES_PER_PASS
-from jobs.schema import upgrade
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
+from jobs._store.tables import JobsTable, StepsTable, TransitionsTable
+from jobs._sweeper.sweeper import PRUNE_BATCH_SIZE, PRUNE_BATCHES_PER_PASS
 
 DAY = 86400.0
 

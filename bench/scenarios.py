@@ -29,12 +29,12 @@ from bench import kinds, marks, plain_app
 from bench.procs import Child, Processes
 from bench.services import clock_offset, delete_queues, pg_database
 from bench.stats import percentile
+from jobs._config.settings import from_env
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.schema import upgrade
+from jobs._store.tables import JobsTable
 from jobs.application import default_app
-from jobs.core.models import JobsTable
-from jobs.core.settings import from_env
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.schema import upgrade
 
 Say = Callable[[str], None]
 REPO = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ class BackendRun:
         return default_app().runtime.store
 
     def _plain_setup(self) -> None:
-        from jobs.runtime.celery_app import celery_config  # noqa: PLC0415 - after JOBS_* are set
+        from jobs._worker.celery_setup import celery_config  # noqa: PLC0415 - after JOBS_* are set
 
         settings = from_env(
             {
@@ -240,7 +240,7 @@ class BackendRun:
 
     def start(self) -> None:
         if self.backend == PG_RABBITMQ:
-            from jobs.core.db import make_engine  # noqa: PLC0415
+            from jobs._store.db import make_engine  # noqa: PLC0415
 
             upgrade(make_engine(self.durable_env["JOBS_DATABASE_URL"]))
         self.offset = clock_offset(self.store.engine)

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from jobs.core.database_urls import normalize_database_url
+from jobs._config.database_urls import normalize_database_url
 
 
 @contextlib.contextmanager

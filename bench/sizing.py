@@ -183,11 +183,11 @@ def with_group(popen: subprocess.Popen[bytes]) -> None:
 
 
 def sweeper_cost(sizes: list[tuple[int, int]]) -> None:
-    from jobs.core.db import make_engine  # noqa: PLC0415
-    from jobs.core.settings import from_env  # noqa: PLC0415
-    from jobs.core.store import JobStore  # noqa: PLC0415
-    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._config.settings import from_env  # noqa: PLC0415
+    from jobs._store import JobStore  # noqa: PLC0415
+    from jobs._store.db import make_engine  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
+    from jobs._sweeper.sweeper import sweep_once  # noqa: PLC0415
 
     print("sweeper pass (median of 7, no publishes due): QUEUED, RUNNING -> ms")
     for queued, running in sizes:

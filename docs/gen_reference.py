@@ -4,7 +4,7 @@ Each ``*_table`` function returns Markdown built from what the code defines (the
 names and defaults, the state table, the explain reason codes, the metrics, the error
 classes), so a reference page cannot leave one out. ``docs/hooks.py`` puts each table where
 a page says ``<!-- gen:NAME -->``; ``tests/test_docs.py`` checks every table is complete.
-A setting's meaning is its doc line in ``jobs/core/setting_options.py``. Descriptions the
+A setting's meaning is its doc line in ``jobs/_config/setting_options.py``. Descriptions the
 code does not carry (a reason's meaning) live in the dictionaries below: a name the code
 defines without one here is reported as missing, and ``mkdocs build --strict`` fails on it.
 """
@@ -17,9 +17,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import jobs.core.errors as errors_module
-from jobs.core import setting_options
-from jobs.core.states import TERMINAL, TRANSITIONS, State
+import jobs._core.errors as errors_module
+from jobs._config import setting_options
+from jobs._core.states import TERMINAL, TRANSITIONS, State
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def settings_table(problems: Problems) -> str:
     for name in setting_names():
         option = setting_options.BY_NAME[name]
         if not option.doc:
-            problems.append(f"setting JOBS_{name} has no doc in jobs/core/setting_options.py")
+            problems.append(f"setting JOBS_{name} has no doc in jobs/_config/setting_options.py")
         rows.append(f"| `JOBS_{name}` | {_default(option)} | {_cell(option.doc)} |")
     for option in setting_options.OPTIONS:
         if option.old_name:
@@ -107,7 +107,7 @@ def states_table(problems: Problems) -> str:
 
 
 def explain_reasons() -> list[str]:
-    """Every reason code :func:`jobs.runtime.explain.explain` can give, read from its source:
+    """Every reason code :func:`jobs._service.explain.explain` can give, read from its source:
     the string first in a returned tuple, or assigned to ``reason``."""
     tree = ast.parse((ROOT / "jobs" / "runtime" / "explain.py").read_text())
     found: list[str] = []
@@ -150,7 +150,7 @@ METRIC_CALLS = {
 
 
 def metrics() -> list[tuple[str, str, str, list[str]]]:
-    """Every metric :mod:`jobs.runtime.metrics` defines: (name, type, help, labels), read
+    """Every metric :mod:`jobs._sweeper.metrics` defines: (name, type, help, labels), read
     from its source (the first two string arguments of each metric's constructor)."""
     tree = ast.parse((ROOT / "jobs" / "runtime" / "metrics.py").read_text())
     found = []
@@ -188,7 +188,7 @@ def metrics_table(problems: Problems) -> str:
 
 
 def error_classes() -> list[type[Exception]]:
-    """Every error class of :mod:`jobs.core.errors`, base first."""
+    """Every error class of :mod:`jobs._core.errors`, base first."""
     return [
         value
         for _, value in inspect.getmembers(errors_module, inspect.isclass)

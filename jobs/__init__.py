@@ -24,8 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jobs.core.context import JobContext
-from jobs.core.errors import (
+from jobs._core.context import JobContext
+from jobs._core.errors import (
     AdmissionRefused,
     ChildFailed,
     DuplicateJob,
@@ -40,12 +40,15 @@ from jobs.core.errors import (
     UnknownJob,
     UnknownKind,
 )
-from jobs.core.registry import REGISTRY
-from jobs.core.signatures import Signature
-from jobs.core.states import TRANSITIONS, State
+from jobs._core.registry import REGISTRY
+from jobs._core.signatures import Signature
+from jobs._core.states import TRANSITIONS, State
 from jobs.tasks import JobTask, job
 
 if TYPE_CHECKING:
+    from jobs._core.records import Job, JobFilter, KindLimits, Step, Transition
+    from jobs._core.schedule_ticks import Schedule
+    from jobs._service.options import SubmitOptions
     from jobs.application import (
         JobsApp,
         approve,
@@ -70,10 +73,7 @@ if TYPE_CHECKING:
         unschedule,
         wake,
     )
-    from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
-    from jobs.core.schedule import Schedule
     from jobs.results import JobFailure, JobResult
-    from jobs.service.options import SubmitOptions
 
 _LAZY = {
     **dict.fromkeys(
@@ -101,11 +101,11 @@ _LAZY = {
         ),
         "jobs.application",
     ),
-    **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+    **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs._core.records"),
     **dict.fromkeys(("JobsApp", "reset"), "jobs.application"),
-    "SubmitOptions": "jobs.service.options",
+    "SubmitOptions": "jobs._service.options",
     **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
-    "Schedule": "jobs.core.schedule",
+    "Schedule": "jobs._core.schedule_ticks",
 }
 
 

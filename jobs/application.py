@@ -8,11 +8,11 @@ A :class:`JobsApp` owns
   ``@jobs.job`` fills);
 - its **Celery app**: built from the settings (``celery -A jobs.celery_app``), or the
   user's own after :func:`jobs.contrib.celery.install`;
-- its **process runtime** (:class:`jobs.runtime.process.ProcessRuntime`: engine, store,
+- its **process runtime** (:class:`jobs._worker.process.ProcessRuntime`: engine, store,
   doorbell, heartbeat, liveness lock), rebuilt after a fork and when the settings change;
 - its **services**, composed as Celery composes ``app.control``: ``app.jobs`` (submit,
   read), ``app.operator`` (approve, cancel, retry, bulk), ``app.schedules`` and
-  ``app.limits`` (:mod:`jobs.service`), and ``app.transactions``, where their writes
+  ``app.limits`` (:mod:`jobs._service`), and ``app.transactions``, where their writes
   commit and their doorbells ring.
 
 The module functions (``jobs.submit``, ``jobs.approve`` …) are the default app's services,
@@ -40,31 +40,31 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from jobs.core.database_urls import mask_url
-from jobs.core.errors import SettingsError
-from jobs.core.lazy import lazy_module
-from jobs.core.registry import REGISTRY, Registry
-from jobs.core.settings import KNOWN, PREFIX, Settings, from_env
-from jobs.core.validate import clip
-from jobs.service.limits import LimitService
-from jobs.service.operator import Operator
-from jobs.service.scheduling import ScheduleService
-from jobs.service.submitting import JobService
-from jobs.service.unit import Transactions
+from jobs._config.database_urls import mask_url
+from jobs._config.settings import KNOWN, PREFIX, Settings, from_env
+from jobs._core.errors import SettingsError
+from jobs._core.lazy import lazy_module
+from jobs._core.registry import REGISTRY, Registry
+from jobs._core.validate import clip
+from jobs._service.limits import LimitService
+from jobs._service.operator import Operator
+from jobs._service.scheduling import ScheduleService
+from jobs._service.submitting import JobService
+from jobs._service.unit import Transactions
 
 if TYPE_CHECKING:
     from celery import Celery
     from celery.app import utils as celery_utils
 
-    from jobs.core.store import JobStore
-    from jobs.runtime import celery_app as celery_runner
-    from jobs.runtime import process
-    from jobs.runtime.process import DoorbellRinger, ProcessRuntime
+    from jobs._store import JobStore
+    from jobs._worker import celery_setup as celery_runner
+    from jobs._worker import process
+    from jobs._worker.process import DoorbellRinger, ProcessRuntime
 else:  # SQLAlchemy and Celery load on first use: a worker's main process and a module that
     # only defines jobs need neither
     celery_utils = lazy_module("celery.app.utils")
-    celery_runner = lazy_module("jobs.runtime.celery_app")
-    process = lazy_module("jobs.runtime.process")
+    celery_runner = lazy_module("jobs._worker.celery_setup")
+    process = lazy_module("jobs._worker.process")
 
 log = logging.getLogger("jobs")
 

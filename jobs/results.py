@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from celery import exceptions as celery_exceptions
 
-from jobs.core.errors import IllegalTransition, JobError
-from jobs.core.lazy import lazy_module
-from jobs.core.states import State
+from jobs._core.errors import IllegalTransition, JobError
+from jobs._core.lazy import lazy_module
+from jobs._core.states import State
 
 if TYPE_CHECKING:
     from jobs import application
+    from jobs._core.records import Job
     from jobs.application import JobsApp
-    from jobs.core.records import Job
 else:  # the application's module imports the tasks', which import this one
     application = lazy_module("jobs.application")
 

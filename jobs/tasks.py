@@ -32,20 +32,20 @@ from typing import (
     overload,
 )
 
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.lazy import lazy_module
-from jobs.core.registry import REGISTRY, JobKind, Registry
-from jobs.core.signatures import Signature
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.lazy import lazy_module
+from jobs._core.registry import REGISTRY, JobKind, Registry
+from jobs._core.signatures import Signature
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
     from sqlalchemy.orm import Session, scoped_session
 
     from jobs import application, results
+    from jobs._service.unit import UnitOfWork
     from jobs.application import JobsApp
     from jobs.results import JobResult
-    from jobs.service.unit import UnitOfWork
 else:  # the application imports this module's users; the results import Celery
     application = lazy_module("jobs.application")
     results = lazy_module("jobs.results")
@@ -232,7 +232,7 @@ def job(
 
 def job(name: Any = None, /, **options: Any) -> Any:
     """Register the decorated function as job kind ``name`` (options as
-    :meth:`jobs.core.registry.Registry.job`) and return it as a :class:`JobTask`. Bare
+    :meth:`jobs._core.registry.Registry.job`) and return it as a :class:`JobTask`. Bare
     (``@jobs.job``, as ``@app.task``) or without a name (``@jobs.job(max_attempts=3)``), the
     kind is named after the function."""
     if callable(name):

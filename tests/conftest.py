@@ -27,12 +27,12 @@ from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
-from jobs.core.clock import LogicalClock
-from jobs.core.database_urls import normalize_database_url
-from jobs.core.db import READ_ONLY, make_engine
-from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
-from jobs.core.store import JobStore
-from jobs.schema import upgrade
+from jobs._config.database_urls import normalize_database_url
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import READ_ONLY, make_engine
+from jobs._store.schema import upgrade
+from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -63,7 +63,7 @@ def _unmute_jobs_loggers() -> None:
 @pytest.fixture(autouse=True)
 def isolated_jobs(tmp_path: Path, jobs_isolated: Path) -> Path:
     """Each test gets its own data folder and SQLite database and no doorbell: the
-    ``jobs_isolated`` fixture of our pytest plugin (jobs/pytest_plugin.py), which users'
+    ``jobs_isolated`` fixture of our pytest plugin (jobs/testing/pytest_plugin.py), which users'
     tests get too."""
     _unmute_jobs_loggers()
     return tmp_path
@@ -104,7 +104,7 @@ def pg_web_engine() -> Iterator[Engine]:
     """A second session database, at head, for tests that add tables of their own (the
     example web apps' Django and Flask tables): the session database keeps exactly the job
     schema, which the migration checks compare with the models."""
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
 
     with private_pg_database("jobs_web") as url:
         engine = make_engine(url)
@@ -142,8 +142,8 @@ def truncate_job_tables(engine: Engine) -> None:
 @pytest.fixture(scope="session")
 def pg_engine(pg_url: str) -> Iterator[Engine]:
     """An engine on the session's PostgreSQL database, migrated to head."""
-    from jobs.core.db import make_engine  # noqa: PLC0415
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._store.db import make_engine  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
 
     engine = make_engine(pg_url)
     upgrade(engine)
@@ -154,7 +154,7 @@ def pg_engine(pg_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def clean_pg_engine(pg_engine: Engine) -> Engine:
     """The session's PostgreSQL engine, at head, with empty job tables."""
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
 
     upgrade(pg_engine)  # a no-op at head; repairs the schema if a test took it down
     truncate_job_tables(pg_engine)
@@ -176,7 +176,7 @@ EXECUTORS = [
     pytest.param("sqlite"),
     # PostgreSQL's reusable statements through SQLAlchemy's execution...
     pytest.param("postgres", marks=pytest.mark.postgres),
-    # ...and the same statements on the driver's cursor (jobs/core/driver.py), as in production.
+    # ...and the same statements on the driver's cursor (jobs/_store/driver.py), as in production.
     pytest.param("postgres-driver", marks=pytest.mark.postgres),
 ]
 """Every way the store runs its statements: the store contract runs over each (as River

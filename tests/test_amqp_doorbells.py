@@ -1,4 +1,4 @@
-"""Doorbells published straight onto a confirm channel (jobs/runtime/amqp_doorbells.py),
+"""Doorbells published straight onto a confirm channel (jobs/_doorbell/amqp.py),
 against the real RabbitMQ: the message a worker gets is the one Celery's ``send_task``
 builds; a doorbell RabbitMQ cannot route is an error when confirms are awaited
 (``JOBS_DOORBELL_CONFIRMS=wait``) and marks its job unsent when they are read later (the
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs._config.settings import from_env
+from jobs._core.errors import SettingsError
+from jobs._doorbell.amqp import DoorbellRefused
+from jobs._doorbell.queues import DOORBELL_HEADER, TASK_NAME
+from jobs._doorbell.ringer import CeleryRinger
+from jobs._worker.celery_setup import make_app
 from jobs.application import default_app
-from jobs.core.errors import SettingsError
-from jobs.core.settings import from_env
-from jobs.runtime.amqp_doorbells import DoorbellRefused
-from jobs.runtime.celery_app import make_app
-from jobs.runtime.queues import DOORBELL_HEADER, TASK_NAME
-from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
@@ -279,7 +279,7 @@ def test_doorbells_in_flight_on_a_connection_the_server_closed_are_lost_within_a
 def test_a_doorbell_never_confirmed_is_lost_after_the_confirm_timeout(
     publisher: CeleryRinger, lost: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobs.runtime import amqp_doorbells  # noqa: PLC0415
+    from jobs._doorbell import amqp as amqp_doorbells  # noqa: PLC0415
 
     monkeypatch.setattr(amqp_doorbells, "CONFIRM_TIMEOUT_SECONDS", 0.5)
     doorbells = publisher._amqp

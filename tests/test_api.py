@@ -19,11 +19,11 @@ import pytest
 
 import jobs
 from jobs import testing
+from jobs._config.settings import Settings, as_env, from_env
+from jobs._core.context import JobContext
+from jobs._core.registry import REGISTRY
+from jobs._worker.runner import Outcome
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.registry import REGISTRY
-from jobs.core.runner import Outcome
-from jobs.core.settings import Settings, as_env, from_env
 
 CALLS: Counter[str] = Counter()
 CRASH = {"now": False}

@@ -21,16 +21,16 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, select
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput, UnknownJob
+from jobs._core.registry import REGISTRY
+from jobs._core.states import State
+from jobs._store import Claim, JobStore, KindLimits
+from jobs._store.clock import LogicalClock
+from jobs._store.db import READ_ONLY, make_engine
+from jobs._store.tables import JobsTable, TransitionsTable
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.clock import LogicalClock
-from jobs.core.context import JobContext
-from jobs.core.db import READ_ONLY, make_engine
-from jobs.core.errors import AdmissionRefused, DuplicateJob, InvalidInput, UnknownJob
-from jobs.core.models import JobsTable, TransitionsTable
-from jobs.core.registry import REGISTRY
-from jobs.core.states import State
-from jobs.core.store import Claim, JobStore, KindLimits
 from tests import racing
 from tests.conftest import snapshot
 

@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.records import JobFilter, Selected
+from jobs._core.states import State
+from jobs._service.submitting import JobService
 from jobs.application import default_app
 from jobs.cli import bulk_commands, main
-from jobs.core.context import JobContext
-from jobs.core.records import JobFilter, Selected
-from jobs.core.states import State
-from jobs.service.submitting import JobService
 from jobs.testing import run
 
 SIDE_EFFECTS: list[str] = []

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.records import JobFilter, Selected
+from jobs._core.states import State
+from jobs._service.submitting import JobService
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.context import JobContext
-from jobs.core.records import JobFilter, Selected
-from jobs.core.states import State
-from jobs.service.submitting import JobService
 
 pytestmark = pytest.mark.postgres
 

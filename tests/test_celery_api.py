@@ -17,10 +17,10 @@ from celery import exceptions as celery_exceptions
 
 import jobs
 from jobs import testing
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.states import State
 from jobs.results import JobFailure, JobResult
 
 ROOT = Path(__file__).resolve().parent.parent

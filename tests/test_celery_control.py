@@ -19,11 +19,11 @@ from celery.result import AsyncResult
 from kombu import Connection, Exchange, Queue
 from sqlalchemy import Engine
 
+from jobs._config.settings import from_env
+from jobs._core.registry import Registry
+from jobs._core.states import State
 from jobs.application import JobsApp
 from jobs.contrib.celery import install
-from jobs.core.registry import Registry
-from jobs.core.settings import from_env
-from jobs.core.states import State
 from jobs.results import JobResult
 from tests.conftest import AMQP_URL
 

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.states import State
+from jobs._core.waits import child_id_of
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.states import State
-from jobs.core.waits import child_id_of
 from jobs.testing import drain
 
 ALPHABET = "a.%@0"

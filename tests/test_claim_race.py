@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from jobs.core.clock import LogicalClock
-from jobs.core.db import make_engine
-from jobs.core.models import TransitionsTable
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
+from jobs._store.tables import TransitionsTable
 from tests import racing
 
 PROCESSES = racing.PROCESSES

@@ -18,10 +18,10 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._store.schema import MIGRATIONS
 from jobs.application import default_app
 from jobs.cli import core_commands, main
-from jobs.core.context import JobContext
-from jobs.schema import MIGRATIONS
 from jobs.testing import run
 
 VENV_BIN = Path(sys.executable).parent
@@ -810,7 +810,7 @@ def test_the_worker_sends_task_events_unless_they_are_off(
 ) -> None:
     """Flower's task views are made of Celery's task events: on by default, in the Celery
     configuration and on the worker's command line alike; JOBS_TASK_EVENTS=off drops both."""
-    from jobs.runtime.celery_app import celery_config  # noqa: PLC0415
+    from jobs._worker.celery_setup import celery_config  # noqa: PLC0415
 
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
@@ -819,6 +819,6 @@ def test_the_worker_sends_task_events_unless_they_are_off(
     monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(list(argv)))
     assert jobctl("worker", "-c", "1").exit_code == 0
     [argv] = execs
-    assert argv[1:3] == ["-m", "jobs.runtime.worker_main"]
+    assert argv[1:3] == ["-m", "jobs._worker.main"]
     assert ("-E" in argv) is events
     assert celery_config(default_app().settings)["worker_send_task_events"] is events

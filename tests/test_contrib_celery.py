@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from jobs._config.settings import from_env
+from jobs._core.registry import Registry
+from jobs._worker.celery_setup import JOB_TASK_OPTIONS, installed_on, register_kind_tasks
 from jobs.application import JobsApp
 from jobs.contrib.celery import GATED_CONSUMER, install
-from jobs.core.registry import Registry
-from jobs.core.settings import from_env
-from jobs.runtime.celery_app import JOB_TASK_OPTIONS, installed_on, register_kind_tasks
 
 USER_CONF: dict[str, Any] = {
     "task_serializer": "yaml",
@@ -174,7 +174,7 @@ def test_install_puts_every_durable_queue_with_its_arguments_into_the_apps_confi
 def test_a_projects_own_queue_of_the_same_name_is_declared_as_the_app_declares_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from jobs.runtime.queues import declared_queue  # noqa: PLC0415
+    from jobs._doorbell.queues import declared_queue  # noqa: PLC0415
 
     app = user_app(task_default_queue="jobs")
     with caplog.at_level(logging.WARNING, logger="jobs"):
@@ -229,7 +229,7 @@ def test_a_kind_looked_up_imports_the_apps_task_modules_once_and_a_broken_one_is
     import jobs  # noqa: PLC0415
 
     (tmp_path / "shop_tasks.py").write_text(
-        "from jobs.core.registry import REGISTRY\nimport shop_counter\nshop_counter.imported += 1\n"
+        "from jobs import REGISTRY\nimport shop_counter\nshop_counter.imported += 1\n"
     )
     (tmp_path / "shop_counter.py").write_text("imported = 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -17,9 +17,9 @@ pytest.importorskip("django")
 
 import jobs
 from jobs import testing
+from jobs._core.errors import AdmissionRefused, SettingsError
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.errors import AdmissionRefused, SettingsError
-from jobs.core.states import State
 from tests import django_site
 from tests.conftest import (
     PAGE_BIG_STEPS,

@@ -18,9 +18,9 @@ pytest.importorskip("flask_sqlalchemy")
 
 import jobs
 from jobs import testing
+from jobs._core.registry import REGISTRY
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.registry import REGISTRY
-from jobs.core.states import State
 from tests.conftest import peak_rss_mib
 
 
@@ -235,9 +235,9 @@ def test_settings_come_from_app_config_and_the_environment_wins(
 ) -> None:
     from flask import Flask  # noqa: PLC0415
 
+    from jobs._core.errors import SettingsError  # noqa: PLC0415
     from jobs.application import default_app  # noqa: PLC0415
     from jobs.contrib.flask import Jobs  # noqa: PLC0415
-    from jobs.core.errors import SettingsError  # noqa: PLC0415
 
     app = Flask("configured")
     app.config["JOBS"] = {"LEASE_SECONDS": 7, "IMPORTS": ["a", "b.c"]}
@@ -324,8 +324,8 @@ def test_the_blueprint_refuses_whom_authorize_refuses_and_approves_as_whom_it_na
 def test_the_blueprint_needs_a_decision_about_authentication(jobs_isolated: Path) -> None:
     from flask import Flask  # noqa: PLC0415
 
+    from jobs._core.errors import SettingsError  # noqa: PLC0415
     from jobs.contrib.flask import Jobs  # noqa: PLC0415
-    from jobs.core.errors import SettingsError  # noqa: PLC0415
 
     app = Flask("undecided")
     ext = Jobs(app)

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import pytest
 import yaml
 
-from jobs.core import settings
+from jobs._config import settings
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,9 +23,10 @@ sys.path.insert(0, str(DOCS))
 
 import gen_reference  # noqa: E402
 
+from jobs._config import settings  # noqa: E402
+from jobs._core import errors  # noqa: E402
+from jobs._core.states import TRANSITIONS, State  # noqa: E402
 from jobs.cli import main as jobctl  # noqa: E402
-from jobs.core import errors, settings  # noqa: E402
-from jobs.core.states import TRANSITIONS, State  # noqa: E402
 
 HISTORY = re.compile(r"\bissues? #?\d+|\bthis session\b|\bthis round\b|\bused to\b", re.I)
 

@@ -1,4 +1,4 @@
-"""The doorbell gate (jobs.runtime.doorbell) on hand-made kombu messages, without a broker.
+"""The doorbell gate (jobs._worker.gate) on hand-made kombu messages, without a broker.
 
 The worker-level proof is test_hostile_messages_never_stop_a_worker in
 tests/acceptance/test_delivery.py; these pin each rule of the gate quickly.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kombu.message import Message
 
-from jobs.runtime.doorbell import NotADoorbell, _canonical_headers, doorbell_job_id
+from jobs._worker.gate import NotADoorbell, _canonical_headers, doorbell_job_id
 
 EMPTY = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 

@@ -1,5 +1,5 @@
 """A doorbell's properties are encoded once per priority with stand-ins, then each
-doorbell's task ID and ``argsrepr`` are put into the bytes (jobs/runtime/amqp_doorbells.py):
+doorbell's task ID and ``argsrepr`` are put into the bytes (jobs/_doorbell/amqp.py):
 the result must be exactly what py-amqp encodes for the same message."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import uuid
 
 from amqp.serialization import decode_properties_basic
 
+from jobs._doorbell.amqp import AmqpDoorbells
+from jobs._doorbell.encoding import EncodedMessage, PropertiesEncoder
+from jobs._doorbell.queues import task_queue
+from jobs._worker.celery_setup import make_app
 from jobs.application import default_app
-from jobs.runtime.amqp_doorbells import AmqpDoorbells
-from jobs.runtime.celery_app import make_app
-from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
-from jobs.runtime.queues import task_queue
 
 HEADERS = {
     "lang": "py",

@@ -1,4 +1,4 @@
-"""The hot path's driver statements (jobs/core/driver.py) on PostgreSQL: the same rows as
+"""The hot path's driver statements (jobs/_store/driver.py) on PostgreSQL: the same rows as
 SQLAlchemy's execution, the same errors, and a dropped connection retried once."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from jobs.core.clock import LogicalClock
-from jobs.core.db import make_engine
-from jobs.core.errors import LeaseLost, StepError
-from jobs.core.records import Job
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.errors import LeaseLost, StepError
+from jobs._core.records import Job
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
 
 pytestmark = pytest.mark.postgres
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, text
 
-from jobs.core.db import make_engine
-from jobs.core.records import Claim, Doorbell
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.records import Claim, Doorbell
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
 
 pytestmark = pytest.mark.postgres
 

@@ -19,9 +19,9 @@ import pytest
 import requests
 
 import jobs
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
 from jobs.application import default_app
-from jobs.core.db import make_engine
-from jobs.schema import upgrade
 from tests.conftest import AMQP_URL, service_unavailable
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.rabbitmq, pytest.mark.postgres]

@@ -11,7 +11,7 @@ from queue import Empty
 import pytest
 from kombu import Connection
 
-from jobs.runtime.fs_transport import TRANSPORT
+from jobs._doorbell.fs_transport import TRANSPORT
 
 
 def connection(folder: Path, transport: str = TRANSPORT) -> Connection:

@@ -1,4 +1,4 @@
-"""A worker's completion held for the next flight (jobs/core/store/deferred.py) on
+"""A worker's completion held for the next flight (jobs/_store/deferred.py) on
 PostgreSQL: never seen COMPLETED before it commits, carried by the next claim in one
 round trip as its own transaction, sent alone on its deadline, and refused, not applied,
 once the claim is no longer live."""
@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from jobs.core.db import make_engine
-from jobs.core.driver import forget_pipeline_verdict, pipeline_sync_problem
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.core.store.deferred import hold_completions
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.deferred import hold_completions
+from jobs._store.driver import forget_pipeline_verdict, pipeline_sync_problem
 
 pytestmark = pytest.mark.postgres
 

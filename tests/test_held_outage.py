@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from jobs.core.store.deferred import HeldWrite, HeldWrites
+from jobs._store.deferred import HeldWrite, HeldWrites
 
 
 class _Unreachable:

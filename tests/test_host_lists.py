@@ -8,13 +8,18 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from jobs.core.database_urls import database_hosts, describe_hosts, mask_url, normalize_database_url
-from jobs.core.db import make_engine
-from jobs.core.errors import SettingsError
-from jobs.core.registry import Registry
-from jobs.core.settings import from_env
-from jobs.runtime import liveness
-from jobs.runtime.process import ProcessRuntime
+from jobs._config.database_urls import (
+    database_hosts,
+    describe_hosts,
+    mask_url,
+    normalize_database_url,
+)
+from jobs._config.settings import from_env
+from jobs._core.errors import SettingsError
+from jobs._core.registry import Registry
+from jobs._store.db import make_engine
+from jobs._worker import liveness
+from jobs._worker.process import ProcessRuntime
 
 
 def test_the_uri_host_list_is_written_in_libpq_query_form() -> None:

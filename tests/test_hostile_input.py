@@ -28,14 +28,14 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
 import jobs
+from jobs._config.database_urls import mask_url
+from jobs._config.settings import from_env
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput, SettingsError, UnknownJob
+from jobs._core.states import State
+from jobs._core.validate import MAX_SUBMIT_MANY
+from jobs._sweeper.sweeper import sweep_once
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.database_urls import mask_url
-from jobs.core.errors import InvalidInput, SettingsError, UnknownJob
-from jobs.core.settings import from_env
-from jobs.core.states import State
-from jobs.core.validate import MAX_SUBMIT_MANY
-from jobs.runtime.sweeper import sweep_once
 
 
 @jobs.job("hostile_echo")
@@ -120,7 +120,7 @@ def test_a_bad_schedule_row_is_skipped_and_the_pass_goes_on(
     the other schedules nor retention, nor `jobctl schedules`."""
     from sqlalchemy import update  # noqa: PLC0415
 
-    from jobs.core.models import SchedulesTable  # noqa: PLC0415
+    from jobs._store.tables import SchedulesTable  # noqa: PLC0415
 
     jobs.schedule("bad", "hostile_echo", "every 1s")
     jobs.schedule("good", "hostile_echo", "every 1s", catch_up="all")
@@ -162,7 +162,7 @@ def test_retention_days_setting_is_bounded(days: str) -> None:
 
 
 def test_retention_in_the_sweeper_refuses_an_unbounded_number() -> None:
-    from jobs.runtime.sweeper import prune  # noqa: PLC0415
+    from jobs._sweeper.sweeper import prune  # noqa: PLC0415
 
     with pytest.raises(InvalidInput, match="retention"):
         prune(default_app().runtime.store, float("nan"))
@@ -397,7 +397,7 @@ def test_concurrent_first_use_imports_jobs_imports_once_for_everyone(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("JOBS_IMPORTS", "hostile_slow_kinds")
     default_app().reset_settings()
-    from jobs.core.registry import REGISTRY  # noqa: PLC0415
+    from jobs._core.registry import REGISTRY  # noqa: PLC0415
 
     REGISTRY.reset_imports()
     errors: list[BaseException] = []

@@ -16,13 +16,13 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
+from jobs._core.errors import LeaseLost
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
+from jobs._worker import liveness
 from jobs.application import JobsApp, default_app
-from jobs.core.db import make_engine
-from jobs.core.errors import LeaseLost
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.runtime import liveness
-from jobs.schema import upgrade
 from tests.conftest import PG_ADMIN_URL
 
 T = TypeVar("T")

@@ -16,14 +16,14 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from jobs.core.context import JobContext
-from jobs.core.db import make_engine
-from jobs.core.records import Claim, Moved, PendingStep
-from jobs.core.registry import Registry
-from jobs.core.runner import Outcome, Runner
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.core.store.ownership import Ownership
+from jobs._core.context import JobContext
+from jobs._core.records import Claim, Moved, PendingStep
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.ownership import Ownership
+from jobs._worker.runner import Outcome, Runner
 
 pytestmark = pytest.mark.postgres
 

@@ -19,15 +19,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput, UnknownKind
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
+from jobs._sweeper.sweeper import run_forever
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.context import JobContext
-from jobs.core.db import make_engine
-from jobs.core.errors import InvalidInput, UnknownKind
-from jobs.core.registry import Registry
-from jobs.core.states import State
-from jobs.runtime.sweeper import run_forever
-from jobs.schema import upgrade
 from jobs.testing import perform_job
 from tests.conftest import (
     AMQP_URL,

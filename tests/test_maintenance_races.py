@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from jobs.core.db import make_engine
-from jobs.core.records import JobFilter
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.records import JobFilter
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
 from tests import racing
 
 pytestmark = pytest.mark.postgres

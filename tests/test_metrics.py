@@ -10,9 +10,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from jobs.core.schedule import Schedule
-from jobs.core.store import JobStore
-from jobs.runtime.metrics import registry_for
+from jobs._core.schedule_ticks import Schedule
+from jobs._store import JobStore
+from jobs._sweeper.metrics import registry_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -158,7 +158,7 @@ def test_workers_do_not_import_the_metrics_library() -> None:
     import sys  # noqa: PLC0415
 
     script = (
-        "import sys, jobs, jobs.runtime.celery_app, jobs.runtime.sweeper, jobs.testing\n"
+        "import sys, jobs, jobs._worker.celery_setup, jobs._sweeper.sweeper, jobs.testing\n"
         "print('prometheus_client' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -167,8 +167,8 @@ def test_workers_do_not_import_the_metrics_library() -> None:
 
 @pytest.mark.parametrize("raw", ["0", "70000", "http"])
 def test_a_bad_metrics_port_is_refused_at_start(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.core.errors import SettingsError  # noqa: PLC0415
-    from jobs.core.settings import from_env  # noqa: PLC0415
+    from jobs._config.settings import from_env  # noqa: PLC0415
+    from jobs._core.errors import SettingsError  # noqa: PLC0415
 
     with pytest.raises(SettingsError, match="JOBS_METRICS_PORT"):
         from_env({"JOBS_METRICS_PORT": raw})

@@ -14,11 +14,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import CheckConstraint, Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from jobs.core.db import make_engine
-from jobs.core.errors import SettingsError
-from jobs.core.models import metadata
-from jobs.core.store import JobStore
-from jobs.schema import current_revision, ensure_schema, head_revision, upgrade
+from jobs._core.errors import SettingsError
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.schema import current_revision, ensure_schema, head_revision, upgrade
+from jobs._store.tables import metadata
 
 TABLES = {
     "jobs",
@@ -40,7 +40,7 @@ def differences(engine: Engine) -> list[Any]:
 def downgrade(engine: Engine, revision: str = "base") -> None:
     from alembic import command  # noqa: PLC0415
 
-    from jobs.schema import alembic_config  # noqa: PLC0415
+    from jobs._store.schema import alembic_config  # noqa: PLC0415
 
     config = alembic_config(engine)
     with engine.begin() as conn:

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from jobs.core.clock import LogicalClock
-from jobs.core.db import make_engine
-from jobs.core.errors import InvalidInput
-from jobs.core.models import TransitionsTable
-from jobs.core.registry import Registry
-from jobs.core.schedule import Schedule, tick_job_id
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.runtime.periodic import Fired, fire_due_ticks
-from jobs.runtime.sweeper import prune
+from jobs._core.errors import InvalidInput
+from jobs._core.registry import Registry
+from jobs._core.schedule_ticks import Schedule, tick_job_id
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
+from jobs._store.tables import TransitionsTable
+from jobs._sweeper.periodic import Fired, fire_due_ticks
+from jobs._sweeper.sweeper import prune
 from tests import racing
 
 DAY = 86400.0
@@ -303,8 +303,8 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
 ) -> None:
     import dataclasses  # noqa: PLC0415
 
-    from jobs.core.settings import from_env  # noqa: PLC0415
-    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+    from jobs._config.settings import from_env  # noqa: PLC0415
+    from jobs._sweeper.sweeper import sweep_once  # noqa: PLC0415
 
     settings = dataclasses.replace(from_env({}), retention_days=1.0)
     finished_job(store, "old", State.COMPLETED)
@@ -330,8 +330,8 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
 def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     store: JobStore, clock: LogicalClock
 ) -> None:
-    from jobs.core.settings import from_env  # noqa: PLC0415
-    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+    from jobs._config.settings import from_env  # noqa: PLC0415
+    from jobs._sweeper.sweeper import sweep_once  # noqa: PLC0415
 
     settings = from_env({"JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
     store.submissions.create("k", {}, job_id="sent", max_attempts=2)  # published at submit
@@ -358,7 +358,7 @@ def test_firing_a_tick_moves_last_tick_and_inserts_the_job_together(
     # A refused insert rolls the compare-and-set back: the tick stays due.
     store.submissions.set_limits("k", max_running=None, max_queued=1)
     clock.advance(10)
-    from jobs.core.errors import AdmissionRefused  # noqa: PLC0415
+    from jobs._core.errors import AdmissionRefused  # noqa: PLC0415
 
     with pytest.raises(AdmissionRefused):
         store.schedules.fire_tick(schedule, clock.instant(20), job_id="beat@t20", max_attempts=2)

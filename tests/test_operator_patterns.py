@@ -12,14 +12,14 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput, UnknownJob
+from jobs._core.records import JobFilter
+from jobs._service.job_pages import full_value
+from jobs._store import JobStore
 from jobs.application import default_app
 from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput, UnknownJob
-from jobs.core.records import JobFilter
-from jobs.core.store import JobStore
-from jobs.runtime.job_pages import full_value
 from tests.conftest import AMQP_URL
 
 ERRORS = {

@@ -12,11 +12,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy import update
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._core.states import TERMINAL, State
+from jobs._store.tables import JobsTable
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.context import JobContext
-from jobs.core.models import JobsTable
-from jobs.core.states import TERMINAL, State
 from jobs.testing import run
 
 ACTIONS = {

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobs
+from jobs._core.context import JobContext
+from jobs._service.explain import explain
+from jobs._store import JobStore
+from jobs._store.tables import SCHEMA_REVISION
+from jobs._worker.liveness import pid_key
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.models import SCHEMA_REVISION
-from jobs.core.store import JobStore
-from jobs.runtime.explain import explain
-from jobs.runtime.liveness import pid_key
 
 
 @jobs.job("ops_lookup")
@@ -132,7 +132,7 @@ def test_bad_schedules_are_one_line_and_write_nothing(args: list[str], fragment:
 
 def test_a_kind_declared_with_a_schedule_is_synced_and_validated() -> None:
     import jobs  # noqa: PLC0415
-    from jobs.core.errors import InvalidInput  # noqa: PLC0415
+    from jobs._core.errors import InvalidInput  # noqa: PLC0415
 
     @jobs.job("ops_hourly", schedule="@hourly", timezone="Asia/Tokyo")
     def ops_hourly(ctx: JobContext) -> None:
@@ -222,8 +222,8 @@ def test_explain_a_job_whose_message_is_lost_or_never_sent(monkeypatch: pytest.M
 def test_explain_asks_the_workers_which_queue_and_kinds_they_serve() -> None:
     """A due job whose queue no live worker consumes, or whose workers do not know its kind
     (they leave it QUEUED): explain says which, from what the workers answered."""
-    from jobs.runtime.explain import explain  # noqa: PLC0415
-    from jobs.runtime.workers import WorkerSeen  # noqa: PLC0415
+    from jobs._service.explain import explain  # noqa: PLC0415
+    from jobs._worker.live_workers import WorkerSeen  # noqa: PLC0415
 
     job_id = jobs.submit("ops_lookup", {"order_id": 1}, queue="video")
     store, settings = the_store(), default_app().settings
@@ -317,9 +317,9 @@ def test_explain_of_an_unknown_id_is_one_line() -> None:
 
 @pytest.mark.postgres
 def test_explain_tells_a_live_owner_from_a_dead_one_on_postgresql(pg_url: str) -> None:
-    from jobs.core.db import make_engine  # noqa: PLC0415
-    from jobs.runtime.liveness import LivenessLock  # noqa: PLC0415
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._store.db import make_engine  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
+    from jobs._worker.liveness import LivenessLock  # noqa: PLC0415
     from tests.conftest import truncate_job_tables  # noqa: PLC0415
 
     engine = make_engine(pg_url)
@@ -377,8 +377,8 @@ def test_sweeper_once_and_db_current_answer_in_json() -> None:
 
 
 def test_a_periodic_kind_whose_handler_needs_inputs_is_refused_at_registration() -> None:
-    from jobs.core.errors import InvalidInput  # noqa: PLC0415
-    from jobs.core.registry import REGISTRY  # noqa: PLC0415
+    from jobs._core.errors import InvalidInput  # noqa: PLC0415
+    from jobs._core.registry import REGISTRY  # noqa: PLC0415
 
     def needs_an_order(ctx: JobContext, order_id: int) -> None:
         return None

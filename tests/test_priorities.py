@@ -16,20 +16,20 @@ from sqlalchemy import Engine
 
 import jobs
 from jobs import testing
+from jobs._config.settings import from_env
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.records import Batch, Doorbell, in_batches
+from jobs._core.registry import Registry
+from jobs._core.schedule_ticks import Schedule
+from jobs._doorbell.fs_transport import TRANSPORT
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._sweeper.periodic import fire_due_ticks
+from jobs._sweeper.sweeper import sweep_once
+from jobs._worker import broker_errors
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.clock import LogicalClock
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.records import Batch, Doorbell, in_batches
-from jobs.core.registry import Registry
-from jobs.core.schedule import Schedule
-from jobs.core.settings import from_env
-from jobs.core.store import JobStore
-from jobs.runtime import broker_errors
-from jobs.runtime.fs_transport import TRANSPORT
-from jobs.runtime.periodic import fire_due_ticks
-from jobs.runtime.sweeper import sweep_once
 from tests.conftest import snapshot
 
 

@@ -1,6 +1,6 @@
 """The start-up self-checks of the two paths that use private library parts: the fast doorbell
-publisher (py-amqp: jobs/runtime/doorbell_encoding.py) and the embedded broker's transport
-(kombu: jobs/runtime/fs_transport.py). On the pinned versions each check passes and the fast
+publisher (py-amqp: jobs/_doorbell/encoding.py) and the embedded broker's transport
+(kombu: jobs/_doorbell/fs_transport.py). On the pinned versions each check passes and the fast
 path is used; when the library changes (simulated here by patching it for the test's
 duration) the process falls back to the library's ordinary path with exactly one warning,
 and doorbells still reach a real consumer on the real RabbitMQ."""
@@ -21,13 +21,14 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.transport import filesystem
 
+from jobs._doorbell import encoding as doorbell_encoding
+from jobs._doorbell import fs_transport
+from jobs._doorbell.amqp import DoorbellRefused
+from jobs._doorbell.encoding import EncodedMessage, PropertiesEncoder
+from jobs._doorbell.queues import DOORBELL_HEADER, TASK_NAME
+from jobs._doorbell.ringer import CeleryRinger
+from jobs._worker.celery_setup import make_app
 from jobs.application import default_app
-from jobs.runtime import doorbell_encoding, fs_transport
-from jobs.runtime.amqp_doorbells import DoorbellRefused
-from jobs.runtime.celery_app import make_app
-from jobs.runtime.doorbell_encoding import EncodedMessage, PropertiesEncoder
-from jobs.runtime.queues import DOORBELL_HEADER, TASK_NAME
-from jobs.runtime.ringer import CeleryRinger
 from tests.conftest import AMQP_URL, service_unavailable
 
 

@@ -7,11 +7,11 @@ import pytest
 
 import jobs
 from jobs import testing
+from jobs._config.settings import from_env
+from jobs._core.errors import SettingsError
+from jobs._service.explain import explain
+from jobs._store.tables import StepsTable, TransitionsTable
 from jobs.application import default_app
-from jobs.core.errors import SettingsError
-from jobs.core.models import StepsTable, TransitionsTable
-from jobs.core.settings import from_env
-from jobs.runtime.explain import explain
 from tests.conftest import PAGE_OUTPUT_CHARS, AllocationPeak, page_probe_kinds
 from tests.test_contrib_django import Doorbell, django_world, post, shop, staff_user
 
@@ -207,8 +207,8 @@ def test_jobctl_show_clips_a_large_output() -> None:
 def test_flowers_job_list_shows_at_most_a_thousand_jobs_a_page() -> None:
     """Flower's ``/jobs?limit=100000`` took up to 100,000 rows into one page; a page now
     holds at most 1,000 (the filters narrow a list; ``jobctl list`` prints more)."""
+    from jobs._core.errors import InvalidInput  # noqa: PLC0415
     from jobs.contrib.flower_jobs.pages import MAX_PAGE_LIMIT, Filters, job_filter  # noqa: PLC0415
-    from jobs.core.errors import InvalidInput  # noqa: PLC0415
 
     assert job_filter(default_app(), Filters(limit=str(MAX_PAGE_LIMIT)))[1] == MAX_PAGE_LIMIT
     for asked in ("1001", "100000"):

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs.core.outage import OutageLog
-from jobs.core.registry import Registry
-from jobs.core.settings import Settings, from_env
-from jobs.runtime.process import ProcessRuntime
+from jobs._config.settings import Settings, from_env
+from jobs._core.outage import OutageLog
+from jobs._core.registry import Registry
+from jobs._worker.process import ProcessRuntime
 
 
 def test_the_doorbell_is_made_once_by_the_runtimes_factory(tmp_path: Path) -> None:

@@ -28,13 +28,13 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
-from jobs.core.clock import LogicalClock
-from jobs.core.db import READ_ONLY, make_engine
-from jobs.core.errors import DuplicateJob, IllegalTransition, LeaseLost, StepError
-from jobs.core.models import JobsTable, StepsTable, TransitionsTable
-from jobs.core.states import TERMINAL, TRANSITIONS, State
-from jobs.core.store import Claim, Job, JobStore
-from jobs.schema import upgrade
+from jobs._core.errors import DuplicateJob, IllegalTransition, LeaseLost, StepError
+from jobs._core.states import TERMINAL, TRANSITIONS, State
+from jobs._store import Claim, Job, JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.db import READ_ONLY, make_engine
+from jobs._store.schema import upgrade
+from jobs._store.tables import JobsTable, StepsTable, TransitionsTable
 
 JOB_IDS = ("a", "b")
 OWNERS = ("A", "B", "C")

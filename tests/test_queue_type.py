@@ -15,23 +15,23 @@ import pytest
 from amqp.exceptions import NotFound
 from kombu import Connection
 
-from jobs.core.clock import LogicalClock
-from jobs.core.errors import SettingsError
-from jobs.core.settings import QUEUE_TYPES, Settings, from_env
-from jobs.core.store import JobStore
-from jobs.runtime import broker_errors
-from jobs.runtime.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
-from jobs.runtime.celery_app import celery_config, make_app
-from jobs.runtime.doorbell import GuardedConsumer
-from jobs.runtime.queue_watch import QueueHealth, QueueWatch
-from jobs.runtime.queues import (
+from jobs._config.settings import QUEUE_TYPES, Settings, from_env
+from jobs._core.errors import SettingsError
+from jobs._doorbell.queues import (
     HIGH_BAND_PRIORITY,
     HIGH_BAND_SUFFIX,
     QUORUM_DELIVERY_LIMIT,
     queue_for,
     queue_names,
 )
-from jobs.runtime.sweeper import ring_all_due, sweep_once
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._sweeper.queue_watch import QueueHealth, QueueWatch
+from jobs._sweeper.sweeper import ring_all_due, sweep_once
+from jobs._worker import broker_errors
+from jobs._worker.broker_errors import BrokerPause, RetryingConsumer, _QuietRetry
+from jobs._worker.celery_setup import celery_config, make_app
+from jobs._worker.gate import GuardedConsumer
 from tests.conftest import AMQP_URL, service_unavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
@@ -93,7 +93,7 @@ def test_every_process_declares_the_same_queues(
     assert queue_for(settings, 0) == queue_for(settings, HIGH_BAND_PRIORITY - 1) == names[0]
     assert queue_for(settings, HIGH_BAND_PRIORITY) == queue_for(settings, 9) == names[-1]
     # The doorbell gate (issue 8) on top of the consumer that retries broker errors.
-    assert app.conf.worker_consumer == "jobs.runtime.doorbell:GuardedConsumer"
+    assert app.conf.worker_consumer == "jobs._worker.gate:GuardedConsumer"
     assert issubclass(GuardedConsumer, RetryingConsumer)
     assert app.conf.broker_channel_error_retry is True
 
@@ -102,7 +102,7 @@ def test_consumer_leaves_out_native_delayed_delivery() -> None:
     steps = RetryingConsumer.Blueprint.default_steps
     assert "celery.worker.consumer.delayed_delivery:DelayedDelivery" not in steps
     assert "celery.worker.consumer.tasks:Tasks" in steps
-    assert steps[-1] == "jobs.runtime.broker_errors:ConsumingResumed"
+    assert steps[-1] == "jobs._worker.broker_errors:ConsumingResumed"
 
 
 def test_pause_doubles_to_the_longest_and_starts_over() -> None:
@@ -324,7 +324,7 @@ def _get_soon(queue: Any, tries: int = 20) -> Any:
 def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
     amqp_settings: Settings,
 ) -> None:
-    from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415
+    from jobs._doorbell.ringer import CeleryRinger  # noqa: PLC0415
 
     watch = QueueWatch(amqp_settings)
     publisher = CeleryRinger(amqp_settings, celery=lambda: make_app(amqp_settings))

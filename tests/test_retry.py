@@ -13,12 +13,12 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine
 
-from jobs.core.clock import LogicalClock
-from jobs.core.errors import IllegalTransition, InvalidInput, LeaseLost, UnknownJob
-from jobs.core.records import JobFilter, Selected
-from jobs.core.states import State
-from jobs.core.store import Claim, JobStore
-from jobs.core.store.operations import retry_reason
+from jobs._core.errors import IllegalTransition, InvalidInput, LeaseLost, UnknownJob
+from jobs._core.records import JobFilter, Selected
+from jobs._core.states import State
+from jobs._store import Claim, JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.operations import retry_reason
 from tests.conftest import snapshot
 
 LEASE = 10.0

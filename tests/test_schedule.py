@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from jobs.core.errors import InvalidInput
-from jobs.core.schedule import (
+from jobs._core.errors import InvalidInput
+from jobs._core.schedule_ticks import (
     Schedule,
     check_schedule,
     latest_tick,

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from jobs._worker.celery_setup import installed_on
+from jobs._worker.shared_flag import SharedFlag
 from jobs.celery_app import app
-from jobs.runtime.celery_app import installed_on
-from jobs.runtime.shared_flag import SharedFlag
 
 # The children only read or write one byte of shared memory and exit: a fork from a process
 # that other tests left with threads is safe here.

@@ -1,7 +1,7 @@
-"""Completions of jobs that share a process (jobs/core/store/flights.py) on PostgreSQL:
+"""Completions of jobs that share a process (jobs/_store/flights.py) on PostgreSQL:
 each committed before its run returns, concurrent ones in one flight and one commit, a
 refused or failing one alone in its fate; and which processes share flights at all
-(jobs/runtime/delivery.py)."""
+(jobs/_worker/delivery.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from jobs.core.db import make_engine
-from jobs.core.driver import run_together
-from jobs.core.errors import LeaseLost, StepError
-from jobs.core.records import Claim, Job
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.core.store.deferred import HeldWrite
-from jobs.core.store.flights import share_flights
-from jobs.runtime.delivery import runs_one_job_at_a_time
+from jobs._core.errors import LeaseLost, StepError
+from jobs._core.records import Claim, Job
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.deferred import HeldWrite
+from jobs._store.driver import run_together
+from jobs._store.flights import share_flights
+from jobs._worker.delivery import runs_one_job_at_a_time
 
 pytestmark = pytest.mark.postgres
 
@@ -162,7 +162,7 @@ def test_a_flight_of_many_completions_costs_the_round_trips_of_one(
 
 
 def _finished(store: JobStore) -> Any:
-    from jobs.core.store.row_changes import RowChanges  # noqa: PLC0415
+    from jobs._store.row_changes import RowChanges  # noqa: PLC0415
 
     return RowChanges.finished(store.clock.now(), result=None)
 

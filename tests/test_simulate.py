@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from jobs._core.errors import InvalidInput
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.errors import InvalidInput
-from jobs.simulate import simulate
+from jobs.cli.simulate import simulate
 
 LEASE_2 = [
     "step 0: A claimed {'task_id': 'T-42', 'state': 'RUNNING', 'owner': 'A', 'lease_until': 2, "

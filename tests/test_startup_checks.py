@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from jobs.core.db import make_engine
-from jobs.core.models import SCHEMA_REVISION
-from jobs.core.settings import from_env
-from jobs.core.store import JobStore
-from jobs.schema import alembic_config, known_revisions, upgrade
+from jobs._config.settings import from_env
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.schema import alembic_config, known_revisions, upgrade
+from jobs._store.tables import SCHEMA_REVISION
 from tests.conftest import (
     AMQP_URL,
     error_line,

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from jobs.core import states
-from jobs.core.errors import IllegalTransition, JobError
-from jobs.core.states import TERMINAL, TRANSITIONS, State
+from jobs._core import states
+from jobs._core.errors import IllegalTransition, JobError
+from jobs._core.states import TERMINAL, TRANSITIONS, State
 
 S = State
 LEGAL = {

@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import ColumnElement, Engine, Float, bindparam, func, select, text
 
-from jobs.core.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
-from jobs.core.db import READ_ONLY, make_engine
-from jobs.core.errors import (
+from jobs._core.errors import (
     DuplicateJob,
     IllegalTransition,
     InvalidInput,
@@ -27,10 +25,12 @@ from jobs.core.errors import (
     StepError,
     UnknownJob,
 )
-from jobs.core.models import JobsTable
-from jobs.core.records import Job
-from jobs.core.states import TRANSITIONS, State
-from jobs.core.store import Claim, JobStore
+from jobs._core.records import Job
+from jobs._core.states import TRANSITIONS, State
+from jobs._store import Claim, JobStore
+from jobs._store.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
+from jobs._store.db import READ_ONLY, make_engine
+from jobs._store.tables import JobsTable
 from tests.conftest import EXECUTORS, STORE_TABLES, empty_database, snapshot
 
 LEASE = 10.0
@@ -1048,8 +1048,8 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
 ) -> None:
     """The sweeper's rule: of the jobs whose doorbell is stale, only as many are re-sent as the
     broker's queue is short of (the rest are waiting behind a backlog, not lost)."""
-    from jobs.core.settings import from_env  # noqa: PLC0415
-    from jobs.runtime.sweeper import sweep_once  # noqa: PLC0415
+    from jobs._config.settings import from_env  # noqa: PLC0415
+    from jobs._sweeper.sweeper import sweep_once  # noqa: PLC0415
 
     settings = from_env({"JOBS_RING_AGAIN_AFTER_SECONDS": "30"})
     for i in range(5):
@@ -1161,7 +1161,7 @@ def test_one_statement_built_once_reads_each_tick_of_a_logical_clock(engine: Eng
 
 
 def test_naive_datetimes_are_refused() -> None:
-    from jobs.core.clock import UtcDateTime  # noqa: PLC0415
+    from jobs._store.clock import UtcDateTime  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="naive datetime"):
         UtcDateTime().process_bind_param(dt.datetime(2000, 1, 1), make_engine("sqlite://").dialect)

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from jobs.core.clock import LogicalClock
-from jobs.core.errors import InvalidInput
-from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.registry import Registry
-from jobs.core.runner import Outcome, Runner, RunResult
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.errors import InvalidInput
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._worker.runner import Outcome, Runner, RunResult
 
 LEASE = 30.0
 

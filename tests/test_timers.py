@@ -17,17 +17,17 @@ from sqlalchemy import Engine
 
 import jobs
 from jobs import testing
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._core.validate import MAX_DELAY_SECONDS
+from jobs._service import explain
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._worker.runner import Outcome, Runner
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.clock import LogicalClock
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.registry import Registry
-from jobs.core.runner import Outcome, Runner
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.core.validate import MAX_DELAY_SECONDS
-from jobs.runtime import explain
 
 RAN: Counter[str] = Counter()
 KINDS = Registry(imports=[])

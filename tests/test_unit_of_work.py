@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 
 import jobs
 from jobs import testing
+from jobs._core.context import JobContext
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._store import JobStore
+from jobs._store.tables import JobsTable
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.models import JobsTable
-from jobs.core.store import JobStore
 from tests.conftest import snapshot
 
 
@@ -328,8 +328,8 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
 ) -> None:
     from kombu import Connection  # noqa: PLC0415
 
-    from jobs.runtime.celery_app import make_app  # noqa: PLC0415
-    from jobs.runtime.ringer import CeleryRinger  # noqa: PLC0415
+    from jobs._doorbell.ringer import CeleryRinger  # noqa: PLC0415
+    from jobs._worker.celery_setup import make_app  # noqa: PLC0415
     from tests.conftest import AMQP_URL, service_unavailable  # noqa: PLC0415
 
     queue = f"uow-batch-{uuid.uuid4().hex[:10]}"

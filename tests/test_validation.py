@@ -17,12 +17,12 @@ from sqlalchemy import text
 
 import jobs
 from jobs import testing
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput
+from jobs._core.states import State
+from jobs._core.validate import ERROR_LENGTH, MAX_DEPTH, TEXT_LENGTH
+from jobs._worker.runner import Outcome
 from jobs.application import default_app
-from jobs.core.context import JobContext
-from jobs.core.errors import InvalidInput
-from jobs.core.runner import Outcome
-from jobs.core.states import State
-from jobs.core.validate import ERROR_LENGTH, MAX_DEPTH, TEXT_LENGTH
 
 CALLS: Counter[str] = Counter()
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from celery import Celery, current_app, signals
 
+from jobs._config.settings import from_env
+from jobs._core.registry import Registry
+from jobs._worker import signals as worker_signals
+from jobs._worker.celery_setup import WORKER_SIGNALS, installed_on, make_app
 from jobs.application import JobsApp
 from jobs.contrib.celery import install
-from jobs.core.registry import Registry
-from jobs.core.settings import from_env
-from jobs.runtime import worker_signals
-from jobs.runtime.celery_app import WORKER_SIGNALS, installed_on, make_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,8 +74,8 @@ import json
 from celery import signals
 names = {list(SIGNAL_NAMES)!r}
 before = {{name: len(getattr(signals, name).receivers) for name in names}}
-import jobs.runtime.celery_app, jobs.runtime.delivery, jobs.contrib.celery  # noqa
-import jobs.runtime.worker_signals, jobs.runtime.pool_child  # noqa
+import jobs._worker.celery_setup, jobs._worker.delivery, jobs.contrib.celery  # noqa
+import jobs._worker.signals, jobs._worker.pool_child  # noqa
 after = {{name: len(getattr(signals, name).receivers) for name in names}}
 print(json.dumps([before, after]))
 """

@@ -14,18 +14,18 @@ from sqlalchemy import delete, select, update
 
 import jobs
 from jobs import testing
+from jobs._core.context import JobContext
+from jobs._core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
+from jobs._core.records import Doorbell, Ring
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._service import explain
+from jobs._store import JobStore
+from jobs._store.clock import LogicalClock
+from jobs._store.tables import EventsTable, JobsTable, StepsTable
+from jobs._worker.runner import Outcome, Runner
 from jobs.application import default_app
 from jobs.cli import main
-from jobs.core.clock import LogicalClock
-from jobs.core.context import JobContext
-from jobs.core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost
-from jobs.core.models import EventsTable, JobsTable, StepsTable
-from jobs.core.records import Doorbell, Ring
-from jobs.core.registry import Registry
-from jobs.core.runner import Outcome, Runner
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.runtime import explain
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()

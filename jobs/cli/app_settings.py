@@ -23,12 +23,12 @@ from pathlib import Path
 
 import click
 
+from jobs._config.database_urls import describe_hosts
+from jobs._config.settings import Settings
+from jobs._core.errors import SettingsError
+from jobs._core.validate import clip
+from jobs._worker.frameworks import load_flask_app, set_up_for_job_modules
 from jobs.application import JobsApp, default_app
-from jobs.core.database_urls import describe_hosts
-from jobs.core.errors import SettingsError
-from jobs.core.settings import Settings
-from jobs.core.validate import clip
-from jobs.runtime.frameworks import load_flask_app, set_up_for_job_modules
 
 #: Commands that read or change jobs already in the database: on a SQLite file that does
 #: not exist they say so instead of creating it (and answering "no jobs").

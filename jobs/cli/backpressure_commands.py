@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobs.cli.group import main
-from jobs.core.errors import InvalidInput
-from jobs.core.states import State
-from jobs.core.validate import (
+from jobs._core.errors import InvalidInput
+from jobs._core.states import State
+from jobs._core.validate import (
     MAX_KIND_LIMIT,
     clip,
 )
+from jobs.cli.group import main
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     pass

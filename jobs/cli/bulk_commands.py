@@ -24,13 +24,11 @@ from typing import Any, TypeVar
 
 import click
 
-from jobs.application import JobsApp, default_app
-from jobs.cli.group import main
-from jobs.core import reasons
-from jobs.core.errors import IllegalTransition, InvalidInput
-from jobs.core.records import BulkOutcome, JobFilter, Selected
-from jobs.core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
-from jobs.core.validate import (
+from jobs._core import reasons
+from jobs._core.errors import IllegalTransition, InvalidInput
+from jobs._core.records import BulkOutcome, JobFilter, Selected
+from jobs._core.states import APPROVABLE, CANCELLABLE, RETRYABLE, State
+from jobs._core.validate import (
     ERROR_PATTERN_LENGTH,
     MAX_LIST_LIMIT,
     check_error_pattern,
@@ -38,6 +36,8 @@ from jobs.core.validate import (
     clip,
     printable,
 )
+from jobs.application import JobsApp, default_app
+from jobs.cli.group import main
 
 #: Jobs written per transaction: short enough to hold no lock for long, large enough that
 #: a thousand jobs take a few seconds.

@@ -19,6 +19,22 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import click
 
 import jobs
+from jobs._core import reasons
+from jobs._core.errors import AdmissionRefused, IllegalTransition, InvalidInput
+from jobs._core.lazy import lazy_module
+from jobs._core.states import TERMINAL, State
+from jobs._core.validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    MAX_DEPTH,
+    MAX_LIST_LIMIT,
+    MAX_PRIORITY,
+    MAX_SIMULATED_STEPS,
+    MAX_SUBMIT_MANY,
+    MAX_WAIT_SECONDS,
+    check_instant,
+    clip,
+)
 from jobs.cli.bulk_commands import (
     Bulk,
     _app,
@@ -38,31 +54,15 @@ from jobs.cli.render import (
     table,
     transition_dict,
 )
-from jobs.core import reasons
-from jobs.core.errors import AdmissionRefused, IllegalTransition, InvalidInput
-from jobs.core.lazy import lazy_module
-from jobs.core.states import TERMINAL, State
-from jobs.core.validate import (
-    MAX_ATTEMPTS,
-    MAX_DELAY_SECONDS,
-    MAX_DEPTH,
-    MAX_LIST_LIMIT,
-    MAX_PRIORITY,
-    MAX_SIMULATED_STEPS,
-    MAX_SUBMIT_MANY,
-    MAX_WAIT_SECONDS,
-    check_instant,
-    clip,
-)
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
-    from jobs import schema
-    from jobs import simulate as replaying
+    from jobs._core.records import Job, Step
+    from jobs._store import schema
     from jobs.cli import show_text
-    from jobs.core.records import Job, Step
+    from jobs.cli import simulate as replaying
 else:  # Alembic, and the store's reads: only when the command runs, never for --help
-    schema = lazy_module("jobs.schema")
-    replaying = lazy_module("jobs.simulate")
+    schema = lazy_module("jobs._store.schema")
+    replaying = lazy_module("jobs.cli.simulate")
     show_text = lazy_module("jobs.cli.show_text")
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
+from jobs._core.errors import JobError
 from jobs.cli.app_settings import read_the_app_settings
-from jobs.core.errors import JobError
 
 # SQLSTATEs of a role that may not write here: insufficient_privilege (a read-only role)
 # and read_only_sql_transaction (a standby, default_transaction_read_only).

@@ -15,24 +15,25 @@ from typing import TYPE_CHECKING, Any
 import click
 
 import jobs
+from jobs._core.lazy import lazy_module
+from jobs._core.states import State
+from jobs._core.validate import MAX_RETENTION_DAYS, check_lookup_id, printable
 from jobs.application import default_app
 from jobs.cli.core_commands import parse_inputs
 from jobs.cli.group import Finite, main
-from jobs.core.lazy import lazy_module
-from jobs.core.states import State
-from jobs.core.validate import MAX_RETENTION_DAYS, check_lookup_id, printable
 
 if TYPE_CHECKING:
-    from jobs.core.schedule import Schedule
-    from jobs.core.store import JobStore
-    from jobs.runtime import explain as diagnosis
-    from jobs.runtime import metrics as prometheus
-    from jobs.runtime import sweeper, workers
+    from jobs._core.schedule_ticks import Schedule
+    from jobs._service import explain as diagnosis
+    from jobs._store import JobStore
+    from jobs._sweeper import metrics as prometheus
+    from jobs._sweeper import sweeper
+    from jobs._worker import live_workers as workers
 else:
-    diagnosis = lazy_module("jobs.runtime.explain")
-    prometheus = lazy_module("jobs.runtime.metrics")
-    sweeper = lazy_module("jobs.runtime.sweeper")
-    workers = lazy_module("jobs.runtime.workers")
+    diagnosis = lazy_module("jobs._service.explain")
+    prometheus = lazy_module("jobs._sweeper.metrics")
+    sweeper = lazy_module("jobs._sweeper.sweeper")
+    workers = lazy_module("jobs._worker.live_workers")
 
 
 def _store() -> JobStore:

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobs.application import default_app
-from jobs.core.validate import (
+from jobs._core.validate import (
     printable,
 )
+from jobs.application import default_app
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
-    from jobs.core.records import Job, Step, Transition
-    from jobs.runtime.process import ProcessRuntime
+    from jobs._core.records import Job, Step, Transition
+    from jobs._worker.process import ProcessRuntime
 
 
 def runtime() -> ProcessRuntime:

@@ -13,26 +13,27 @@ from typing import TYPE_CHECKING
 
 import click
 
+from jobs._config.settings import Settings
+from jobs._core.lazy import lazy_module
+from jobs._core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
+from jobs._worker.frameworks import set_up_for_job_modules
 from jobs.application import default_app
 from jobs.cli.group import Finite, main
-from jobs.core.lazy import lazy_module
-from jobs.core.settings import Settings
-from jobs.core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
-from jobs.runtime.frameworks import set_up_for_job_modules
 
 if TYPE_CHECKING:
-    from jobs import demo as demos
-    from jobs.runtime import metrics as prometheus
-    from jobs.runtime import outcome_events, queue_watch
-    from jobs.runtime import queues as queue_routes
-    from jobs.runtime import sweeper as sweeping
+    from jobs._doorbell import queues as queue_routes
+    from jobs._sweeper import metrics as prometheus
+    from jobs._sweeper import queue_watch
+    from jobs._sweeper import sweeper as sweeping
+    from jobs._worker import outcome_events
+    from jobs.cli import demo as demos
 else:  # kombu, SQLAlchemy and the metrics library: only when the command runs
-    demos = lazy_module("jobs.demo")
-    prometheus = lazy_module("jobs.runtime.metrics")
-    outcome_events = lazy_module("jobs.runtime.outcome_events")
-    queue_watch = lazy_module("jobs.runtime.queue_watch")
-    queue_routes = lazy_module("jobs.runtime.queues")
-    sweeping = lazy_module("jobs.runtime.sweeper")
+    demos = lazy_module("jobs.cli.demo")
+    prometheus = lazy_module("jobs._sweeper.metrics")
+    outcome_events = lazy_module("jobs._worker.outcome_events")
+    queue_watch = lazy_module("jobs._sweeper.queue_watch")
+    queue_routes = lazy_module("jobs._doorbell.queues")
+    sweeping = lazy_module("jobs._sweeper.sweeper")
 
 
 def settings_after_the_job_modules() -> Settings:
@@ -103,9 +104,9 @@ def worker(
             settings, [name.strip() for name in queues.split(",") if name.strip()]
         )
     )
-    # Celery's worker command without Celery's command line (jobs/runtime/worker_main.py):
+    # Celery's worker command without Celery's command line (jobs/_worker/main.py):
     # the same worker, without the REPL and plugin commands in every process's memory.
-    argv = [sys.executable, "-m", "jobs.runtime.worker_main"]
+    argv = [sys.executable, "-m", "jobs._worker.main"]
     if settings.celery_app is not None:  # the project's own app, with durable jobs installed
         argv += ["-A", settings.celery_app]
     argv += ["-Q", ",".join(consumed), "-l", loglevel]

@@ -1,5 +1,5 @@
 """``jobctl show``'s text: a job's record and one page each of its children, recorded steps
-and history, read a page at a time (:mod:`jobs.core.page_reads`), so a job of 100,000 steps
+and history, read a page at a time (:mod:`jobs._store.page_reads`), so a job of 100,000 steps
 prints a screenful, not the whole of them. ``jobctl show --json`` stays the whole record."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
+from jobs._core.records import Job, Transition
+from jobs._store import JobStore
+from jobs._store.page_reads import PREVIEW_CHARS, Page
 from jobs.cli.render import compact, iso, shown
-from jobs.core.page_reads import PREVIEW_CHARS, Page
-from jobs.core.records import Job, Transition
-from jobs.core.store import JobStore
 
 #: Rows of each table ``jobctl show`` prints at a time (``--steps-from`` and the like page on).
 SHOW_ROWS = {"children": 20, "steps": 50, "history": 100}

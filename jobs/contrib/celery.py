@@ -29,7 +29,7 @@ What ``install`` sets, and what it leaves alone:
   only our publishers set, so the app's own tasks pass untouched whatever their names.
 - The durable queues (``JOBS_QUEUE``, each kind's ``queue=``) go into the app's
   ``task_queues`` with their arguments, and each kind's task is routed to its queue
-  (:mod:`jobs.runtime.app_queues`): every process of the app declares them alike. A queue
+  (:mod:`jobs._doorbell.app_queues`): every process of the app declares them alike. A queue
   the app already declares itself is used as the app declares it.
 - Worker-wide settings cannot be set per task, so they stay the user's: the consumer (the
   doorbell gate is installed only where the app uses Celery's default consumer, keeping
@@ -42,25 +42,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jobs.application import JobsApp, default_app
-from jobs.contrib.celery_control import wrap_results_and_revoke
-from jobs.core.errors import SettingsError
-from jobs.core.registry import JobKind
-from jobs.core.settings import Settings
-from jobs.runtime.app_queues import add_durable_queues, route_kinds
-from jobs.runtime.celery_app import (
+from jobs._config.settings import Settings
+from jobs._core.errors import SettingsError
+from jobs._core.registry import JobKind
+from jobs._doorbell.app_queues import add_durable_queues, route_kinds
+from jobs._doorbell.queues import kind_task_name, queue_names, with_bands
+from jobs._worker.celery_setup import (
     Installed,
     import_task_modules,
     install_runner,
     register_kind_tasks,
 )
-from jobs.runtime.queues import kind_task_name, queue_names, with_bands
+from jobs.application import JobsApp, default_app
+from jobs.contrib.celery_control import wrap_results_and_revoke
 
 log = logging.getLogger("jobs")
 
 CELERY_DEFAULT_CONSUMER = "celery.worker.consumer:Consumer"
-GATED_CONSUMER = "jobs.runtime.doorbell:UsersAppConsumer"
-DEDICATED_CONSUMER = "jobs.runtime.doorbell:GuardedConsumer"  # Celery's steps left out
+GATED_CONSUMER = "jobs._worker.gate:UsersAppConsumer"
+DEDICATED_CONSUMER = "jobs._worker.gate:GuardedConsumer"  # Celery's steps left out
 
 
 def install(app: Any, *, jobs_app: JobsApp | None = None) -> JobsApp:

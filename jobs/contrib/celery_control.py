@@ -13,9 +13,9 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+from jobs._core.errors import IllegalTransition, InvalidInput, UnknownJob
+from jobs._core.validate import check_lookup_id
 from jobs.application import JobsApp
-from jobs.core.errors import IllegalTransition, InvalidInput, UnknownJob
-from jobs.core.validate import check_lookup_id
 from jobs.results import JobResult
 
 log = logging.getLogger("jobs")

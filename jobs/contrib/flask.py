@@ -24,16 +24,16 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
 from flask.cli import with_appcontext
 
 import jobs
-from jobs.application import default_app
-from jobs.core import reasons
-from jobs.core.errors import (
+from jobs._config.settings import PREFIX, as_env
+from jobs._core import reasons
+from jobs._core.errors import (
     AdmissionRefused,
     DuplicateJob,
     IllegalTransition,
@@ -42,9 +42,15 @@ from jobs.core.errors import (
     UnknownJob,
     UnknownKind,
 )
-from jobs.core.records import Job
-from jobs.core.settings import PREFIX, as_env
-from jobs.core.validate import MAX_DEPTH
+from jobs._core.lazy import lazy_module
+from jobs._core.records import Job
+from jobs._core.validate import MAX_DEPTH
+from jobs.application import default_app
+
+if TYPE_CHECKING:
+    from jobs._store import schema
+else:
+    schema = lazy_module("jobs._store.schema")  # Alembic, on first use
 
 Authorize = Callable[[str, str, Job | None], str | None]
 """The blueprint's ``authorize`` hook: ``authorize(action, kind, job)`` is called inside the
@@ -239,10 +245,7 @@ class Jobs:
         """Bring the job tables to head (what ``jobctl db upgrade`` does; deployments run
         that). Call it at start-up, outside a request: on SQLite it also switches the file
         to WAL, which needs the write lock a request's session may be holding."""
-        from jobs.application import default_app  # noqa: PLC0415 - no database work at import
-        from jobs.schema import upgrade  # noqa: PLC0415
-
-        upgrade(default_app().runtime.engine)
+        schema.upgrade(default_app().runtime.engine)
 
     def submit(self, kind: str, inputs: dict[str, Any] | None = None, **options: Any) -> str:
         """Queue a job in the request's ``db.session`` transaction (``options`` are

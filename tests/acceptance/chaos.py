@@ -33,8 +33,8 @@ from typing import Any
 import psutil
 
 import jobs
+from jobs._core.states import State, is_legal
 from jobs.application import default_app
-from jobs.core.states import State, is_legal
 from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
 from tests.acceptance.rabbit_cluster import RabbitCluster
 

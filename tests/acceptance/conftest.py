@@ -40,11 +40,11 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
+from jobs._core.context import wake_at_of
+from jobs._core.states import State
+from jobs._doorbell.queues import HIGH_BAND_SUFFIX
+from jobs._store import Job, JobStore, Step, Transition
 from jobs.application import default_app
-from jobs.core.context import wake_at_of
-from jobs.core.states import State
-from jobs.core.store import Job, JobStore, Step, Transition
-from jobs.runtime.queues import HIGH_BAND_SUFFIX
 from tests.acceptance.rabbit_cluster import RABBITMQ_BIN, RabbitCluster
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, service_unavailable
 
@@ -853,8 +853,8 @@ def assert_recorded_steps_ran_once(
 
 
 def _create_database(admin: Engine, admin_url: str = PG_ADMIN_URL) -> str:
-    from jobs.core.db import make_engine  # noqa: PLC0415
-    from jobs.schema import upgrade  # noqa: PLC0415
+    from jobs._store.db import make_engine  # noqa: PLC0415
+    from jobs._store.schema import upgrade  # noqa: PLC0415
 
     name = f"acc_{uuid.uuid4().hex[:12]}"
     with admin.connect() as conn:

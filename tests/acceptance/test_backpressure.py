@@ -16,7 +16,7 @@ import itertools
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq]

@@ -14,9 +14,9 @@ import time
 import pytest
 from kombu import Connection, Queue
 
+from jobs._core.states import State
+from jobs._doorbell.queues import task_queue
 from jobs.application import default_app
-from jobs.core.states import State
-from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.rabbitmq]

@@ -30,10 +30,10 @@ import pytest
 import requests
 from sqlalchemy import Engine
 
-from jobs.core.db import make_engine
-from jobs.core.records import Job
-from jobs.core.states import State
-from jobs.core.store import JobStore
+from jobs._core.records import Job
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
 from tests.acceptance.conftest import (
     Proc,
     _create_database,

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,

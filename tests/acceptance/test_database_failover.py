@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import jobs
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     PRIVATE_PG_RABBITMQ,
     PrivatePostgres,

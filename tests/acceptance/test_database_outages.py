@@ -19,15 +19,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
-from jobs.core.context import JobContext
-from jobs.core.db import make_engine
-from jobs.core.heartbeat import LeaseHeartbeat
-from jobs.core.outage import safety_margin
-from jobs.core.registry import Registry
-from jobs.core.runner import Outcome, Runner
-from jobs.core.states import State
-from jobs.core.store import JobStore
-from jobs.schema import upgrade
+from jobs._core.context import JobContext
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._core.outage import safety_margin
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
+from jobs._worker.runner import Outcome, Runner
 from tests.acceptance.conftest import (
     PRIVATE_PG_RABBITMQ,
     PrivatePostgres,

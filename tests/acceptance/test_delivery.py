@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.states import State
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,
@@ -154,8 +154,8 @@ def test_garbage_messages_are_logged_once_and_dropped(stack: Stack) -> None:
     is not JSON. The worker logs one line for each, acknowledges it, keeps running."""
     from kombu import Connection, Exchange, Producer  # noqa: PLC0415
 
+    from jobs._doorbell.queues import TASK_NAME  # noqa: PLC0415
     from jobs.application import default_app  # noqa: PLC0415
-    from jobs.runtime.queues import TASK_NAME  # noqa: PLC0415
 
     worker = stack.worker("A")
     app = default_app().celery

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import Proc, wait_until
 from tests.acceptance.tcp_proxy import TcpProxy
 from tests.acceptance.test_celery_project import Project, project_world

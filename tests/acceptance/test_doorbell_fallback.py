@@ -1,4 +1,4 @@
-"""The doorbell publisher's fallback (jobs/runtime/doorbell_encoding.py) end to end: when the
+"""The doorbell publisher's fallback (jobs/_doorbell/encoding.py) end to end: when the
 start-up check finds py-amqp changed (simulated in this, the submitting, process), doorbells
 go out through py-amqp's ordinary ``basic_publish``, and a real Celery worker, its gate
 included, takes them and runs their jobs. No sweeper runs: only the doorbells deliver."""
@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
+from jobs._core.states import State
+from jobs._doorbell import encoding as doorbell_encoding
+from jobs._doorbell.encoding import PropertiesEncoder
 from jobs.application import default_app
-from jobs.core.states import State
-from jobs.runtime import doorbell_encoding
-from jobs.runtime.doorbell_encoding import PropertiesEncoder
 from tests.acceptance.conftest import PG_RABBITMQ, Stack
 
 pytestmark = pytest.mark.acceptance

@@ -23,7 +23,7 @@ import signal
 import pytest
 
 import jobs
-from jobs.core.states import TERMINAL, State
+from jobs._core.states import TERMINAL, State
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     WORKFLOW_KINDS,

@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from jobs import testing
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.states import State
 from tests.acceptance.conftest import BOTH, KINDS, PG_RABBITMQ, Stack, free_port
 from tests.conftest import (
     HOSTILE,

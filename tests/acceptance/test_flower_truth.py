@@ -20,7 +20,7 @@ import pytest
 import requests
 
 import jobs
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]

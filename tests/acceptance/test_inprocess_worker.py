@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this process
+from jobs._config.settings import from_env
+from jobs._core.states import State
+from jobs._worker import celery_setup as jobs_celery
 from jobs.application import default_app
-from jobs.core.settings import from_env
-from jobs.core.states import State
-from jobs.runtime import celery_app as jobs_celery
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,

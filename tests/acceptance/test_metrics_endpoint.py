@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import BOTH, Stack, wait_until
 from tests.acceptance.test_crash import victim_in_second_step
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import KINDS, PG_RABBITMQ, Stack
 
 IMPORTS = f"{KINDS},jobs.examples.ship_order"

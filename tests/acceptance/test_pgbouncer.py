@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.core.db import make_engine
-from jobs.core.states import State
-from jobs.schema import upgrade
+from jobs._core.states import State
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     PgBouncer,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from jobs._config.settings import from_env
+from jobs._core.states import State
 from jobs.application import JobsApp
-from jobs.core.settings import from_env
-from jobs.core.states import State
 from tests.acceptance.conftest import embedded_env, submit_in_child, wait_until
 
 COUNTED_KINDS = """

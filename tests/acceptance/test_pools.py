@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     KINDS,
     PG_RABBITMQ,

@@ -12,9 +12,9 @@ import pytest
 from kombu import Connection, Queue
 
 import jobs
-from jobs.core.states import State
-from jobs.runtime.broker_errors import UPGRADE_HINT
-from jobs.runtime.queues import HIGH_BAND_SUFFIX
+from jobs._core.states import State
+from jobs._doorbell.queues import HIGH_BAND_SUFFIX
+from jobs._worker.broker_errors import UPGRADE_HINT
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,

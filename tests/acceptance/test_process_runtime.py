@@ -11,7 +11,7 @@ import psutil
 import pytest
 from sqlalchemy import text
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, owner_pid, wait_until
 
 

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 import pytest
 from kombu import Connection
 
+from jobs._core.states import State
+from jobs._doorbell.queues import task_queue
 from jobs.application import default_app
-from jobs.core.states import State
-from jobs.runtime.queues import task_queue
 from tests.acceptance.conftest import (
     PG_RABBIT_CLUSTER,
     Proc,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
     Stack,

@@ -1,6 +1,6 @@
 """A plain Celery revoke broadcast naming a doorbell *delivery's* task ID (what Flower's
 revoke button and ``celery control revoke <task-id>`` send) cancels the job durably, with
-a real worker on PostgreSQL and RabbitMQ (jobs/runtime/revoked_deliveries.py)."""
+a real worker on PostgreSQL and RabbitMQ (jobs/_worker/revoked_deliveries.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     BOTH,
     PG_RABBITMQ,

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import (
     BOTH,
     Stack,

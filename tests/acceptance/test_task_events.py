@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack
 
 pytestmark = pytest.mark.acceptance

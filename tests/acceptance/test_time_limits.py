@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from jobs.core.states import State
+from jobs._core.states import State
 from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
 
 pytestmark = pytest.mark.acceptance

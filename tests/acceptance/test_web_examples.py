@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs._core.states import State
 from jobs.application import default_app
-from jobs.core.states import State
 from tests import django_site
 from tests.acceptance.conftest import BOTH, EMBEDDED, Stack
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from jobs.core.models import EventsTable
-from jobs.core.states import TERMINAL, State
-from jobs.core.waits import child_id_of
+from jobs._core.states import TERMINAL, State
+from jobs._core.waits import child_id_of
+from jobs._store.tables import EventsTable
 from tests.acceptance.conftest import Stack
 
 #: Step names a workflow records without running a function (spawns, waits, events).

@@ -42,14 +42,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
+from jobs._config.settings import from_env, normalize_database_url
+from jobs._core.registry import Registry
+from jobs._core.states import State
+from jobs._doorbell.queues import queue_names
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
 from jobs.application import JobsApp
 from jobs.contrib.celery import install
-from jobs.core.db import make_engine
-from jobs.core.registry import Registry
-from jobs.core.settings import from_env, normalize_database_url
-from jobs.core.states import State
-from jobs.runtime.queues import queue_names
-from jobs.schema import upgrade
 from tests.celery_suite.outcomes import OUTCOMES_ENV, QUEUE_TYPE_ENV
 
 KIND = "celery_suite_beside"

@@ -3,13 +3,11 @@ queues (``video`` for the big hosts, ``mail`` for the small ones)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 import jobs
-from jobs.core.database_urls import normalize_database_url
 from proj.celery import app
 
 # -- plain Celery tasks, untouched -------------------------------------------------------
@@ -31,7 +29,7 @@ def heartbeat() -> str:
 def place_order(order_id: int, email: str) -> str:
     """A plain task that records an order and submits the durable confirmation e-mail in
     the same database transaction: both commit, or neither does."""
-    engine = create_engine(normalize_database_url(os.environ["JOBS_DATABASE_URL"]))
+    engine = jobs.default_app().runtime.engine  # the jobs' database, the same connections
     with engine.begin() as connection:
         connection.execute(
             text("CREATE TABLE IF NOT EXISTS proj_orders (id integer PRIMARY KEY, email text)")

@@ -22,13 +22,13 @@
 
 from __future__ import annotations
 
+from jobs.contrib.django.orm_unit import DjangoUnit
 from jobs.contrib.django.submit import (
     AdmissionRefusedMiddleware,
     submit,
     submit_many,
     submit_on_commit,
 )
-from jobs.contrib.django.unit import DjangoUnit
 
 __all__ = [
     "AdmissionRefusedMiddleware",

@@ -22,11 +22,11 @@ from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
+from jobs._core.errors import InvalidInput, JobError, UnknownJob
+from jobs._service.job_pages import full_value, page_offsets
 from jobs.application import approve, cancel, default_app, retry
 from jobs.contrib.django import job_fields
 from jobs.contrib.django.models import JobRow
-from jobs.core.errors import InvalidInput, JobError, UnknownJob
-from jobs.runtime.job_pages import full_value, page_offsets
 
 #: The query-string lookups the list takes: its filters' own (``?state__exact=FAILED``).
 _FILTER_LOOKUPS = frozenset(

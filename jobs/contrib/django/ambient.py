@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from django.db import connections
 from sqlalchemy.engine import make_url
 
+from jobs._core.errors import SettingsError
+from jobs._service.unit import AmbientUnit, UnitOfWork
 from jobs.application import default_app
-from jobs.contrib.django.unit import DjangoUnit
-from jobs.core.errors import SettingsError
-from jobs.service.unit import AmbientUnit, UnitOfWork
+from jobs.contrib.django.orm_unit import DjangoUnit
 
 UrlOf = Callable[[str], str]
 """A Django database alias's SQLAlchemy URL (``jobs.contrib.django.apps.database_url``)."""

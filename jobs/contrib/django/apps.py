@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
 from django.conf import settings
@@ -13,10 +13,16 @@ from django.db import connections
 from django.db.models.signals import post_migrate
 from sqlalchemy.engine import URL
 
-from jobs.application import default_app
+from jobs._config.settings import as_env
+from jobs._core.errors import SettingsError
+from jobs._core.lazy import lazy_module
+from jobs.application import default_app, reset
 from jobs.contrib.django.ambient import joining_django_transactions
-from jobs.core.errors import SettingsError
-from jobs.core.settings import as_env
+
+if TYPE_CHECKING:
+    from jobs._store import schema
+else:
+    schema = lazy_module("jobs._store.schema")  # Alembic, on first use
 
 
 def database_url(alias: str = "default") -> str:
@@ -90,11 +96,8 @@ def upgrade_job_tables(using: str = "default", **_: Any) -> None:
     """After ``manage.py migrate``: bring the job tables to head with their own Alembic
     migrations (what ``jobctl db upgrade`` does), once, for the database they live in.
     Django's migrations never touch them."""
-    from jobs.application import default_app, reset  # noqa: PLC0415 - no database at import
-    from jobs.schema import upgrade  # noqa: PLC0415
-
     if using != "default":
         return
     default_app().reset_settings()  # the test runner renames the database before it migrates
     reset()
-    upgrade(default_app().runtime.engine)
+    schema.upgrade(default_app().runtime.engine)

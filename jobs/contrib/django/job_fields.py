@@ -16,10 +16,10 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from jobs._service.job_pages import PAGE_ROWS, as_json, clip
+from jobs._store.page_reads import Page
 from jobs.application import default_app
 from jobs.contrib.django.models import JobRow
-from jobs.core.page_reads import Page
-from jobs.runtime.job_pages import PAGE_ROWS, as_json, clip
 
 #: Where the change page being rendered starts each of its tables (``?steps=50``): set by
 #: :meth:`jobs.contrib.django.admin.JobAdmin.change_view` while the page renders.

@@ -14,7 +14,7 @@ stored value escaped. Reads go through the store's read methods, writes through
 build :class:`JobsFlower` instead of ``flower.app.Flower``.
 """
 
-from jobs.contrib.flower_jobs.app import JobsFlower, main
+from jobs.contrib.flower_jobs.server import JobsFlower, main
 from jobs.contrib.flower_jobs.views import jobs_handlers
 
 __all__ = ["JobsFlower", "jobs_handlers", "main"]

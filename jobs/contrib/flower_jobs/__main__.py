@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.contrib.flower_jobs.app import DEFAULT_APP, main
+from jobs.contrib.flower_jobs.server import DEFAULT_APP, main
 
 if __name__ == "__main__":
     given = sys.argv[1:]

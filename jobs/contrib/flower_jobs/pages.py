@@ -3,7 +3,7 @@ read methods: no SQL here) gathered into one value per page, and the operator's 
 (through :class:`jobs.application.JobsApp`'s operations), each recorded with the Flower
 user's name. The handlers (:mod:`jobs.contrib.flower_jobs.views`) run these in Flower's
 thread pool and render them; stored text reaches the page only through the templates'
-autoescape, after :func:`jobs.core.validate.printable` for one-line fields."""
+autoescape, after :func:`jobs._core.validate.printable` for one-line fields."""
 
 from __future__ import annotations
 
@@ -11,23 +11,27 @@ import dataclasses
 import datetime as dt
 from typing import TYPE_CHECKING
 
-from jobs.core.errors import InvalidInput
-from jobs.core.page_reads import ChildSummary, JobSummary, Page, StepPreview
-from jobs.core.records import Job, JobFilter, KindLimits, Transition
-from jobs.core.states import TERMINAL, State
-from jobs.core.validate import check_error_pattern, printable
-from jobs.runtime.explain import Explanation, explain
-from jobs.runtime.job_pages import (
+from jobs._core.errors import InvalidInput
+from jobs._core.lazy import lazy_module
+from jobs._core.records import Job, JobFilter, KindLimits, Transition
+from jobs._core.states import TERMINAL, State
+from jobs._core.validate import check_error_pattern, printable
+from jobs._service.explain import Explanation, explain
+from jobs._service.job_pages import (
     JOB_VALUES,
     PAGE_ROWS,
     Clipped,
     clip,
     job_value,
 )
+from jobs._store.page_reads import ChildSummary, JobSummary, Page, StepPreview
 
 if TYPE_CHECKING:
+    from jobs._core.schedule_ticks import Schedule
     from jobs.application import JobsApp
-    from jobs.core.schedule import Schedule
+    from jobs.cli import bulk_commands
+else:
+    bulk_commands = lazy_module("jobs.cli.bulk_commands")  # jobctl list's parser (click)
 
 #: Jobs the list shows unless the form asks for another number.
 DEFAULT_LIMIT = 50
@@ -111,8 +115,6 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     """The form's filters as ``jobctl list`` reads its options (the same parser: ``since``
     is an ISO 8601 instant or a span such as ``2h``); :class:`InvalidInput` says what is
     wrong in one line."""
-    from jobs.cli.bulk_commands import parse_since  # noqa: PLC0415 - jobctl list's parser
-
     state = filters.state.strip().upper()
     if state and state not in {s.value for s in State}:
         raise InvalidInput(f"unknown state {printable(state[:40])!r}")
@@ -129,7 +131,7 @@ def job_filter(app: JobsApp, filters: Filters) -> tuple[JobFilter, int]:
     where = JobFilter(
         state=State(state) if state else None,
         kind=filters.kind.strip() or None,
-        since=parse_since(since, app.store.reads.now) if since else None,
+        since=bulk_commands.parse_since(since, app.store.reads.now) if since else None,
         error_like=error_like or None,
         queue=filters.queue.strip() or None,
         default_queue=app.settings.queue,

@@ -24,6 +24,10 @@ from tornado import template
 from tornado.escape import url_escape, xhtml_escape
 from tornado.ioloop import IOLoop
 
+from jobs._core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
+from jobs._core.records import JobFilter
+from jobs._service.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
+from jobs._store.page_reads import Page
 from jobs.contrib.flower_jobs.pages import (
     DEFAULT_LIMIT,
     Filters,
@@ -35,10 +39,6 @@ from jobs.contrib.flower_jobs.pages import (
     one_line,
     overview,
 )
-from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
-from jobs.core.page_reads import Page
-from jobs.core.records import JobFilter
-from jobs.runtime.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
 
 TEMPLATES = Path(__file__).parent / "templates"
 

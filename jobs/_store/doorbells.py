@@ -1,0 +1,120 @@
+"""Doorbell bookkeeping: which due jobs are owed a doorbell (never sent, or sent so long
+ago that the message counts as lost), marked sent in the same statement so concurrent
+sweepers do not both send; and marking unrung a doorbell whose publish failed. None of these
+writes moves a job between states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, or_, select, update
+
+from jobs._core.records import Doorbell
+from jobs._core.states import State
+from jobs._store.statements import Statements
+from jobs._store.tables import JobsTable
+
+
+class Doorbells:
+    """Due doorbells and forgotten ones (see the module's docstring)."""
+
+    def __init__(self, statements: Statements) -> None:
+        self.engine = statements.engine
+        self.clock = statements.clock
+
+    def take_due_doorbell_ids(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[str]:
+        """The IDs of :meth:`take_due_doorbells`, in the order they are to be rung."""
+        return [
+            doorbell.job_id
+            for doorbell in self.take_due_doorbells(stale_seconds, limit, stale_limit)
+        ]
+
+    def take_due_doorbells(
+        self, stale_seconds: float, limit: int = 100, stale_limit: int | None = None
+    ) -> list[Doorbell]:
+        """QUEUED jobs that are due and were never published, or published more than
+        ``stale_seconds`` ago without being claimed (the message was lost). Marks them
+        rung now (``dispatched_at``), in the same statement, so concurrent sweepers do not
+        both ring them; the mark re-checks QUEUED, due and unrung, so a job its owner claimed
+        and put to sleep (or another sweeper rang) since the selection is left alone.
+        ``stale_limit`` caps the second kind: the caller may know that most of those
+        doorbells are still waiting in the broker's queue behind a backlog.
+
+        Returned in the order to ring them: the highest priority first, then the longest
+        due. Of more never-sent jobs than ``limit``, the higher priorities are taken in this
+        pass; of stale ones, those sent the longest ago (the likeliest lost)."""
+        now = self.clock.now()
+        stale = self.clock.after(-stale_seconds)
+        queued_and_due = [JobsTable.state == State.QUEUED.value, JobsTable.run_after <= now]
+        # Never sent: the highest priority first. Sent long ago: the longest ago first, as
+        # the likeliest lost (when the queue is short of only a few, those are the few).
+        kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [
+            (
+                JobsTable.dispatched_at.is_(None),
+                limit,
+                (JobsTable.priority.desc(), JobsTable.run_after),
+            )
+        ]
+        stale_take = limit if stale_limit is None else max(0, min(limit, stale_limit))
+        if stale_take:
+            kinds_of_unsent.append(
+                (
+                    JobsTable.dispatched_at <= stale,
+                    stale_take,
+                    (JobsTable.dispatched_at, JobsTable.priority.desc()),
+                )
+            )
+        with self.engine.begin() as conn:
+            taken: list[Row[Any, Any, Any, Any, Any]] = []
+            for unsent, take, order in kinds_of_unsent:
+                taken += conn.execute(
+                    select(
+                        JobsTable.id,
+                        JobsTable.priority,
+                        JobsTable.run_after,
+                        JobsTable.kind,
+                        JobsTable.queue,
+                    )
+                    .where(*queued_and_due, unsent)
+                    .order_by(*order)
+                    .limit(take)
+                ).all()
+            if not taken:
+                return []
+            marked = set(
+                conn.execute(
+                    update(JobsTable)
+                    .where(
+                        JobsTable.id.in_([row.id for row in taken]),
+                        *queued_and_due,  # re-checked: claimed and put to sleep meanwhile
+                        or_(JobsTable.dispatched_at.is_(None), JobsTable.dispatched_at <= stale),
+                    )
+                    .values(dispatched_at=now)
+                    .returning(JobsTable.id)
+                ).scalars()
+            )
+        ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
+        return [
+            Doorbell(row.id, row.priority, row.kind, row.queue)
+            for row in ring_order
+            if row.id in marked
+        ]
+
+    def mark_unrung(self, job_ids: Sequence[str]) -> None:
+        """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells
+        again instead of waiting for the messages to count as lost (not a state change)."""
+        if not job_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(JobsTable)
+                .where(JobsTable.id.in_(list(job_ids)), JobsTable.state == State.QUEUED.value)
+                .values(dispatched_at=None)
+            )
+
+
+__all__ = ["Doorbells"]

@@ -1,0 +1,1 @@
+"""jobs/_store/migrations/versions"""

@@ -1,0 +1,476 @@
+"""An owner's life with a job, from claim to outcome: the claim, lease renewals, steps
+recorded mid-run, and the moves that end the run (complete, fail, retry) or pause it
+(release, sleep, wait for approval).
+
+Every write after the claim is fenced (:meth:`Statements.fenced`): it matches the row only
+while the claim still owns it under an unexpired lease, so a stale owner writes nothing
+and learns why (:class:`LeaseLost`). On PostgreSQL the claim and each owner's move is one
+reusable statement sent in autocommit mode, on the driver's cursor (the hot path).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Executable,
+    Row,
+    bindparam,
+    exists,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+
+from jobs._core.errors import LeaseLost, StepError
+from jobs._core.records import Claim, Job, Moved, PendingStep
+from jobs._core.states import State
+from jobs._core.validate import check_name, encode_json
+from jobs._store.clauses import kind_in, param
+from jobs._store.db import retry_on_disconnect
+from jobs._store.deferred import completion_ended, hold, holds_now
+from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs._store.liveness_locks import owner_lock_released
+from jobs._store.requeue import requeue_or_fail
+from jobs._store.row_changes import RowChanges
+from jobs._store.statements import Statements
+from jobs._store.submissions import lock_limits, running_of_kind
+from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
+from jobs._store.workflows import Workflows
+
+
+class Ownership:
+    """What the owner of a claim does (see the module's docstring)."""
+
+    def __init__(
+        self, statements: Statements, workflows: Workflows, max_payload_bytes: int
+    ) -> None:
+        self.statements = statements
+        self.engine = statements.engine
+        self.clock = statements.clock
+        self.max_payload_bytes = max_payload_bytes
+        # A child's end also counts it down in its waiting parent
+        # (:meth:`jobs._store.workflows.Workflows.finish_child`).
+        self.workflows = workflows
+
+    # -- the claim -------------------------------------------------------------------------
+
+    def claim(
+        self,
+        job_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        liveness_key: int | None = None,
+        kinds: Sequence[str] | None = None,
+    ) -> Claim | None:
+        """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
+        that expired or whose owner process is gone (its liveness lock was released).
+        ``None`` means someone else owns it or it is not claimable now.
+
+        On PostgreSQL a kind without a running limit is claimed by one autocommit statement
+        (the claim, its history row, and whether recorded steps exist); only when that finds
+        nothing does a second try lock the kind's limits row and count its running jobs."""
+        statements = self.statements
+
+        def claimable() -> list[ColumnElement[bool]]:
+            where = [self.claimable()]
+            if kinds is not None:
+                where.append(kind_in(kinds))
+            return where
+
+        def unlimited() -> Row[Any] | None:
+            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+
+            def build() -> Executable:
+                no_running_limit = ~exists(
+                    select(KindLimitsTable.kind).where(
+                        KindLimitsTable.kind == JobsTable.kind,
+                        KindLimitsTable.max_running.is_not(None),
+                    )
+                )
+                return statements.transition_statement(
+                    param("p_job_id"),
+                    State.RUNNING,
+                    where=[*claimable(), no_running_limit],
+                    values={
+                        "owner": param("p_owner"),
+                        "fence": JobsTable.fence + 1,
+                        "lease_until": statements.after_bound("lease"),
+                        "attempts": JobsTable.attempts + 1,
+                        "liveness_key": bindparam("key", type_=JobsTable.liveness_key.type),
+                    },
+                    owner=lambda: param("p_owner"),
+                    reason=literal("claimed", TransitionsTable.reason.type),
+                    approved_by=literal(None, TransitionsTable.approved_by.type),
+                )
+
+            key = ("claim", None if kinds is None else tuple(kinds))
+            params = {
+                "p_job_id": job_id,
+                "p_owner": owner,
+                "lease": float(lease_seconds),
+                "key": liveness_key,
+            }
+            if flies(statements):  # jobs share this process: the claim joins a flight
+                return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
+            with statements.unit(None, one_statement=True) as conn:
+                row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
+                return row
+
+        if self.engine.dialect.name == "postgresql":
+            row = retry_on_disconnect(unlimited)
+            if row is not None:
+                return Claim.from_row(row, owner)
+        with self.engine.begin() as conn:
+            limits = lock_limits(
+                conn, select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
+            )
+            max_running = None if limits is None else limits.max_running
+            if max_running is None and self.engine.dialect.name == "postgresql":
+                return None  # the statement above already tried this claim without a limit
+            limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
+            row = statements.transition(
+                conn,
+                job_id,
+                State.RUNNING,
+                where=[*claimable(), *limited],
+                changes=RowChanges(
+                    owner=owner,
+                    fence=JobsTable.fence + 1,
+                    lease_until=self.clock.after(lease_seconds),
+                    attempts=JobsTable.attempts + 1,
+                    liveness_key=liveness_key,
+                ),
+                owner=owner,
+                reason="claimed",
+            )
+        return None if row is None else Claim.from_row(row, owner, max_running)
+
+    def claimable(self) -> ColumnElement[bool]:
+        """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
+        a lease that ran out or an owner whose process is gone."""
+        now = self.clock.now()
+        return or_(
+            (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
+            (JobsTable.state == State.RUNNING.value)
+            & (JobsTable.attempts < JobsTable.max_attempts)
+            & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
+        )
+
+    def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
+        """IDs of jobs a claim would take now, the highest priority first, then the longest
+        due (for in-process draining)."""
+        stmt = (
+            select(JobsTable.id)
+            .where(self.claimable())
+            .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
+            .limit(limit)
+        )
+        if kinds is not None:
+            stmt = stmt.where(JobsTable.kind.in_(list(kinds)))
+        with self.statements.read() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    # -- the lease -------------------------------------------------------------------------
+
+    def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
+        """Push one claim's lease out, only while it is still ours and unexpired."""
+        with self.statements.unit(None, one_statement=True) as conn:
+            row = conn.execute(
+                update(JobsTable)
+                .where(*self.statements.fenced(claim))
+                .values(lease_until=self.clock.after(lease_seconds))
+                .returning(JobsTable.lease_until)
+            ).one_or_none()
+            if row is None:
+                raise self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
+            renewed: dt.datetime = row.lease_until
+            return renewed
+
+    def renew_leases(
+        self, owner: str, claims: Sequence[tuple[str, int]], lease_seconds: float
+    ) -> set[str]:
+        """A process's heartbeat: push out the leases of all its live claims, given as
+        ``(job id, fence)``, in one statement. Returns the IDs renewed; a claim missing from
+        the answer lost its lease (expired, taken over, cancelled) and must stop."""
+        if not claims:
+            return set()
+        live = [
+            tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
+            JobsTable.owner == owner,
+            JobsTable.state == State.RUNNING.value,
+            JobsTable.lease_until > self.clock.now(),
+        ]
+        with self.statements.unit(None, one_statement=True) as conn:
+            renewal = update(JobsTable).values(lease_until=self.clock.after(lease_seconds))
+            if conn.dialect.name == "postgresql":
+                # The rows locked in ID order, as a shared flight of completions locks them
+                # (jobs._store.flights): the two never wait on each other in a circle.
+                locked = (
+                    select(JobsTable.id).where(*live).order_by(JobsTable.id).with_for_update()
+                ).cte("locked")
+                renewal = renewal.where(JobsTable.id == locked.c.id)
+            else:
+                renewal = renewal.where(*live)
+            return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
+
+    def why_lost(self, claim: Claim) -> LeaseLost:
+        """Why ``claim`` no longer holds its job, read from the row after one of its fenced
+        writes (a renewal) matched nothing: taken over under a newer fence, expired,
+        cancelled, finished. One read, only on a refusal."""
+        with self.statements.read() as conn:
+            found = self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
+        if isinstance(found, LeaseLost):
+            return found
+        return LeaseLost(claim.job_id, claim.owner, claim.fence, str(found))
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def pending_step(self, name: str, output: Any) -> PendingStep:
+        """Check a step's name and output and return them ready to record: a value that can
+        never be stored is refused here, before any write."""
+        check_name(name, "step name")
+        text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
+        return PendingStep(name, json.loads(text), text)
+
+    def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
+        """Record step outputs, fenced: one INSERT … SELECT that finds the job row only while
+        the claim still owns it."""
+        if not steps:
+            return
+        statements = self.statements
+        params: dict[str, Any] = {
+            "p_job_id": claim.job_id,
+            "p_owner": claim.owner,
+            "p_fence": claim.fence,
+        }
+        for index, step in enumerate(steps):
+            params[f"step_name_{index}"] = step.name
+            params[f"step_output_{index}"] = step.output
+
+        def build() -> Executable:
+            owned = (
+                select(JobsTable.id)
+                .where(*statements.fenced_on(param("p_job_id"), param("p_owner"), param("p_fence")))
+                .subquery("owned")
+            )
+            insert_steps: Executable = statements.steps_insert(
+                owned,
+                statements.bound_steps(len(steps)),
+                lambda: param("p_owner"),
+                lambda: param("p_fence"),
+            ).returning(StepsTable.job_id)
+            return insert_steps
+
+        key = ("record", len(steps))
+
+        def attempt() -> None:
+            if flies(statements):  # jobs share this process: the record joins a flight
+                owner_write_in_flight(statements, claim, State.RUNNING, (key, build, params), steps)
+                return
+            with (
+                statements.unit(None, one_statement=True) as conn,
+                statements.recording(claim.job_id, steps),
+            ):
+                if statements.one_reusable(conn, key, build, params) is None:
+                    raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
+
+        retry_on_disconnect(attempt)
+
+    def record_step(self, claim: Claim, name: str, output: Any) -> None:
+        """Record one step's output now (see :meth:`record_steps`)."""
+        self.record_steps(claim, [self.pending_step(name, output)])
+
+    # -- the run's end ---------------------------------------------------------------------
+
+    def complete(
+        self,
+        claim: Claim,
+        result: Any = None,
+        *,
+        steps: Sequence[PendingStep] = (),
+        rings: bool = False,
+    ) -> Moved:
+        """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
+        In a worker that holds completions (:mod:`jobs._store.deferred`) and is busy,
+        the move of a job without a parent, of a kind without a running limit, is held for
+        the next flight, and the job returned is the claimed one (still RUNNING). In a
+        worker whose jobs share the process, it is committed before this returns, in a
+        flight shared with the completions of the jobs beside it
+        (:mod:`jobs._store.flights`). A child's completion that queues its waiting
+        parent owes the parent's doorbell when the caller ``rings`` (see
+        :meth:`Workflows.finish_child`); no other completion owes any."""
+        encode_json(result, "result", self.max_payload_bytes)
+        if claim.job.parent_id is not None:
+            return self.workflows.finish_child(
+                claim,
+                State.COMPLETED,
+                RowChanges.finished(self.clock.now(), result=result),
+                "completed",
+                steps,
+                rings=rings,
+            )
+        statements = self.statements
+        if flies(statements):  # jobs share this process: committed in a shared flight
+            changes = RowChanges.finished(self.clock.now(), result=result)
+            move = statements.owner_move_statement(
+                claim, State.COMPLETED, changes, "completed", steps
+            )
+            return Moved(move_in_flight(statements, claim, State.COMPLETED, move, steps))
+        plain = claim.max_running is None
+        if plain and holds_now(statements):
+            changes = RowChanges.finished(self.clock.now(), result=result)
+            key, build, params = statements.owner_move_statement(
+                claim, State.COMPLETED, changes, "completed", steps
+            )
+            hold(statements, key, build, params, claim.job_id, "completion")
+            completion_ended(statements, held=True)
+            return Moved(claim.job)
+        completed = self.statements.owner_move(
+            claim,
+            State.COMPLETED,
+            RowChanges.finished(self.clock.now(), result=result),
+            "completed",
+            steps,
+        )
+        if plain:
+            completion_ended(statements, held=False)
+        return Moved(completed)
+
+    def fail(
+        self,
+        claim: Claim,
+        error: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+        rings: bool = False,
+    ) -> Moved:
+        """The owner's FAILED, with the error as the reason and the pending steps recorded
+        in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live.
+        A child's failure owes its parent's doorbell as a completion does (:meth:`complete`)."""
+        changes = RowChanges.finished(self.clock.now(), last_error=error)
+        if claim.job.parent_id is not None:
+            return self.workflows.finish_child(
+                claim, State.FAILED, changes, error, steps, rings=rings
+            )
+        return Moved(self.statements.owner_move(claim, State.FAILED, changes, error, steps))
+
+    def retry(
+        self,
+        claim: Claim,
+        error: str,
+        delay_seconds: float,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
+        """Back to QUEUED after an error, due again in ``delay_seconds``; FAILED instead once
+        the job's attempts are exhausted. ``steps`` that ran before the error are recorded."""
+        with self.engine.begin() as conn:
+            row = requeue_or_fail(
+                self.statements,
+                conn,
+                claim.job_id,
+                self.statements.fenced(claim),
+                owner=claim.owner,
+                fence=claim.fence,
+                error=error,
+                reason=f"retry: {error}",
+                run_after=self.clock.after(delay_seconds),
+                steps=steps,
+            )
+            if row is None:
+                raise self.statements.explain(conn, claim.job_id, State.QUEUED, claim)
+            return Job.from_row(row)
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    def release(self, claim: Claim, reason: str, *, steps: Sequence[PendingStep] = ()) -> Job:
+        """Give the job back to the queue without counting the attempt: the run did not fail,
+        it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
+        return self.statements.owner_move(
+            claim,
+            State.QUEUED,
+            RowChanges.given_back(run_after=self.clock.now(), dispatched_at=self.clock.now()),
+            reason,
+            steps,
+        )
+
+    def sleep(
+        self,
+        claim: Claim,
+        name: str,
+        wake_at: dt.datetime,
+        *,
+        steps: Sequence[PendingStep] = (),
+    ) -> Job:
+        """A durable timer: back to QUEUED due at ``wake_at``, with the timer recorded as step
+        ``name`` (``{"wake_at": …}``) and ``steps`` in the same fenced write. The attempt is
+        given back (a sleep is not a failure) and no doorbell is owed: ``dispatched_at`` is
+        cleared, so the sweeper rings it once due, and a claim before then (a
+        stray doorbell) finds it not due."""
+        check_name(name, "timer name")
+        instant = wake_at.astimezone(dt.UTC)
+        timer = self.pending_step(name, {"wake_at": instant.isoformat()})
+        return self.statements.owner_move(
+            claim,
+            State.QUEUED,
+            RowChanges.given_back(run_after=instant, dispatched_at=None),
+            f"sleep until {instant.isoformat()} (timer {name!r})",
+            [*steps, timer],
+        )
+
+    def wait_for_approval(
+        self,
+        claim: Claim,
+        reason: str,
+        step_name: str,
+        *,
+        steps: Sequence[PendingStep] = (),
+        timeout: float | None = None,
+    ) -> Job:
+        """Park the job and release the lease; the pause gives back its attempt. The approval
+        will be recorded as step ``step_name``. With ``timeout`` (seconds, database clock)
+        the sweeper gives up the wait then (:meth:`Workflows.fire_deadlines`)."""
+        check_name(step_name, "approval step name")
+        with self.engine.begin() as conn:
+            row = self.statements.transition(
+                conn,
+                claim.job_id,
+                State.WAITING_APPROVAL,
+                only_from=[State.RUNNING],
+                where=self.statements.fenced(claim),
+                changes=RowChanges.parked(
+                    step_name, None if timeout is None else self.clock.after(timeout)
+                ),
+                owner=claim.owner,
+                fence=claim.fence,
+                reason=reason,
+                steps=steps,
+            )
+            if row is None:
+                raise self.statements.explain(conn, claim.job_id, State.WAITING_APPROVAL, claim)
+            if (
+                conn.execute(
+                    select(StepsTable.name).where(
+                        StepsTable.job_id == claim.job_id, StepsTable.name == step_name
+                    )
+                ).first()
+                is not None
+            ):
+                # The approval could never be recorded: refuse (the exception rolls back the
+                # move, so a stale owner still learns of its lost lease first).
+                raise StepError(
+                    f"job {claim.job_id!r}: step {step_name!r} is already recorded; "
+                    "an approval needs a step name of its own"
+                )
+            return Job.from_row(row)
+
+
+__all__ = ["Ownership"]

@@ -1,0 +1,489 @@
+"""New jobs and the limits that admit them: a submission of one job or many, admission
+against a kind's ``max_queued``, and the kinds' limits rows (which claims read too).
+
+A submission validates every row before anything is written, then inserts the jobs and
+their "submitted" history rows: one statement on PostgreSQL (a data-modifying CTE; a batch
+sent as one array per column), two on SQLite, in one transaction with the admission check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Executable,
+    Row,
+    Text,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql import ColumnElement
+
+from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput
+from jobs._core.records import Job, KindLimits
+from jobs._core.states import State
+from jobs._core.validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    MAX_KIND_LIMIT,
+    check_instant,
+    check_name,
+    check_number,
+    check_priority,
+    check_queue_name,
+    check_whole,
+    encode_json,
+    same_json,
+)
+from jobs._store.clauses import insert_for
+from jobs._store.clock import Clock
+from jobs._store.reader import JOB_COLUMNS
+from jobs._store.statements import Statements
+from jobs._store.tables import JobsTable, KindLimitsTable, TransitionsTable
+
+
+def _inserted_with_history(columns: list[str], source: Any) -> Executable:
+    """PostgreSQL: INSERT the jobs ``source`` selects (an ID already present inserts
+    nothing) and a "submitted" history row for each one inserted, as one statement that
+    returns the inserted jobs."""
+    created = (
+        postgresql.insert(JobsTable)
+        .from_select(columns, source)
+        .on_conflict_do_nothing()
+        .returning(*JOB_COLUMNS)
+        .cte("created")
+    )
+    history = (
+        insert(TransitionsTable)
+        .from_select(
+            ["job_id", "to_state", "at", "reason"],
+            select(
+                created.c.id,
+                literal(State.QUEUED.value, TransitionsTable.to_state.type),
+                created.c.created_at,
+                literal("submitted", TransitionsTable.reason.type),
+            ),
+        )
+        .cte("history")
+    )
+    return select(*created.c).add_cte(history)
+
+
+def lock_limits(conn: Connection, kind: Any) -> KindLimits | None:
+    """Read a kind's limits, locking its row until the transaction ends: claims and
+    submits of one limited kind are serialized, so a count and the write that relies on
+    it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+    serializes every write)."""
+    row = conn.execute(
+        select(KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued)
+        .where(KindLimitsTable.kind == kind)
+        .with_for_update()
+    ).one_or_none()
+    return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
+
+
+def running_of_kind(clock: Clock) -> Any:
+    """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
+    (a takeover of a dead owner's job frees the slot it takes)."""
+    other_table = JobsTable.__table__.alias("other")
+    other = other_table.c
+    return (
+        select(func.count())
+        .select_from(other_table)
+        .where(
+            other.kind == JobsTable.kind,
+            other.state == State.RUNNING.value,
+            other.lease_until > clock.now(),
+            other.id != JobsTable.id,
+        )
+        .scalar_subquery()
+    )
+
+
+class Submissions:
+    """New jobs (:meth:`create`, :meth:`create_many`), admission and the kinds' limits."""
+
+    def __init__(self, statements: Statements, max_payload_bytes: int) -> None:
+        self.statements = statements
+        self.engine = statements.engine
+        self.clock = statements.clock
+        self.max_payload_bytes = max_payload_bytes
+
+    def new_job_values(
+        self,
+        kind: str,
+        inputs: Any,
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float,
+        code_version: str | None,
+        run_at: dt.datetime | None = None,
+        priority: int = 0,
+        queue: str | None = None,
+    ) -> dict[str, Any]:
+        """Validate one submission and return its row; raises before anything is written.
+        ``run_at`` (an aware instant) makes the job due then instead of ``delay_seconds``
+        from now; either way the database's clock decides when it is due. ``queue`` is where
+        its doorbells go (``None``: ``JOBS_QUEUE``)."""
+        check_name(job_id, "job id")
+        check_priority(priority)
+        if queue is not None:
+            check_queue_name(queue, "queue")
+        check_name(kind, "job kind")
+        if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
+            raise InvalidInput("inputs must be a JSON object with string keys")
+        text = encode_json(inputs, "inputs", self.max_payload_bytes)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidInput("max_attempts must be at least 1")
+        check_number(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        check_number(delay_seconds, "delay_seconds", 0, MAX_DELAY_SECONDS)
+        now = self.clock.now()
+        delayed = delay_seconds > 0
+        run_after: Any = self.clock.after(delay_seconds) if delayed else now
+        dispatched_at: Any = None if delayed else now
+        if run_at is not None:
+            if delayed:
+                raise InvalidInput("give run_at or a delay, not both")
+            run_after = check_instant(run_at, "run_at")
+            # Due already (on the database's clock): sent after commit like any job; else
+            # the sweeper sends it once due.
+            dispatched_at = case((literal(run_after, JobsTable.run_after.type) <= now, now))
+        return {
+            "id": job_id,
+            "kind": kind,
+            "state": State.QUEUED.value,
+            "inputs": json.loads(text),  # store exactly what a reader will get back
+            "fence": 0,
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "priority": priority,
+            "queue": queue,
+            "run_after": run_after,
+            "code_version": code_version,
+            "created_at": now,
+            "updated_at": now,
+            # Optimistic: the caller publishes right after commit; a failed publish calls
+            # mark_unrung, a lost message is re-sent by the sweeper once it is stale.
+            "dispatched_at": dispatched_at,
+        }
+
+    def create(
+        self,
+        kind: str,
+        inputs: dict[str, Any],
+        *,
+        job_id: str,
+        max_attempts: int,
+        delay_seconds: float = 0,
+        code_version: str | None = None,
+        priority: int = 0,
+        conn: Connection | None = None,
+        run_at: dt.datetime | None = None,
+        queue: str | None = None,
+    ) -> tuple[Job, bool]:
+        """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
+        same kind and inputs returns that job with ``created=False`` (an idempotent retry
+        of the same request), and with anything else raises :class:`DuplicateJob`.
+        With ``conn`` the job joins the caller's transaction."""
+        values = self.new_job_values(
+            kind,
+            inputs,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            delay_seconds=delay_seconds,
+            code_version=code_version,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+        )
+        [(job, created)] = self.create_many(kind, [values], conn=conn)
+        return job, created
+
+    def create_many(
+        self, kind: str, rows: Sequence[dict[str, Any]], *, conn: Connection | None = None
+    ) -> list[tuple[Job, bool]]:
+        """Insert validated job rows of one kind (from :meth:`new_job_values`) in one
+        transaction: admission counts them all, then one statement writes them and their
+        history on PostgreSQL (:meth:`_insert_unnested`), two on SQLite. An ID already
+        present returns its job (``created=False``) when kind and inputs match, else raises
+        :class:`DuplicateJob` and writes nothing."""
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        if len(set(ids)) != len(ids):
+            raise InvalidInput("the same job id appears twice in one submission")
+        if len(rows) == 1 and self.engine.dialect.name == "postgresql":
+            with self.statements.unit(conn, one_statement=True) as unit:
+                created = self._create_unlimited(unit, rows[0], own=conn is None)
+            if created is not None:
+                return [(Job.from_row(created), True)]
+        with self.statements.unit(conn) as unit:
+            self._admit(unit, kind, ids)
+            if unit.dialect.name == "postgresql":
+                inserted = self._insert_unnested(unit, rows)
+            else:
+                inserted = self._insert_rows(unit, rows)
+            existing = {}
+            if len(inserted) < len(ids):
+                existing = {
+                    row.id: row
+                    for row in unit.execute(
+                        select(*JOB_COLUMNS).where(
+                            JobsTable.id.in_([i for i in ids if i not in inserted])
+                        )
+                    )
+                }
+            results = []
+            for values in rows:
+                if values["id"] in inserted:
+                    results.append((Job.from_row(inserted[values["id"]]), True))
+                    continue
+                job = Job.from_row(existing[values["id"]])
+                if job.kind != kind or not same_json(job.inputs, values["inputs"]):
+                    # Raised inside the unit: a transaction of our own rolls back whatever
+                    # this call inserted; a caller's transaction is the caller's to roll back.
+                    raise DuplicateJob(job.id)
+                results.append((job, False))
+        return results
+
+    def _insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """SQLite: the rows and their history in the caller's transaction, by ID of the rows
+        inserted (an ID already present inserts nothing)."""
+        # One statement compiled for one row, sent as multi-row INSERTs by the driver
+        # (SQLAlchemy's "insertmanyvalues"): a VALUES list of N rows compiled afresh costs
+        # more than the database spends writing them.
+        clock_values = {name for name, value in rows[0].items() if isinstance(value, ColumnElement)}
+        inserted = {
+            row.id: row
+            for row in conn.execute(
+                insert_for(conn, JobsTable)
+                .values({name: rows[0][name] for name in clock_values})
+                .on_conflict_do_nothing()
+                .returning(*JOB_COLUMNS),
+                [{k: v for k, v in row.items() if k not in clock_values} for row in rows],
+            )
+        }
+        if inserted:
+            conn.execute(
+                insert(TransitionsTable),
+                [
+                    {
+                        "job_id": row["id"],
+                        "from_state": None,
+                        "to_state": State.QUEUED.value,
+                        "at": inserted[row["id"]].created_at,
+                        "reason": "submitted",
+                    }
+                    for row in rows
+                    if row["id"] in inserted
+                ],
+            )
+        return inserted
+
+    def _insert_unnested(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """PostgreSQL: the rows sent as one array per column and unnested into one INSERT,
+        whose history rows the same statement writes (a data-modifying CTE). One round trip
+        and a statement text that does not grow with the batch: a VALUES list of N rows
+        costs the driver more to build than PostgreSQL spends writing them."""
+        table = JobsTable.__table__.c
+        first = rows[0]
+        given = [name for name, value in first.items() if not isinstance(value, ColumnElement)]
+        # A delayed job's due time (or a run_at's due test) is an expression with its
+        # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
+        reusable = first["dispatched_at"] is first["run_after"]
+
+        def array_type(name: str) -> Any:
+            return postgresql.ARRAY(Text() if name == "inputs" else table[name].type)
+
+        def build() -> Executable:
+            unnested = (
+                func.unnest(
+                    *[
+                        cast(bindparam(f"a_{name}", type_=array_type(name)), array_type(name))
+                        for name in given
+                    ]
+                )
+                .table_valued(*given)
+                .render_derived(name="given")
+            )
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else cast(unnested.c[name], JSON)
+                    if name == "inputs"
+                    else unnested.c[name]
+                    for name, value in first.items()
+                ]
+            )
+            return _inserted_with_history(list(first), source)
+
+        params = {
+            f"a_{name}": [json.dumps(row[name]) if name == "inputs" else row[name] for row in rows]
+            for name in given
+        }
+        key = ("create_many", tuple(first), tuple(given))
+        statement = self.statements.reusable(key, build) if reusable else build()
+        if reusable:
+            params.update(self.clock.values())
+        return {row.id: row for row in conn.execute(statement, params)}
+
+    def _create_unlimited(
+        self, conn: Connection, values: dict[str, Any], *, own: bool
+    ) -> Row[Any] | None:
+        """PostgreSQL, one job of a kind without ``max_queued``: the INSERT and its history
+        row as one statement. ``None`` when nothing was inserted (the kind has a queue limit,
+        or the ID exists): the caller then takes the transactional path, which says which.
+        ``own``: ``conn`` is the store's autocommit connection, not a caller's transaction
+        (which only SQLAlchemy's execution may join: it knows what the caller began)."""
+        table = JobsTable.__table__.c
+        # A delayed job's due time (or a run_at's due test) is an expression with its
+        # delay or instant inside: built afresh. Only an immediate job's is the bare clock.
+        reusable = values["dispatched_at"] is values["run_after"]
+        params = {
+            f"c_{name}": value
+            for name, value in values.items()
+            if not isinstance(value, ColumnElement)
+        }
+
+        def build() -> Executable:
+            limited = select(KindLimitsTable.kind).where(
+                KindLimitsTable.kind == bindparam("c_kind", type_=table.kind.type),
+                KindLimitsTable.max_queued.is_not(None),
+            )
+            source = select(
+                *[
+                    value
+                    if isinstance(value, ColumnElement)
+                    else bindparam(f"c_{name}", type_=table[name].type)
+                    for name, value in values.items()
+                ]
+            ).where(~exists(limited))
+            return _inserted_with_history(list(values), source)
+
+        key = ("create", tuple(values), tuple(name in params for name in values))
+        if reusable and own:
+            row: Row[Any] | None = self.statements.one_reusable(conn, key, build, params)
+            return row
+        if reusable:
+            params.update(self.clock.values())
+            return conn.execute(self.statements.reusable(key, build), params).one_or_none()
+        return conn.execute(build(), params).one_or_none()
+
+    # -- admission and limits --------------------------------------------------------------
+
+    def _admit(self, conn: Connection, kind: str, job_ids: Sequence[str]) -> None:
+        """Refuse the submission (writing nothing) when it would take the kind's QUEUED jobs
+        past ``max_queued``; a kind without that limit costs one indexed read, no lock."""
+        has_limit = conn.execute(
+            select(KindLimitsTable.kind).where(
+                KindLimitsTable.kind == kind, KindLimitsTable.max_queued.is_not(None)
+            )
+        ).one_or_none()
+        if has_limit is None:
+            return
+        limits = lock_limits(conn, kind)
+        if limits is None or limits.max_queued is None:
+            return
+        present = set(
+            conn.execute(select(JobsTable.id).where(JobsTable.id.in_(list(job_ids)))).scalars()
+        )
+        adding = len([job_id for job_id in job_ids if job_id not in present])
+        if adding == 0:
+            return  # an idempotent re-submit adds nothing to the queue
+        queued = conn.execute(
+            select(func.count())
+            .select_from(JobsTable)
+            .where(JobsTable.kind == kind, JobsTable.state == State.QUEUED.value)
+        ).scalar_one()
+        if queued + adding <= limits.max_queued:
+            return
+        finished = conn.execute(
+            select(func.count())
+            .select_from(JobsTable)
+            .where(JobsTable.kind == kind, JobsTable.finished_at >= self.clock.after(-60))
+        ).scalar_one()
+        excess = queued + adding - limits.max_queued
+        retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
+        raise AdmissionRefused(
+            f"job kind {kind!r} has {queued} jobs queued (max_queued={limits.max_queued}); "
+            + (f"{adding} more do not fit; " if adding > 1 else "")
+            + "nothing was written",
+            retry_after,
+        )
+
+    def check_admission(self, kind: str, adding: int = 1) -> None:
+        """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit
+        in its ``max_queued`` now; writes nothing (the check's transaction rolls back). For
+        a submit that will happen later, after a caller's commit: the answer may change
+        in between."""
+        # A read (the counts) on SQLite: a deferred BEGIN takes no write lock, so a caller
+        # holding one on the same file (its own open transaction) is not waited for.
+        with self.statements.read() as conn:
+            checking = conn.begin()
+            try:
+                self._admit(conn, kind, [f"admission check {n}" for n in range(adding)])
+            finally:
+                checking.rollback()
+
+    def set_limits(
+        self,
+        kind: str,
+        *,
+        max_running: int | None,
+        max_queued: int | None,
+        only_if_absent: bool = False,
+        conn: Connection | None = None,
+    ) -> KindLimits:
+        """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
+        check_name(kind, "job kind")
+        for name, value in (("max_running", max_running), ("max_queued", max_queued)):
+            # bool is an int subclass, but True is a caller's mistake, not a limit of 1
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidInput(f"{name} must be a whole number >= 0 or None")
+            if value is not None:
+                check_whole(value, name, 0, MAX_KIND_LIMIT)  # PostgreSQL's integer column
+        values = {
+            "kind": kind,
+            "max_running": max_running,
+            "max_queued": max_queued,
+            "updated_at": self.clock.now(),
+        }
+        with self.statements.unit(conn) as unit:
+            ins = insert_for(unit, KindLimitsTable).values(values)
+            if only_if_absent:
+                ins = ins.on_conflict_do_nothing()
+            else:
+                ins = ins.on_conflict_do_update(
+                    index_elements=[KindLimitsTable.kind],
+                    set_={
+                        "max_running": max_running,
+                        "max_queued": max_queued,
+                        "updated_at": self.clock.now(),
+                    },
+                )
+            unit.execute(ins)
+            row = unit.execute(
+                select(
+                    KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued
+                ).where(KindLimitsTable.kind == kind)
+            ).one()
+        return KindLimits(row.kind, row.max_running, row.max_queued)
+
+
+__all__ = ["Submissions", "lock_limits", "running_of_kind"]

@@ -1,0 +1,359 @@
+"""Run one job: claim it, replay its recorded steps, run the handler, record the outcome.
+
+Used unchanged by the Celery task, by ``jobs.testing`` and by the in-process drain, so
+the rules are the same whichever way a job reaches a worker. The process's heartbeat
+(:class:`jobs._core.heartbeat.LeaseHeartbeat`) renews the lease while the handler runs;
+when a renewal is refused the handler is stopped at its next step and nothing more is
+written.
+
+A job's writes, for a one-step job: the claim (which also says whether recorded steps
+exist, so a first run reads none), and the outcome, which records the last step's
+output in the same statement. A step's record is written with the job's next write: the
+start of the next step, or the outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from jobs._config.settings import Settings
+from jobs._core.context import (
+    HandBack,
+    JobContext,
+    Sleeping,
+    TimedOut,
+    Unstorable,
+    WaitingForApproval,
+)
+from jobs._core.errors import InvalidInput, LeaseLost, UnknownKind
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._core.outage import LeaseHold
+from jobs._core.records import Moved, Ring
+from jobs._core.registry import REGISTRY, Registry
+from jobs._core.states import State
+from jobs._core.validate import check_loaded, clip
+from jobs._core.waits import WaitingForChildren, WaitingForEvent
+from jobs._store import Claim, Job, JobStore, PendingStep
+
+log = logging.getLogger("jobs.runner")
+
+
+class Outcome(enum.StrEnum):
+    """How one delivery of a job ended, as the runner reports it (logs, tests, metrics)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    WAITING_APPROVAL = "waiting_approval"
+    SLEEPING = "sleeping"
+    HANDED_BACK = "handed_back"
+    WAITING = "waiting"  # parked WAITING for children or an event
+    NOT_CLAIMED = "not_claimed"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One delivery's result: its outcome, the job as it was written, and which steps ran
+    and which were replayed from their records (what ``jobs.testing`` returns)."""
+
+    job_id: str
+    outcome: Outcome
+    job: Job | None = None
+    ran_steps: tuple[str, ...] = ()
+    replayed_steps: tuple[str, ...] = ()
+    error: str | None = None
+    # The kind's running limit seen by the claim: a finished run freed one of its slots.
+    max_running: int | None = None
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff: base, 2·base, 4·base … capped."""
+    return float(min(cap, base * (2 ** max(0, attempt - 1))))
+
+
+class Runner:
+    """Runs claimed jobs in this process: claim, replay the recorded steps, run the handler,
+    write the outcome (fenced), hand back on shutdown. The Celery task and
+    ``jobs.testing`` both drive one; ``owner`` names this process in every claim."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        owner: str,
+        *,
+        lease_seconds: float = 30.0,
+        registry: Registry = REGISTRY,
+        heartbeat: LeaseHeartbeat | None = None,
+        liveness_key: int | None = None,
+        budget_seconds: float | None = None,
+        retry_backoff_seconds: float = 1.0,
+        retry_backoff_max_seconds: float = 300.0,
+        stopping: Callable[[], bool] | None = None,
+        default_max_attempts: int = 5,
+        ring: Ring | None = None,
+    ) -> None:
+        self.store = store
+        # Rings the doorbells a run's writes owe after they committed: a parent queued by
+        # its last child's end, a spawn's new children. None rings nothing: the writes then
+        # leave such a parent unrung, for the sweeper.
+        self.ring = ring
+        # A child spawned without max_attempts, of a kind without one, gets this.
+        self.default_max_attempts = default_max_attempts
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.registry = registry
+        # None runs without renewals (deterministic tests): the lease must outlast the run.
+        self.heartbeat = heartbeat
+        self.liveness_key = liveness_key
+        self.budget_seconds = budget_seconds
+        self.retry_backoff_seconds = retry_backoff_seconds
+        self.retry_backoff_max_seconds = retry_backoff_max_seconds
+        # Asked before each step not yet recorded: True hands the job back to the queue
+        # (a worker's warm shutdown), so the job moves on elsewhere instead of waiting.
+        self.stopping = stopping
+
+    @classmethod
+    def from_settings(
+        cls, store: JobStore, owner: str, settings: Settings, **options: Any
+    ) -> Runner:
+        """A runner with the lease and retry backoff of ``settings``; ``options`` add the
+        rest (liveness key, delivery budget, heartbeat, stop flag)."""
+        return cls(
+            store,
+            owner,
+            lease_seconds=settings.lease_seconds,
+            retry_backoff_seconds=settings.retry_backoff_seconds,
+            retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
+            default_max_attempts=settings.default_max_attempts,
+            **options,
+        )
+
+    def run(self, job_id: str) -> RunResult:
+        """Claim ``job_id`` and run its handler to an outcome; ``NOT_CLAIMED`` when the job
+        is not due, not QUEUED, held under a live lease, or of a kind this process does not
+        know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
+        process that knows it)."""
+        sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
+        claim = self.store.ownership.claim(
+            job_id,
+            self.owner,
+            self.lease_seconds,
+            liveness_key=self.liveness_key,
+            kinds=self.registry.names(),
+        )
+        if claim is None:
+            return RunResult(job_id, Outcome.NOT_CLAIMED)
+        try:
+            result = self._run_claimed(claim, sent)
+        except LeaseLost as lost:
+            log.warning("%s; stopped without writing", lost)
+            result = RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
+        return dataclasses.replace(result, max_running=claim.max_running)
+
+    def _run_claimed(self, claim: Claim, sent: float) -> RunResult:
+        job = claim.job
+        hold = LeaseHold(
+            claim,
+            self.lease_seconds,
+            sent,
+            renew=lambda: self.store.ownership.renew(claim, self.lease_seconds),
+        )
+        try:
+            kind = self.registry.get(job.kind)
+            check_loaded(job.inputs, "inputs")
+            kind.check_inputs(job.inputs)
+            recorded = (
+                {step.name: step.output for step in self.store.reads.steps(job.id)}
+                if claim.has_steps
+                else {}
+            )
+            check_loaded(recorded, "a recorded step output")
+        except (UnknownKind, InvalidInput) as err:
+            # Not transient: no retry would help. Fail with the reason instead of looping.
+            failed = self._rung(self.store.ownership.fail(claim, str(err), rings=self.rings))
+            return RunResult(job.id, Outcome.FAILED, failed, error=str(err))
+        started = time.monotonic()
+        deadline = None if self.budget_seconds is None else started + self.budget_seconds
+        run_deadline = None
+        if kind.timeout is not None:
+            run_deadline = (
+                started + kind.timeout,
+                f"the job passed its timeout of {kind.timeout:g} s",
+            )
+        ctx = JobContext(
+            self.store,
+            claim,
+            recorded,
+            deadline=deadline,
+            stopping=self.stopping,
+            heartbeat=self.heartbeat,
+            run_deadline=run_deadline,
+            hold=hold,
+            registry=self.registry,  # children take their kinds' defaults
+            default_max_attempts=self.default_max_attempts,
+            ring=self.ring,
+        )
+        if self.heartbeat is not None:
+
+            def timed_out(why: str) -> None:
+                """From the heartbeat's thread: the handler is stopped at its next step
+                (writing nothing), and the attempt ends now, retried or FAILED."""
+                ctx.lease_lost(LeaseLost(job.id, claim.owner, claim.fence, why))
+                self._retry_or_fail(claim, why, ctx)
+
+            self.heartbeat.watch(
+                claim,
+                ctx.lease_lost,
+                timeout=kind.timeout,
+                on_timeout=timed_out,
+                renewed=hold.renewed,
+            )
+        try:
+            return self._run_handler(claim, kind.handler, ctx)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.unwatch(claim)
+
+    def _run_handler(self, claim: Claim, handler: Callable[..., Any], ctx: JobContext) -> RunResult:
+        job = claim.job
+        try:
+            with self.registry.job_scope():
+                result = handler(ctx, **job.inputs)
+        except WaitingForApproval as wait:
+            parked = self._held(
+                ctx,
+                partial(
+                    self.store.ownership.wait_for_approval,
+                    claim,
+                    wait.reason,
+                    wait.step_name,
+                    timeout=wait.timeout,
+                ),
+            )
+            return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+        except WaitingForChildren as children:
+            parked = self.store.workflows.wait_for_children(
+                claim, children.child_ids, children.step_name, steps=ctx.take_pending()
+            )
+            return self._result(parked, self._parked_or_back(parked), ctx)
+        except WaitingForEvent as event:
+            parked = self.store.workflows.wait_for_event(
+                claim, event.name, event.step_name, event.timeout, steps=ctx.take_pending()
+            )
+            return self._result(parked, self._parked_or_back(parked), ctx)
+        except Sleeping as sleep:
+            slept = self._held(
+                ctx, partial(self.store.ownership.sleep, claim, sleep.name, sleep.wake_at)
+            )
+            return self._result(slept, Outcome.SLEEPING, ctx)
+        except HandBack as hand_back:
+            released = self._held(ctx, partial(self.store.ownership.release, claim, str(hand_back)))
+            return self._result(released, Outcome.HANDED_BACK, ctx)
+        except Unstorable as unstorable:
+            failed = self._held(
+                ctx, partial(self.store.ownership.fail, claim, str(unstorable), rings=self.rings)
+            )
+            return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
+        except TimedOut as timed_out:
+            ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
+            log.warning("job %s attempt %d: %s", job.id, job.attempts, timed_out)
+            moved, outcome = self._retry_or_fail(claim, str(timed_out), ctx)
+            return self._result(moved, outcome, ctx, str(timed_out))
+        except LeaseLost:
+            raise
+        except Exception as err:
+            error = clip(f"{type(err).__name__}: {err}")
+            log.info(
+                "job %s attempt %d failed: %s\n%s",
+                job.id,
+                job.attempts,
+                error,
+                traceback.format_exc(),
+            )
+            moved, outcome = self._retry_or_fail(claim, error, ctx)
+            return self._result(moved, outcome, ctx, error)
+        ctx.check_lease()
+        pending = ctx.take_pending()
+        try:
+            completed = self._held(
+                ctx,
+                partial(self.store.ownership.complete, claim, result, rings=self.rings),
+                pending,
+            )
+        except InvalidInput as err:
+            # The return value cannot be stored (not JSON, too big): no retry would change it,
+            # and letting it escape would leave the job RUNNING until its lease ran out.
+            failed = self._held(
+                ctx, partial(self.store.ownership.fail, claim, str(err), rings=self.rings), pending
+            )
+            return self._result(failed, Outcome.FAILED, ctx, str(err))
+        return self._result(completed, Outcome.COMPLETED, ctx)
+
+    def _retry_or_fail(self, claim: Claim, error: str, ctx: JobContext) -> tuple[Job, Outcome]:
+        """End a failed attempt: back to QUEUED after the backoff while attempts remain,
+        else FAILED; the steps that ran before the failure are recorded with it."""
+        job = claim.job
+        if job.attempts < job.max_attempts:
+            delay = backoff_seconds(
+                job.attempts, self.retry_backoff_seconds, self.retry_backoff_max_seconds
+            )
+            retried = self._held(ctx, partial(self.store.ownership.retry, claim, error, delay))
+            return retried, Outcome.RETRYING
+        failed = self._held(ctx, partial(self.store.ownership.fail, claim, error, rings=self.rings))
+        return failed, Outcome.FAILED
+
+    @property
+    def rings(self) -> bool:
+        """Whether this runner rings the doorbells its writes owe (it has a ring)."""
+        return self.ring is not None
+
+    def _rung(self, moved: Moved) -> Job:
+        """Ring the doorbells ``moved``'s write owes, now that it committed; its job."""
+        if moved.doorbells and self.ring is not None:
+            self.ring(moved.doorbells)
+        return moved.job
+
+    def _held(
+        self,
+        ctx: JobContext,
+        write: Callable[..., Job | Moved],
+        steps: Sequence[PendingStep] | None = None,
+    ) -> Job:
+        """``write(steps=…)``, an outcome write with the run's pending steps (taken from
+        ``ctx`` unless given), held through a database outage while the lease can be live
+        (:class:`jobs._core.outage.LeaseHold`): the outcome is kept, not re-rolled; one
+        whose acknowledgement was lost is found in the job's history, not raised. The
+        doorbells a write owes ring after it committed (:meth:`_rung`); one found in the
+        history owes none: its doorbells were lost with its answer, for the sweeper."""
+        pending = ctx.take_pending() if steps is None else steps
+        claim = ctx.claim
+        written = (
+            write(steps=pending)
+            if ctx.hold is None
+            else ctx.hold.write(
+                partial(write, steps=pending),
+                landed=lambda: ctx.store.reads.moved_by(claim.job_id, claim.owner, claim.fence),
+            )
+        )
+        return self._rung(written) if isinstance(written, Moved) else written
+
+    @staticmethod
+    def _parked_or_back(job: Job) -> Outcome:
+        """WAITING, or HANDED_BACK when the wait ended as it began (its children ended, or
+        its event came, meanwhile): the job is QUEUED, due now, for its doorbell to ring."""
+        return Outcome.WAITING if job.state is State.WAITING else Outcome.HANDED_BACK
+
+    @staticmethod
+    def _result(job: Job, outcome: Outcome, ctx: JobContext, error: str | None = None) -> RunResult:
+        return RunResult(
+            job.id, outcome, job, tuple(ctx.ran_steps), tuple(ctx.replayed_steps), error
+        )

@@ -1,1 +1,0 @@
-"""The Celery runtime: the app, the one task, ringing doorbells, the sweeper, worker liveness."""
