@@ -1,0 +1,170 @@
+"""The house's layout, checked: a handful of public modules at the top of ``jobs/``, the
+internals in ``_``-prefixed packages, no basename used twice, no method that only passes a
+call on under its own name, no Celery signal connected at import time, and a module map in
+the docs that lists every module. Each check is also run on a made-up case it must catch."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "jobs"
+MODULE_MAP = ROOT / "docs" / "explanation" / "architecture.md"
+
+#: What a user imports from the top of the package; everything else lives in a package.
+PUBLIC_TOP = {"__init__", "__main__", "application", "celery_app", "results", "tasks"}
+#: The public packages; every other package of ``jobs/`` is private (named ``_…``).
+PUBLIC_PACKAGES = {"cli", "contrib", "testing", "examples"}
+#: Methods that pass a call on under their own name on purpose: each implements a protocol
+#: (a unit of work's ``connection``, a test runner's ``run``) or fixes a default for callers.
+FORWARDS_ON_PURPOSE = {
+    "jobs/_service/sqlalchemy_units.py:connection",  # the UnitOfWork protocol over a Session
+    "jobs/_service/operator.py:cancel_selected",  # the service's default reason for a batch
+    "jobs/testing/__init__.py:run",  # a runner made per call, with the test's settings
+}
+
+
+def source_files() -> list[Path]:
+    return sorted(
+        path for path in PACKAGE.rglob("*.py") if "versions" not in path.relative_to(ROOT).parts
+    )
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def repeated_basenames(paths: list[str]) -> dict[str, int]:
+    names = Counter(
+        Path(path).stem for path in paths if Path(path).stem not in ("__init__", "__main__")
+    )
+    return {name: count for name, count in names.items() if count > 1}
+
+
+def forwarders(path: str, tree: ast.Module) -> list[str]:
+    """Functions whose whole body is one call of a method of the same name on something
+    else, handing it exactly their own parameters."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        body = [
+            statement
+            for statement in node.body
+            if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant))
+        ]
+        if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr):
+            continue
+        call = body[0].value
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+            continue
+        parameters = sorted(
+            argument.arg
+            for argument in node.args.args + node.args.kwonlyargs
+            if argument.arg not in ("self", "cls")
+        )
+        passed = [value for value in call.args if isinstance(value, ast.Name)]
+        passed += [
+            keyword.value for keyword in call.keywords if isinstance(keyword.value, ast.Name)
+        ]
+        handed_on = sorted(value.id for value in passed if isinstance(value, ast.Name))
+        if (
+            call.func.attr == node.name
+            and handed_on == parameters
+            and len(call.args) + len(call.keywords) == len(parameters)
+        ):
+            found.append(f"{path}:{node.name}")
+    return found
+
+
+def connects_at_import(path: str, tree: ast.Module) -> list[str]:
+    """Module-level statements that connect a signal handler (``signal.connect(f)`` or a
+    ``@signal.connect`` decorator) when the module is imported."""
+    found = []
+    for statement in tree.body:
+        decorators = getattr(statement, "decorator_list", [])
+        calls = [
+            node
+            for node in ([statement.value] if isinstance(statement, ast.Expr) else [])
+            if isinstance(node, ast.Call)
+        ]
+        for node in decorators + calls:
+            target = node.func if isinstance(node, ast.Call) else node
+            if isinstance(target, ast.Attribute) and target.attr == "connect":
+                found.append(f"{path}:{statement.lineno}")
+    return found
+
+
+def test_a_handful_of_public_modules_at_the_top() -> None:
+    assert {path.stem for path in PACKAGE.glob("*.py")} == PUBLIC_TOP
+
+
+def test_internals_live_in_private_packages() -> None:
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert {name for name in packages if not name.startswith("_")} == PUBLIC_PACKAGES
+
+
+def test_no_basename_is_used_twice() -> None:
+    assert repeated_basenames([relative(path) for path in source_files()]) == {}
+
+
+def test_the_basename_check_finds_a_repeat() -> None:
+    assert repeated_basenames(["jobs/_store/doorbells.py", "jobs/_worker/doorbells.py"]) == {
+        "doorbells": 2
+    }
+
+
+def test_no_method_only_passes_its_call_on() -> None:
+    found = {
+        name
+        for path in source_files()
+        for name in forwarders(relative(path), ast.parse(path.read_text()))
+    }
+    assert found - FORWARDS_ON_PURPOSE == set()
+    assert FORWARDS_ON_PURPOSE - found == set(), "an allowed forwarder is gone: drop it here"
+
+
+def test_the_forwarder_check_finds_one() -> None:
+    tree = ast.parse(
+        "class Facade:\n"
+        "    def cancel(self, job_id, reason):\n"
+        '        """Cancel."""\n'
+        "        return self._part.cancel(job_id, reason=reason)\n"
+        "    def approve(self, job_id):\n"
+        "        return self._part.approve(job_id, by='ops')\n"
+    )
+    assert forwarders("x.py", tree) == ["x.py:cancel"]
+
+
+def test_no_signal_is_connected_at_import() -> None:
+    found = [
+        line
+        for path in source_files()
+        for line in connects_at_import(relative(path), ast.parse(path.read_text()))
+    ]
+    assert found == []
+
+
+def test_the_signal_check_finds_one() -> None:
+    tree = ast.parse(
+        "from celery import signals\n"
+        "@signals.worker_ready.connect\n"
+        "def ready(**_): pass\n"
+        "signals.worker_shutdown.connect(ready)\n"
+        "def later():\n"
+        "    signals.task_prerun.connect(ready)\n"
+    )
+    assert connects_at_import("x.py", tree) == ["x.py:3", "x.py:4"]
+
+
+def test_the_module_map_lists_every_module() -> None:
+    text = MODULE_MAP.read_text()
+    missing = [
+        relative(path)
+        for path in source_files()
+        if f"`{relative(path)}`" not in text
+        and not (path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text())))
+    ]
+    assert missing == []
