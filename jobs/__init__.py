@@ -75,48 +75,27 @@ if TYPE_CHECKING:
     )
     from jobs.results import JobFailure, JobResult
 
-_LAZY = {
-    **dict.fromkeys(
-        (
-            "approve",
-            "cancel",
-            "children",
-            "default_app",
-            "get",
-            "history",
-            "list_jobs",
-            "retry",
-            "ring",
-            "schedule",
-            "schedules",
-            "seed_limits",
-            "send_event",
-            "set_doorbell",
-            "set_limits",
-            "steps",
-            "submit",
-            "submit_many",
-            "unschedule",
-            "wake",
-        ),
-        "jobs.application",
-    ),
-    **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs._core.records"),
-    **dict.fromkeys(("JobsApp", "reset"), "jobs.application"),
-    "SubmitOptions": "jobs._service.options",
-    **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
-    "Schedule": "jobs._core.schedule_ticks",
-}
+#: Where the names of ``__all__`` not imported above come from, each module imported when
+#: one of its names is first read, in this order (the first that has the name gives it).
+_LAZY_FROM = (
+    "jobs._core.records",
+    "jobs._core.schedule_ticks",
+    "jobs._service.options",
+    "jobs.application",
+    "jobs.results",  # Celery's result states: imported only for the result handle
+)
 
 
 def __getattr__(name: str) -> Any:
     """The operations and record types, imported on first use (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if name in __all__:
+        for module_name in _LAZY_FROM:
+            module = importlib.import_module(module_name)
+            if hasattr(module, name):
+                value = getattr(module, name)
+                globals()[name] = value
+                return value
+    raise AttributeError(f"module 'jobs' has no attribute {name!r}")
 
 
 __all__ = [

@@ -26,7 +26,6 @@ from typing import (
     Concatenate,
     Generic,
     ParamSpec,
-    TypedDict,
     TypeVar,
     Unpack,
     overload,
@@ -35,7 +34,7 @@ from typing import (
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput
 from jobs._core.lazy import lazy_module
-from jobs._core.registry import REGISTRY, JobKind, Registry
+from jobs._core.registry import REGISTRY, JobKind, KindOptions, Registry
 from jobs._core.signatures import Signature
 
 if TYPE_CHECKING:
@@ -52,21 +51,6 @@ else:  # the application imports this module's users; the results import Celery
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class KindOptions(TypedDict, total=False):
-    """The options of ``@jobs.job`` beside the kind's name (:meth:`Registry.job`'s)."""
-
-    max_attempts: int | None
-    version: str | None
-    max_running: int | None
-    max_queued: int | None
-    schedule: str | None
-    timezone: str
-    catch_up: str
-    priority: int
-    timeout: float | None
-    queue: str | None
 
 
 CELERY_OPTIONS_IGNORED = frozenset({"serializer", "compression", "headers", "retry"})

@@ -168,3 +168,36 @@ def test_the_module_map_lists_every_module() -> None:
         and not (path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text())))
     ]
     assert missing == []
+
+
+def test_each_lazy_public_name_is_the_one_type_checkers_see() -> None:
+    """``jobs.<name>`` loaded on first use is the object ``jobs/__init__.py``'s
+    ``if TYPE_CHECKING:`` imports name, so users' type checkers and their programs agree."""
+    import importlib  # noqa: PLC0415 - the check imports the public modules itself
+
+    import jobs  # noqa: PLC0415
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = ast.Module(
+        body=[
+            statement
+            for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for statement in node.body
+        ],
+        type_ignores=[],
+    )
+    named = {
+        alias.name: node.module
+        for node in ast.walk(checked)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    assert named, "no TYPE_CHECKING imports found"
+    wrong = [
+        name
+        for name, module in named.items()
+        if getattr(jobs, name) is not getattr(importlib.import_module(module), name)
+    ]
+    assert wrong == []
+    assert set(named) <= set(jobs.__all__)

@@ -15,7 +15,7 @@ import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from jobs._config.settings import from_env
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
@@ -74,6 +74,22 @@ class JobKind:
             self.signature.bind(None, **inputs)
         except TypeError as err:
             raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
+
+
+class KindOptions(TypedDict, total=False):
+    """The options of ``@jobs.job`` beside the kind's name: the types of
+    :meth:`Registry.register`'s keywords, which declares their defaults and checks."""
+
+    max_attempts: int | None
+    version: str | None
+    max_running: int | None
+    max_queued: int | None
+    schedule: str | None
+    timezone: str
+    catch_up: str
+    priority: int
+    timeout: float | None
+    queue: str | None
 
 
 class Registry:
@@ -170,21 +186,7 @@ class Registry:
         for listener in listeners:
             listener(kind)
 
-    def job(
-        self,
-        name: str,
-        *,
-        max_attempts: int | None = None,
-        version: str | None = None,
-        max_running: int | None = None,
-        max_queued: int | None = None,
-        schedule: str | None = None,
-        timezone: str = "UTC",
-        catch_up: str = "latest",
-        priority: int = 0,
-        timeout: float | None = None,
-        queue: str | None = None,
-    ) -> Callable[[F], F]:
+    def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
         submits one job; ``catch_up`` says what happens to ticks missed while no sweeper
@@ -197,20 +199,7 @@ class Registry:
         the worker pools meant for them."""
 
         def decorate(handler: F) -> F:
-            self.register(
-                name,
-                handler,
-                max_attempts=max_attempts,
-                version=version,
-                max_running=max_running,
-                max_queued=max_queued,
-                schedule=schedule,
-                timezone=timezone,
-                catch_up=catch_up,
-                priority=priority,
-                timeout=timeout,
-                queue=queue,
-            )
+            self.register(name, handler, **options)
             return handler
 
         return decorate

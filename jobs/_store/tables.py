@@ -141,16 +141,26 @@ JobsTable = TableColumns(
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
 
+
+def job_id_column(
+    *, primary_key: bool = False, nullable: bool | None = None, index: bool | None = None
+) -> Column[str]:
+    """A row's job: the ``job_id`` column of a table beside ``jobs``, deleted with its job."""
+    return Column(
+        "job_id",
+        String(ID_LENGTH),
+        ForeignKey("jobs.id", ondelete="CASCADE"),
+        primary_key=primary_key,
+        nullable=not primary_key if nullable is None else nullable,
+        index=index,
+    )
+
+
 StepsTable = TableColumns(
     Table(
         "job_steps",
         metadata,
-        Column(
-            "job_id",
-            String(ID_LENGTH),
-            ForeignKey("jobs.id", ondelete="CASCADE"),
-            primary_key=True,
-        ),
+        job_id_column(primary_key=True),
         Column("name", String(ID_LENGTH), primary_key=True),
         Column("output", JSON),
         Column("recorded_at", UtcDateTime(), nullable=False),
@@ -165,13 +175,7 @@ TransitionsTable = TableColumns(
         "job_transitions",
         metadata,
         Column("id", _BIG_ID, primary_key=True, autoincrement=True),
-        Column(
-            "job_id",
-            String(ID_LENGTH),
-            ForeignKey("jobs.id", ondelete="CASCADE"),
-            nullable=False,
-            index=True,
-        ),
+        job_id_column(nullable=False, index=True),
         Column("from_state", String(20)),
         Column("to_state", String(20), nullable=False),
         Column("at", UtcDateTime(), nullable=False),
@@ -188,12 +192,7 @@ EventsTable = TableColumns(
         "job_events",
         metadata,
         Column("id", _BIG_ID, primary_key=True, autoincrement=True),
-        Column(
-            "job_id",
-            String(ID_LENGTH),
-            ForeignKey("jobs.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        job_id_column(nullable=False),
         Column("name", String(ID_LENGTH), nullable=False),
         Column("payload", JSON),
         Column("sent_at", UtcDateTime(), nullable=False),

@@ -1,11 +1,4 @@
-"""initial job tables
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-29 08:44:10.313090
-"""
-
-from collections.abc import Sequence
+"""0001, 2026-11-29: initial job tables (after nothing)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -14,8 +7,6 @@ import jobs._store.clock
 
 revision: str = "0001"
 down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

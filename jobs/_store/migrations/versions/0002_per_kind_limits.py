@@ -1,11 +1,4 @@
-"""per-kind limits
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-29 09:44:57.871074
-"""
-
-from collections.abc import Sequence
+"""0002, 2026-11-29: per-kind limits (after 0001)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -14,8 +7,6 @@ import jobs._store.clock
 
 revision: str = "0002"
 down_revision: str | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

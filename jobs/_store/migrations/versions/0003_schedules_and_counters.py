@@ -1,11 +1,4 @@
-"""periodic schedules and operational counters
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-30 21:30:00.000000
-"""
-
-from collections.abc import Sequence
+"""0003, 2026-11-30: periodic schedules and operational counters (after 0002)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -14,8 +7,6 @@ import jobs._store.clock
 
 revision: str = "0003"
 down_revision: str | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -1,19 +1,10 @@
-"""job priority
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-01 00:30:00.000000
-"""
-
-from collections.abc import Sequence
+"""0004, 2026-12-01: job priority (after 0003)."""
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
 down_revision: str | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

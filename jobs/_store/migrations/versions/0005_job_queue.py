@@ -1,19 +1,10 @@
-"""job queue
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-01 16:30:00.000000
-"""
-
-from collections.abc import Sequence
+"""0005, 2026-12-01: job queue (after 0004)."""
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
 down_revision: str | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

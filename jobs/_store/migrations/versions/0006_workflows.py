@@ -1,11 +1,4 @@
-"""workflows: parent and children, parked jobs, events with deadlines
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-02 10:00:00.000000
-"""
-
-from collections.abc import Sequence
+"""0006, 2026-12-02: workflows: parent and children, parked jobs, events with deadlines (after 0005)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -14,8 +7,6 @@ from jobs._store.clock import UtcDateTime
 
 revision: str = "0006"
 down_revision: str | None = "0005"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 _BEFORE = "'QUEUED', 'RUNNING', 'WAITING_APPROVAL', 'COMPLETED', 'FAILED', 'CANCELLED'"
 _AFTER = "'QUEUED', 'RUNNING', 'WAITING_APPROVAL', 'WAITING', 'COMPLETED', 'FAILED', 'CANCELLED'"
