@@ -124,23 +124,12 @@ class EventWaits:
         check_name(step_name, "event step name")
         deadline = None if timeout is None else self.clock.after(timeout)
         with self.engine.begin() as conn:
-            row = self.statements.transition(
-                conn,
-                claim.job_id,
-                State.WAITING,
-                only_from=[State.RUNNING],
-                where=self.statements.fenced(claim),
-                changes=RowChanges.parked(
-                    step_name,
-                    deadline,
-                    children_pending=0,
-                    wait_event=name,
-                ),
-                owner=claim.owner,
-                fence=claim.fence,
-                reason=f"waiting for event {name!r}"
-                + ("" if timeout is None else f" for at most {timeout:g} s"),
-                steps=steps,
+            reason = f"waiting for event {name!r}" + (
+                "" if timeout is None else f" for at most {timeout:g} s"
+            )
+            parked = RowChanges.parked(step_name, deadline, children_pending=0, wait_event=name)
+            row = self.statements.owned_transition(
+                conn, claim, State.WAITING, parked, reason, steps
             )
             if row is None:
                 raise self.statements.explain(conn, claim.job_id, State.WAITING, claim)

@@ -440,17 +440,13 @@ class Ownership:
         the sweeper gives up the wait then (:meth:`Workflows.fire_deadlines`)."""
         check_name(step_name, "approval step name")
         with self.engine.begin() as conn:
-            row = self.statements.transition(
+            row = self.statements.owned_transition(
                 conn,
-                claim.job_id,
+                claim,
                 State.WAITING_APPROVAL,
-                only_from=[State.RUNNING],
-                where=self.statements.fenced(claim),
-                changes=RowChanges.parked(
+                RowChanges.parked(
                     step_name, None if timeout is None else self.clock.after(timeout)
                 ),
-                owner=claim.owner,
-                fence=claim.fence,
                 reason=reason,
                 steps=steps,
             )

@@ -22,7 +22,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Executable, Float, bindparam, literal
+from sqlalchemy import ColumnElement, Connection, Engine, Executable, Float, Row, bindparam, literal
 
 from jobs._core.records import Claim, Job, PendingStep
 from jobs._core.states import State
@@ -169,6 +169,31 @@ class Statements(StateMoves):
 
     # -- an owner's move -------------------------------------------------------------------
 
+    def owned_transition(
+        self,
+        conn: Connection,
+        claim: Claim,
+        target: State,
+        changes: RowChanges,
+        reason: str | None = None,
+        steps: Sequence[PendingStep] = (),
+    ) -> Row[Any] | None:
+        """:meth:`transition` as ``claim``'s owner makes it inside ``conn``'s transaction:
+        from RUNNING only, fenced, with the owner and fence in the history row. ``None``
+        when the fence refused it (:meth:`explain` says why)."""
+        return self.transition(
+            conn,
+            claim.job_id,
+            target,
+            only_from=[State.RUNNING],
+            where=self.fenced(claim),
+            changes=changes,
+            owner=claim.owner,
+            fence=claim.fence,
+            reason=reason,
+            steps=steps,
+        )
+
     def owner_move(
         self,
         claim: Claim,
@@ -190,18 +215,7 @@ class Statements(StateMoves):
                     with self.recording(claim.job_id, steps):
                         row = self.one_reusable(conn, key, build, params)
                 else:
-                    row = self.transition(
-                        conn,
-                        claim.job_id,
-                        target,
-                        only_from=[State.RUNNING],
-                        where=self.fenced(claim),
-                        changes=changes,
-                        owner=claim.owner,
-                        fence=claim.fence,
-                        reason=reason,
-                        steps=steps,
-                    )
+                    row = self.owned_transition(conn, claim, target, changes, reason, steps)
                 if row is None:
                     raise self.explain(conn, claim.job_id, target, claim)
                 return Job.from_row(row)

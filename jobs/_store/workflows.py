@@ -102,37 +102,28 @@ class Workflows(EventWaits):
                     .returning(JobsTable.id)
                 ).scalars()
             )
-            fenced = self.statements.fenced(claim)
             if marked:
-                row = self.statements.transition(
+                row = self.statements.owned_transition(
                     conn,
-                    claim.job_id,
+                    claim,
                     State.WAITING,
-                    only_from=[State.RUNNING],
-                    where=fenced,
-                    changes=RowChanges.parked(
+                    RowChanges.parked(
                         step_name,
                         None,
                         children_pending=len(marked),
                         wait_event=None,
                     ),
-                    owner=claim.owner,
-                    fence=claim.fence,
                     reason=f"waiting for {len(marked)} of {len(child_ids)} children",
                     steps=steps,
                 )
             else:
-                row = self.statements.transition(
+                row = self.statements.owned_transition(
                     conn,
-                    claim.job_id,
+                    claim,
                     State.QUEUED,
-                    only_from=[State.RUNNING],
-                    where=fenced,
-                    changes=RowChanges.given_back(
+                    RowChanges.given_back(
                         run_after=self.clock.now(), dispatched_at=self.clock.now()
                     ),
-                    owner=claim.owner,
-                    fence=claim.fence,
                     reason="its children ended while it parked",
                     steps=steps,
                 )
@@ -160,17 +151,8 @@ class Workflows(EventWaits):
         move and :func:`settle_parent` in one transaction."""
         if self.engine.dialect.name != "postgresql":
             with self.engine.begin() as conn:
-                row = self.statements.transition(
-                    conn,
-                    claim.job_id,
-                    target,
-                    only_from=[State.RUNNING],
-                    where=self.statements.fenced(claim),
-                    changes=changes,
-                    owner=claim.owner,
-                    fence=claim.fence,
-                    reason=reason,
-                    steps=steps,
+                row = self.statements.owned_transition(
+                    conn, claim, target, changes, reason=reason, steps=steps
                 )
                 if row is None:
                     raise self.statements.explain(conn, claim.job_id, target, claim)
