@@ -15,7 +15,7 @@ from celery import Celery
 
 from jobs._config.settings import from_env
 from jobs._core.registry import Registry
-from jobs._worker.celery_setup import JOB_TASK_OPTIONS, installed_on, register_kind_tasks
+from jobs._worker.installed import JOB_TASK_OPTIONS, installed_on, register_kind_tasks
 from jobs.application import JobsApp
 from jobs.contrib.celery import GATED_CONSUMER, install
 

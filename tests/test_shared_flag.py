@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jobs._worker.celery_setup import installed_on
+from jobs._worker.installed import installed_on
 from jobs._worker.shared_flag import SharedFlag
 from jobs.celery_app import app
 

@@ -87,7 +87,7 @@ def test_a_worker_on_the_solo_pool_is_warned_at_start_up(
 
     from celery.concurrency import get_implementation  # noqa: PLC0415
 
-    from jobs._worker.celery_setup import SOLO_POOL_WARNING, warn_about_the_pool  # noqa: PLC0415
+    from jobs._worker.signals import SOLO_POOL_WARNING, warn_about_the_pool  # noqa: PLC0415
     from jobs.application import default_app  # noqa: PLC0415
 
     monkeypatch.setenv("JOBS_BROKER_URL", broker)

@@ -21,7 +21,9 @@ from celery import Celery, current_app, signals
 from jobs._config.settings import from_env
 from jobs._core.registry import Registry
 from jobs._worker import signals as worker_signals
-from jobs._worker.celery_setup import WORKER_SIGNALS, installed_on, make_app
+from jobs._worker.celery_setup import make_app
+from jobs._worker.installed import installed_on
+from jobs._worker.signals import WORKER_SIGNALS
 from jobs.application import JobsApp
 from jobs.contrib.celery import install
 

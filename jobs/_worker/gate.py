@@ -24,7 +24,7 @@ from jobs._core.errors import InvalidInput
 from jobs._core.validate import NAME_LENGTH, check_name
 from jobs._doorbell.queues import KIND_TASK_PREFIX, is_doorbell, is_job_task_name
 from jobs._worker.broker_errors import CELERY_STEPS, RetryingConsumer
-from jobs._worker.celery_setup import installed_on
+from jobs._worker.installed import installed_on
 
 log = logging.getLogger("jobs.worker")
 

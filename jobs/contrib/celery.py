@@ -47,12 +47,8 @@ from jobs._core.errors import SettingsError
 from jobs._core.registry import JobKind
 from jobs._doorbell.app_queues import add_durable_queues, route_kinds
 from jobs._doorbell.queues import kind_task_name, queue_names, with_bands
-from jobs._worker.celery_setup import (
-    Installed,
-    import_task_modules,
-    install_runner,
-    register_kind_tasks,
-)
+from jobs._worker.celery_setup import import_task_modules, install_runner
+from jobs._worker.installed import Installed, register_kind_tasks
 from jobs.application import JobsApp, default_app
 from jobs.contrib.celery_control import wrap_results_and_revoke
 

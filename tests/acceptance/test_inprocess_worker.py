@@ -26,6 +26,7 @@ import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this
 from jobs._config.settings import from_env
 from jobs._core.states import State
 from jobs._worker import celery_setup as jobs_celery
+from jobs._worker.installed import installed_on
 from jobs.application import default_app
 from tests.acceptance.conftest import (
     PG_RABBITMQ,
@@ -78,7 +79,7 @@ def celery_worker_parameters() -> dict[str, Any]:
 def test_in_process_worker_runs_check_order(stack: Stack, celery_session_worker: Any) -> None:
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     assert celery_session_worker.hostname == NODE
-    installed = jobs_celery.installed_on(celery_session_worker.app)
+    installed = installed_on(celery_session_worker.app)
     assert installed is not None
     assert installed.host is default_app()
     assert jobs_celery.TASK_NAME in celery_session_worker.app.tasks
