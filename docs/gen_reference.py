@@ -109,7 +109,7 @@ def states_table(problems: Problems) -> str:
 def explain_reasons() -> list[str]:
     """Every reason code :func:`jobs._service.explain.explain` can give, read from its source:
     the string first in a returned tuple, or assigned to ``reason``."""
-    tree = ast.parse((ROOT / "jobs" / "runtime" / "explain.py").read_text())
+    tree = ast.parse((ROOT / "jobs" / "_service" / "explain.py").read_text())
     found: list[str] = []
     for node in ast.walk(tree):
         value: ast.expr | None = None
@@ -152,7 +152,7 @@ METRIC_CALLS = {
 def metrics() -> list[tuple[str, str, str, list[str]]]:
     """Every metric :mod:`jobs._sweeper.metrics` defines: (name, type, help, labels), read
     from its source (the first two string arguments of each metric's constructor)."""
-    tree = ast.parse((ROOT / "jobs" / "runtime" / "metrics.py").read_text())
+    tree = ast.parse((ROOT / "jobs" / "_sweeper" / "metrics.py").read_text())
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):

@@ -55,7 +55,7 @@ def test_the_states_table_has_every_state_and_transition() -> None:
 
 
 def test_the_explain_table_has_every_reason_the_explainer_returns() -> None:
-    source = (ROOT / "jobs" / "runtime" / "explain.py").read_text()
+    source = (ROOT / "jobs" / "_service" / "explain.py").read_text()
     # every short snake_case literal the explainer hands back as a reason
     literals = set(re.findall(r'(?:return \(?\s*|reason = )"([a-z_]+)"', source))
     assert len(literals) >= 15
@@ -66,7 +66,7 @@ def test_the_explain_table_has_every_reason_the_explainer_returns() -> None:
 
 
 def test_the_metrics_table_has_every_metric_the_exporter_defines() -> None:
-    source = (ROOT / "jobs" / "runtime" / "metrics.py").read_text()
+    source = (ROOT / "jobs" / "_sweeper" / "metrics.py").read_text()
     names = set(re.findall(r'"(jobs(?:_[a-z_]+)?)",\s*\n?\s*"[A-Z]', source))
     assert len(names) >= 10
     text = table("metrics")
