@@ -18,6 +18,7 @@ from typing import Any
 
 from jobs.core.context import wake_at_of
 from jobs.core.database_urls import mask_url
+from jobs.core.progress import progress_text
 from jobs.core.records import Job, Transition
 from jobs.core.settings import Settings
 from jobs.core.states import State
@@ -37,6 +38,8 @@ class Explanation:
     reason: str
     paragraph: str
     actions: tuple[str, ...]
+    # The job's latest ``ctx.progress`` (``{"done", "total", "message"}``), if any.
+    progress: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (``jobctl explain --json``)."""
@@ -46,6 +49,7 @@ class Explanation:
             "reason": self.reason,
             "explanation": self.paragraph,
             "actions": list(self.actions),
+            "progress": self.progress,
         }
 
 
@@ -207,8 +211,11 @@ def explain(
             f"{': ' + printable(moved.reason) if moved is not None and moved.reason else ''}."
         )
         actions = (f"jobctl show {quoted}", f"jobctl retry {quoted} to run it after all")
+    progress = progress_text(job.progress)
+    if progress is not None:
+        done = f"{done} Progress: {progress}."
     paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
-    return Explanation(job.id, job.state, reason, paragraph, tuple(actions))
+    return Explanation(job.id, job.state, reason, paragraph, tuple(actions), job.progress)
 
 
 def _origin(job: Job) -> str:

@@ -37,6 +37,7 @@ from jobs.contrib.flower_jobs.pages import (
 )
 from jobs.core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
 from jobs.core.page_reads import Page
+from jobs.core.progress import fraction_of, progress_text
 from jobs.core.records import JobFilter
 from jobs.runtime.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
 
@@ -117,6 +118,8 @@ class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hin
             one_line=one_line,
             as_json=as_json,
             instant=instant,
+            progress_text=progress_text,
+            fraction_of=fraction_of,
             urlencode=urlencode,
         )
         namespace.update(values)
