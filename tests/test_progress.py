@@ -182,3 +182,5 @@ def test_the_progress_metric_covers_a_bounded_number_of_running_jobs(engine: Eng
     series = scrape(store)
     assert len(series) <= PROGRESS_SERIES
     assert series[("copy", "half")] == 0.25  # the longest-lived first
+    described = generate_latest(registry_for(store, lease_seconds=30)).decode()
+    assert f"(at most {PROGRESS_SERIES} jobs" in described  # the help says the cap it has

@@ -169,8 +169,8 @@ class TableCollector(Collector):
         total (:data:`PROGRESS_SERIES` at most)."""
         progress = GaugeMetricFamily(
             "jobs_progress",
-            f"A RUNNING job's ctx.progress as done/total, 0 to 1 (at most {PROGRESS_SERIES} "
-            "jobs, the longest-lived first; jobs reporting no total are left out).",
+            "A RUNNING job's ctx.progress as done/total, 0 to 1 (at most 20 jobs, the "
+            "longest-lived first; jobs reporting no total are left out).",
             labels=["kind", "job_id"],
         )
         for job_id, kind, value in self.store.depth.running_progress(PROGRESS_SERIES):
