@@ -9,6 +9,7 @@ The counts of writes with real ``celery worker`` processes, and the views (``job
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from jobs import testing
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput, LeaseLost
+from jobs.core.heartbeat import LeaseHeartbeat
 from jobs.core.models import JobsTable
 from jobs.core.progress import MESSAGE_LENGTH, check_progress, progress_text
 from jobs.core.states import State
@@ -184,3 +186,31 @@ def test_the_progress_metric_covers_a_bounded_number_of_running_jobs(engine: Eng
     assert series[("copy", "half")] == 0.25  # the longest-lived first
     described = generate_latest(registry_for(store, lease_seconds=30)).decode()
     assert f"(at most {PROGRESS_SERIES} jobs" in described  # the help says the cap it has
+
+
+def test_a_held_value_is_written_by_the_heartbeat_when_the_handler_goes_quiet(
+    engine: Engine,
+) -> None:
+    store = JobStore(engine)  # the database's clock: the heartbeat renews on real time
+    store.submissions.create("kind", {}, job_id="j1", max_attempts=3)
+    heartbeat = LeaseHeartbeat(store, LEASE)
+    claim = claimed(store, "j1", "A")
+    context = JobContext(store, claim, {}, heartbeat=heartbeat)
+    heartbeat.watch(claim, context.lease_lost)
+    try:
+        context.progress(1, 3, "first")  # written at once
+        context.progress(2, 3, "second")  # held: within the second
+        assert row_progress(engine, "j1")["message"] == "first"
+        # The handler makes no further call (a long call after a burst): the heartbeat's
+        # thread writes the held value once its second is up.
+        seen = None
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            seen = row_progress(engine, "j1")["message"]
+            if seen == "second":
+                break
+            time.sleep(0.05)
+        assert seen == "second"
+    finally:
+        heartbeat.unwatch(claim)
+        heartbeat.stop()

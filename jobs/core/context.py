@@ -171,6 +171,9 @@ class JobContext(Workflow):
         self._progress_written_at: float | None = None
         self._progress_lock = threading.Lock()
         self.progress_interval = PROGRESS_INTERVAL_SECONDS
+        # The heartbeat's key for writing a held value once its second is up (negative:
+        # never the key of this context's pending-step flush, ``id(self)``).
+        self._progress_key = -id(self)
 
     @property
     def job_id(self) -> str:
@@ -239,6 +242,26 @@ class JobContext(Workflow):
             due = written is None or time.monotonic() - written >= self.progress_interval
         if due:
             self.flush_progress()
+        elif self._heartbeat is not None:
+            # Held: the heartbeat's thread writes it once its second is up, should the
+            # handler make no further call or step meanwhile (a long call after a burst).
+            self._heartbeat.flush_later(self._progress_key, self._flush_progress_when_due)
+
+    def _flush_progress_when_due(self) -> None:
+        """From the heartbeat's thread: write a held value once :attr:`progress_interval`
+        has passed since the last write (until then, ask to be called again)."""
+        if self._lost.is_set():
+            return  # the run is over for this owner: its next step (or outcome) says why
+        with self._progress_lock:
+            if not self._progress_unwritten:
+                return
+            written = self._progress_written_at
+            waiting = written is not None and time.monotonic() - written < self.progress_interval
+        if waiting:
+            if self._heartbeat is not None:
+                self._heartbeat.flush_later(self._progress_key, self._flush_progress_when_due)
+            return
+        self.flush_progress()
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
@@ -273,6 +296,7 @@ class JobContext(Workflow):
         does not have it yet."""
         self.flush_progress()
         if self._heartbeat is not None:
+            self._heartbeat.cancel_flush(self._progress_key)
             self._heartbeat.cancel_flush(id(self))
         with self._pending_lock:
             pending, self._pending = self._pending, []
