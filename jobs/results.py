@@ -148,7 +148,22 @@ class JobResult(Generic[R]):
         ``TaskRevokedError`` once CANCELLED; ``None`` before it ended (as Celery's)."""
         return self._outcome(self.job)
 
-    info = result
+    @property
+    def info(self) -> Any:
+        """Celery's ``info``: the result (or error) once the job ended, as :attr:`result`;
+        before that, the job's latest ``ctx.progress`` as a custom state's meta
+        (``{"done": …, "total": … | None, "message": … | None}``), or ``None`` when it
+        reported none."""
+        job = self.job
+        if celery_state(job) in READY_STATES:
+            return self._outcome(job)
+        return job.progress
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The job's latest ``ctx.progress`` (``{"done", "total", "message"}``), kept after
+        it ended; ``None`` when it reported none."""
+        return self.job.progress
 
     @property
     def traceback(self) -> str | None:

@@ -239,6 +239,30 @@ def test_the_admin_lists_shows_approves_as_the_user_and_cancels(shop: Doorbell) 
     assert jobs.get(big["job_id"]).state is State.COMPLETED
 
 
+def test_the_admin_shows_a_jobs_progress_in_the_list_and_on_its_page(shop: Doorbell) -> None:
+    from django.contrib.auth.models import User  # noqa: PLC0415
+    from django.test import Client  # noqa: PLC0415
+
+    import jobs.examples.long_import  # noqa: F401, PLC0415 - the import_rows kind
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    User.objects.db_manager(ROUTER.alias).filter(username="boss").delete()
+    User.objects.db_manager(ROUTER.alias).create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(User.objects.db_manager(ROUTER.alias).get(username="boss"))
+    job = testing.perform_job(
+        "import_rows", {"rows": 10, "batches": 2, "message": "<b>copying</b>"}
+    )
+    assert job.state is State.COMPLETED, job.last_error
+
+    listing = client.get("/admin/durable_jobs/jobrow/", {"q": job.id}).content.decode()
+    assert "10/10 (100%): &lt;b&gt;copying&lt;/b&gt;: row 10 of 10" in listing
+    page = client.get(f"/admin/durable_jobs/jobrow/{job.id}/change/").content.decode()
+    assert '<progress max="1000" value="1000">100%</progress>' in page
+    assert "progress 5/10 (50%): &lt;b&gt;copying&lt;/b&gt;: row 5 of 10" in page  # batch-0
+    assert "<b>copying</b>" not in page
+
+
 def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rollback(
     shop: Doorbell,
 ) -> None:

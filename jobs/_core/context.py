@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs._core.errors import EventTimedOut, InvalidInput, LeaseLost, StepError
+from jobs._core.progress import PROGRESS_INTERVAL_SECONDS, check_progress
 from jobs._core.validate import (
     NAME_LENGTH,
     check_instant,
@@ -35,6 +37,8 @@ if TYPE_CHECKING:  # annotations only: a module that defines jobs need not load 
     from jobs._store import Claim, JobStore, PendingStep
 
 T = TypeVar("T")
+
+log = logging.getLogger("jobs.context")
 
 
 class JobInterrupt(BaseException):
@@ -157,6 +161,19 @@ class JobContext(Workflow):
         # Rings the doorbells of the children a spawn inserted, after its commit; None
         # rings none (the sweeper rings them once they wait long enough).
         self.ring = ring
+        # ``progress()``: the latest value (the row's, from an earlier run, to begin
+        # with), whether it is newer than the row's, and when this run last wrote it
+        # (monotonic); written at most once per ``progress_interval`` seconds, and at each
+        # step's end and the run's end. Held while written, by this thread or the
+        # heartbeat's (a run timed out from there writes its outcome there).
+        self._progress: dict[str, Any] | None = claim.job.progress
+        self._progress_unwritten = False
+        self._progress_written_at: float | None = None
+        self._progress_lock = threading.Lock()
+        self.progress_interval = PROGRESS_INTERVAL_SECONDS
+        # The heartbeat's key for writing a held value once its second is up (negative:
+        # never the key of this context's pending-step flush, ``id(self)``).
+        self._progress_key = -id(self)
 
     @property
     def job_id(self) -> str:
@@ -203,11 +220,83 @@ class JobContext(Workflow):
         if self._lost.is_set():
             raise self.lost_reason or LeaseLost(self.job_id, self.owner, self.claim.fence)
 
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report how far a long job is: ``done`` out of ``total`` (leave it out when
+        unknown), with a short ``message``. Shown by ``jobctl show``/``explain``, a
+        result's ``.info``, Flower's and Django's job pages and the ``jobs_progress``
+        metric.
+
+        Call it as often as you like: the value is written to the job's row (fenced, as
+        every write of the run) at most once a second, and the latest value at the end of
+        each step (whose record keeps it, the job's history of progress) and of the run.
+        ``done`` and ``total`` are numbers from 0 to 2**53, ``total`` above 0 and not below
+        ``done``; anything else raises :class:`jobs.InvalidInput`. ``message`` is cut to
+        200 characters. A lost lease raises :class:`jobs.LeaseLost` (the run stops); a
+        database outage only delays the write (progress never fails a job)."""
+        value = check_progress(done, total, message)
+        self.check_lease()
+        with self._progress_lock:
+            self._progress = value
+            self._progress_unwritten = True
+            written = self._progress_written_at
+            due = written is None or time.monotonic() - written >= self.progress_interval
+        if due:
+            self.flush_progress()
+        elif self._heartbeat is not None:
+            # Held: the heartbeat's thread writes it once its second is up, should the
+            # handler make no further call or step meanwhile (a long call after a burst).
+            self._heartbeat.flush_later(self._progress_key, self._flush_progress_when_due)
+
+    def _flush_progress_when_due(self) -> None:
+        """From the heartbeat's thread: write a held value once :attr:`progress_interval`
+        has passed since the last write (until then, ask to be called again)."""
+        if self._lost.is_set():
+            return  # the run is over for this owner: its next step (or outcome) says why
+        with self._progress_lock:
+            if not self._progress_unwritten:
+                return
+            written = self._progress_written_at
+            waiting = written is not None and time.monotonic() - written < self.progress_interval
+        if waiting:
+            if self._heartbeat is not None:
+                self._heartbeat.flush_later(self._progress_key, self._flush_progress_when_due)
+            return
+        self.flush_progress()
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        """The latest progress reported (``{"done", "total", "message"}``), written or not;
+        ``None`` when none was."""
+        return self._progress
+
+    def flush_progress(self) -> None:
+        """Write the latest progress now if the row does not have it yet (the end of a
+        step, the run's outcome, or a :meth:`progress` call due for a write). A write the
+        fence refuses raises :class:`LeaseLost` (and the handler stops); one a database
+        error stops is logged and tried again at the next chance."""
+        with self._progress_lock:
+            if not self._progress_unwritten or self._progress is None:
+                return
+            try:
+                self.store.ownership.record_progress(self.claim, self._progress)
+            except LeaseLost as lost:
+                self._progress_unwritten = False
+                self.lease_lost(lost)
+                raise
+            except Exception as err:  # an outage: progress is advisory, never the job's end
+                log.warning("job %s: progress not written (%s); will try again", self.job_id, err)
+            else:
+                self._progress_unwritten = False
+            self._progress_written_at = time.monotonic()
+
     def take_pending(self) -> list[PendingStep]:
         """The steps that ran but are not recorded yet, handed to the write that records
         them (the runner's outcome); the context forgets them. Waits for a write of them
-        the heartbeat may have in flight."""
+        the heartbeat may have in flight. The latest progress is written first, if the row
+        does not have it yet."""
+        self.flush_progress()
         if self._heartbeat is not None:
+            self._heartbeat.cancel_flush(self._progress_key)
             self._heartbeat.cancel_flush(id(self))
         with self._pending_lock:
             pending, self._pending = self._pending, []
@@ -306,9 +395,10 @@ class JobContext(Workflow):
             output = self._run_timed(name, timeout, fn, *args, **kwargs)
         self.check_lease()
         try:
-            pending = self.store.ownership.pending_step(name, output)
+            pending = self.store.ownership.pending_step(name, output, self._progress)
         except InvalidInput as err:
             raise Unstorable(str(err)) from None
+        self.flush_progress()  # the step ended: the row gets the latest progress
         with self._pending_lock:
             self._pending.append(pending)
         if self._heartbeat is not None:

@@ -47,6 +47,8 @@ class Job:
     children_pending: int = 0
     wait_event: str | None = None
     wait_deadline: dt.datetime | None = None
+    # A long job's latest ``ctx.progress``: ``{"done", "total", "message"}`` or ``None``.
+    progress: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -76,6 +78,7 @@ class Job:
             children_pending=row.children_pending,
             wait_event=row.wait_event,
             wait_deadline=row.wait_deadline,
+            progress=row.progress,
         )
 
 
@@ -112,6 +115,8 @@ class PendingStep:
     name: str
     output: Any
     text: str  # the output as JSON text, as checked
+    # The job's progress when the step ended (``ctx.progress``), kept in its record.
+    progress: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +137,8 @@ class Step:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    # The job's progress when the step ended (``ctx.progress``); ``None``: none reported.
+    progress: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 from jobs._config.database_urls import mask_url
 from jobs._config.settings import Settings
 from jobs._core.context import wake_at_of
+from jobs._core.progress import progress_text
 from jobs._core.records import Job, Transition
 from jobs._core.states import State
 from jobs._core.validate import check_lookup_id, printable
@@ -37,6 +38,8 @@ class Explanation:
     reason: str
     paragraph: str
     actions: tuple[str, ...]
+    # The job's latest ``ctx.progress`` (``{"done", "total", "message"}``), if any.
+    progress: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (``jobctl explain --json``)."""
@@ -46,6 +49,7 @@ class Explanation:
             "reason": self.reason,
             "explanation": self.paragraph,
             "actions": list(self.actions),
+            "progress": self.progress,
         }
 
 
@@ -207,8 +211,11 @@ def explain(
             f"{': ' + printable(moved.reason) if moved is not None and moved.reason else ''}."
         )
         actions = (f"jobctl show {quoted}", f"jobctl retry {quoted} to run it after all")
+    progress = progress_text(job.progress)
+    if progress is not None:
+        done = f"{done} Progress: {progress}."
     paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
-    return Explanation(job.id, job.state, reason, paragraph, tuple(actions))
+    return Explanation(job.id, job.state, reason, paragraph, tuple(actions), job.progress)
 
 
 def _origin(job: Job) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
@@ -154,6 +155,18 @@ class DepthReads:
                 .group_by(JobsTable.kind, expired)
             ).all()
         return [(row.kind, bool(row.expired), int(row.jobs)) for row in rows]
+
+    def running_progress(self, limit: int) -> list[tuple[str, str, Any]]:
+        """(job ID, kind, progress) of at most ``limit`` RUNNING jobs that reported progress
+        (``ctx.progress``), the longest-lived first: a bounded read for the metrics."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(JobsTable.id, JobsTable.kind, JobsTable.progress)
+                .where(JobsTable.state == State.RUNNING.value, JobsTable.progress.is_not(None))
+                .order_by(JobsTable.created_at, JobsTable.id)
+                .limit(limit)
+            ).all()
+        return [(row.id, row.kind, row.progress) for row in rows]
 
     def count_prunable(self, older_than_seconds: float) -> int:
         """How many finished jobs retention would delete now (``jobctl prune --dry-run``)."""

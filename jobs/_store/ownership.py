@@ -37,6 +37,7 @@ from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
 from jobs._store.liveness_locks import owner_lock_released
+from jobs._store.moves import step_params
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
@@ -233,12 +234,15 @@ class Ownership:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def pending_step(self, name: str, output: Any) -> PendingStep:
-        """Check a step's name and output and return them ready to record: a value that can
-        never be stored is refused here, before any write."""
+    def pending_step(
+        self, name: str, output: Any, progress: dict[str, Any] | None = None
+    ) -> PendingStep:
+        """Check a step's name and output and return them ready to record (with the job's
+        ``progress`` at the step's end, if any): a value that can never be stored is
+        refused here, before any write."""
         check_name(name, "step name")
         text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
-        return PendingStep(name, json.loads(text), text)
+        return PendingStep(name, json.loads(text), text, progress)
 
     def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
         """Record step outputs, fenced: one INSERT … SELECT that finds the job row only while
@@ -251,9 +255,7 @@ class Ownership:
             "p_owner": claim.owner,
             "p_fence": claim.fence,
         }
-        for index, step in enumerate(steps):
-            params[f"step_name_{index}"] = step.name
-            params[f"step_output_{index}"] = step.output
+        params.update(step_params(steps))
 
         def build() -> Executable:
             owned = (
@@ -280,6 +282,27 @@ class Ownership:
                 statements.recording(claim.job_id, steps),
             ):
                 if statements.one_reusable(conn, key, build, params) is None:
+                    raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
+
+        retry_on_disconnect(attempt)
+
+    def record_progress(self, claim: Claim, progress: dict[str, Any]) -> None:
+        """Write the job's latest progress (a value checked by
+        :func:`jobs._core.progress.check_progress`), fenced like every owner's write: a
+        claim that no longer owns the job under a live lease writes nothing and gets
+        :class:`LeaseLost`. Neither the state nor ``updated_at`` changes: progress is not a
+        move (the context coalesces these writes to about one a second per job)."""
+        statements = self.statements
+
+        def attempt() -> None:
+            with statements.unit(None, one_statement=True) as conn:
+                row = conn.execute(
+                    update(JobsTable)
+                    .where(*statements.fenced(claim))
+                    .values(progress=progress)
+                    .returning(JobsTable.id)
+                ).one_or_none()
+                if row is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)

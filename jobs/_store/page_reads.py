@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine, Text, case, cast, func, literal, select
 
@@ -60,6 +60,8 @@ class StepPreview:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    # The job's progress when the step ended (``ctx.progress``; small and bounded).
+    progress: dict[str, Any] | None = None
 
     @property
     def clipped(self) -> bool:
@@ -91,6 +93,8 @@ class JobSummary:
     updated_at: dt.datetime
     last_error: str | None  # its first :data:`LIST_ERROR_CHARS` characters
     owner: str | None = None
+    # Its latest ``ctx.progress`` (small: the message is at most 200 characters).
+    progress: dict[str, Any] | None = None
 
 
 #: Characters of a job's last error a list shows.
@@ -134,6 +138,7 @@ class PageReads:
                 JobsTable.updated_at,
                 func.substr(JobsTable.last_error, 1, LIST_ERROR_CHARS).label("last_error"),
                 JobsTable.owner,
+                JobsTable.progress,
             )
             .where(*filtered(where))
             .order_by(JobsTable.created_at.desc(), JobsTable.id)
@@ -153,6 +158,7 @@ class PageReads:
                 row.updated_at,
                 row.last_error,
                 row.owner,
+                row.progress,
             )
             for row in rows
         ]
@@ -176,6 +182,7 @@ class PageReads:
                     StepsTable.recorded_at,
                     StepsTable.owner,
                     StepsTable.fence,
+                    StepsTable.progress,
                 )
                 .where(StepsTable.job_id == job_id)
                 .order_by(StepsTable.recorded_at, StepsTable.name)
@@ -184,7 +191,13 @@ class PageReads:
             ).all()
         steps = [
             StepPreview(
-                row.name, row.preview, int(row.length), row.recorded_at, row.owner, row.fence
+                row.name,
+                row.preview,
+                int(row.length),
+                row.recorded_at,
+                row.owner,
+                row.fence,
+                row.progress,
             )
             for row in rows
         ]

@@ -123,11 +123,12 @@ class JobReader:
                     StepsTable.recorded_at,
                     StepsTable.owner,
                     StepsTable.fence,
+                    StepsTable.progress,
                 )
                 .where(StepsTable.job_id == job_id)
                 .order_by(StepsTable.recorded_at, StepsTable.name)
             ).all()
-        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence) for r in rows]
+        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence, r.progress) for r in rows]
 
     def history(self, job_id: str) -> list[Transition]:
         """The job's state changes, oldest first."""

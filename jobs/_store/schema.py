@@ -9,6 +9,7 @@ and says to upgrade the code.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,10 +34,18 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+_REVISION_LINE = re.compile(r'^revision: str = "([^"]+)"$', re.MULTILINE)
+
+
 def known_revisions() -> list[str]:
-    """Every revision this code's migrations know, oldest first, read from the migration
-    files' names (``0006_workflows.py`` is revision ``0006``) without loading Alembic."""
-    return sorted(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+    """Every revision this code's migrations know, oldest first (by file name), read from
+    each file's ``revision: str = "…"`` line without loading Alembic (``0006_workflows.py``
+    is revision ``0006``)."""
+    revisions = []
+    for path in sorted((MIGRATIONS / "versions").glob("*_*.py")):
+        found = _REVISION_LINE.search(path.read_text(encoding="utf-8"))
+        revisions.append(found.group(1) if found else path.name.split("_", 1)[0])
+    return revisions
 
 
 def is_newer(current: str | None) -> bool:

@@ -32,7 +32,7 @@ from jobs._store.db import READ_ONLY, autocommit, retry_on_disconnect
 from jobs._store.deferred import HeldWrites, carrying
 from jobs._store.driver import DriverStatement, runs_on_driver
 from jobs._store.flights import SharedFlights
-from jobs._store.moves import StateMoves
+from jobs._store.moves import StateMoves, step_params
 from jobs._store.row_changes import RowChanges
 from jobs._store.tables import JobsTable, TransitionsTable
 
@@ -243,9 +243,7 @@ class Statements(StateMoves):
         for name, value in values.items():
             if not isinstance(value, ColumnElement):
                 params[f"v_{name}"] = value
-        for index, step in enumerate(steps):
-            params[f"step_name_{index}"] = step.name
-            params[f"step_output_{index}"] = step.output
+        params.update(step_params(steps))
         shape: Shape = tuple(
             (name, isinstance(values[name], ColumnElement)) for name in sorted(values)
         )

@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -120,6 +120,10 @@ JobsTable = TableColumns(
         # When a wait (an event, an approval) gives up, on the database clock; the
         # sweeper fires it. NULL: no deadline.
         Column("wait_deadline", UtcDateTime()),
+        # A long job's latest ``ctx.progress(done, total, message)`` (migration
+        # 0007): ``{"done": …, "total": … | null, "message": … | null}``, written
+        # by its owner (fenced, at most about once a second) and kept after the run ends.
+        Column("progress", JSON),
         Column("created_at", UtcDateTime(), nullable=False),
         Column("updated_at", UtcDateTime(), nullable=False),
         # Indexed for retention, which deletes finished jobs oldest first in small batches.
@@ -166,6 +170,9 @@ StepsTable = TableColumns(
         Column("recorded_at", UtcDateTime(), nullable=False),
         Column("owner", String(ID_LENGTH), nullable=False),
         Column("fence", BigInteger, nullable=False),
+        # The job's progress when the step ended (``ctx.progress``; NULL: none reported):
+        # the history of a long job's progress, one entry per step.
+        Column("progress", JSON),
     )
 )
 """A recorded step's output: a replay returns it instead of running the step again."""

@@ -6,7 +6,8 @@ the optional ``metrics`` extra). Every scrape reads the tables:
 
 - gauges: jobs by state and kind, QUEUED jobs by kind and priority (from the same grouped
   read), the oldest due QUEUED job's age, RUNNING jobs whose lease ends within half a lease
-  (or has ended), schedules' seconds since their last tick;
+  (or has ended), schedules' seconds since their last tick, and the progress (``done /
+  total``, 0 to 1) of at most :data:`PROGRESS_SERIES` RUNNING jobs that report it;
 - counters from ``job_counters`` (monotonic, written by sweepers and submitters):
   recoveries by cause (dead owner, expired lease, lost message) and admission refusals;
 - counters and histograms that tail the history and the step records from the moment the
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jobs._core.errors import SettingsError
+from jobs._core.progress import fraction_of
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.depth_reads import without_priority
@@ -46,6 +48,11 @@ RECOVERY_CAUSES = {
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 #: Rows read per scrape from the history and the steps; the rest waits for the next scrape.
 TAIL_LIMIT = 20_000
+#: RUNNING jobs whose progress ``jobs_progress`` exports, the longest-lived first. Every
+#: other series here is labelled by kind, state, queue or schedule (bounded by the code);
+#: a job ID label is not, so the per-job gauge is capped: at most this many series at any
+#: scrape, gone once the job stops RUNNING (``jobctl show`` has every job's progress).
+PROGRESS_SERIES = 20
 
 
 class TableCollector(Collector):
@@ -155,6 +162,22 @@ class TableCollector(Collector):
             anchor = schedule.last_tick or schedule.created_at or instant
             since.add_metric([schedule.name, schedule.kind], (instant - anchor).total_seconds())
         yield since
+        yield self._progress()
+
+    def _progress(self) -> Metric:
+        """``done / total`` of the longest-lived RUNNING jobs that report progress with a
+        total (:data:`PROGRESS_SERIES` at most)."""
+        progress = GaugeMetricFamily(
+            "jobs_progress",
+            "A RUNNING job's ctx.progress as done/total, 0 to 1 (at most 20 jobs, the "
+            "longest-lived first; jobs reporting no total are left out).",
+            labels=["kind", "job_id"],
+        )
+        for job_id, kind, value in self.store.depth.running_progress(PROGRESS_SERIES):
+            fraction = fraction_of(value)
+            if fraction is not None:
+                progress.add_metric([kind, job_id], fraction)
+        return progress
 
     @staticmethod
     def _queued_by_priority(by_priority: dict[tuple[str, str, int], int]) -> Metric:

@@ -47,6 +47,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "last_error": job.last_error,
         "waiting_for": job.waiting_for,
         "parent_id": job.parent_id,
+        "progress": job.progress,
         "run_after": iso(job.run_after),
         "created_at": iso(job.created_at),
         "updated_at": iso(job.updated_at),
@@ -61,6 +62,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         "recorded_at": iso(step.recorded_at),
         "owner": step.owner,
         "fence": step.fence,
+        "progress": step.progress,
     }
 
 

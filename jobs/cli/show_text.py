@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from jobs._core.progress import progress_text
 from jobs._core.records import Job, Transition
 from jobs._store import JobStore
 from jobs._store.page_reads import PREVIEW_CHARS, Page
@@ -54,6 +55,9 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         ("result", clipped(compact(job.result))),
         ("last_error", clipped(shown(job.last_error))),
     ]
+    progress = progress_text(job.progress)
+    if progress is not None:
+        fields.append(("progress", progress))
     if job.waiting_for:
         fields.append(("waiting_for", job.waiting_for))
     if job.parent_id is not None:  # workflows: links both ways
@@ -71,9 +75,12 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         output = step.preview
         if step.length > len(step.preview):
             output += f"… ({step.length:,} characters; the whole with --json)"
+        at_end = progress_text(step.progress)
         click.echo(
             f"  {step.name}  {output}  "
-            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
+            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)}"
+            + ("" if at_end is None else f"; progress {at_end}")
+            + ")"
         )
     history = pages.history_page(job.id, starts.get("history", 0), SHOW_ROWS["history"])
     click.echo(_heading("history", history, "--history-from"))

@@ -36,7 +36,15 @@ _FILTER_LOOKUPS = frozenset(
 
 @admin.register(JobRow)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "kind", "state", "attempts", "created_at", "finished_at")
+    list_display = (
+        "id",
+        "kind",
+        "state",
+        job_fields.progress,
+        "attempts",
+        "created_at",
+        "finished_at",
+    )
     list_filter = ("state", "kind")
     search_fields = ("=id",)
     actions = ("approve_jobs", "cancel_jobs", "retry_jobs")
@@ -44,6 +52,7 @@ class JobAdmin(admin.ModelAdmin):
         "id",
         "kind",
         "state",
+        job_fields.progress,
         job_fields.inputs_clipped,
         job_fields.result_clipped,
         job_fields.last_error_clipped,

@@ -16,6 +16,7 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from jobs._core.progress import fraction_of, progress_text
 from jobs._service.job_pages import PAGE_ROWS, as_json, clip
 from jobs._store.page_reads import Page
 from jobs.application import default_app
@@ -94,6 +95,24 @@ def last_error_clipped(row: JobRow) -> Any:
     return _clipped(row, "last_error")
 
 
+@admin.display(description="progress")
+def progress(row: JobRow) -> Any:
+    """The job's latest ``ctx.progress``: ``40/100 (40%): copying``, with a bar when it
+    has a total; ``-`` when it reported none."""
+    text = progress_text(row.progress)
+    if text is None:
+        return "-"
+    fraction = fraction_of(row.progress)
+    if fraction is None:
+        return text
+    return format_html(
+        '<progress max="1000" value="{}">{}%</progress> {}',
+        int(fraction * 1000),
+        int(fraction * 100),
+        text,
+    )
+
+
 @admin.display(description="children")
 def children(row: JobRow) -> Any:
     page = default_app().store.pages.children_page(
@@ -121,7 +140,7 @@ def steps(row: JobRow) -> Any:  # Django's SafeString
     )
     shown = format_html_join(
         "\n",
-        "<div><b>{}</b> = {}{} <small>({} by {})</small></div>",
+        "<div><b>{}</b> = {}{} <small>({} by {}{})</small></div>",
         (
             (
                 step.name,
@@ -135,6 +154,7 @@ def steps(row: JobRow) -> Any:  # Django's SafeString
                 else "",
                 step.recorded_at,
                 step.owner,
+                "" if step.progress is None else f"; progress {progress_text(step.progress)}",
             )
             for step in page.rows
         ),
@@ -171,6 +191,7 @@ __all__ = [
     "inputs_clipped",
     "last_error_clipped",
     "parent",
+    "progress",
     "result_clipped",
     "steps",
 ]

@@ -36,6 +36,8 @@ class JobRow(models.Model):
     # Workflows: the parent that spawned it, and (a parent WAITING) its unfinished children.
     parent_id = models.CharField(max_length=200, null=True)
     children_pending = models.IntegerField(default=0)
+    # A long job's latest ``ctx.progress``: ``{"done", "total", "message"}`` (small).
+    progress = JSONColumn(null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True)

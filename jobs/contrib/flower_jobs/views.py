@@ -25,6 +25,7 @@ from tornado.escape import url_escape, xhtml_escape
 from tornado.ioloop import IOLoop
 
 from jobs._core.errors import IllegalTransition, InvalidInput, NothingToWake, UnknownJob
+from jobs._core.progress import fraction_of, progress_text
 from jobs._core.records import JobFilter
 from jobs._service.job_pages import PAGE_ROWS, as_json, full_value, page_offsets
 from jobs._store.page_reads import Page
@@ -117,6 +118,8 @@ class JobsHandler(BaseHandler):  # type: ignore[misc] # Flower ships no type hin
             one_line=one_line,
             as_json=as_json,
             instant=instant,
+            progress_text=progress_text,
+            fraction_of=fraction_of,
             urlencode=urlencode,
         )
         namespace.update(values)
