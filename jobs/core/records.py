@@ -112,6 +112,9 @@ class PendingStep:
     name: str
     output: Any
     text: str  # the output as JSON text, as checked
+    # The call's place in the handler's sequence of calls (``job_steps.position``); None
+    # records none (a step of a job recorded before positions existed).
+    position: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +135,9 @@ class Step:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    # Its place in the handler's sequence of calls (0 first); None if recorded before
+    # positions were (migration 0006d).
+    position: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

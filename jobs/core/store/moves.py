@@ -39,6 +39,9 @@ from jobs.core.states import State
 from jobs.core.store.clauses import HAS_STEPS, Expression, state_in, uses_ctes
 from jobs.core.store.row_changes import NO_CHANGES, RowChanges
 
+#: A recorded step's columns as SQL expressions: its name, its output and its position.
+StepColumns = tuple[ColumnElement[str], ColumnElement[Any], ColumnElement[Any]]
+
 
 class StateMoves:
     """Builds and runs state moves on the store's ``clock`` (see the module's docstring)."""
@@ -82,6 +85,7 @@ class StateMoves:
                     (
                         literal(step.name, StepsTable.name.type),
                         literal(step.output, StepsTable.output.type),
+                        literal(step.position, StepsTable.position.type),
                     )
                     for step in steps
                 ],
@@ -116,6 +120,7 @@ class StateMoves:
                                 "recorded_at": now,
                                 "owner": owner,
                                 "fence": fence,
+                                "position": step.position,
                             }
                             for step in steps
                         ]
@@ -163,7 +168,7 @@ class StateMoves:
         fence: Expression | None = None,
         reason: ColumnElement[str],
         approved_by: ColumnElement[str],
-        steps: Sequence[tuple[ColumnElement[str], ColumnElement[Any]]] = (),
+        steps: Sequence[StepColumns] = (),
     ) -> Executable:
         """PostgreSQL: the move, its history row and the steps recorded with it as one
         statement (``WITH moved AS (UPDATE …), history AS (INSERT … FROM moved) …``). Values
@@ -202,13 +207,13 @@ class StateMoves:
     def steps_insert(
         self,
         source: Any,
-        steps: Sequence[tuple[ColumnElement[str], ColumnElement[Any]]],
+        steps: Sequence[StepColumns],
         owner: Expression | None,
         fence: Expression | None,
     ) -> Any:
-        """INSERT the steps (name and output expressions) for the row ``source`` yields
-        (none when it yields none), recorded now by ``owner`` under ``fence`` (default:
-        the row's own)."""
+        """INSERT the steps (name, output and position expressions) for the row ``source``
+        yields (none when it yields none), recorded now by ``owner`` under ``fence``
+        (default: the row's own)."""
         selects = [
             select(
                 source.c.id,
@@ -217,12 +222,13 @@ class StateMoves:
                 self.clock.now(),
                 source.c.owner if owner is None else owner(),
                 source.c.fence if fence is None else fence(),
+                position,
             )
-            for name, output in steps
+            for name, output, position in steps
         ]
         rows = selects[0] if len(selects) == 1 else selects[0].union_all(*selects[1:])
         return insert(StepsTable).from_select(
-            ["job_id", "name", "output", "recorded_at", "owner", "fence"], rows
+            ["job_id", "name", "output", "recorded_at", "owner", "fence", "position"], rows
         )
 
     @staticmethod
@@ -270,15 +276,27 @@ class StateMoves:
         return IllegalTransition(current, target, job_id)
 
     @staticmethod
-    def bound_steps(count: int) -> list[tuple[ColumnElement[str], ColumnElement[Any]]]:
-        """``count`` steps as bound parameters ``step_name_<i>`` and ``step_output_<i>``."""
+    def bound_steps(count: int) -> list[StepColumns]:
+        """``count`` steps as bound parameters ``step_name_<i>``, ``step_output_<i>`` and
+        ``step_position_<i>`` (the values: :func:`step_params`)."""
         return [
             (
                 bindparam(f"step_name_{index}", type_=StepsTable.name.type),
                 bindparam(f"step_output_{index}", type_=StepsTable.output.type),
+                bindparam(f"step_position_{index}", type_=StepsTable.position.type),
             )
             for index in range(count)
         ]
 
 
-__all__ = ["StateMoves"]
+def step_params(steps: Sequence[PendingStep]) -> dict[str, Any]:
+    """The values of :meth:`StateMoves.bound_steps` for ``steps``."""
+    params: dict[str, Any] = {}
+    for index, step in enumerate(steps):
+        params[f"step_name_{index}"] = step.name
+        params[f"step_output_{index}"] = step.output
+        params[f"step_position_{index}"] = step.position
+    return params
+
+
+__all__ = ["StateMoves", "StepColumns", "step_params"]

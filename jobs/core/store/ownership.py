@@ -37,6 +37,7 @@ from jobs.core.states import State
 from jobs.core.store.clauses import kind_in, param
 from jobs.core.store.deferred import completion_ended, hold, holds_now
 from jobs.core.store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs.core.store.moves import step_params
 from jobs.core.store.requeue import requeue_or_fail
 from jobs.core.store.row_changes import RowChanges
 from jobs.core.store.statements import Statements
@@ -233,12 +234,13 @@ class Ownership:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def pending_step(self, name: str, output: Any) -> PendingStep:
-        """Check a step's name and output and return them ready to record: a value that can
-        never be stored is refused here, before any write."""
+    def pending_step(self, name: str, output: Any, position: int | None = None) -> PendingStep:
+        """Check a step's name and output and return them ready to record (at ``position``
+        in the handler's calls): a value that can never be stored is refused here, before
+        any write."""
         check_name(name, "step name")
         text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
-        return PendingStep(name, json.loads(text), text)
+        return PendingStep(name, json.loads(text), text, position)
 
     def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
         """Record step outputs, fenced: one INSERT … SELECT that finds the job row only while
@@ -251,9 +253,7 @@ class Ownership:
             "p_owner": claim.owner,
             "p_fence": claim.fence,
         }
-        for index, step in enumerate(steps):
-            params[f"step_name_{index}"] = step.name
-            params[f"step_output_{index}"] = step.output
+        params.update(step_params(steps))
 
         def build() -> Executable:
             owned = (
@@ -409,6 +409,7 @@ class Ownership:
         wake_at: dt.datetime,
         *,
         steps: Sequence[PendingStep] = (),
+        position: int | None = None,
     ) -> Job:
         """A durable timer: back to QUEUED due at ``wake_at``, with the timer recorded as step
         ``name`` (``{"wake_at": …}``) and ``steps`` in the same fenced write. The attempt is
@@ -417,7 +418,7 @@ class Ownership:
         stray doorbell) finds it not due."""
         check_name(name, "timer name")
         instant = wake_at.astimezone(dt.UTC)
-        timer = self.pending_step(name, {"wake_at": instant.isoformat()})
+        timer = self.pending_step(name, {"wake_at": instant.isoformat()}, position)
         return self.statements.owner_move(
             claim,
             State.QUEUED,
@@ -434,6 +435,7 @@ class Ownership:
         *,
         steps: Sequence[PendingStep] = (),
         timeout: float | None = None,
+        position: int | None = None,
     ) -> Job:
         """Park the job and release the lease; the pause gives back its attempt. The approval
         will be recorded as step ``step_name``. With ``timeout`` (seconds, database clock)
@@ -447,7 +449,7 @@ class Ownership:
                 only_from=[State.RUNNING],
                 where=self.statements.fenced(claim),
                 changes=RowChanges.parked(
-                    step_name, None if timeout is None else self.clock.after(timeout)
+                    step_name, None if timeout is None else self.clock.after(timeout), position
                 ),
                 owner=claim.owner,
                 fence=claim.fence,

@@ -33,7 +33,7 @@ from jobs.core.states import State
 from jobs.core.store.clauses import Shape, param, uses_ctes
 from jobs.core.store.deferred import HeldWrites, carrying
 from jobs.core.store.flights import SharedFlights
-from jobs.core.store.moves import StateMoves
+from jobs.core.store.moves import StateMoves, step_params
 from jobs.core.store.row_changes import RowChanges
 
 
@@ -229,9 +229,7 @@ class Statements(StateMoves):
         for name, value in values.items():
             if not isinstance(value, ColumnElement):
                 params[f"v_{name}"] = value
-        for index, step in enumerate(steps):
-            params[f"step_name_{index}"] = step.name
-            params[f"step_output_{index}"] = step.output
+        params.update(step_params(steps))
         shape: Shape = tuple(
             (name, isinstance(values[name], ColumnElement)) for name in sorted(values)
         )
