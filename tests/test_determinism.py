@@ -279,7 +279,7 @@ def test_a_handler_cannot_swallow_the_mismatch(store: JobStore, clock: LogicalCl
         ctx.step("a", effect, "a")
         try:
             ctx.step(CODE.get("second", "b"), effect, "b")
-        except BaseException:  # noqa: BLE001 - the point: even this does not hide it
+        except BaseException:  # the point: even this does not hide it
             return "swallowed"
         ctx.step("c", effect, "c")
         return "done"
