@@ -317,6 +317,7 @@ def test_the_failed_move_is_fenced(store: JobStore, clock: LogicalClock) -> None
     CODE.update(steal=True, second="b_renamed")
     result = resume(store, clock, "t1")
     assert result.outcome is Outcome.LEASE_LOST
+    assert RAN["b_renamed"] == 0  # stopped at the mismatch, before its function ran
     job = store.reads.get("t1")
     assert (job.state, job.owner, job.last_error) == (State.RUNNING, "thief", None)
 
@@ -426,3 +427,30 @@ def test_deprecate_patch_walks_past_a_recorded_marker_and_records_none(
     store.submissions.create("patched_order", {}, job_id="fresh", max_attempts=5)
     assert runner(store).run("fresh").outcome is Outcome.COMPLETED
     assert positions(store, "fresh") == {"a": 0, "b_v2": 1, "c": 2}
+
+
+@KINDS.job("waits", max_attempts=5)
+def waits(ctx: JobContext) -> Any:
+    ctx.step("a", effect, "a")
+    ctx.sleep("nap", 5)
+    paid = ctx.wait_for_event("paid")
+    late = ctx.wait_for_event("late", timeout=10)  # raises EventTimedOut past its deadline
+    return [paid, late]
+
+
+def test_timers_events_and_deadlines_are_recorded_at_their_places(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    store.submissions.create("waits", {}, job_id="w", max_attempts=5)
+    assert runner(store).run("w").outcome is Outcome.SLEEPING
+    clock.advance(6)
+    assert runner(store).run("w").outcome is Outcome.WAITING
+    store.workflows.send_event("w", "paid", {"cents": 12})  # recorded by the sender
+    assert runner(store).run("w").outcome is Outcome.WAITING
+    clock.advance(11)
+    assert [job.id for job in store.workflows.fire_deadlines()] == ["w"]  # by the sweeper
+    assert positions(store, "w") == {"a": 0, "nap": 1, "event:paid": 2, "event:late": 3}
+    result = runner(store).run("w")
+    assert result.outcome is Outcome.RETRYING  # an ordinary error (uncaught), retried
+    assert "EventTimedOut" in (result.error or "")
+    assert result.replayed_steps == ("a", "nap", "event:paid", "event:late")
