@@ -61,6 +61,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         "recorded_at": iso(step.recorded_at),
         "owner": step.owner,
         "fence": step.fence,
+        "position": step.position,
     }
 
 

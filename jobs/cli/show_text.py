@@ -71,9 +71,10 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         output = step.preview
         if step.length > len(step.preview):
             output += f"… ({step.length:,} characters; the whole with --json)"
+        position = "-" if step.position is None else str(step.position)
         click.echo(
-            f"  {step.name}  {output}  "
-            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)})"
+            f"  {step.name}  {output}  (position={position} owner={shown(step.owner)} "
+            f"fence={step.fence} at {iso(step.recorded_at)})"
         )
     history = pages.history_page(job.id, starts.get("history", 0), SHOW_ROWS["history"])
     click.echo(_heading("history", history, "--history-from"))

@@ -60,6 +60,7 @@ class StepPreview:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    position: int | None = None  # its place in the handler's calls (None: recorded before 0006d)
 
     @property
     def clipped(self) -> bool:
@@ -176,15 +177,22 @@ class PageReads:
                     StepsTable.recorded_at,
                     StepsTable.owner,
                     StepsTable.fence,
+                    StepsTable.position,
                 )
                 .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.name)
+                .order_by(StepsTable.recorded_at, StepsTable.position, StepsTable.name)
                 .offset(offset)
                 .limit(limit)
             ).all()
         steps = [
             StepPreview(
-                row.name, row.preview, int(row.length), row.recorded_at, row.owner, row.fence
+                row.name,
+                row.preview,
+                int(row.length),
+                row.recorded_at,
+                row.owner,
+                row.fence,
+                row.position,
             )
             for row in rows
         ]
