@@ -10,15 +10,19 @@ handlers read from :data:`CODE` between runs.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import update
 
 import jobs
+from jobs import testing
+from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext, idempotency_key_of
 from jobs.core.errors import NonDeterministic
@@ -454,3 +458,52 @@ def test_timers_events_and_deadlines_are_recorded_at_their_places(
     assert result.outcome is Outcome.RETRYING  # an ordinary error (uncaught), retried
     assert "EventTimedOut" in (result.error or "")
     assert result.replayed_steps == ("a", "nap", "event:paid", "event:late")
+
+
+# -- the operator's story, through jobctl ----------------------------------------------------
+
+
+@jobs.job("det_order", max_attempts=1)
+def det_order(ctx: JobContext) -> list[str]:
+    names = CODE.get("steps", ["a", "b", "c"])
+    done = [ctx.step(name, effect, name) for name in names[:2]]
+    if CODE.get("mailer_down", True):
+        raise RuntimeError("mailer down")
+    done.append(ctx.step(names[2], effect, names[2]))
+    return done
+
+
+def cli(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_jobctl_shows_the_mismatch_and_retry_after_the_fix_resumes() -> None:
+    job = testing.perform_job("det_order")
+    assert job.state is State.FAILED  # an ordinary error at its third step: a and b recorded
+    shown = cli("show", job.id).output
+    assert "(position=0 " in shown
+    assert "(position=1 " in shown
+    assert [
+        step["position"] for step in json.loads(cli("show", job.id, "--json").output)["steps"]
+    ] == [
+        0,
+        1,
+    ]
+
+    CODE.update(steps=["a", "b_renamed", "c"], mailer_down=False)  # a fix, and a rename
+    cli("retry", job.id, "--by", "ops", "--reason", "mailer fixed")
+    assert testing.run(job.id).outcome is Outcome.FAILED
+    shown = cli("show", job.id).output
+    assert "NonDeterministic" in shown
+    assert "'b_renamed' where step 'b' is recorded at position 1" in shown
+    assert RAN["b_renamed"] == 0
+
+    CODE["steps"] = ["a", "b", "c"]  # the rename reverted
+    cli("retry", job.id, "--by", "ops", "--reason", "rename reverted")
+    result = testing.run(job.id)
+    assert result.outcome is Outcome.COMPLETED
+    assert result.replayed_steps == ("a", "b")
+    assert jobs.get(job.id).result == ["a", "b", "c"]
+    assert (RAN["a"], RAN["b"], RAN["c"]) == (1, 1, 1)
