@@ -9,15 +9,17 @@ swallow them.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs._core.errors import EventTimedOut, InvalidInput, LeaseLost, StepError
+from jobs._core.errors import EventTimedOut, InvalidInput, LeaseLost, NonDeterministic, StepError
 from jobs._core.progress import PROGRESS_INTERVAL_SECONDS, check_progress
 from jobs._core.validate import (
     NAME_LENGTH,
@@ -49,21 +51,29 @@ class WaitingForApproval(JobInterrupt):
     """Raised by :meth:`JobContext.wait_for_approval` on a first run: the runner parks the
     job in WAITING_APPROVAL (lease released) until ``jobs.approve`` or a cancel."""
 
-    def __init__(self, reason: str, step_name: str, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        step_name: str,
+        timeout: float | None = None,
+        position: int | None = None,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.step_name = step_name
         self.timeout = timeout
+        self.position = position  # the call's place in the handler's sequence
 
 
 class Sleeping(JobInterrupt):
     """A durable timer: the job goes back to the queue, due at ``wake_at`` (the database's
     clock), with the timer recorded as step ``name`` in the same write."""
 
-    def __init__(self, name: str, wake_at: dt.datetime) -> None:
+    def __init__(self, name: str, wake_at: dt.datetime, position: int | None = None) -> None:
         super().__init__(f"sleep until {wake_at.isoformat()} (timer {name!r})")
         self.name = name
         self.wake_at = wake_at
+        self.position = position  # the timer's place in the handler's sequence
 
 
 #: A timer's recorded output: ``{"wake_at": "<ISO 8601 instant, UTC>"}``.
@@ -92,6 +102,33 @@ class TimedOut(JobInterrupt):
 class Unstorable(JobInterrupt):
     """A step name, step output or approval reason that can never be recorded: the job
     fails now with the reason; retrying would only run the step's side effect again."""
+
+
+class Diverged(JobInterrupt):
+    """The handler asked for a step other than the one recorded at that place in its
+    sequence of calls (or returned while recorded steps were never asked for): the job
+    fails now with :attr:`error`, a :class:`jobs.NonDeterministic`, its recorded steps kept.
+    An interrupt, so a handler's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, error: NonDeterministic) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+#: The recorded name of ``ctx.patched("<change id>")``'s marker: ``patch:<change id>``.
+PATCH_PREFIX = "patch:"
+
+#: How an idempotency key starts; the rest is 32 characters of base32 (lower case).
+IDEMPOTENCY_KEY_PREFIX = "jk-"
+
+
+def idempotency_key_of(job_id: str, place: str, name: str | None = None) -> str:
+    """The idempotency key of ``place`` (``step:<name>`` or ``position:<n>``) in job
+    ``job_id``, under ``name`` (``None``: the place's default key): ``jk-`` and the
+    base32 of the first 160 bits of a SHA-256 of the three, 35 characters of ``[a-z0-9-]``."""
+    parts = [job_id, place, "" if name is None else f"name:{name}"]
+    digest = hashlib.sha256("\0".join(parts).encode()).digest()[:20]
+    return IDEMPOTENCY_KEY_PREFIX + base64.b32encode(digest).decode().lower()
 
 
 def _storable(check: Callable[[], T]) -> T:
@@ -130,11 +167,32 @@ class JobContext(Workflow):
         registry: Registry | None = None,
         default_max_attempts: int = 5,
         ring: Ring | None = None,
+        positions: Mapping[str, int | None] | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
         self._recorded = recorded
         self._used: set[str] = set()
+        # Where each recorded step stands in the handler's sequence of calls (``positions``,
+        # by name). A job whose steps all have one is checked on replay: the call at each
+        # place must ask for the step recorded there (:class:`Diverged`). One with a step
+        # recorded before positions existed (None), or a context given none for recorded
+        # steps, replays by name only.
+        known = dict(positions or {})
+        self.ordered = all(known.get(name) is not None for name in recorded)
+        self._position_of: dict[str, int] = {
+            name: place for name, place in known.items() if place is not None and name in recorded
+        }
+        self._name_at: dict[int, str] = {place: name for name, place in self._position_of.items()}
+        # The next call's place; each call the handler makes takes one, recorded or not
+        # (a step whose function raised leaves its place empty, and fills it once it runs
+        # to an end on a later run), so the same code makes the same calls at the same places.
+        self._next_position = 0
+        self._call_position: dict[str, int] = {}
+        # The step whose function runs now, with its place (for idempotency keys).
+        self._running: tuple[str, int] | None = None
+        self._patches: dict[str, bool] = {}
+        self.diverged: NonDeterministic | None = None
         self._approvals = 0
         self._lost = lost or threading.Event()
         self.lost_reason: LeaseLost | None = None
@@ -213,7 +271,134 @@ class JobContext(Workflow):
                 f"job {self.job_id!r}: step name {name!r} used twice in one run; "
                 "step names must be unique within a job"
             )
+        self._take_position(name)
         self._used.add(name)
+
+    def _take_position(self, name: str) -> int:
+        """Give the call asking for step ``name`` the next place in the sequence; on a
+        replay, the step recorded there must be ``name`` (else :class:`Diverged`, before
+        anything of this call runs or is recorded)."""
+        place = self._next_position
+        if self.ordered:
+            there = self._name_at.get(place)
+            elsewhere = self._position_of.get(name)
+            if there is not None and there != name:
+                self._diverge(place, there, name)
+            if there is None and elsewhere is not None:
+                self._diverge(
+                    place, None, name, f"step {name!r} is recorded at position {elsewhere}"
+                )
+        self._next_position = place + 1
+        self._call_position[name] = place
+        return place
+
+    def _diverge(
+        self, position: int, recorded: str | None, asked: str | None, detail: str = ""
+    ) -> None:
+        """Stop the run: the code does not make the calls this job recorded."""
+        error = NonDeterministic(self.job_id, position, recorded, asked, detail)
+        self.diverged = error
+        raise Diverged(error)
+
+    def position_of(self, name: str) -> int | None:
+        """The place of the call that asked for step ``name`` in this run (0 first), or
+        ``None`` if none did (yet)."""
+        return self._call_position.get(name)
+
+    def check_all_asked(self) -> None:
+        """At the handler's return: a recorded step it never asked for means the code no
+        longer makes the calls this job recorded (:class:`Diverged`)."""
+        if self.diverged is not None:
+            raise Diverged(self.diverged)
+        if not self.ordered:
+            return
+        unasked = sorted(place for place in self._name_at if place >= self._next_position)
+        if unasked:
+            place = unasked[0]
+            self._diverge(place, self._name_at[place], None)
+
+    def idempotency_key(self, name: str | None = None) -> str:
+        """A key for the provider's deduplication of this step's side effect: the same
+        for this job and step on every attempt, worker and re-run after a crash, and
+        different for every other job and step. ``jk-`` and 32 characters of ``[a-z2-7]``
+        (35 in all), safe in an HTTP header (``Idempotency-Key``).
+
+        Called inside a step's function (``ctx.step("charge", charge, ...)``), "this step"
+        is the step that runs (keyed by the job's ID and the step's name); called from the
+        handler itself, it is the next call's place in the sequence (keyed by the job's ID
+        and that position: stable while the calls before it do not change). ``name``
+        tells several keys of one step apart (``ctx.idempotency_key("refund")``).
+
+        The key only names the effect: the provider must deduplicate by it (most payment
+        APIs keep keys for a day or more). A step whose function ran but whose record was
+        lost runs again and sends the same key, so the provider answers it once."""
+        if name is not None:
+            self._storable_name(name, "idempotency key name")
+        if self._running is not None:
+            place = f"step:{self._running[0]}"
+        else:
+            place = f"position:{self._next_position}"
+        return idempotency_key_of(self.job_id, place, name)
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this job runs the new code of change ``change_id`` at this point.
+
+        True on a run that reaches this point for the first time (a job submitted after
+        the change, or one that had not got this far): a marker ``patch:<change id>`` is
+        recorded here, like a step, so its re-runs answer True again. False on the replay
+        of a job that passed this point before the change (a step other than the marker is
+        recorded here, or later): run the old code for it. Asked again with the same ID in
+        one run, the first answer is returned. See docs/guides/changing-code.md."""
+        self._storable_name(change_id, "patch change id")
+        if change_id in self._patches:
+            return self._patches[change_id]
+        marker = PATCH_PREFIX + change_id
+        self._storable_name(marker, "patch marker")
+        place = self._next_position
+        if not self.ordered:
+            # Recorded before positions existed: this job cannot tell, so keeps the old code.
+            new = marker in self._recorded
+        elif self._name_at.get(place) == marker:
+            new = True
+        elif marker in self._position_of:
+            self._diverge(
+                place,
+                self._name_at.get(place),
+                marker,
+                f"marker {marker!r} is recorded at position {self._position_of[marker]}",
+            )
+        else:
+            new = not any(recorded >= place for recorded in self._name_at)
+        self._patches[change_id] = new
+        if not new:
+            return False
+        self._use(marker)
+        if marker in self._recorded:
+            self.replayed_steps.append(marker)
+            return True
+        self.check_lease()
+        pending = self.store.ownership.pending_step(marker, {"patch": change_id}, place)
+        with self._pending_lock:
+            self._pending.append(pending)  # recorded with the job's next write
+        self._recorded[marker] = pending.output
+        self.ran_steps.append(marker)
+        return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """The patch ``change_id`` once no job that predates it remains: the old code is
+        gone and this call stands where ``if ctx.patched(change_id):`` stood. A job that
+        recorded the marker here walks past it; any other records nothing."""
+        self._storable_name(change_id, "patch change id")
+        if change_id in self._patches:
+            return
+        self._patches[change_id] = True
+        marker = PATCH_PREFIX + change_id
+        if self.ordered and self._name_at.get(self._next_position) == marker:
+            self._use(marker)
+            self.replayed_steps.append(marker)
+        elif not self.ordered and marker in self._recorded:
+            self._used.add(marker)
+            self.replayed_steps.append(marker)
 
     def check_lease(self) -> None:
         """Raise :class:`LeaseLost` if the heartbeat was refused: stop, write nothing."""
@@ -389,13 +574,18 @@ class JobContext(Workflow):
         if self._run_deadline is not None:
             self._check_time()
         self.take_pending_and_record()
-        if timeout is None:
-            output = fn(*args, **kwargs)
-        else:
-            output = self._run_timed(name, timeout, fn, *args, **kwargs)
+        place = self._call_position[name]
+        self._running = (name, place)
+        try:
+            if timeout is None:
+                output = fn(*args, **kwargs)
+            else:
+                output = self._run_timed(name, timeout, fn, *args, **kwargs)
+        finally:
+            self._running = None
         self.check_lease()
         try:
-            pending = self.store.ownership.pending_step(name, output, self._progress)
+            pending = self.store.ownership.pending_step(name, output, place, self._progress)
         except InvalidInput as err:
             raise Unstorable(str(err)) from None
         self.flush_progress()  # the step ended: the row gets the latest progress
@@ -451,7 +641,7 @@ class JobContext(Workflow):
                 raise EventTimedOut(self.job_id, f"approval {name!r}")
             return approval
         self.check_lease()
-        raise WaitingForApproval(reason, name, timeout)
+        raise WaitingForApproval(reason, name, timeout, self._call_position[name])
 
     def sleep(self, name: str, seconds: float | dt.timedelta) -> None:
         """Sleep durably for ``seconds`` (a number or a ``timedelta``), holding no worker,
@@ -464,7 +654,8 @@ class JobContext(Workflow):
         span = _storable(lambda: seconds_of(seconds, f"timer {name!r}: seconds"))
         if self._replayed_timer(name) or span <= 0:
             return
-        raise Sleeping(name, self.store.reads.now() + dt.timedelta(seconds=span))
+        wake_at = self.store.reads.now() + dt.timedelta(seconds=span)
+        raise Sleeping(name, wake_at, self._call_position[name])
 
     def sleep_until(self, name: str, when: dt.datetime) -> None:
         """Sleep durably until ``when`` (an aware ``datetime``, compared with the database's
@@ -478,7 +669,7 @@ class JobContext(Workflow):
             lambda: seconds_of(wake_at - now, f"timer {name!r}: time until {wake_at.isoformat()}")
         )
         if wake_at > now:
-            raise Sleeping(name, wake_at)
+            raise Sleeping(name, wake_at, self._call_position[name])
 
     def _replayed_timer(self, name: str) -> bool:
         """True when timer ``name`` is recorded: its wake-up came (a claim takes a QUEUED job

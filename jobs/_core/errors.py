@@ -140,3 +140,39 @@ class EventTimedOut(JobError):
         super().__init__(f"job {job_id!r}: {waited_for} did not come before its deadline")
         self.job_id = job_id
         self.waited_for = waited_for
+
+
+class NonDeterministic(JobError):
+    """A resumed run's handler did not make the calls its job recorded: at ``position`` in
+    its sequence of calls (0 first) it asked for step ``asked`` where step ``recorded`` is
+    recorded (a step renamed, added, removed or moved by a deploy), or it returned
+    (``asked`` is ``None``) without asking for ``recorded``. The job is FAILED at once,
+    not retried, with its recorded steps kept: deploy code that makes the recorded calls
+    (guard new code with ``ctx.patched``) and retry it (``jobctl retry``) to resume."""
+
+    def __init__(
+        self,
+        job_id: str,
+        position: int,
+        recorded: str | None,
+        asked: str | None,
+        detail: str = "",
+    ) -> None:
+        if asked is None:
+            what = f"the handler returned without asking for step {recorded!r}, recorded"
+        elif recorded is None:
+            what = f"the code asked for step {asked!r} at position {position}, where nothing"
+            what += f" is recorded ({detail})" if detail else " is recorded"
+        else:
+            what = f"the code asked for step {asked!r} where step {recorded!r} is recorded"
+        place = "" if recorded is None and asked is not None else f" at position {position}"
+        super().__init__(
+            f"job {job_id!r}: {what}{place}; the handler no longer makes the calls this job "
+            "recorded (a step renamed, added, removed or moved?). Its recorded steps are "
+            "kept: deploy code that replays them (guard changes with ctx.patched) and "
+            f"retry it (jobctl retry {job_id})"
+        )
+        self.job_id = job_id
+        self.position = position
+        self.recorded = recorded
+        self.asked = asked

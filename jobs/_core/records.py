@@ -115,6 +115,9 @@ class PendingStep:
     name: str
     output: Any
     text: str  # the output as JSON text, as checked
+    # The call's place in the handler's sequence of calls (``job_steps.position``); None
+    # records none (a step of a job recorded before positions existed).
+    position: int | None = None
     # The job's progress when the step ended (``ctx.progress``), kept in its record.
     progress: dict[str, Any] | None = None
 
@@ -137,6 +140,9 @@ class Step:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    # Its place in the handler's sequence of calls (0 first); None if recorded before
+    # positions were (migration 0008).
+    position: int | None = None
     # The job's progress when the step ended (``ctx.progress``); ``None``: none reported.
     progress: dict[str, Any] | None = None
 

@@ -73,11 +73,14 @@ class WaitingForEvent(BaseException):
     """Raised by ``ctx.wait_for_event`` when the event has not come: the runner parks the
     job WAITING until it comes or ``timeout`` passes (:meth:`JobStore.wait_for_event`)."""
 
-    def __init__(self, name: str, step_name: str, timeout: float | None) -> None:
+    def __init__(
+        self, name: str, step_name: str, timeout: float | None, position: int | None = None
+    ) -> None:
         super().__init__(f"waiting for event {name!r} (step {step_name!r})")
         self.name = name
         self.step_name = step_name
         self.timeout = timeout
+        self.position = position  # the wait's place in the handler's sequence
 
 
 T = TypeVar("T")
@@ -95,6 +98,7 @@ class Workflow:
         hold: LeaseHold | None
         ring: Ring | None
         _recorded: dict[str, Any]
+        _call_position: dict[str, int]
         replayed_steps: list[str]
         ran_steps: list[str]
 
@@ -210,7 +214,9 @@ class Workflow:
             return child
         child_id = child_id_of(self.job_id, key)
         row = self._child_row(child_kind, inputs, child_id, max_attempts, priority, queue)
-        record = self.store.ownership.pending_step(name, {"child_id": child_id})
+        record = self.store.ownership.pending_step(
+            name, {"child_id": child_id}, self._call_position[name]
+        )
         records = [*self.take_pending(), record]
         self._rung(
             self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, [row], records))
@@ -246,7 +252,9 @@ class Workflow:
             self._child_row(child_kind, one, child_id, max_attempts, priority, queue)
             for one, child_id in zip(child_inputs, ids, strict=True)
         ]
-        record = self.store.ownership.pending_step(name, {"child_ids": ids})
+        record = self.store.ownership.pending_step(
+            name, {"child_ids": ids}, self._call_position[name]
+        )
         records = [*self.take_pending(), record]
         if rows:
             self._rung(
@@ -287,7 +295,9 @@ class Workflow:
         if any(found[child_id].state is not State.COMPLETED for child_id in ids):
             raise WaitingForChildren(ids, name)
         record = self.store.ownership.pending_step(
-            name, {"results": [found[child_id].result for child_id in ids]}
+            name,
+            {"results": [found[child_id].result for child_id in ids]},
+            self._call_position[name],
         )
         records = [*self.take_pending(), record]
         self._held(lambda: self.store.ownership.record_steps(self.claim, records))
@@ -339,9 +349,10 @@ class Workflow:
                 raise EventTimedOut(self.job_id, f"event {name!r}")
             return recorded["payload"]
         self.take_pending_and_record()
-        consumed = self.store.workflows.consume_event(self.claim, name, step_name)
+        position = self._call_position[step_name]
+        consumed = self.store.workflows.consume_event(self.claim, name, step_name, position)
         if consumed is None:
-            raise WaitingForEvent(name, step_name, timeout)
+            raise WaitingForEvent(name, step_name, timeout, position)
         self._recorded[step_name] = consumed.output
         self.ran_steps.append(step_name)
         return consumed.output["payload"]

@@ -65,6 +65,7 @@ class EventWaits:
                             "recorded_at": self.clock.now(),
                             "owner": owner,
                             "fence": fence,
+                            "position": step.position,
                         }
                         for step in steps
                     ]
@@ -94,16 +95,20 @@ class EventWaits:
             .values(consumed_at=self.clock.now())
         )
 
-    def consume_event(self, claim: Claim, name: str, step_name: str) -> PendingStep | None:
+    def consume_event(
+        self, claim: Claim, name: str, step_name: str, position: int | None = None
+    ) -> PendingStep | None:
         """If event ``name`` was sent to the claimed job and not consumed yet, consume it
-        and record it as step ``step_name`` (fenced, one transaction); ``None`` if none."""
+        and record it as step ``step_name`` at ``position`` in the handler's calls (fenced,
+        one transaction); ``None`` if none."""
         with self.engine.begin() as conn:
             self._lock_owned(conn, claim)
             event = self._unconsumed(conn, claim.job_id, name)
             if event is None:
                 return None
             self._consume(conn, event.id)
-            record = PendingStep(step_name, {"event": name, "payload": event.payload}, "")
+            output = {"event": name, "payload": event.payload}
+            record = PendingStep(step_name, output, "", position)
             self._record(conn, claim.job_id, [record], claim.owner, claim.fence)
             return record
 
@@ -115,6 +120,7 @@ class EventWaits:
         timeout: float | None,
         *,
         steps: Sequence[PendingStep] = (),
+        position: int | None = None,
     ) -> Job:
         """Park the claimed job RUNNING → WAITING until event ``name`` (or ``timeout``
         seconds on the database clock, fired by the sweeper). An event that arrived since
@@ -127,7 +133,9 @@ class EventWaits:
             reason = f"waiting for event {name!r}" + (
                 "" if timeout is None else f" for at most {timeout:g} s"
             )
-            parked = RowChanges.parked(step_name, deadline, children_pending=0, wait_event=name)
+            parked = RowChanges.parked(
+                step_name, deadline, position, children_pending=0, wait_event=name
+            )
             row = self.statements.owned_transition(
                 conn, claim, State.WAITING, parked, reason, steps
             )
@@ -143,9 +151,9 @@ class EventWaits:
     ) -> Job:
         """Move a job WAITING for event ``name`` to QUEUED with the event recorded under
         its wait's step and marked consumed (the caller holds the row's lock)."""
-        waiting_for = conn.execute(
-            select(JobsTable.waiting_for).where(JobsTable.id == job_id)
-        ).scalar_one()
+        waiting = conn.execute(
+            select(JobsTable.waiting_for, JobsTable.waiting_position).where(JobsTable.id == job_id)
+        ).one()
         moved = self.statements.transition(
             conn,
             job_id,
@@ -156,6 +164,7 @@ class EventWaits:
                 run_after=self.clock.now(),
                 dispatched_at=self.clock.now(),  # every caller rings it after the commit
                 waiting_for=None,
+                waiting_position=None,
                 wait_event=None,
                 wait_deadline=None,
             ),
@@ -164,7 +173,8 @@ class EventWaits:
         if moved is None:
             raise self.statements.explain(conn, job_id, State.QUEUED)
         self._consume(conn, event.id)
-        record = PendingStep(waiting_for, {"event": name, "payload": event.payload}, "")
+        output = {"event": name, "payload": event.payload}
+        record = PendingStep(waiting.waiting_for, output, "", waiting.waiting_position)
         self._record(conn, job_id, [record], by, fence)
         return Job.from_row(moved)
 

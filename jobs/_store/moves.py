@@ -39,8 +39,9 @@ from jobs._store.reader import JOB_COLUMNS
 from jobs._store.row_changes import NO_CHANGES, RowChanges
 from jobs._store.tables import JobsTable, StepsTable, TransitionsTable
 
-StepValues = tuple[ColumnElement[str], ColumnElement[Any], ColumnElement[Any]]
-"""A step to record as SQL: its name, its output, and the job's progress at its end."""
+#: A recorded step's columns as SQL expressions: its name, its output, its position and the
+#: job's progress at its end.
+StepColumns = tuple[ColumnElement[str], ColumnElement[Any], ColumnElement[Any], ColumnElement[Any]]
 
 
 class StateMoves:
@@ -85,6 +86,7 @@ class StateMoves:
                     (
                         literal(step.name, StepsTable.name.type),
                         literal(step.output, StepsTable.output.type),
+                        literal(step.position, StepsTable.position.type),
                         literal(step.progress, StepsTable.progress.type),
                     )
                     for step in steps
@@ -120,6 +122,7 @@ class StateMoves:
                                 "recorded_at": now,
                                 "owner": owner,
                                 "fence": fence,
+                                "position": step.position,
                                 "progress": step.progress,
                             }
                             for step in steps
@@ -168,7 +171,7 @@ class StateMoves:
         fence: Expression | None = None,
         reason: ColumnElement[str],
         approved_by: ColumnElement[str],
-        steps: Sequence[StepValues] = (),
+        steps: Sequence[StepColumns] = (),
     ) -> Executable:
         """PostgreSQL: the move, its history row and the steps recorded with it as one
         statement (``WITH moved AS (UPDATE …), history AS (INSERT … FROM moved) …``). Values
@@ -207,11 +210,11 @@ class StateMoves:
     def steps_insert(
         self,
         source: Any,
-        steps: Sequence[StepValues],
+        steps: Sequence[StepColumns],
         owner: Expression | None,
         fence: Expression | None,
     ) -> Any:
-        """INSERT the steps (name, output and progress expressions) for the row ``source``
+        """INSERT the steps (name, output, position and progress expressions) for the row ``source``
         yields (none when it yields none), recorded now by ``owner`` under ``fence``
         (default: the row's own)."""
         selects = [
@@ -222,13 +225,15 @@ class StateMoves:
                 self.clock.now(),
                 source.c.owner if owner is None else owner(),
                 source.c.fence if fence is None else fence(),
+                position,
                 progress,
             )
-            for name, output, progress in steps
+            for name, output, position, progress in steps
         ]
         rows = selects[0] if len(selects) == 1 else selects[0].union_all(*selects[1:])
         return insert(StepsTable).from_select(
-            ["job_id", "name", "output", "recorded_at", "owner", "fence", "progress"], rows
+            ["job_id", "name", "output", "recorded_at", "owner", "fence", "position", "progress"],
+            rows,
         )
 
     @staticmethod
@@ -276,13 +281,14 @@ class StateMoves:
         return IllegalTransition(current, target, job_id)
 
     @staticmethod
-    def bound_steps(count: int) -> list[StepValues]:
-        """``count`` steps as bound parameters ``step_name_<i>``, ``step_output_<i>`` and
-        ``step_progress_<i>`` (the values :func:`step_params` gives)."""
+    def bound_steps(count: int) -> list[StepColumns]:
+        """``count`` steps as bound parameters ``step_name_<i>``, ``step_output_<i>``,
+        ``step_position_<i>`` and ``step_progress_<i>`` (the values: :func:`step_params`)."""
         return [
             (
                 bindparam(f"step_name_{index}", type_=StepsTable.name.type),
                 bindparam(f"step_output_{index}", type_=StepsTable.output.type),
+                bindparam(f"step_position_{index}", type_=StepsTable.position.type),
                 bindparam(f"step_progress_{index}", type_=StepsTable.progress.type),
             )
             for index in range(count)
@@ -295,8 +301,9 @@ def step_params(steps: Sequence[PendingStep]) -> dict[str, Any]:
     for index, step in enumerate(steps):
         params[f"step_name_{index}"] = step.name
         params[f"step_output_{index}"] = step.output
+        params[f"step_position_{index}"] = step.position
         params[f"step_progress_{index}"] = step.progress
     return params
 
 
-__all__ = ["StateMoves", "StepValues", "step_params"]
+__all__ = ["StateMoves", "StepColumns", "step_params"]

@@ -98,6 +98,10 @@ class Operations:
         job = Job.from_row(row)
         waiting_for = row.waiting_for
         if waiting_for is not None:
+            # The approval is recorded at the place the handler asked for it.
+            position = unit.execute(
+                select(JobsTable.waiting_position).where(JobsTable.id == job_id)
+            ).scalar()
             unit.execute(
                 insert(StepsTable).values(
                     job_id=job_id,
@@ -106,9 +110,14 @@ class Operations:
                     recorded_at=now,
                     owner=by,
                     fence=job.fence,
+                    position=position,
                 )
             )
-            unit.execute(update(JobsTable).where(JobsTable.id == job_id).values(waiting_for=None))
+            unit.execute(
+                update(JobsTable)
+                .where(JobsTable.id == job_id)
+                .values(waiting_for=None, waiting_position=None)
+            )
             job = dataclasses.replace(job, waiting_for=None)
         return job
 

@@ -235,14 +235,18 @@ class Ownership:
     # -- steps -----------------------------------------------------------------------------
 
     def pending_step(
-        self, name: str, output: Any, progress: dict[str, Any] | None = None
+        self,
+        name: str,
+        output: Any,
+        position: int | None = None,
+        progress: dict[str, Any] | None = None,
     ) -> PendingStep:
-        """Check a step's name and output and return them ready to record (with the job's
-        ``progress`` at the step's end, if any): a value that can never be stored is
-        refused here, before any write."""
+        """Check a step's name and output and return them ready to record (at ``position``
+        in the handler's calls, with the job's ``progress`` at the step's end, if any): a
+        value that can never be stored is refused here, before any write."""
         check_name(name, "step name")
         text = encode_json(output, f"output of step {name!r}", self.max_payload_bytes)
-        return PendingStep(name, json.loads(text), text, progress)
+        return PendingStep(name, json.loads(text), text, position=position, progress=progress)
 
     def record_steps(self, claim: Claim, steps: Sequence[PendingStep]) -> None:
         """Record step outputs, fenced: one INSERT … SELECT that finds the job row only while
@@ -432,6 +436,7 @@ class Ownership:
         wake_at: dt.datetime,
         *,
         steps: Sequence[PendingStep] = (),
+        position: int | None = None,
     ) -> Job:
         """A durable timer: back to QUEUED due at ``wake_at``, with the timer recorded as step
         ``name`` (``{"wake_at": …}``) and ``steps`` in the same fenced write. The attempt is
@@ -440,7 +445,7 @@ class Ownership:
         stray doorbell) finds it not due."""
         check_name(name, "timer name")
         instant = wake_at.astimezone(dt.UTC)
-        timer = self.pending_step(name, {"wake_at": instant.isoformat()})
+        timer = self.pending_step(name, {"wake_at": instant.isoformat()}, position)
         return self.statements.owner_move(
             claim,
             State.QUEUED,
@@ -457,6 +462,7 @@ class Ownership:
         *,
         steps: Sequence[PendingStep] = (),
         timeout: float | None = None,
+        position: int | None = None,
     ) -> Job:
         """Park the job and release the lease; the pause gives back its attempt. The approval
         will be recorded as step ``step_name``. With ``timeout`` (seconds, database clock)
@@ -468,7 +474,7 @@ class Ownership:
                 claim,
                 State.WAITING_APPROVAL,
                 RowChanges.parked(
-                    step_name, None if timeout is None else self.clock.after(timeout)
+                    step_name, None if timeout is None else self.clock.after(timeout), position
                 ),
                 reason=reason,
                 steps=steps,

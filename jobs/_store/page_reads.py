@@ -60,6 +60,7 @@ class StepPreview:
     recorded_at: dt.datetime
     owner: str
     fence: int
+    position: int | None = None  # its place in the handler's calls (None: recorded before 0008)
     # The job's progress when the step ended (``ctx.progress``; small and bounded).
     progress: dict[str, Any] | None = None
 
@@ -182,10 +183,11 @@ class PageReads:
                     StepsTable.recorded_at,
                     StepsTable.owner,
                     StepsTable.fence,
+                    StepsTable.position,
                     StepsTable.progress,
                 )
                 .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.name)
+                .order_by(StepsTable.recorded_at, StepsTable.position, StepsTable.name)
                 .offset(offset)
                 .limit(limit)
             ).all()
@@ -197,6 +199,7 @@ class PageReads:
                 row.recorded_at,
                 row.owner,
                 row.fence,
+                row.position,
                 row.progress,
             )
             for row in rows

@@ -123,12 +123,24 @@ class JobReader:
                     StepsTable.recorded_at,
                     StepsTable.owner,
                     StepsTable.fence,
+                    StepsTable.position,
                     StepsTable.progress,
                 )
                 .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.name)
+                .order_by(StepsTable.recorded_at, StepsTable.position, StepsTable.name)
             ).all()
-        return [Step(r.name, r.output, r.recorded_at, r.owner, r.fence, r.progress) for r in rows]
+        return [
+            Step(
+                row.name,
+                row.output,
+                row.recorded_at,
+                row.owner,
+                row.fence,
+                position=row.position,
+                progress=row.progress,
+            )
+            for row in rows
+        ]
 
     def history(self, job_id: str) -> list[Transition]:
         """The job's state changes, oldest first."""

@@ -43,6 +43,8 @@ class RowChanges:
     last_error: str | _Keep = KEEP
     result: Any = KEEP
     waiting_for: str | _Keep | None = KEEP
+    # The awaited call's place in the handler's sequence, for the write that records it.
+    waiting_position: int | _Keep | None = KEEP
     # Workflows: a parked parent's count of unfinished awaited children, the event a job
     # waits for, and when its wait ends.
     children_pending: int | ColumnElement[Any] | _Keep = KEEP
@@ -68,16 +70,19 @@ class RowChanges:
         )
 
     @classmethod
-    def parked(cls, waiting_for: str, deadline: Any, **changes: Any) -> RowChanges:
+    def parked(
+        cls, waiting_for: str, deadline: Any, position: int | None = None, **changes: Any
+    ) -> RowChanges:
         """An owner's park (for an approval, its children or an event): no owner, lease or
         liveness key any more, the attempt given back, the step the wait will be recorded
-        under, and its deadline (``None``: none)."""
+        under and its position in the handler's calls, and its deadline (``None``: none)."""
         return cls(
             owner=None,
             lease_until=None,
             liveness_key=None,
             attempts=JobsTable.attempts - 1,
             waiting_for=waiting_for,
+            waiting_position=position,
             wait_deadline=deadline,
             **changes,
         )

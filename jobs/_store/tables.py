@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -107,6 +107,9 @@ JobsTable = TableColumns(
         # While WAITING_APPROVAL: the step name under which the approval will be recorded,
         # so the handler's re-run finds it and continues past the wait.
         Column("waiting_for", String(ID_LENGTH)),
+        # Its position in the handler's sequence of calls (migration 0008), for the write
+        # that records the wait (an approval, an event, a deadline); NULL before 0008.
+        Column("waiting_position", Integer),
         # Workflows (migration 0006). A child knows its parent (``ctx.spawn``/``ctx.map``).
         Column("parent_id", String(ID_LENGTH), index=True),
         # A parent WAITING for children: how many of the awaited ones are unfinished. The
@@ -170,6 +173,10 @@ StepsTable = TableColumns(
         Column("recorded_at", UtcDateTime(), nullable=False),
         Column("owner", String(ID_LENGTH), nullable=False),
         Column("fence", BigInteger, nullable=False),
+        # The call's place in the handler's sequence (0 first; migration 0008): a resumed
+        # run checks the code asks for the same step there (jobs.NonDeterministic). NULL
+        # for steps recorded before 0008, whose job then replays by name only.
+        Column("position", Integer),
         # The job's progress when the step ended (``ctx.progress``; NULL: none reported):
         # the history of a long job's progress, one entry per step.
         Column("progress", JSON),

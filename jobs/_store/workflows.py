@@ -227,7 +227,7 @@ class Workflows(EventWaits):
         for candidate in candidates:
             with self.engine.begin() as conn:
                 before = conn.execute(
-                    select(JobsTable.waiting_for, JobsTable.wait_event)
+                    select(JobsTable.waiting_for, JobsTable.waiting_position, JobsTable.wait_event)
                     .where(JobsTable.id == candidate.id)
                     .with_for_update()
                 ).first()
@@ -244,6 +244,7 @@ class Workflows(EventWaits):
                         run_after=self.clock.now(),
                         dispatched_at=None,
                         waiting_for=None,
+                        waiting_position=None,
                         wait_event=None,
                         wait_deadline=None,
                     ),
@@ -256,7 +257,7 @@ class Workflows(EventWaits):
                     self._record(
                         conn,
                         candidate.id,
-                        [PendingStep(before.waiting_for, output, "")],
+                        [PendingStep(before.waiting_for, output, "", before.waiting_position)],
                         "sweeper",
                         row.fence,
                     )

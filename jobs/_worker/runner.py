@@ -26,6 +26,7 @@ from typing import Any
 
 from jobs._config.settings import Settings
 from jobs._core.context import (
+    Diverged,
     HandBack,
     JobContext,
     Sleeping,
@@ -33,7 +34,7 @@ from jobs._core.context import (
     Unstorable,
     WaitingForApproval,
 )
-from jobs._core.errors import InvalidInput, LeaseLost, UnknownKind
+from jobs._core.errors import InvalidInput, LeaseLost, NonDeterministic, UnknownKind
 from jobs._core.heartbeat import LeaseHeartbeat
 from jobs._core.outage import LeaseHold
 from jobs._core.records import Moved, Ring
@@ -171,11 +172,9 @@ class Runner:
             kind = self.registry.get(job.kind)
             check_loaded(job.inputs, "inputs")
             kind.check_inputs(job.inputs)
-            recorded = (
-                {step.name: step.output for step in self.store.reads.steps(job.id)}
-                if claim.has_steps
-                else {}
-            )
+            steps = self.store.reads.steps(job.id) if claim.has_steps else []
+            recorded = {step.name: step.output for step in steps}
+            positions = {step.name: step.position for step in steps}
             check_loaded(recorded, "a recorded step output")
         except (UnknownKind, InvalidInput) as err:
             # Not transient: no retry would help. Fail with the reason instead of looping.
@@ -201,6 +200,7 @@ class Runner:
             registry=self.registry,  # children take their kinds' defaults
             default_max_attempts=self.default_max_attempts,
             ring=self.ring,
+            positions=positions,
         )
         if self.heartbeat is not None:
 
@@ -237,6 +237,7 @@ class Runner:
                     wait.reason,
                     wait.step_name,
                     timeout=wait.timeout,
+                    position=wait.position,
                 ),
             )
             return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
@@ -247,17 +248,31 @@ class Runner:
             return self._result(parked, self._parked_or_back(parked), ctx)
         except WaitingForEvent as event:
             parked = self.store.workflows.wait_for_event(
-                claim, event.name, event.step_name, event.timeout, steps=ctx.take_pending()
+                claim,
+                event.name,
+                event.step_name,
+                event.timeout,
+                steps=ctx.take_pending(),
+                position=event.position,
             )
             return self._result(parked, self._parked_or_back(parked), ctx)
         except Sleeping as sleep:
             slept = self._held(
-                ctx, partial(self.store.ownership.sleep, claim, sleep.name, sleep.wake_at)
+                ctx,
+                partial(
+                    self.store.ownership.sleep,
+                    claim,
+                    sleep.name,
+                    sleep.wake_at,
+                    position=sleep.position,
+                ),
             )
             return self._result(slept, Outcome.SLEEPING, ctx)
         except HandBack as hand_back:
             released = self._held(ctx, partial(self.store.ownership.release, claim, str(hand_back)))
             return self._result(released, Outcome.HANDED_BACK, ctx)
+        except Diverged as diverged:
+            return self._diverged(claim, ctx, diverged.error)
         except Unstorable as unstorable:
             failed = self._held(
                 ctx, partial(self.store.ownership.fail, claim, str(unstorable), rings=self.rings)
@@ -271,17 +286,34 @@ class Runner:
         except LeaseLost:
             raise
         except Exception as err:
-            error = clip(f"{type(err).__name__}: {err}")
-            log.info(
-                "job %s attempt %d failed: %s\n%s",
-                job.id,
-                job.attempts,
-                error,
-                traceback.format_exc(),
-            )
-            moved, outcome = self._retry_or_fail(claim, error, ctx)
-            return self._result(moved, outcome, ctx, error)
+            return self._handler_failed(claim, ctx, err)
+        return self._complete(claim, ctx, result)
+
+    def _handler_failed(self, claim: Claim, ctx: JobContext, err: Exception) -> RunResult:
+        """The handler raised: the attempt failed, retried or FAILED. A handler that
+        caught the context's :class:`Diverged` and raised on still fails as diverged."""
+        if ctx.diverged is not None:
+            return self._diverged(claim, ctx, ctx.diverged)
+        job = claim.job
+        error = clip(f"{type(err).__name__}: {err}")
+        log.info(
+            "job %s attempt %d failed: %s\n%s",
+            job.id,
+            job.attempts,
+            error,
+            traceback.format_exc(),
+        )
+        moved, outcome = self._retry_or_fail(claim, error, ctx)
+        return self._result(moved, outcome, ctx, error)
+
+    def _complete(self, claim: Claim, ctx: JobContext, result: Any) -> RunResult:
+        """The handler returned: COMPLETED with its result, unless a recorded step was
+        never asked for (:class:`Diverged`) or the result cannot be stored (FAILED)."""
         ctx.check_lease()
+        try:
+            ctx.check_all_asked()
+        except Diverged as diverged:
+            return self._diverged(claim, ctx, diverged.error)
         pending = ctx.take_pending()
         try:
             completed = self._held(
@@ -297,6 +329,16 @@ class Runner:
             )
             return self._result(failed, Outcome.FAILED, ctx, str(err))
         return self._result(completed, Outcome.COMPLETED, ctx)
+
+    def _diverged(self, claim: Claim, ctx: JobContext, error: NonDeterministic) -> RunResult:
+        """The code no longer makes the calls this job recorded: FAILED now, whatever its
+        attempts (no retry of the same code could pass), through the owner's fenced write;
+        its recorded steps are kept for ``jobctl retry`` once the code is fixed. The steps
+        that ran before the mismatch are recorded with the move."""
+        text = clip(f"{type(error).__name__}: {error}")
+        log.error("job %s attempt %d: %s", claim.job_id, claim.job.attempts, text)
+        failed = self._held(ctx, partial(self.store.ownership.fail, claim, text, rings=self.rings))
+        return self._result(failed, Outcome.FAILED, ctx, text)
 
     def _retry_or_fail(self, claim: Claim, error: str, ctx: JobContext) -> tuple[Job, Outcome]:
         """End a failed attempt: back to QUEUED after the backoff while attempts remain,

@@ -62,6 +62,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         "recorded_at": iso(step.recorded_at),
         "owner": step.owner,
         "fence": step.fence,
+        "position": step.position,
         "progress": step.progress,
     }
 

@@ -76,9 +76,10 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         if step.length > len(step.preview):
             output += f"… ({step.length:,} characters; the whole with --json)"
         at_end = progress_text(step.progress)
+        position = "-" if step.position is None else str(step.position)
         click.echo(
-            f"  {step.name}  {output}  "
-            f"(owner={shown(step.owner)} fence={step.fence} at {iso(step.recorded_at)}"
+            f"  {step.name}  {output}  (position={position} owner={shown(step.owner)} "
+            f"fence={step.fence} at {iso(step.recorded_at)}"
             + ("" if at_end is None else f"; progress {at_end}")
             + ")"
         )

@@ -47,6 +47,25 @@ def check_order(
     return {"order_id": order_id, "ok": payment["paid"], "approved_by": approved_by}
 
 
+def charge_card(ctx: jobs.JobContext, order: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """A payment-style side effect: the idempotency key the provider would dedupe by is
+    logged with each real run (``charge:start:<key>``), so a test can see a re-run after
+    a crash send the same key."""
+    key = ctx.idempotency_key()
+    _effect(f"charge:start:{key}", ctx.job_id)
+    time.sleep(seconds)
+    _effect(f"charge:done:{key}", ctx.job_id)
+    return {"charged_cents": order["total_cents"], "idempotency_key": key}
+
+
+@jobs.job("charge_order", max_attempts=3)
+def charge_order(ctx: jobs.JobContext, order_id: int, charge_seconds: float = 2.0) -> Any:
+    """Look an order up, then charge it under the step's idempotency key (the
+    worker-kill test of ``ctx.idempotency_key``)."""
+    order = ctx.step("lookup_order", lookup_order, ctx.job_id, order_id)
+    return ctx.step("charge", charge_card, ctx, order, charge_seconds)
+
+
 @jobs.job("follow_up", max_attempts=3)
 def follow_up(ctx: jobs.JobContext, order_id: int, wait_seconds: float) -> dict[str, Any]:
     """Look an order up, sleep durably (no worker, lease or message held), then remind:
