@@ -9,6 +9,7 @@ and says to upgrade the code.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,10 +34,28 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*:[^=]*=\s*['\"]([^'\"]+)['\"]", re.M)
+
+
 def known_revisions() -> list[str]:
-    """Every revision this code's migrations know, oldest first, read from the migration
-    files' names (``0006_workflows.py`` is revision ``0006``) without loading Alembic."""
-    return sorted(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+    """Every revision this code's migrations know, oldest first (each one's
+    ``down_revision`` before it), read from the migration files' ``revision`` lines
+    without loading Alembic (``0007_pause.py`` is revision ``0007_pause``)."""
+    parent_of: dict[str, str | None] = {}
+    for path in (MIGRATIONS / "versions").glob("*_*.py"):
+        found: dict[str, str] = {
+            match.group(1): match.group(2) for match in _REVISION_LINE.finditer(path.read_text())
+        }
+        if "revision" in found:
+            parent_of[found["revision"]] = found.get("down_revision")
+
+    def depth(revision: str) -> int:
+        steps, parent = 0, parent_of.get(revision)
+        while parent is not None and steps <= len(parent_of):
+            steps, parent = steps + 1, parent_of.get(parent)
+        return steps
+
+    return sorted(parent_of, key=lambda revision: (depth(revision), revision))
 
 
 def is_newer(current: str | None) -> bool:

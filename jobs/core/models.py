@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007_pause"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -221,6 +221,26 @@ KindLimitsTable = TableColumns(
 )
 """Backpressure per job kind, held in the database so every worker and every submitting
 process enforces the same numbers, and an operator can change them without a deploy."""
+
+PausesTable = TableColumns(
+    Table(
+        "job_pauses",
+        metadata,
+        # "kind" (name: a job kind) or "queue" (name: the queue a job's doorbells go to).
+        Column("scope", String(10), primary_key=True),
+        Column("name", String(ID_LENGTH), primary_key=True),
+        # A queue pause of JOBS_QUEUE: it holds the jobs that name no queue too (their
+        # ``queue`` column is NULL). Set by whoever pauses, who knows JOBS_QUEUE.
+        Column("default_queue", Boolean, nullable=False, server_default=false()),
+        Column("paused_at", UtcDateTime(), nullable=False),
+        Column("paused_by", String(ID_LENGTH)),
+        Column("reason", Text),
+        CheckConstraint("scope IN ('kind', 'queue')", name="scope"),
+    )
+)
+"""A paused kind or queue (``jobctl pause``): no claim takes its jobs while the row exists
+(the claim's own compare-and-set reads it, so every worker honours it at once); the jobs
+stay QUEUED, and ``jobctl resume`` deletes the row and rings their doorbells."""
 
 SchedulesTable = TableColumns(
     Table(

@@ -26,11 +26,13 @@ from jobs.core.errors import InvalidInput, UnknownJob
 from jobs.core.models import (
     JobsTable,
     KindLimitsTable,
+    PausesTable,
     SchedulesTable,
     StepsTable,
     TransitionsTable,
 )
-from jobs.core.records import Job, JobFilter, KindLimits, Selected, Step, Transition
+from jobs.core.pausing import PAUSE_COLUMNS, pause_of
+from jobs.core.records import Job, JobFilter, KindLimits, Pause, Selected, Step, Transition
 from jobs.core.schedule import Schedule
 from jobs.core.states import State
 
@@ -189,6 +191,14 @@ class JobReader:
                 )
             ).all()
         return {row.kind: KindLimits(row.kind, row.max_running, row.max_queued) for row in rows}
+
+    def pauses(self) -> builtins.list[Pause]:
+        """Every pause in force (``jobctl pause``), kinds first, then queues, by name."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(*PAUSE_COLUMNS).order_by(PausesTable.scope, PausesTable.name)
+            ).all()
+        return [pause_of(row) for row in rows]
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name."""

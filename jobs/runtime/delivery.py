@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from jobs.core.errors import UnknownJob
 from jobs.core.outage import OUTAGES, is_disconnect
+from jobs.core.pausing import holding
 from jobs.core.runner import Outcome, Runner, RunResult
 from jobs.core.states import State
 from jobs.core.store import JobStore
@@ -188,6 +189,9 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
                 f"QUEUED, of kind {job.kind!r}, which this worker does not know "
                 f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
             )
+        pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
+        if pause is not None:
+            return f"QUEUED, held: {pause.describe()}; its resume rings it again"
         if job.run_after > runner.store.reads.now():
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.reads.limits().get(job.kind)

@@ -12,6 +12,7 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs.core.store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs.core.store.doorbells`: which doorbells are due; marking failed ones unrung.
+- :mod:`~jobs.core.store.pauses`: pausing a kind or a queue, and resuming it.
 - :mod:`~jobs.core.store.row_changes`: what a state move writes besides the state.
 - :mod:`~jobs.core.store.schedules`: periodic ticks, retention, counters.
 - :mod:`~jobs.core.store.workflows`: children (spawn, fan-in), events, wait deadlines;
@@ -53,6 +54,7 @@ from jobs.core.records import (
 from jobs.core.store.doorbells import Doorbells
 from jobs.core.store.operations import Operations
 from jobs.core.store.ownership import Ownership
+from jobs.core.store.pauses import Pauses
 from jobs.core.store.schedules import Schedules
 from jobs.core.store.statements import Statements
 from jobs.core.store.submissions import Submissions
@@ -99,6 +101,7 @@ class JobStore:
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
         self.doorbells = Doorbells(self.statements)
+        self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
 
     def flush_held(self) -> None:

@@ -32,6 +32,7 @@ from jobs.core.db import retry_on_disconnect
 from jobs.core.errors import LeaseLost, StepError
 from jobs.core.liveness import owner_lock_released
 from jobs.core.models import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
+from jobs.core.pausing import not_paused
 from jobs.core.records import Claim, Job, Moved, PendingStep
 from jobs.core.states import State
 from jobs.core.store.clauses import kind_in, param
@@ -155,13 +156,18 @@ class Ownership:
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
-        a lease that ran out or an owner whose process is gone."""
+        a lease that ran out or an owner whose process is gone; and in either case of no
+        paused kind and on no paused queue (``jobctl pause``), read in the claim's own
+        compare-and-set, so every worker honours a pause from its commit on."""
         now = self.clock.now()
-        return or_(
-            (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
-            (JobsTable.state == State.RUNNING.value)
-            & (JobsTable.attempts < JobsTable.max_attempts)
-            & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
+        return (
+            or_(
+                (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
+                (JobsTable.state == State.RUNNING.value)
+                & (JobsTable.attempts < JobsTable.max_attempts)
+                & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
+            )
+            & not_paused()
         )
 
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:

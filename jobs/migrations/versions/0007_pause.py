@@ -1,0 +1,36 @@
+"""pauses: a kind or a queue whose jobs no claim takes until it is resumed
+
+Revision ID: 0007_pause
+Revises: 0006
+Create Date: 2026-12-02 14:30:00.000000
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+from jobs.core.clock import UtcDateTime
+
+revision: str = "0007_pause"
+down_revision: str | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "job_pauses",
+        sa.Column("scope", sa.String(length=10), nullable=False),
+        sa.Column("name", sa.String(length=200), nullable=False),
+        sa.Column("default_queue", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("paused_at", UtcDateTime(timezone=True), nullable=False),
+        sa.Column("paused_by", sa.String(length=200), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.CheckConstraint("scope IN ('kind', 'queue')", name=op.f("ck_job_pauses_scope")),
+        sa.PrimaryKeyConstraint("scope", "name", name=op.f("pk_job_pauses")),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("job_pauses")
