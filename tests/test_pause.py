@@ -12,15 +12,26 @@ Real workers are in ``tests/acceptance/test_pause.py``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, select, update
+from tornado import template
 
 import jobs
 from jobs.application import default_app
 from jobs.cli import main
+from jobs.contrib.flower_jobs.pages import (
+    Filters,
+    Overview,
+    instant,
+    job_filter,
+    one_line,
+    overview,
+)
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.errors import InvalidInput
@@ -28,6 +39,7 @@ from jobs.core.models import JobsTable
 from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.runtime.explain import explain
+from jobs.runtime.job_pages import PAGE_ROWS, as_json
 from tests.conftest import snapshot
 
 LEASE = 10.0
@@ -340,3 +352,48 @@ def test_the_limits_service_pauses_and_resumes_and_rings_after_the_commit() -> N
     queue_pause = app.limits.pause(queue=app.settings.queue)
     assert queue_pause.default_queue  # JOBS_QUEUE: holds the jobs that name none
     assert app.limits.pauses() == [queue_pause]
+
+
+def test_the_flower_jobs_page_lists_the_pauses_escaped_with_the_jobs_they_hold() -> None:
+    app = default_app()
+    app.use_doorbell(None)
+    app.jobs.submit(CLI_KIND, {"n": 1})
+    app.limits.pause(CLI_KIND, by="<b>ops</b>", reason="<script>alert(1)</script>")
+    app.limits.pause(queue="slow")
+    where, limit = job_filter(app, Filters())
+    view = overview(app, where, limit)
+    assert [(row.pause.scope, row.pause.name, row.held) for row in view.pauses] == [
+        ("kind", CLI_KIND, 1),
+        ("queue", "slow", None),
+    ]
+    page = render_jobs_page(view).decode()
+    table = page[page.index('id="pauses"') : page.index("</table>", page.index('id="pauses"'))]
+    assert CLI_KIND in table
+    assert "slow" in table
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in table
+    assert "<script>" not in table
+    assert "&lt;b&gt;ops&lt;/b&gt;" in table
+
+
+def render_jobs_page(view: Overview) -> bytes:
+    """The Jobs page's template rendered as the view renders it, without a server."""
+    namespace: dict[str, Any] = {
+        "static_url": lambda path: path,
+        "xsrf_form_html": lambda: "",
+        "prefix": "",
+        "job_url": lambda job_id, **_offsets: f"/jobs/job/{job_id}",
+        "value_url": lambda *_args, **_kw: "",
+        "page_rows": PAGE_ROWS,
+        "user": "tester",
+        "one_line": one_line,
+        "as_json": as_json,
+        "instant": instant,
+        "urlencode": urlencode,
+        "view": view,
+        "filters": Filters(),
+        "problem": None,
+    }
+    templates = Path(jobs.__file__).parent / "contrib" / "flower_jobs" / "templates"
+    loader = template.Loader(str(templates), autoescape="xhtml_escape")
+    rendered: bytes = loader.load("jobs.html").generate(**namespace)
+    return rendered
