@@ -120,6 +120,13 @@ JobsTable = TableColumns(
         # When a wait (an event, an approval) gives up, on the database clock; the
         # sweeper fires it. NULL: no deadline.
         Column("wait_deadline", UtcDateTime()),
+        # Deduplication (migration 0007_pause): a digest of the kind and the inputs (or the
+        # caller's unique_key) of a ``submit(unique_for=…)`` or ``debounce=``, unique, so of
+        # concurrent submits of one key one inserts and the others find its job. A submit
+        # takes the key from a job whose window ended or that FAILED or was CANCELLED.
+        Column("dedup_key", String(64)),
+        # Until when the key holds: a submit of the same key before then returns this job.
+        Column("dedup_until", UtcDateTime()),
         Column("created_at", UtcDateTime(), nullable=False),
         Column("updated_at", UtcDateTime(), nullable=False),
         # Indexed for retention, which deletes finished jobs oldest first in small batches.
@@ -137,6 +144,7 @@ JobsTable = TableColumns(
         Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
         Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),
         CheckConstraint("children_pending >= 0", name="children_pending"),
+        Index("ix_jobs_dedup_key", "dedup_key", unique=True),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""

@@ -1,4 +1,5 @@
-"""pauses: a kind or a queue whose jobs no claim takes until it is resumed
+"""pauses (a kind or a queue whose jobs no claim takes until it is resumed) and the
+deduplication key of a submit's unique_for/debounce
 
 Revision ID: 0007_pause
 Revises: 0006
@@ -19,6 +20,10 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("dedup_key", sa.String(length=64), nullable=True))
+        batch.add_column(sa.Column("dedup_until", UtcDateTime(timezone=True), nullable=True))
+    op.create_index("ix_jobs_dedup_key", "jobs", ["dedup_key"], unique=True)
     op.create_table(
         "job_pauses",
         sa.Column("scope", sa.String(length=10), nullable=False),
@@ -34,3 +39,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("job_pauses")
+    op.drop_index("ix_jobs_dedup_key", table_name="jobs")
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("dedup_until")
+        batch.drop_column("dedup_key")
