@@ -19,7 +19,7 @@ from jobs.application import default_app
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.db import make_engine
-from jobs.core.errors import InvalidInput
+from jobs.core.errors import AdmissionRefused, InvalidInput
 from jobs.core.models import JobsTable
 from jobs.core.states import State
 from jobs.core.store import JobStore
@@ -226,3 +226,11 @@ def _race_debounce(url: str, start: Any, index: int) -> str:
         return job.id
     finally:
         engine.dispose()
+
+
+def test_a_full_queue_still_answers_a_duplicate_with_the_existing_job(store: JobStore) -> None:
+    first, _ = submit(store, {"n": 1}, unique_for=60)
+    store.submissions.set_limits(KIND, max_running=None, max_queued=1)
+    assert submit(store, {"n": 1}, unique_for=60) == (first, False)
+    with pytest.raises(AdmissionRefused):
+        submit(store, {"n": 2}, unique_for=60)

@@ -325,6 +325,11 @@ class Submissions:
             unit.execute(
                 update(JobsTable).where(JobsTable.dedup_key == key, ~holds).values(dedup_key=None)
             )
+            holder = unit.execute(
+                select(*JOB_COLUMNS).where(JobsTable.dedup_key == key)
+            ).one_or_none()
+            if holder is not None:  # it holds the key: no admission, nothing written
+                return Job.from_row(holder), False
             self._admit(unit, kind, [values["id"]])
             inserted = self._insert_rows(unit, [values])
             if values["id"] in inserted:
