@@ -12,10 +12,12 @@ import multiprocessing
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, select
 
 import jobs
 from jobs.application import default_app
+from jobs.cli import main
 from jobs.core.clock import LogicalClock
 from jobs.core.context import JobContext
 from jobs.core.db import make_engine
@@ -234,3 +236,27 @@ def test_a_full_queue_still_answers_a_duplicate_with_the_existing_job(store: Job
     assert submit(store, {"n": 1}, unique_for=60) == (first, False)
     with pytest.raises(AdmissionRefused):
         submit(store, {"n": 2}, unique_for=60)
+
+
+def jobctl(*args: str) -> Result:
+    return CliRunner(catch_exceptions=False).invoke(main, list(args))
+
+
+def test_jobctl_submit_deduplicates_and_refuses_bad_options_in_one_line() -> None:
+    first = jobctl("submit", KIND, "--input", '{"n": 5}', "--unique-for", "60")
+    assert first.exit_code == 0, first.output
+    again = jobctl("submit", KIND, "--input", '{"n": 5}', "--unique-for", "60")
+    assert again.stdout == first.stdout
+    keyed = jobctl("submit", KIND, "--unique-key", "k1", "--debounce", "30")
+    assert keyed.exit_code == 0, keyed.output
+    assert jobctl("submit", KIND, "--unique-key", "k1", "--debounce", "30").stdout == keyed.stdout
+    for args, fragment in [
+        (("--unique-key", "k2"), "unique_key needs unique_for"),
+        (("--unique-for", "0"), "more than 0"),
+        (("--unique-for", "5", "--debounce", "5"), "not both"),
+    ]:
+        refused = jobctl("submit", KIND, *args)
+        assert refused.exit_code == 1, refused.output
+        assert refused.stdout == ""
+        assert fragment in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
