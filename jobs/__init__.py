@@ -70,7 +70,7 @@ if TYPE_CHECKING:
         unschedule,
         wake,
     )
-    from jobs.core.records import Job, JobFilter, KindLimits, Step, Transition
+    from jobs.core.records import Job, JobFilter, KindLimits, Pause, Resumed, Step, Transition
     from jobs.core.schedule import Schedule
     from jobs.results import JobFailure, JobResult
     from jobs.service.options import SubmitOptions
@@ -101,7 +101,10 @@ _LAZY = {
         ),
         "jobs.application",
     ),
-    **dict.fromkeys(("Job", "JobFilter", "KindLimits", "Step", "Transition"), "jobs.core.records"),
+    **dict.fromkeys(
+        ("Job", "JobFilter", "KindLimits", "Pause", "Resumed", "Step", "Transition"),
+        "jobs.core.records",
+    ),
     **dict.fromkeys(("JobsApp", "reset"), "jobs.application"),
     "SubmitOptions": "jobs.service.options",
     **dict.fromkeys(("JobFailure", "JobResult"), "jobs.results"),
@@ -139,6 +142,8 @@ __all__ = [
     "KindLimits",
     "LeaseLost",
     "NothingToWake",
+    "Pause",
+    "Resumed",
     "Schedule",
     "SettingsError",
     "Signature",
