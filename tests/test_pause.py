@@ -40,7 +40,9 @@ from jobs.core.states import State
 from jobs.core.store import JobStore
 from jobs.runtime.explain import explain
 from jobs.runtime.job_pages import PAGE_ROWS, as_json
+from jobs.runtime.metrics import registry_for
 from tests.conftest import snapshot
+from tests.test_metrics import Samples, scrape, value
 
 LEASE = 10.0
 KIND = "pz"
@@ -397,3 +399,31 @@ def render_jobs_page(view: Overview) -> bytes:
     loader = template.Loader(str(templates), autoescape="xhtml_escape")
     rendered: bytes = loader.load("jobs.html").generate(**namespace)
     return rendered
+
+
+def paused_value(samples: Samples, metric: str, scope: str, name: str) -> float | None:
+    """A sample labelled ``scope`` and ``name`` (``value``'s own argument is ``name``)."""
+    return samples.get((metric, (("name", name), ("scope", scope))))
+
+
+def test_the_metrics_show_each_pause_and_the_jobs_it_holds(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    registry = registry_for(store, lease_seconds=30)
+    new(store, "metric-held-1")
+    new(store, "metric-held-2")
+    new(store, "metric-other", OTHER)
+    assert paused_value(scrape(registry), "jobs_paused", "kind", KIND) is None
+    store.pauses.pause(kind=KIND)
+    store.pauses.pause(queue="slow")
+    clock.advance(90)
+    samples = scrape(registry)
+    assert paused_value(samples, "jobs_paused", "kind", KIND) == 1
+    assert paused_value(samples, "jobs_paused", "queue", "slow") == 1
+    assert paused_value(samples, "jobs_paused_seconds", "kind", KIND) == 90
+    assert value(samples, "jobs_held_by_pause", kind=KIND) == 2
+    assert value(samples, "jobs_held_by_pause", kind=OTHER) is None
+    store.pauses.resume(kind=KIND)
+    samples = scrape(registry)
+    assert paused_value(samples, "jobs_paused", "kind", KIND) is None
+    assert value(samples, "jobs_held_by_pause", kind=KIND) is None
