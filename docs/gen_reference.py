@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 REASON_MEANINGS = {
     "sleeping": "a durable timer: until when, which timer",
     "not_due": "a retry's backoff or a start time: until when, and after which error",
+    "paused": (
+        "its kind or its queue is paused (`jobctl pause`): since when, by whom, why; "
+        "`jobctl resume` runs it"
+    ),
     "waiting_for_slot": "its kind's `max_running` is reached: n of m running",
     "no_worker_on_queue": "no live worker consumes the job's queue",
     "kind_unknown_to_workers": (

@@ -47,7 +47,7 @@ from jobs._core.states import TRANSITIONS, State
 from jobs.tasks import JobTask, job
 
 if TYPE_CHECKING:
-    from jobs._core.records import Job, JobFilter, KindLimits, Step, Transition
+    from jobs._core.records import Job, JobFilter, KindLimits, Pause, Resumed, Step, Transition
     from jobs._core.schedule_ticks import Schedule
     from jobs._service.options import SubmitOptions
     from jobs.application import (
@@ -120,6 +120,8 @@ __all__ = [
     "LeaseLost",
     "NonDeterministic",
     "NothingToWake",
+    "Pause",
+    "Resumed",
     "Schedule",
     "SettingsError",
     "Signature",

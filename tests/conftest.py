@@ -134,7 +134,7 @@ def truncate_job_tables(engine: Engine) -> None:
         conn.execute(
             text(
                 "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits, "
-                "job_schedules, job_counters, job_events RESTART IDENTITY CASCADE"
+                "job_schedules, job_counters, job_events, job_pauses RESTART IDENTITY CASCADE"
             )
         )
 

@@ -544,8 +544,8 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
     header, row = listing.stdout.strip().splitlines()
-    assert header.split() == ["KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED"]
-    assert row.split() == ["bp_cli", "0", "-", "0", "5"]
+    assert header.split() == ["KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED", "PAUSED"]
+    assert row.split() == ["bp_cli", "0", "-", "0", "5", "-"]
 
 
 @pytest.mark.parametrize(
@@ -580,7 +580,14 @@ def test_jobctl_stats_json_has_limits_with_counts() -> None:
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)
     assert figures["limits"] == {
-        "bp_cli": {"max_running": 2, "running": 1, "max_queued": 3, "queued": 2},
+        "bp_cli": {
+            "max_running": 2,
+            "running": 1,
+            "max_queued": 3,
+            "queued": 2,
+            "paused": None,
+            "held_by_pause": 0,
+        },
     }
     text = jobctl("stats")
     assert "MAX_RUNNING" in text.stdout

@@ -191,7 +191,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """Write a file until the disk is full; returns it (delete it to make room again)."""
     filler = disk / "filler"
-    with filler.open("wb") as out:
+    # Unbuffered: a write refused for want of room leaves nothing for close() to flush
+    # (which would raise the same error outside the loop).
+    with filler.open("wb", buffering=0) as out:
         try:
             while True:
                 out.write(b"\0" * 65536)

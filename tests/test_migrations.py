@@ -28,6 +28,7 @@ TABLES = {
     "job_schedules",
     "job_counters",
     "job_events",
+    "job_pauses",
 }
 
 

@@ -346,7 +346,14 @@ def test_limits_json_lists_every_limited_kind() -> None:
     jobs.set_limits("ops_lookup", max_running=2)
     jobs.submit("ops_lookup", {"order_id": 1})
     assert json.loads(jobctl("limits", "--json").stdout) == {
-        "ops_lookup": {"max_running": 2, "running": 0, "max_queued": None, "queued": 1}
+        "ops_lookup": {
+            "max_running": 2,
+            "running": 0,
+            "max_queued": None,
+            "queued": 1,
+            "paused": None,
+            "held_by_pause": 0,
+        }
     }
 
 

@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from jobs._core.states import State
-from jobs._core.validate import NAME_LENGTH, QUEUE_NAME_LENGTH, check_error_pattern, check_text
+from jobs._core.validate import (
+    NAME_LENGTH,
+    QUEUE_NAME_LENGTH,
+    check_error_pattern,
+    check_text,
+    printable,
+)
 
 if TYPE_CHECKING:  # annotations only: the records load no database library
     from sqlalchemy import Row
@@ -129,6 +135,36 @@ class KindLimits:
     kind: str
     max_running: int | None
     max_queued: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pause:
+    """A paused kind or queue (``jobctl pause``): no claim takes its jobs until resumed.
+    ``scope`` is ``"kind"`` or ``"queue"``; ``default_queue``: the queue is ``JOBS_QUEUE``,
+    so the pause holds the jobs that name no queue too."""
+
+    scope: str
+    name: str
+    paused_at: dt.datetime
+    paused_by: str | None = None
+    reason: str | None = None
+    default_queue: bool = False
+
+    def describe(self) -> str:
+        """``kind 'x' paused since <instant> by <who> (<reason>)``, for people."""
+        by = f" by {printable(self.paused_by)}" if self.paused_by else ""
+        why = f" ({printable(self.reason)})" if self.reason else ""
+        since = self.paused_at.isoformat(timespec="seconds")
+        return f"{self.scope} {printable(self.name)!r} paused since {since}{by}{why}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """What a resume did (``app.limits.resume``): the pause it lifted (``None``: there was
+    none) and the IDs of the due jobs it held whose doorbells it rang."""
+
+    pause: Pause | None
+    rung: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

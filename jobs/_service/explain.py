@@ -1,6 +1,6 @@
 """``jobctl explain ID``: why a job is where it is, and what an operator can do about it.
 
-Reads only: the job row, its history and steps, its kind's limits and running count, the
+Reads only: the job row, its history and steps, its kind's limits, pauses and running count, the
 settings (lease, ring-again delay) and, for a RUNNING job, whether its owner is alive
 (PostgreSQL: the owner's liveness lock is held; SQLite: the owner's process exists). All
 instants are the database's, like every decision the system takes about the job.
@@ -25,6 +25,7 @@ from jobs._core.states import State
 from jobs._core.validate import check_lookup_id, printable
 from jobs._doorbell.queues import kind_task_name, queue_for
 from jobs._store import JobStore
+from jobs._store.pause_clauses import KIND, holding
 from jobs._worker import liveness
 from jobs._worker.live_workers import WorkerSeen
 
@@ -237,6 +238,23 @@ def _queued(
     quoted, kind = shlex.quote(job.id), shlex.quote(job.kind)
     queue = queue_for(settings, job.priority, job.queue)
     timer = timers.get(job.run_after)
+    pause = holding(store.reads.pauses(), job.kind, job.queue)
+    if pause is not None:
+        what = (
+            shlex.quote(pause.name) if pause.scope == KIND else f"--queue {shlex.quote(pause.name)}"
+        )
+        due = (
+            f"It is due since {_at(job.run_after)}"
+            if job.run_after <= now
+            else f"It is due at {_at(job.run_after)}"
+        )
+        return (
+            "paused",
+            f"{due}, but it is held: {pause.describe()}. No worker claims it until the "
+            "pause is lifted. It holds no worker or lease; a message that arrives meanwhile is "
+            "dropped, and the resume rings it again.",
+            (f"jobctl resume {what} to run it", f"jobctl cancel {quoted} to stop it"),
+        )
     if job.run_after > now and timer is not None:
         wait = _span((job.run_after - now).total_seconds())
         return (

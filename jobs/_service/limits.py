@@ -1,13 +1,14 @@
 """``app.limits``: backpressure per kind, for every worker at once — at most so many
 RUNNING (the claim statement enforces it) and at most so many QUEUED (a submit past it is
-refused and writes nothing)."""
+refused and writes nothing) — and pauses: a paused kind or queue has none of its jobs
+claimed until it is resumed (the claim statement enforces that too)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from jobs._core.records import KindLimits
+from jobs._core.records import KindLimits, Pause, Resumed
 
 if TYPE_CHECKING:  # SQLAlchemy loads on first use
     from jobs._worker.process import ProcessRuntime
@@ -38,6 +39,39 @@ class LimitService:
     def all(self) -> dict[str, KindLimits]:
         """Every kind's limits row, by kind."""
         return self._runtime().store.reads.limits()
+
+    def pause(
+        self,
+        kind: str | None = None,
+        *,
+        queue: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> Pause:
+        """Pause one job kind, or one ``queue`` (every kind whose doorbells go there): from
+        the commit on, no worker claims its jobs. Nothing fails and nothing is lost: jobs
+        submitted meanwhile are QUEUED as ever, a doorbell that arrives is dropped (the job
+        stays QUEUED), and jobs already RUNNING finish their run. A kind no code here
+        registers may be paused (before its code is deployed, say). Pausing what is
+        already paused keeps the first pause, which is returned."""
+        runtime = self._runtime()
+        pause, _created = runtime.store.pauses.pause(
+            kind=kind,
+            queue=queue,
+            by=by,
+            reason=reason,
+            default_queue=queue is not None and queue == runtime.settings.queue,
+        )
+        return pause
+
+    def resume(self, kind: str | None = None, *, queue: str | None = None) -> Resumed:
+        """Lift a pause and ring, after the commit, the doorbells of the due jobs it held
+        (those no other pause still holds), so they run now. ``Resumed.pause`` is ``None``
+        when it was not paused (nothing written, nothing rung)."""
+        runtime = self._runtime()
+        pause, doorbells = runtime.store.pauses.resume(kind=kind, queue=queue)
+        runtime.ring(doorbells)
+        return Resumed(pause, tuple(doorbell.job_id for doorbell in doorbells))
 
 
 __all__ = ["LimitService"]

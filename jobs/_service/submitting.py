@@ -26,6 +26,7 @@ from jobs._core.validate import (
     check_lookup_id,
     check_user_job_id,
     check_whole,
+    seconds_of,
 )
 from jobs._service.options import SubmitOptions, chosen_options, new_job_id
 
@@ -76,6 +77,9 @@ class JobService:
         connection: Connection | None = None,
         session: Session | scoped_session[Any] | None = None,
         unit: UnitOfWork | None = None,
+        unique_for: float | dt.timedelta | None = None,
+        unique_key: str | None = None,
+        debounce: float | dt.timedelta | None = None,
     ) -> str:
         """Queue a job of a registered kind and return its ID.
 
@@ -105,11 +109,37 @@ class JobService:
 
         ``options``: a :class:`jobs.SubmitOptions` kept for reuse; the keywords above win
         over its fields.
+
+        **Deduplication.** ``unique_for=`` (seconds or a ``timedelta``): a submit of the same
+        kind and inputs (or, given ``unique_key=``, the same kind and key) while a job of
+        them holds the key returns that job's ID and writes nothing. A job holds its key for
+        ``unique_for`` from its submit while it is QUEUED, RUNNING, WAITING,
+        WAITING_APPROVAL or COMPLETED; a FAILED or CANCELLED one does not (submitting again
+        runs it again). ``debounce=`` (seconds or a ``timedelta``): the job waits that long,
+        and each submit of the same key meanwhile pushes it back again (with the latest
+        inputs): it runs once, ``debounce`` after the last submit, unless a worker already
+        claimed it (then the submit queues a new one). Both are safe under concurrent
+        submits from any number of processes (a unique index on the key decides).
         """
         chosen = chosen_options(options, max_attempts, delay, run_at, priority, queue)
-        job_kind, row = self._prepare(kind, inputs, job_id, chosen, *chosen.start())
+        wait, start = chosen.start()
+        if unique_for is None and debounce is None and unique_key is None:
+            job_kind, row = self._prepare(kind, inputs, job_id, chosen, wait, start)
+            with self._transactions.joined(connection, session, unit) as joined:
+                return self._insert(job_kind, [row], joined)[0]
+        job_kind, row = self._prepare(
+            kind,
+            inputs,
+            job_id,
+            chosen,
+            wait,
+            start,
+            unique_for=None if unique_for is None else seconds_of(unique_for, "unique_for"),
+            unique_key=unique_key,
+            debounce=None if debounce is None else seconds_of(debounce, "debounce"),
+        )
         with self._transactions.joined(connection, session, unit) as joined:
-            return self._insert(job_kind, [row], joined)[0]
+            return self._insert_deduplicated(job_kind, row, joined, debounce is not None)
 
     def submit_many(
         self,
@@ -187,6 +217,7 @@ class JobService:
         options: SubmitOptions,
         delay_seconds: float,
         run_at: dt.datetime | None,
+        **dedup: Any,
     ) -> tuple[JobKind, dict[str, Any]]:
         """Check one submission against its kind and return the row the store will insert
         (``delay_seconds``/``run_at``: ``options.start()``, worked out once for a batch)."""
@@ -213,6 +244,7 @@ class JobService:
             run_at=run_at,
             priority=job_kind.priority if options.priority is None else options.priority,
             queue=job_kind.queue if options.queue is None else options.queue,
+            **dedup,
         )
         return job_kind, row
 
@@ -232,6 +264,27 @@ class JobService:
         owed = [doorbell_of(job) for job, new in created if new and job.dispatched_at is not None]
         self._transactions.ring_after_commit(unit, owed)
         return [job.id for job, _new in created]
+
+    def _insert_deduplicated(
+        self, job_kind: JobKind, row: dict[str, Any], unit: UnitOfWork | None, debounce: bool
+    ) -> str:
+        """:meth:`_insert` of one row with a deduplication key: the ID of the job inserted,
+        or of the one that holds the key (nothing rung for it: it is rung already, or not
+        due yet)."""
+        runtime = self._runtime()
+        conn = None if unit is None else unit.connection
+        runtime.seed_limits([job_kind], conn=conn)
+        submissions = runtime.store.submissions
+        try:
+            job, new = submissions.create_deduplicated(
+                job_kind.name, row, debounce=debounce, conn=conn
+            )
+        except AdmissionRefused:
+            count_event(runtime, "admission_refused", job_kind.name, wait=unit is None)
+            raise
+        if new and job.dispatched_at is not None:
+            self._transactions.ring_after_commit(unit, [doorbell_of(job)])
+        return job.id
 
     def ring(self, job_id: str) -> bool:
         """Ring a QUEUED job's doorbell (with its priority, kind and queue) after its QUEUED

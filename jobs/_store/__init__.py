@@ -12,6 +12,7 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
+- :mod:`~jobs._store.pauses`: pausing a kind or a queue, and resuming it.
 - :mod:`~jobs._store.row_changes`: what a state move writes besides the state.
 - :mod:`~jobs._store.schedules`: periodic ticks, retention, counters.
 - :mod:`~jobs._store.workflows`: children (spawn, fan-in), events, wait deadlines;
@@ -52,6 +53,7 @@ from jobs._store.doorbells import Doorbells
 from jobs._store.operations import Operations
 from jobs._store.ownership import Ownership
 from jobs._store.page_reads import PageReads
+from jobs._store.pauses import Pauses
 from jobs._store.reader import JobReader
 from jobs._store.schedules import Schedules
 from jobs._store.statements import Statements
@@ -99,6 +101,7 @@ class JobStore:
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
         self.doorbells = Doorbells(self.statements)
+        self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
 
     def flush_held(self) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, func, select
 from jobs._core.records import Doorbell
 from jobs._core.states import TERMINAL, State
 from jobs._store.clock import Clock, DatabaseClock
+from jobs._store.pause_clauses import not_paused
 from jobs._store.reader import read_only
 from jobs._store.tables import CountersTable, JobsTable, StepsTable, TransitionsTable
 
@@ -54,6 +55,16 @@ class DepthReads:
             ).all()
         return {row.queue: int(row.jobs) for row in rows}
 
+    def held_by_pauses(self) -> dict[str, int]:
+        """QUEUED jobs (due or not) that a pause holds (``jobctl pause``), by kind."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(JobsTable.kind, func.count().label("jobs"))
+                .where(JobsTable.state == State.QUEUED.value, ~not_paused())
+                .group_by(JobsTable.kind)
+            ).all()
+        return {row.kind: int(row.jobs) for row in rows}
+
     def not_due(self) -> dict[str, int]:
         """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
         with self._read() as conn:
@@ -82,7 +93,8 @@ class DepthReads:
 
     def stale_doorbells(self, stale_seconds: float) -> int:
         """Due QUEUED jobs whose doorbell went out more than ``stale_seconds`` ago and that
-        no worker claimed since: lost messages, or messages waiting behind a backlog."""
+        no worker claimed since: lost messages, or messages waiting behind a backlog (a
+        paused job's message is neither: it was dropped, and the resume rings it again)."""
         now = self.clock.now()
         with self._read() as conn:
             count: int = conn.execute(
@@ -92,19 +104,22 @@ class DepthReads:
                     JobsTable.state == State.QUEUED.value,
                     JobsTable.run_after <= now,
                     JobsTable.dispatched_at <= self.clock.after(-stale_seconds),
+                    not_paused(),
                 )
             ).scalar_one()
         return count
 
     def awaiting_ring_again(self, stale_seconds: float) -> dict[str, str]:
         """{job id: kind} of due QUEUED jobs whose message was sent more than
-        ``stale_seconds`` ago and never claimed: the next sweep counts them as lost."""
+        ``stale_seconds`` ago and never claimed: the next sweep counts them as lost (a
+        paused job is not: the sweep leaves it alone)."""
         with self._read() as conn:
             rows = conn.execute(
                 select(JobsTable.id, JobsTable.kind).where(
                     JobsTable.state == State.QUEUED.value,
                     JobsTable.run_after <= self.clock.now(),
                     JobsTable.dispatched_at <= self.clock.after(-stale_seconds),
+                    not_paused(),
                 )
             ).all()
         return {row.id: row.kind for row in rows}
@@ -115,7 +130,8 @@ class DepthReads:
         return [doorbell.job_id for doorbell in self.next_due_doorbells(kind, limit)]
 
     def next_due_doorbells(self, kind: str, limit: int = 1) -> list[Doorbell]:
-        """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on."""
+        """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on
+        (none while the kind or the job's queue is paused: no claim would take it)."""
         with self._read() as conn:
             rows = conn.execute(
                 select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
@@ -123,6 +139,7 @@ class DepthReads:
                     JobsTable.kind == kind,
                     JobsTable.state == State.QUEUED.value,
                     JobsTable.run_after <= self.clock.now(),
+                    not_paused(),
                 )
                 .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
                 .limit(limit)

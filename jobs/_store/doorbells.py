@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, Row, or_, select, update
 
 from jobs._core.records import Doorbell
 from jobs._core.states import State
+from jobs._store.pause_clauses import not_paused
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable
 
@@ -46,10 +47,16 @@ class Doorbells:
 
         Returned in the order to ring them: the highest priority first, then the longest
         due. Of more never-sent jobs than ``limit``, the higher priorities are taken in this
-        pass; of stale ones, those sent the longest ago (the likeliest lost)."""
+        pass; of stale ones, those sent the longest ago (the likeliest lost). Jobs of a
+        paused kind or queue are not taken: their resume rings them."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        queued_and_due = [JobsTable.state == State.QUEUED.value, JobsTable.run_after <= now]
+        # A paused job is left alone: no claim would take it (its resume rings it).
+        queued_and_due = [
+            JobsTable.state == State.QUEUED.value,
+            JobsTable.run_after <= now,
+            not_paused(),
+        ]
         # Never sent: the highest priority first. Sent long ago: the longest ago first, as
         # the likeliest lost (when the queue is short of only a few, those are the few).
         kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [

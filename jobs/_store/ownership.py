@@ -38,6 +38,7 @@ from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
+from jobs._store.pause_clauses import not_paused
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
@@ -156,13 +157,18 @@ class Ownership:
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
-        a lease that ran out or an owner whose process is gone."""
+        a lease that ran out or an owner whose process is gone; and in either case of no
+        paused kind and on no paused queue (``jobctl pause``), read in the claim's own
+        compare-and-set, so every worker honours a pause from its commit on."""
         now = self.clock.now()
-        return or_(
-            (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
-            (JobsTable.state == State.RUNNING.value)
-            & (JobsTable.attempts < JobsTable.max_attempts)
-            & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
+        return (
+            or_(
+                (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
+                (JobsTable.state == State.RUNNING.value)
+                & (JobsTable.attempts < JobsTable.max_attempts)
+                & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
+            )
+            & not_paused()
         )
 
     def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:

@@ -21,14 +21,16 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Engine, Row, func, or_, select
 
 from jobs._core.errors import InvalidInput, UnknownJob
-from jobs._core.records import Job, JobFilter, KindLimits, Selected, Step, Transition
+from jobs._core.records import Job, JobFilter, KindLimits, Pause, Selected, Step, Transition
 from jobs._core.schedule_ticks import Schedule
 from jobs._core.states import State
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.db import READ_ONLY
+from jobs._store.pause_clauses import PAUSE_COLUMNS, pause_of
 from jobs._store.tables import (
     JobsTable,
     KindLimitsTable,
+    PausesTable,
     SchedulesTable,
     StepsTable,
     TransitionsTable,
@@ -202,6 +204,14 @@ class JobReader:
                 )
             ).all()
         return {row.kind: KindLimits(row.kind, row.max_running, row.max_queued) for row in rows}
+
+    def pauses(self) -> builtins.list[Pause]:
+        """Every pause in force (``jobctl pause``), kinds first, then queues, by name."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(*PAUSE_COLUMNS).order_by(PausesTable.scope, PausesTable.name)
+            ).all()
+        return [pause_of(row) for row in rows]
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every periodic schedule, by name."""

@@ -34,18 +34,28 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-_REVISION_LINE = re.compile(r'^revision: str = "([^"]+)"$', re.MULTILINE)
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*:[^=]*=\s*['\"]([^'\"]+)['\"]", re.M)
 
 
 def known_revisions() -> list[str]:
-    """Every revision this code's migrations know, oldest first (by file name), read from
-    each file's ``revision: str = "…"`` line without loading Alembic (``0006_workflows.py``
-    is revision ``0006``)."""
-    revisions = []
-    for path in sorted((MIGRATIONS / "versions").glob("*_*.py")):
-        found = _REVISION_LINE.search(path.read_text(encoding="utf-8"))
-        revisions.append(found.group(1) if found else path.name.split("_", 1)[0])
-    return revisions
+    """Every revision this code's migrations know, oldest first (each one's
+    ``down_revision`` before it), read from the migration files' ``revision`` lines
+    without loading Alembic (``0009_pauses_and_dedup.py`` is revision ``0009``)."""
+    parent_of: dict[str, str | None] = {}
+    for path in (MIGRATIONS / "versions").glob("*_*.py"):
+        found: dict[str, str] = {
+            match.group(1): match.group(2) for match in _REVISION_LINE.finditer(path.read_text())
+        }
+        if "revision" in found:
+            parent_of[found["revision"]] = found.get("down_revision")
+
+    def depth(revision: str) -> int:
+        steps, parent = 0, parent_of.get(revision)
+        while parent is not None and steps <= len(parent_of):
+            steps, parent = steps + 1, parent_of.get(parent)
+        return steps
+
+    return sorted(parent_of, key=lambda revision: (depth(revision), revision))
 
 
 def is_newer(current: str | None) -> bool:

@@ -26,11 +26,14 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
+    update,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
+from jobs._core.dedup import HOLDING_STATES, check_window, dedup_key
 from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput
 from jobs._core.records import Job, KindLimits
 from jobs._core.states import State
@@ -133,11 +136,19 @@ class Submissions:
         run_at: dt.datetime | None = None,
         priority: int = 0,
         queue: str | None = None,
+        unique_for: float | None = None,
+        unique_key: str | None = None,
+        debounce: float | None = None,
     ) -> dict[str, Any]:
         """Validate one submission and return its row; raises before anything is written.
         ``run_at`` (an aware instant) makes the job due then instead of ``delay_seconds``
         from now; either way the database's clock decides when it is due. ``queue`` is where
-        its doorbells go (``None``: ``JOBS_QUEUE``)."""
+        its doorbells go (``None``: ``JOBS_QUEUE``). ``unique_for``/``debounce`` (seconds)
+        and ``unique_key`` give the row a deduplication key (:mod:`jobs._core.dedup`): such a
+        row is written by :meth:`create_deduplicated`; ``debounce`` is its delay too."""
+        window = check_window(unique_for, debounce, unique_key)
+        if debounce is not None and (delay_seconds or run_at is not None):
+            raise InvalidInput("debounce is the job's delay: give no delay or run_at with it")
         check_name(job_id, "job id")
         check_priority(priority)
         if queue is not None:
@@ -151,6 +162,8 @@ class Submissions:
         check_number(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         check_number(delay_seconds, "delay_seconds", 0, MAX_DELAY_SECONDS)
         now = self.clock.now()
+        if debounce is not None:
+            delay_seconds = debounce
         delayed = delay_seconds > 0
         run_after: Any = self.clock.after(delay_seconds) if delayed else now
         dispatched_at: Any = None if delayed else now
@@ -161,7 +174,15 @@ class Submissions:
             # Due already (on the database's clock): sent after commit like any job; else
             # the sweeper sends it once due.
             dispatched_at = case((literal(run_after, JobsTable.run_after.type) <= now, now))
+        dedup: dict[str, Any] = {}
+        if window is not None:
+            stored = json.loads(text)
+            dedup = {
+                "dedup_key": dedup_key(kind, stored, unique_key),
+                "dedup_until": self.clock.after(window),
+            }
         return {
+            **dedup,
             "id": job_id,
             "kind": kind,
             "state": State.QUEUED.value,
@@ -193,11 +214,15 @@ class Submissions:
         conn: Connection | None = None,
         run_at: dt.datetime | None = None,
         queue: str | None = None,
+        unique_for: float | None = None,
+        unique_key: str | None = None,
+        debounce: float | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
         of the same request), and with anything else raises :class:`DuplicateJob`.
-        With ``conn`` the job joins the caller's transaction."""
+        With ``conn`` the job joins the caller's transaction. ``unique_for``/``debounce``
+        (and ``unique_key``) deduplicate it (:meth:`create_deduplicated`)."""
         values = self.new_job_values(
             kind,
             inputs,
@@ -208,7 +233,12 @@ class Submissions:
             run_at=run_at,
             priority=priority,
             queue=queue,
+            unique_for=unique_for,
+            unique_key=unique_key,
+            debounce=debounce,
         )
+        if "dedup_key" in values:
+            return self.create_deduplicated(kind, values, debounce=debounce is not None, conn=conn)
         [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created
 
@@ -222,6 +252,11 @@ class Submissions:
         :class:`DuplicateJob` and writes nothing."""
         if not rows:
             return []
+        if any("dedup_key" in row for row in rows):
+            raise InvalidInput(
+                "unique_for, unique_key and debounce deduplicate one submit at a time: "
+                "use submit, not submit_many"
+            )
         ids = [row["id"] for row in rows]
         if len(set(ids)) != len(ids):
             raise InvalidInput("the same job id appears twice in one submission")
@@ -258,6 +293,85 @@ class Submissions:
                     raise DuplicateJob(job.id)
                 results.append((job, False))
         return results
+
+    def create_deduplicated(
+        self, kind: str, values: dict[str, Any], *, debounce: bool, conn: Connection | None = None
+    ) -> tuple[Job, bool]:
+        """Insert a job whose row carries a deduplication key (:meth:`new_job_values` with
+        ``unique_for``/``debounce``), unless a job holds that key: then return that job
+        (``created=False``) and write nothing new. A job holds its key until its
+        ``dedup_until`` while in :data:`jobs._core.dedup.HOLDING_STATES` (FAILED and
+        CANCELLED never hold it). With ``debounce``, only a QUEUED job never claimed holds
+        it, and the submit pushes that job's due time (and its key's window) to the new
+        row's, with the new row's inputs: it runs once, ``debounce`` seconds after the last
+        submit of its key. Safe under concurrent submits: the key's unique index lets one
+        insert, and the others find its job in the same transaction. ``conn`` joins the
+        caller's transaction."""
+        key = values["dedup_key"]
+        with self.statements.unit(conn) as unit:
+            if debounce:
+                pushed = self._push_debounced(unit, kind, values)
+                if pushed is not None:
+                    return pushed, False
+                holds: ColumnElement[bool] = (JobsTable.state == State.QUEUED.value) & (
+                    JobsTable.attempts == 0
+                )
+            else:
+                holds = (JobsTable.dedup_until > self.clock.now()) & or_(
+                    *(JobsTable.state == state.value for state in HOLDING_STATES)
+                )
+            # A job that no longer holds its key gives it up (no state moves), so the
+            # unique index admits the new one.
+            unit.execute(
+                update(JobsTable).where(JobsTable.dedup_key == key, ~holds).values(dedup_key=None)
+            )
+            holder = unit.execute(
+                select(*JOB_COLUMNS).where(JobsTable.dedup_key == key)
+            ).one_or_none()
+            if holder is not None:  # it holds the key: no admission, nothing written
+                return Job.from_row(holder), False
+            self._admit(unit, kind, [values["id"]])
+            inserted = self._insert_rows(unit, [values])
+            if values["id"] in inserted:
+                return Job.from_row(inserted[values["id"]]), True
+            holder = unit.execute(
+                select(*JOB_COLUMNS).where(JobsTable.dedup_key == key)
+            ).one_or_none()
+            if holder is not None:  # inserted by a concurrent submit of the same key
+                if debounce:
+                    pushed = self._push_debounced(unit, kind, values)
+                    if pushed is not None:
+                        return pushed, False
+                return Job.from_row(holder), False
+            job = Job.from_row(
+                unit.execute(select(*JOB_COLUMNS).where(JobsTable.id == values["id"])).one()
+            )
+            if job.kind != kind or not same_json(job.inputs, values["inputs"]):
+                raise DuplicateJob(job.id)
+            return job, False
+
+    def _push_debounced(self, conn: Connection, kind: str, values: dict[str, Any]) -> Job | None:
+        """The QUEUED, never claimed job that holds a debounced row's key, due again (with
+        its key) at the row's due time and with the row's inputs; unrung, so a doorbell
+        rung before the push finds it not due and the sweeper rings it once due."""
+        row = conn.execute(
+            update(JobsTable)
+            .where(
+                JobsTable.dedup_key == values["dedup_key"],
+                JobsTable.kind == kind,
+                JobsTable.state == State.QUEUED.value,
+                JobsTable.attempts == 0,
+            )
+            .values(
+                run_after=values["run_after"],
+                dedup_until=values["dedup_until"],
+                inputs=values["inputs"],
+                dispatched_at=None,
+                updated_at=self.clock.now(),
+            )
+            .returning(*JOB_COLUMNS)
+        ).one_or_none()
+        return None if row is None else Job.from_row(row)
 
     def _insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """SQLite: the rows and their history in the caller's transaction, by ID of the rows

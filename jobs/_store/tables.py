@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -123,6 +123,13 @@ JobsTable = TableColumns(
         # When a wait (an event, an approval) gives up, on the database clock; the
         # sweeper fires it. NULL: no deadline.
         Column("wait_deadline", UtcDateTime()),
+        # Deduplication (migration 0009): a digest of the kind and the inputs (or the
+        # caller's unique_key) of a ``submit(unique_for=…)`` or ``debounce=``, unique, so of
+        # concurrent submits of one key one inserts and the others find its job. A submit
+        # takes the key from a job whose window ended or that FAILED or was CANCELLED.
+        Column("dedup_key", String(64)),
+        # Until when the key holds: a submit of the same key before then returns this job.
+        Column("dedup_until", UtcDateTime()),
         # A long job's latest ``ctx.progress(done, total, message)`` (migration
         # 0007): ``{"done": …, "total": … | null, "message": … | null}``, written
         # by its owner (fenced, at most about once a second) and kept after the run ends.
@@ -144,6 +151,7 @@ JobsTable = TableColumns(
         Index("ix_jobs_state_priority_run_after", "state", "priority", "run_after"),
         Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),
         CheckConstraint("children_pending >= 0", name="children_pending"),
+        Index("ix_jobs_dedup_key", "dedup_key", unique=True),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
@@ -234,6 +242,26 @@ KindLimitsTable = TableColumns(
 )
 """Backpressure per job kind, held in the database so every worker and every submitting
 process enforces the same numbers, and an operator can change them without a deploy."""
+
+PausesTable = TableColumns(
+    Table(
+        "job_pauses",
+        metadata,
+        # "kind" (name: a job kind) or "queue" (name: the queue a job's doorbells go to).
+        Column("scope", String(10), primary_key=True),
+        Column("name", String(ID_LENGTH), primary_key=True),
+        # A queue pause of JOBS_QUEUE: it holds the jobs that name no queue too (their
+        # ``queue`` column is NULL). Set by whoever pauses, who knows JOBS_QUEUE.
+        Column("default_queue", Boolean, nullable=False, server_default=false()),
+        Column("paused_at", UtcDateTime(), nullable=False),
+        Column("paused_by", String(ID_LENGTH)),
+        Column("reason", Text),
+        CheckConstraint("scope IN ('kind', 'queue')", name="scope"),
+    )
+)
+"""A paused kind or queue (``jobctl pause``): no claim takes its jobs while the row exists
+(the claim's own compare-and-set reads it, so every worker honours it at once); the jobs
+stay QUEUED, and ``jobctl resume`` deletes the row and rings their doorbells."""
 
 SchedulesTable = TableColumns(
     Table(

@@ -5,9 +5,10 @@
 the optional ``metrics`` extra). Every scrape reads the tables:
 
 - gauges: jobs by state and kind, QUEUED jobs by kind and priority (from the same grouped
-  read), the oldest due QUEUED job's age, RUNNING jobs whose lease ends within half a lease
-  (or has ended), schedules' seconds since their last tick, and the progress (``done /
-  total``, 0 to 1) of at most :data:`PROGRESS_SERIES` RUNNING jobs that report it;
+  read), pauses in force and the QUEUED jobs they hold, the oldest due QUEUED job's age,
+  RUNNING jobs whose lease ends within half a lease (or has ended), schedules' seconds
+  since their last tick, and the progress (``done / total``, 0 to 1) of at most
+  :data:`PROGRESS_SERIES` RUNNING jobs that report it;
 - counters from ``job_counters`` (monotonic, written by sweepers and submitters):
   recoveries by cause (dead owner, expired lease, lost message) and admission refusals;
 - counters and histograms that tail the history and the step records from the moment the
@@ -129,6 +130,7 @@ class TableCollector(Collector):
         for name, count in sorted(totals.items()):
             by_queue.add_metric([name], count)
         yield by_queue
+        yield from self._pauses()
         oldest = store.depth.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
@@ -178,6 +180,37 @@ class TableCollector(Collector):
             if fraction is not None:
                 progress.add_metric([kind, job_id], fraction)
         return progress
+
+    def _pauses(self) -> Iterable[Metric]:
+        """Each pause in force (1, with the seconds since it began beside it) and the QUEUED
+        jobs they hold, by kind."""
+        paused = GaugeMetricFamily(
+            "jobs_paused",
+            "1 for each paused kind or queue (jobctl pause): no worker claims its jobs.",
+            labels=["scope", "name"],
+        )
+        paused_for = GaugeMetricFamily(
+            "jobs_paused_seconds",
+            "Seconds since each pause in force began.",
+            labels=["scope", "name"],
+        )
+        pauses = self.store.reads.pauses()
+        instant = self.store.reads.now() if pauses else None
+        for pause in pauses:
+            paused.add_metric([pause.scope, pause.name], 1)
+            if instant is not None:
+                seconds = max(0.0, (instant - pause.paused_at).total_seconds())
+                paused_for.add_metric([pause.scope, pause.name], seconds)
+        yield paused
+        yield paused_for
+        held = GaugeMetricFamily(
+            "jobs_held_by_pause",
+            "QUEUED jobs (due or not) that a paused kind or queue holds, by kind.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self.store.depth.held_by_pauses().items()):
+            held.add_metric([kind], count)
+        yield held
 
     @staticmethod
     def _queued_by_priority(by_priority: dict[tuple[str, str, int], int]) -> Metric:

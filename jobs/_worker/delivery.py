@@ -17,6 +17,7 @@ from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.deferred import hold_completions
 from jobs._store.flights import share_flights
+from jobs._store.pause_clauses import holding
 from jobs._worker.process import ProcessRuntime
 from jobs._worker.runner import Outcome, Runner, RunResult
 
@@ -188,6 +189,9 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
                 f"QUEUED, of kind {job.kind!r}, which this worker does not know "
                 f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
             )
+        pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
+        if pause is not None:
+            return f"QUEUED, held: {pause.describe()}; its resume rings it again"
         if job.run_after > runner.store.reads.now():
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.reads.limits().get(job.kind)

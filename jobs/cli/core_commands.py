@@ -162,6 +162,17 @@ def read_inputs_file(source: TextIO, limit: int) -> list[dict[str, Any]]:
     type=click.IntRange(min=0, max=MAX_PRIORITY),
     help="0 to 9, higher first among due jobs (default: the kind's, else 0).",
 )
+@click.option(
+    "--unique-for",
+    type=Finite(0, MAX_DELAY_SECONDS),
+    help="For S seconds, the same kind and inputs (or --unique-key) print the first job's ID.",
+)
+@click.option("--unique-key", help="Deduplicate by this key instead of the inputs.")
+@click.option(
+    "--debounce",
+    type=Finite(0, MAX_DELAY_SECONDS),
+    help="Run S seconds after the last submit of the same key, once, with its inputs.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
 @click.option(
     "--timeout", type=Finite(0, MAX_WAIT_SECONDS), help="Give up waiting after S seconds."
@@ -185,8 +196,12 @@ def submit(
     wait: bool,
     timeout: float | None,
     from_file: TextIO | None,
+    unique_for: float | None,
+    unique_key: str | None,
+    debounce: float | None,
 ) -> None:
-    """Queue a job of KIND and print its ID."""
+    """Queue a job of KIND and print its ID (with --unique-for or --debounce, the ID of the
+    job already holding its key, if one does)."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
     if delay is not None and run_at is not None:
@@ -196,6 +211,10 @@ def submit(
         if from_file is not None:
             if wait or job_id is not None or input_json != "{}":
                 raise click.UsageError("--from-file does not combine with --input, --id or --wait")
+            if unique_for is not None or unique_key is not None or debounce is not None:
+                raise click.UsageError(
+                    "--from-file does not combine with --unique-for, --unique-key or --debounce"
+                )
             ids = jobs.submit_many(
                 kind,
                 read_inputs_file(from_file, runtime().settings.max_input_bytes),
@@ -214,6 +233,9 @@ def submit(
             delay=delay,
             run_at=start,
             priority=priority,
+            unique_for=unique_for,
+            unique_key=unique_key,
+            debounce=debounce,
         )
     except AdmissionRefused as err:
         # Not a mistake: the system is full. Scripts tell "try later" by the exit code.

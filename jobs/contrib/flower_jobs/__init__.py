@@ -3,7 +3,8 @@
 
 - ``/jobs``: jobs by kind and state with counts, the queues' depth and the oldest due
   job's age, the jobs ``jobctl list``'s filters select (state, kind, changed since, error
-  like), a search by ID, the schedules (last and next tick) and the limits per kind;
+  like), a search by ID, the schedules (last and next tick), the limits per kind, and
+  the paused kinds and queues (since when, by whom, how many jobs each holds);
 - ``/jobs/job/<id>``: a job's inputs, result, recorded steps with their outputs, history,
   ``jobctl explain``'s paragraph, its parent and children, and buttons to approve, wake,
   retry and cancel, each recorded with the Flower user's name.

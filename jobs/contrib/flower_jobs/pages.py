@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from jobs._core.errors import InvalidInput
 from jobs._core.lazy import lazy_module
-from jobs._core.records import Job, JobFilter, KindLimits, Transition
+from jobs._core.records import Job, JobFilter, KindLimits, Pause, Transition
 from jobs._core.states import TERMINAL, State
 from jobs._core.validate import check_error_pattern, printable
 from jobs._service.explain import Explanation, explain
@@ -67,9 +67,18 @@ class LimitRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class PauseRow:
+    """A paused kind or queue (``jobctl pause``) and how many QUEUED jobs it holds (a
+    kind's; ``None`` for a queue, whose jobs are counted in its kinds')."""
+
+    pause: Pause
+    held: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Overview:
     """The Jobs page: counts by kind and state, queue depths, the oldest due job, the jobs
-    the filters select, the schedules and the limits per kind."""
+    the filters select, the schedules, the limits per kind and the pauses in force."""
 
     where: JobFilter
     limit: int
@@ -81,6 +90,7 @@ class Overview:
     oldest: tuple[str, float] | None  # (job id, seconds waited) of the oldest due job
     schedules: list[ScheduleRow]
     limits: list[LimitRow]
+    pauses: list[PauseRow]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +176,11 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
         )
         for kind, limit_row in sorted(store.reads.limits().items())
     ]
+    held = store.depth.held_by_pauses()
+    pauses = [
+        PauseRow(pause, held.get(pause.name, 0) if pause.scope == "kind" else None)
+        for pause in store.reads.pauses()
+    ]
     return Overview(
         where=where,
         limit=limit,
@@ -177,6 +192,7 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
         oldest=store.depth.oldest_queued(),
         schedules=schedules,
         limits=limits,
+        pauses=pauses,
     )
 
 
