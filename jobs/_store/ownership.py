@@ -231,6 +231,15 @@ class Ownership:
             return found
         return LeaseLost(claim.job_id, claim.owner, claim.fence, str(found))
 
+    def why_lost_many(self, claims: Sequence[Claim]) -> dict[str, LeaseLost]:
+        """:meth:`why_lost` for every claim a renewal refused, in one read (keyed by job
+        ID): the heartbeat learns which of its runs were cancelled
+        (:class:`jobs.JobCancelled`) without a round trip per job."""
+        if not claims:
+            return {}
+        with self.statements.read() as conn:
+            return self.statements.explain_lost(conn, claims)
+
     # -- steps -----------------------------------------------------------------------------
 
     def pending_step(self, name: str, output: Any) -> PendingStep:
