@@ -18,6 +18,15 @@ The same thread writes a step's record that waited too long for the job's next w
 handler code that runs long between two steps does not leave the earlier step unrecorded
 for more than about twice ``flush_after`` seconds (the thread looks that often).
 
+**Cancels.** A renewal refused because an operator cancelled the job (the refused are
+explained in one read beside the renewal, none when all were renewed) is handed to the
+run's ``on_lost`` as :class:`jobs.JobCancelled`: the context sets ``ctx.cancelled`` and
+calls its ``on_cancel`` callbacks from this thread. A run still in its handler
+``cancel_grace`` seconds later has its process ended with ``stop_process``, as at a time
+limit (a prefork child; elsewhere nothing can end the thread, and the step runs to its
+end, its output refused). The cancel itself publishes nothing: within one beat, a third
+of the lease, the process learns it from the database.
+
 **Time limits.** A run watched with a ``timeout`` (``@jobs.job(timeout=…)``) and a step
 started with one (``ctx.step(…, timeout=…)``) have deadlines here. Past one, the thread
 stops renewing that lease, hands the reason to the run's ``on_timeout`` (the runner writes
