@@ -67,7 +67,7 @@ Renewed = Callable[[float], None]
 FLUSH_AFTER_SECONDS = 0.05
 # How long a cancelled run may take to return on its own (``ctx.cancelled``, ``ctx.on_cancel``)
 # before a process that ends stuck runs ends it.
-CANCEL_GRACE_SECONDS = 0.25
+CANCEL_GRACE_SECONDS = 0.5
 # How often renewals are tried while the database is unreachable.
 OUTAGE_RETRY_SECONDS = 0.25
 

@@ -27,7 +27,7 @@ from tests.acceptance.conftest import PG_RABBITMQ, Proc, Stack, wait_until
 pytestmark = pytest.mark.acceptance
 
 REASON = "customer withdrew (alice)"
-# One beat (1 s) plus the prefork grace (0.25 s) plus the child's exit, with room.
+# One beat (1 s) plus the prefork grace (0.5 s) plus the child's exit, with room.
 WITHIN = 2.0
 
 
