@@ -168,11 +168,12 @@ def test_after_a_cancel_on_cancel_runs_at_once_and_a_timer_raises(
     assert jobs.steps(job_id) == []  # no timer recorded
 
 
-def test_on_cancel_refuses_what_it_cannot_call() -> None:
-    @jobs.job("cancel_bad_callback", max_attempts=1)
-    def bad(ctx: JobContext) -> None:
-        ctx.on_cancel("not a function")  # type: ignore[arg-type]
+@jobs.job("cancel_bad_callback", max_attempts=1)
+def cancel_bad_callback(ctx: JobContext) -> None:
+    ctx.on_cancel("not a function")  # type: ignore[arg-type]
 
+
+def test_on_cancel_refuses_what_it_cannot_call() -> None:
     job = testing.perform_job("cancel_bad_callback")
     assert job.state is State.FAILED
     assert job.last_error == "InvalidInput: on_cancel needs a callable, got str"
