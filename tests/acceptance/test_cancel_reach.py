@@ -58,7 +58,7 @@ def ended_process(pid: int) -> bool:
     """Whether ``pid`` exited (a zombie until the pool's main process reaps it, which may
     come seconds later)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 
