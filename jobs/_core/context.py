@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs._core.errors import EventTimedOut, InvalidInput, LeaseLost, NonDeterministic, StepError
+from jobs._core.errors import (
+    EventTimedOut,
+    InvalidInput,
+    JobCancelled,
+    LeaseLost,
+    NonDeterministic,
+    StepError,
+)
 from jobs._core.progress import PROGRESS_INTERVAL_SECONDS, check_progress
 from jobs._core.validate import (
     NAME_LENGTH,
@@ -232,6 +239,11 @@ class JobContext(Workflow):
         # The heartbeat's key for writing a held value once its second is up (negative:
         # never the key of this context's pending-step flush, ``id(self)``).
         self._progress_key = -id(self)
+        # Set once the run learns its job was cancelled; the callbacks of on_cancel, called
+        # then (each once), guarded by the lock.
+        self._cancel_seen = threading.Event()
+        self._cancel_lock = threading.Lock()
+        self._on_cancel: list[Callable[[], object]] = []
 
     @property
     def job_id(self) -> str:
@@ -253,9 +265,49 @@ class JobContext(Workflow):
         return name in self._recorded
 
     def lease_lost(self, reason: LeaseLost) -> None:
-        """Called by the heartbeat when a renewal is refused: the next step stops the handler."""
+        """Called by the heartbeat when a renewal is refused: the next step stops the
+        handler. A cancel (:class:`jobs.JobCancelled`) also sets :attr:`cancelled` and calls
+        the :meth:`on_cancel` callbacks, here, in the caller's thread."""
         self.lost_reason = reason
         self._lost.set()
+        if isinstance(reason, JobCancelled):
+            with self._cancel_lock:
+                self._cancel_seen.set()
+                callbacks, self._on_cancel = self._on_cancel, []
+            for callback in callbacks:
+                self._call_on_cancel(callback)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this job was cancelled while this run holds it (``jobs.cancel``,
+        ``jobctl cancel``). A worker's heartbeat learns it within a third of the lease of
+        the cancel; a step that runs long can poll this and return early. Whatever the
+        step returns then is not recorded: the job is CANCELLED already, and the run's
+        next step (or wait, or timer, or its outcome) stops it, writing nothing."""
+        return self._cancel_seen.is_set()
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once when this run learns its job was cancelled: from the
+        heartbeat's thread, while the handler may be inside a step, so it can unblock a
+        blocking call (close a socket, set an event, kill a subprocess). Called at once,
+        in this thread, if the cancel is known already. An exception it raises is logged,
+        not raised. In a prefork pool child a run still in its handler a moment after the
+        callbacks ran is ended with its process (as at a time limit); on a threads pool
+        nothing can end the thread, so a step that never looks at :attr:`cancelled` or
+        returns on a callback runs to its end (its output is refused)."""
+        if not callable(callback):
+            raise InvalidInput(f"on_cancel needs a callable, got {type(callback).__name__}")
+        with self._cancel_lock:
+            if not self._cancel_seen.is_set():
+                self._on_cancel.append(callback)
+                return
+        self._call_on_cancel(callback)
+
+    def _call_on_cancel(self, callback: Callable[[], object]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("job %s: an on_cancel callback raised", self.job_id)
 
     def _storable_name(self, value: object, what: str) -> None:
         """A name the run is about to record (a step's, a key's): one that can never be

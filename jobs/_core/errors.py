@@ -107,6 +107,17 @@ class LeaseLost(JobError):
         self.fence = fence
 
 
+class JobCancelled(LeaseLost):
+    """The :class:`LeaseLost` of a run whose job was cancelled (``jobs.cancel``, ``jobctl
+    cancel``) while it ran: the job is CANCELLED already, with the cancel's reason in its
+    history, and the run writes nothing more. Raised by the run's next step (or wait,
+    or timer); the heartbeat has set ``ctx.cancelled`` and called ``ctx.on_cancel``'s
+    callbacks by then."""
+
+    def __init__(self, job_id: str, owner: str, fence: int) -> None:
+        super().__init__(job_id, owner, fence, "the job was cancelled")
+
+
 class StepError(JobError):
     """A step was used wrongly by a handler (the same step name twice in one run)."""
 

@@ -18,6 +18,15 @@ The same thread writes a step's record that waited too long for the job's next w
 handler code that runs long between two steps does not leave the earlier step unrecorded
 for more than about twice ``flush_after`` seconds (the thread looks that often).
 
+**Cancels.** A renewal refused because an operator cancelled the job (the refused are
+explained in one read beside the renewal, none when all were renewed) is handed to the
+run's ``on_lost`` as :class:`jobs.JobCancelled`: the context sets ``ctx.cancelled`` and
+calls its ``on_cancel`` callbacks from this thread. A run still in its handler
+``cancel_grace`` seconds later has its process ended with ``stop_process``, as at a time
+limit (a prefork child; elsewhere nothing can end the thread, and the step runs to its
+end, its output refused). The cancel itself publishes nothing: within one beat, a third
+of the lease, the process learns it from the database.
+
 **Time limits.** A run watched with a ``timeout`` (``@jobs.job(timeout=…)``) and a step
 started with one (``ctx.step(…, timeout=…)``) have deadlines here. Past one, the thread
 stops renewing that lease, hands the reason to the run's ``on_timeout`` (the runner writes
@@ -41,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobs._core.errors import LeaseLost
+from jobs._core.errors import JobCancelled, LeaseLost
 from jobs._core.outage import OUTAGES, is_disconnect
 
 if TYPE_CHECKING:
@@ -56,6 +65,9 @@ StopProcess = Callable[[str], None]
 Backstop = Callable[[float | None], None]
 Renewed = Callable[[float], None]
 FLUSH_AFTER_SECONDS = 0.05
+# How long a cancelled run may take to return on its own (``ctx.cancelled``, ``ctx.on_cancel``)
+# before a process that ends stuck runs ends it.
+CANCEL_GRACE_SECONDS = 0.5
 # How often renewals are tried while the database is unreachable.
 OUTAGE_RETRY_SECONDS = 0.25
 
@@ -91,6 +103,7 @@ class LeaseHeartbeat:
         stop_process: StopProcess | None = None,
         backstop: Backstop | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        cancel_grace: float = CANCEL_GRACE_SECONDS,
     ) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
@@ -107,6 +120,10 @@ class LeaseHeartbeat:
         self._watched: dict[tuple[str, int], _Watched] = {}
         # Runs past a time limit whose handler has not returned yet.
         self._timed_out: set[tuple[str, int]] = set()
+        # Cancelled runs whose handler has not returned yet: the instant (monotonic) their
+        # process is ended if they are still there (see beat).
+        self._cancelled: dict[tuple[str, int], float] = {}
+        self.cancel_grace = cancel_grace
         self._flushes: dict[int, tuple[float, Callable[[], None]]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -198,6 +215,7 @@ class LeaseHeartbeat:
         with self._lock:
             self._watched.pop((claim.job_id, claim.fence), None)
             self._timed_out.discard((claim.job_id, claim.fence))
+            self._cancelled.pop((claim.job_id, claim.fence), None)
             self._arm_backstop()
 
     def _arm_backstop(self) -> None:
@@ -229,7 +247,11 @@ class LeaseHeartbeat:
             thread.join(timeout=5)
 
     def beat(self) -> None:
-        """Renew every watched lease now; tell the owners of those refused."""
+        """Renew every watched lease now; tell the owners of those refused. The refused
+        are explained in one read beside the renewal (none when all were renewed): a run
+        whose job was cancelled hears :class:`JobCancelled`, and a process that ends stuck
+        runs (``stop_process``) ends this one if it is still in its handler
+        ``cancel_grace`` seconds later."""
         with self._lock:
             entries = list(self._watched.values())
         by_owner: dict[str, list[_Watched]] = {}
@@ -242,6 +264,7 @@ class LeaseHeartbeat:
                 [(entry.claim.job_id, entry.claim.fence) for entry in owned],
                 self.lease_seconds,
             )
+            refused = []
             for entry in owned:
                 if entry.claim.job_id in renewed:
                     if entry.renewed is not None:
@@ -249,19 +272,51 @@ class LeaseHeartbeat:
                     continue
                 with self._lock:
                     still_watched = self._watched.pop((entry.claim.job_id, entry.claim.fence), None)
-                if still_watched is None:
-                    continue  # the run ended (and wrote its outcome) while we renewed
-                try:  # the database's answer: who holds the job now, under which fence
-                    lost = self.store.ownership.why_lost(entry.claim)
-                except Exception:
-                    lost = LeaseLost(
-                        entry.claim.job_id,
-                        owner,
-                        entry.claim.fence,
-                        "the lease could not be renewed (expired, taken over or cancelled)",
-                    )
+                if still_watched is not None:  # else the run ended (and wrote) while we renewed
+                    refused.append(entry)
+            if refused:
+                self._tell_refused(owner, refused)
+
+    def _tell_refused(self, owner: str, refused: list[_Watched]) -> None:
+        """Tell each refused run why, read from the database in one go."""
+        try:  # the database's answer: cancelled, or who holds the job now, under which fence
+            why = self.store.ownership.why_lost_many([entry.claim for entry in refused])
+        except Exception:
+            why = {}
+        for entry in refused:
+            claim = entry.claim
+            lost = why.get(claim.job_id) or LeaseLost(
+                claim.job_id,
+                owner,
+                claim.fence,
+                "the lease could not be renewed (expired, taken over or cancelled)",
+            )
+            key = (claim.job_id, claim.fence)
+            if isinstance(lost, JobCancelled):
+                log.warning("job %s (fence %d) was cancelled; stopping the run", *key)
+                with self._lock:
+                    self._cancelled[key] = self.monotonic() + self.cancel_grace
+            else:
                 log.warning("renewal refused by the database: %s", lost)
+            try:
                 entry.on_lost(lost)
+            except Exception:  # the run is told again by its next fenced write
+                log.exception("job %s: telling the run its lease was lost failed", key[0])
+
+    def end_cancelled_runs(self) -> list[str]:
+        """End the process (``stop_process``) for each cancelled run still in its handler
+        ``cancel_grace`` seconds after the cancel was noticed; returns their job IDs. Runs
+        that returned meanwhile were unwatched, and are not in the list."""
+        now = self.monotonic()
+        with self._lock:
+            due = [key for key, at in self._cancelled.items() if at <= now]
+            for key in due:
+                del self._cancelled[key]
+            stop = self.stop_process
+        if stop is not None:
+            for job_id, _fence in due:
+                stop(f"job {job_id}: the job was cancelled")
+        return [job_id for job_id, _fence in due]
 
     def check_deadlines(self) -> list[str]:
         """Time out every watched run past a deadline now: its lease is no longer renewed,
@@ -309,6 +364,9 @@ class LeaseHeartbeat:
                     now = time.monotonic()
                     due = [key for key, (at, _) in self._flushes.items() if at <= now]
                     deadline = self._next_deadline()
+                    if self._cancelled:
+                        ending = min(self._cancelled.values())
+                        deadline = ending if deadline is None else min(deadline, ending)
                     if (
                         due
                         or now >= next_beat
@@ -330,6 +388,7 @@ class LeaseHeartbeat:
                     else:
                         log.exception("writing a waiting step record failed")
             self.check_deadlines()
+            self.end_cancelled_runs()
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self._beat_logged()
 

@@ -110,8 +110,10 @@ class Operator:
         session: Session | scoped_session[Any] | None = None,
         unit: UnitOfWork | None = None,
     ) -> Job:
-        """Stop a job that has not ended; a running owner is refused at its next fenced
-        write (and, on a worker, its handler is told at its next step)."""
+        """Stop a job that has not ended; a running owner's heartbeat hears it within a
+        third of the lease (``ctx.cancelled`` turns true and ``ctx.on_cancel``'s callbacks
+        run while the step runs; a prefork child stuck in the step is ended), and its next
+        fenced write is refused: nothing more is recorded."""
         check_lookup_id(job_id)
         with self._transactions.joined(connection, session, unit) as joined:
             conn = None if joined is None else joined.connection

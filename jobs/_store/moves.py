@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from jobs._core import states
-from jobs._core.errors import IllegalTransition, LeaseLost, StepError, UnknownJob
+from jobs._core.errors import IllegalTransition, JobCancelled, LeaseLost, StepError, UnknownJob
 from jobs._core.records import Claim, PendingStep
 from jobs._core.states import State
 from jobs._store.clauses import HAS_STEPS, Expression, state_in, uses_ctes
@@ -248,37 +248,55 @@ class StateMoves:
             names = ", ".join(repr(step.name) for step in steps)
             raise StepError(f"job {job_id!r}: step {names} is already recorded") from None
 
+    def _row_of(self) -> Any:
+        """The columns :meth:`explain` reads of a job's row."""
+        return select(
+            JobsTable.id,
+            JobsTable.state,
+            JobsTable.owner,
+            JobsTable.fence,
+            JobsTable.lease_until,
+            (JobsTable.lease_until > self.clock.now()).label("lease_live"),
+        )
+
     def explain(
         self, conn: Connection, job_id: str, target: State, claim: Claim | None = None
     ) -> Exception:
         """Why a move to ``target`` (by ``claim``'s owner, if given) matched no row: one
         read of the row, after the refusal. Returned, for the caller to raise."""
-        row = conn.execute(
-            select(
-                JobsTable.state,
-                JobsTable.owner,
-                JobsTable.fence,
-                JobsTable.lease_until,
-                (JobsTable.lease_until > self.clock.now()).label("lease_live"),
-            ).where(JobsTable.id == job_id)
-        ).one_or_none()
+        row = conn.execute(self._row_of().where(JobsTable.id == job_id)).one_or_none()
         if row is None:
             return UnknownJob(job_id)
         current = State(row.state)
         if claim is not None:
-            if current is State.CANCELLED:
-                return LeaseLost(job_id, claim.owner, claim.fence, "the job was cancelled")
-            if row.fence != claim.fence or row.owner != claim.owner:
-                return LeaseLost(
-                    job_id, claim.owner, claim.fence, f"now {current.value} under fence {row.fence}"
-                )
-            if current is State.RUNNING and not row.lease_live:
-                return LeaseLost(job_id, claim.owner, claim.fence, "the lease expired")
+            lost = _claim_lost(row, claim)
+            if lost is not None:
+                return lost
         if not states.is_legal(current, target):
             return IllegalTransition(current, target, job_id)
         if claim is not None:
             return LeaseLost(job_id, claim.owner, claim.fence, f"job is {current.value}")
         return IllegalTransition(current, target, job_id)
+
+    def explain_lost(self, conn: Connection, claims: Sequence[Claim]) -> dict[str, LeaseLost]:
+        """Why each of ``claims`` (refused by a renewal) no longer holds its job, keyed by
+        job ID: one read of all their rows, whatever their number. A cancelled job's is a
+        :class:`JobCancelled`."""
+        if not claims:
+            return {}
+        rows = conn.execute(
+            self._row_of().where(JobsTable.id.in_([claim.job_id for claim in claims]))
+        ).all()
+        by_id = {row.id: row for row in rows}
+        found: dict[str, LeaseLost] = {}
+        for claim in claims:
+            row = by_id.get(claim.job_id)
+            lost = None if row is None else _claim_lost(row, claim)
+            if lost is None:
+                why = "the job is gone" if row is None else f"job is {State(row.state).value}"
+                lost = LeaseLost(claim.job_id, claim.owner, claim.fence, why)
+            found[claim.job_id] = lost
+        return found
 
     @staticmethod
     def bound_steps(count: int) -> list[StepColumns]:
@@ -304,6 +322,22 @@ def step_params(steps: Sequence[PendingStep]) -> dict[str, Any]:
         params[f"step_position_{index}"] = step.position
         params[f"step_progress_{index}"] = step.progress
     return params
+
+
+def _claim_lost(row: Any, claim: Claim) -> LeaseLost | None:
+    """Why ``claim`` no longer holds the job whose row (as :meth:`StateMoves.explain`
+    reads it) is ``row``: cancelled, moved on under another fence or owner, or its lease
+    expired; ``None`` when the row gives none of these reasons."""
+    current = State(row.state)
+    if current is State.CANCELLED:
+        return JobCancelled(claim.job_id, claim.owner, claim.fence)
+    if row.fence != claim.fence or row.owner != claim.owner:
+        return LeaseLost(
+            claim.job_id, claim.owner, claim.fence, f"now {current.value} under fence {row.fence}"
+        )
+    if current is State.RUNNING and not row.lease_live:
+        return LeaseLost(claim.job_id, claim.owner, claim.fence, "the lease expired")
+    return None
 
 
 __all__ = ["StateMoves", "StepColumns", "step_params"]

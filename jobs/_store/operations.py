@@ -128,8 +128,9 @@ class Operations:
         *,
         conn: Connection | None = None,
     ) -> Job:
-        """Cancel a job that has not finished; a running owner finds out at its next fenced
-        write (refused), and writes nothing more."""
+        """Cancel a job that has not finished; a running owner's heartbeat finds out at its
+        next renewal (refused; ``ctx.cancelled``, ``ctx.on_cancel``), or the owner at its
+        next fenced write, and writes nothing more."""
         check_text(reason, "cancel reason")
         with self.statements.unit(conn) as unit:
             job = self._cancel(unit, job_id, reason, CANCELLABLE, [])

@@ -228,15 +228,15 @@ class Ownership:
                 renewal = renewal.where(*live)
             return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
 
-    def why_lost(self, claim: Claim) -> LeaseLost:
-        """Why ``claim`` no longer holds its job, read from the row after one of its fenced
-        writes (a renewal) matched nothing: taken over under a newer fence, expired,
-        cancelled, finished. One read, only on a refusal."""
+    def why_lost_many(self, claims: Sequence[Claim]) -> dict[str, LeaseLost]:
+        """Why each claim a renewal refused no longer holds its job (keyed by job ID), read
+        in one go after the refusal: taken over under a newer fence, expired, finished, or
+        cancelled (:class:`jobs.JobCancelled`). The heartbeat learns which of its runs were
+        cancelled without a round trip per job."""
+        if not claims:
+            return {}
         with self.statements.read() as conn:
-            found = self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
-        if isinstance(found, LeaseLost):
-            return found
-        return LeaseLost(claim.job_id, claim.owner, claim.fence, str(found))
+            return self.statements.explain_lost(conn, claims)
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -10,8 +10,10 @@ durably, recording that Celery's remote control did it:
 
 - the ``revoke`` command is wrapped (:func:`cancel_jobs_on_revoke`): after Celery's own
   handling, each named delivery among the worker's reserved and running ones has its job
-  cancelled; a running job is refused at its next fenced write, and its delivery then
-  reports itself revoked (:func:`jobs._worker.outcome_events.revoked_delivery`);
+  cancelled; a running job's process hears it at its next heartbeat (``ctx.cancelled``,
+  ``ctx.on_cancel``; a prefork child stuck in the step is ended) and is refused at its
+  next fenced write, and its delivery then reports itself revoked
+  (:func:`jobs._worker.outcome_events.revoked_delivery`);
 - Celery's ``task_revoked`` signal: a delivery that arrives after the revoke and is
   skipped as revoked (or one ended with ``terminate=True``) has its job cancelled too.
 

@@ -411,8 +411,8 @@ def approve(job_id: str | None, by: str, note: str | None, bulk: Bulk) -> None:
 @click.option("--reason", default=reasons.CANCELLED, show_default=True)
 @bulk_options
 def cancel(job_id: str | None, reason: str, bulk: Bulk) -> None:
-    """Stop a job that has not ended (a running owner stops at its next write); or many,
-    selected by filter (see jobctl retry)."""
+    """Stop a job that has not ended (a running owner hears it at its next heartbeat, a
+    third of the lease, and stops); or many, selected by filter (see jobctl retry)."""
     if bulk_cancel(job_id, reason, bulk):
         return
     assert job_id is not None

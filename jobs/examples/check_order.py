@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any
 
@@ -120,3 +121,28 @@ def _hang(job_id: str, how: str) -> None:
     else:
         time.sleep(600)
     _effect("hang:done", job_id)
+
+
+@jobs.job("long_step", max_attempts=1)
+def long_step(ctx: jobs.JobContext, how: str = "sleep", seconds: float = 60.0) -> None:
+    """One long step, for the cancel tests: ``how`` is ``sleep`` (blocked in ``time.sleep``:
+    a prefork pool child is ended), ``poll`` (a loop of short sleeps that returns once
+    ``ctx.cancelled``) or ``wait`` (a blocking wait that ``ctx.on_cancel`` releases)."""
+    ctx.step("long", _long_step, ctx, how, seconds)
+    ctx.step("after", _effect, "after", ctx.job_id)  # never runs once cancelled
+
+
+def _long_step(ctx: jobs.JobContext, how: str, seconds: float) -> str:
+    _effect("long:start", ctx.job_id)
+    until = time.monotonic() + seconds
+    if how == "poll":
+        while not ctx.cancelled and time.monotonic() < until:
+            time.sleep(0.02)
+    elif how == "wait":
+        released = threading.Event()
+        ctx.on_cancel(released.set)
+        released.wait(seconds)
+    else:
+        time.sleep(seconds)
+    _effect("long:cancelled" if ctx.cancelled else "long:done", ctx.job_id)
+    return how
