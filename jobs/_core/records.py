@@ -47,6 +47,8 @@ class Job:
     children_pending: int = 0
     wait_event: str | None = None
     wait_deadline: dt.datetime | None = None
+    # The trace context the job was submitted in (jobs._core.tracing), or None.
+    trace_context: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -76,6 +78,7 @@ class Job:
             children_pending=row.children_pending,
             wait_event=row.wait_event,
             wait_deadline=row.wait_deadline,
+            trace_context=row.trace_context,
         )
 
 

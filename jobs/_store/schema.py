@@ -9,6 +9,7 @@ and says to upgrade the code.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,18 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
     alembic_script = lazy_module("alembic.script")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+_REVISION_LINE = re.compile(r'^revision: str = "([^"]+)"', re.MULTILINE)
 
 
 def known_revisions() -> list[str]:
-    """Every revision this code's migrations know, oldest first, read from the migration
-    files' names (``0006_workflows.py`` is revision ``0006``) without loading Alembic."""
-    return sorted(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+    """Every revision this code's migrations know, oldest first, read from each migration
+    file's ``revision: str = "…"`` line without loading Alembic (``0006_workflows.py`` is
+    revision ``0006``, ``0010_trace_context.py`` is ``0010_trace_context``)."""
+    found = []
+    for path in (MIGRATIONS / "versions").glob("*_*.py"):
+        match = _REVISION_LINE.search(path.read_text(encoding="utf-8"))
+        found.append(match.group(1) if match else path.name.split("_", 1)[0])
+    return sorted(found)
 
 
 def is_newer(current: str | None) -> bool:

@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0010_trace_context"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -120,6 +120,9 @@ JobsTable = TableColumns(
         # When a wait (an event, an approval) gives up, on the database clock; the
         # sweeper fires it. NULL: no deadline.
         Column("wait_deadline", UtcDateTime()),
+        # The W3C trace context of the submit (migration 0010_trace_context), as
+        # {"traceparent": …, "tracestate": …}: each run continues that trace. NULL: none.
+        Column("trace_context", JSON(none_as_null=True)),
         Column("created_at", UtcDateTime(), nullable=False),
         Column("updated_at", UtcDateTime(), nullable=False),
         # Indexed for retention, which deletes finished jobs oldest first in small batches.
