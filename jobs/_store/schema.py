@@ -40,7 +40,7 @@ def known_revisions() -> list[str]:
     file's ``revision: str = "…"`` line without loading Alembic (``0006_workflows.py`` is
     revision ``0006``, ``0010_trace_context.py`` is ``0010_trace_context``)."""
     found = []
-    for path in (MIGRATIONS / "versions").glob("*_*.py"):
+    for path in (MIGRATIONS / "versions").glob("[0-9]*_*.py"):
         match = _REVISION_LINE.search(path.read_text(encoding="utf-8"))
         found.append(match.group(1) if match else path.name.split("_", 1)[0])
     return sorted(found)
