@@ -96,3 +96,34 @@ def test_one_trace_links_the_request_to_every_step_across_a_sigkill(
     for recovery in recoveries:
         assert recovery.parent_id == request_id
         assert recovery.attributes["jobs.recovery"] == "dead_owner"
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+def test_beside_celerys_instrumentation_the_run_links_its_task_span(stack: Stack) -> None:
+    """With opentelemetry-instrumentation-celery in the worker, Celery's task span (a trace
+    of its own: a doorbell carries no trace headers) is current while the job runs; the
+    run span keeps the submit's span as its only parent and links to Celery's."""
+    pytest.importorskip("opentelemetry.instrumentation.celery")
+    memory_exporter()
+    spans_file = stack.root / "spans-celery.jsonl"
+    stack.configure(JOBS_IMPORTS=f"{KINDS},{TRACED_KINDS}")
+    env = {"TRACED_SPANS_FILE": str(spans_file), "TRACED_WITH_CELERY_INSTRUMENTATION": "1"}
+    stack.worker("A", env=env)
+    with trace.get_tracer("tests.request").start_as_current_span("POST /orders") as request:
+        job_id = stack.submit("check_order", {"order_id": 43, "check_seconds": 0.1})
+    trace_id, request_id = hex_ids(request)
+    assert stack.wait_state(job_id, timeout=60).state is State.COMPLETED
+
+    def exported() -> list[SpanRecord] | None:
+        spans = read_lines(spans_file)
+        names = {span.name for span in spans}
+        return spans if {"jobs.run check_order", "run/jobs.check_order"} <= names else None
+
+    spans = wait_until(exported, 10, "the run's and Celery's task spans to be exported")
+    [run] = [span for span in spans if span.name == "jobs.run check_order"]
+    [celery_task] = [span for span in spans if span.name == "run/jobs.check_order"]
+    assert (run.trace_id, run.parent_id) == (trace_id, request_id)
+    assert celery_task.trace_id != trace_id
+    assert run.links == [celery_task.span_id]
+    steps = [span for span in spans if span.name.startswith("jobs.step")]
+    assert {(span.trace_id, span.parent_id) for span in steps} == {(trace_id, run.span_id)}

@@ -1,6 +1,7 @@
 """Test-only job module for workers that export their spans (tests/acceptance/test_traces.py):
 the check_order kinds, and, when ``TRACED_SPANS_FILE`` names a file, OpenTelemetry's SDK
-writing each finished span to it as one JSON line (tests/spans.py reads them back). Set in
+writing each finished span to it as one JSON line (tests/spans.py reads them back), and
+with ``TRACED_WITH_CELERY_INSTRUMENTATION`` Celery's own instrumentation too. Set in
 ``JOBS_IMPORTS``, so every process of the stack (workers, sweeper) imports it."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import jobs.examples.check_order  # noqa: F401  # the kinds
 from tests.spans import SpanRecord
 
 SPANS_FILE = "TRACED_SPANS_FILE"
+# Set (to anything): opentelemetry-instrumentation-celery instruments the worker too.
+WITH_CELERY = "TRACED_WITH_CELERY_INSTRUMENTATION"
 
 
 class JsonLinesExporter(SpanExporter):
@@ -41,3 +44,7 @@ if os.environ.get(SPANS_FILE):
         SimpleSpanProcessor(JsonLinesExporter(Path(os.environ[SPANS_FILE])))
     )
     trace.set_tracer_provider(provider)
+    if os.environ.get(WITH_CELERY):
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()
