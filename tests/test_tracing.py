@@ -70,6 +70,15 @@ def trace_crashy(ctx: JobContext) -> int:
     return one + int(ctx.step("two", counted, "two", 2))
 
 
+def refuse(why: str) -> None:
+    raise ValueError(why)
+
+
+@jobs.job("trace_step_fails", max_attempts=1)
+def trace_step_fails(ctx: JobContext) -> None:
+    ctx.step("charge", refuse, "card declined")
+
+
 def submitted_in_request(kind: str, inputs: dict[str, Any]) -> tuple[str, str, str]:
     """Submit inside a request-like span; (job id, its trace id, its span id)."""
     with REQUEST.start_as_current_span("POST /orders") as request:
@@ -153,6 +162,32 @@ def test_an_exhausted_job_ends_with_an_error_status(exporter: InMemorySpanExport
     assert last.attributes["jobs.outcome"] == "failed"
     assert last.status == "ERROR"
     assert "ValueError: the payment service is down (attempt 3)" in str(last.status_description)
+
+
+def test_a_step_that_raises_records_the_exception_on_its_span(
+    exporter: InMemorySpanExporter,
+) -> None:
+    submitted_in_request("trace_step_fails", {})
+    [result] = testing.drain()
+    assert result.outcome is Outcome.FAILED
+    spans = finished(exporter)
+    [step] = named(spans, "jobs.step")
+    [run] = named(spans, "jobs.run")
+    assert step.parent_id == run.span_id
+    assert (step.status, step.events) == ("ERROR", ["exception"])
+    assert (run.status, run.status_description) == ("ERROR", "ValueError: card declined")
+
+
+def test_a_job_submitted_outside_a_span_runs_under_the_current_one(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """No submit context: the run is a child of whatever is current (Celery's task span)."""
+    job_id = jobs.submit("trace_order", {"order_id": 14})
+    with REQUEST.start_as_current_span("run/jobs.trace_order") as celery_task:
+        testing.run(job_id)
+    [run] = named(finished(exporter), "jobs.run")
+    assert (run.trace_id, run.parent_id) == hex_ids(celery_task)
+    assert run.links == []
 
 
 def test_a_sleep_is_an_event_and_the_resumed_run_replays_the_timer(
@@ -247,10 +282,23 @@ def test_a_submit_outside_any_span_records_nothing_and_its_run_starts_a_trace(
     assert run.parent_id is None
 
 
-def test_an_unreadable_stored_context_starts_a_new_trace() -> None:
-    assert tracing.context_of({"traceparent": "not-a-traceparent"}) is None
+def test_an_unreadable_stored_context_starts_a_new_trace(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A carrier that is not a W3C context (written by hand, or by another propagator) does
+    not fail the run: the run starts a trace of its own."""
+    job_id = jobs.submit("trace_order", {"order_id": 15})
+    with default_app().runtime.store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET trace_context = :junk WHERE id = :id"),
+            {"junk": '{"traceparent": "not-a-traceparent", "tracestate": 12}', "id": job_id},
+        )
+    assert jobs.get(job_id).trace_context == {"traceparent": "not-a-traceparent", "tracestate": 12}
+    [result] = testing.drain()
+    assert result.outcome is Outcome.COMPLETED
+    [run] = named(finished(exporter), "jobs.run")
+    assert run.parent_id is None
     assert tracing.context_of({"traceparent": 12}) is None
-    assert tracing.context_of(None) is None
 
 
 def test_off_records_nothing(

@@ -43,10 +43,16 @@ TRACER_NAME = "jobs"
 CARRIER_KEYS = ("traceparent", "tracestate")
 
 
+_TRACER: Any = None
+
+
 def _tracer() -> Any:
-    # trace.get_tracer returns a proxy until an SDK provider is set, then the provider's:
-    # asked each time so a provider configured after import (a worker's setup) is used.
-    return trace.get_tracer(TRACER_NAME)
+    # Made once: before an SDK provider is set, trace.get_tracer returns a proxy that
+    # turns into the provider's tracer once one is (a worker's setup after this import).
+    global _TRACER  # noqa: PLW0603
+    if _TRACER is None:
+        _TRACER = trace.get_tracer(TRACER_NAME)
+    return _TRACER
 
 
 def carrier() -> dict[str, str] | None:
