@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # annotations only: the records load no database library
 class Job:
     """A job as the database holds it (``jobs.get``): state, inputs, result, owner, lease,
     fence, attempts, due time, priority, queue (``None``: ``JOBS_QUEUE``) and instants, all
-    on the database's clock."""
+    on the database's clock; ``trace_context``, the W3C trace context of its submit
+    (docs/guides/tracing.md), or None."""
 
     id: str
     kind: str
