@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jobs._core import tracing
 from jobs._core.errors import (
     EventTimedOut,
     InvalidInput,
@@ -616,6 +617,8 @@ class JobContext(Workflow):
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)
+            if tracing.ENABLED:
+                tracing.replayed_step(name)
             replayed: T = self._recorded[name]
             return replayed
         self.check_lease()
@@ -629,10 +632,11 @@ class JobContext(Workflow):
         place = self._call_position[name]
         self._running = (name, place)
         try:
-            if timeout is None:
-                output = fn(*args, **kwargs)
+            if tracing.ENABLED:
+                with tracing.step_span(name):
+                    output = self._call_step(name, timeout, fn, *args, **kwargs)
             else:
-                output = self._run_timed(name, timeout, fn, *args, **kwargs)
+                output = self._call_step(name, timeout, fn, *args, **kwargs)
         finally:
             self._running = None
         self.check_lease()
@@ -651,6 +655,13 @@ class JobContext(Workflow):
         self.ran_steps.append(name)
         result: T = json.loads(pending.text)  # the handler's copy: mutating it changes no record
         return result
+
+    def _call_step(
+        self, name: str, timeout: float | None, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        if timeout is None:
+            return fn(*args, **kwargs)
+        return self._run_timed(name, timeout, fn, *args, **kwargs)
 
     def _run_timed(
         self, name: str, timeout: float, fn: Callable[..., T], *args: Any, **kwargs: Any
@@ -688,6 +699,8 @@ class JobContext(Workflow):
             _storable(lambda: check_timeout(timeout, "approval timeout"))
         if name in self._recorded:
             self.replayed_steps.append(name)
+            if tracing.ENABLED:
+                tracing.replayed_step(name)
             approval: dict[str, Any] = self._recorded[name]
             if isinstance(approval, dict) and approval.get(TIMED_OUT):
                 raise EventTimedOut(self.job_id, f"approval {name!r}")
@@ -738,4 +751,6 @@ class JobContext(Workflow):
                 "a timer needs a step name of its own"
             )
         self.replayed_steps.append(name)
+        if tracing.ENABLED:
+            tracing.replayed_step(name)
         return True

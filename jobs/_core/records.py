@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # annotations only: the records load no database library
 class Job:
     """A job as the database holds it (``jobs.get``): state, inputs, result, owner, lease,
     fence, attempts, due time, priority, queue (``None``: ``JOBS_QUEUE``) and instants, all
-    on the database's clock."""
+    on the database's clock; ``trace_context``, the W3C trace context of its submit
+    (docs/guides/tracing.md), or None."""
 
     id: str
     kind: str
@@ -53,6 +54,8 @@ class Job:
     children_pending: int = 0
     wait_event: str | None = None
     wait_deadline: dt.datetime | None = None
+    # The trace context the job was submitted in (jobs._core.tracing), or None.
+    trace_context: dict[str, str] | None = None
     # A long job's latest ``ctx.progress``: ``{"done", "total", "message"}`` or ``None``.
     progress: dict[str, Any] | None = None
 
@@ -84,6 +87,7 @@ class Job:
             children_pending=row.children_pending,
             wait_event=row.wait_event,
             wait_deadline=row.wait_deadline,
+            trace_context=row.trace_context,
             progress=row.progress,
         )
 

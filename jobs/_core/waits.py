@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jobs._core import tracing
 from jobs._core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
 from jobs._core.signatures import KindRef, Signature, kind_name, one_kind
 from jobs._core.states import State
@@ -123,6 +124,8 @@ class Workflow:
         self._use(name)
         if name in self._recorded:
             self.replayed_steps.append(name)
+            if tracing.ENABLED:
+                tracing.replayed_step(name)
             return True, self._recorded[name]
         self.check_lease()
         return False, None

@@ -32,6 +32,7 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
     alembic_script = lazy_module("alembic.script")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+_REVISION_LINE = re.compile(r'^revision: str = "([^"]+)"', re.MULTILINE)
 
 
 _REVISION_LINE = re.compile(r"^(revision|down_revision)\s*:[^=]*=\s*['\"]([^'\"]+)['\"]", re.M)

@@ -33,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
+from jobs._core import tracing
 from jobs._core.dedup import HOLDING_STATES, check_window, dedup_key
 from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput
 from jobs._core.records import Job, KindLimits
@@ -55,6 +56,14 @@ from jobs._store.clock import Clock
 from jobs._store.reader import JOB_COLUMNS
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, KindLimitsTable, TransitionsTable
+
+# The JSON columns a batch sends as text arrays (cast back to JSON in the statement).
+_JSON_GIVEN = frozenset({"inputs", "trace_context"})
+
+
+def _json_text(value: Any) -> str | None:
+    """A JSON column's value as text for a text array; None stays SQL NULL."""
+    return None if value is None else json.dumps(value)
 
 
 def _inserted_with_history(columns: list[str], source: Any) -> Executable:
@@ -174,15 +183,14 @@ class Submissions:
             # Due already (on the database's clock): sent after commit like any job; else
             # the sweeper sends it once due.
             dispatched_at = case((literal(run_after, JobsTable.run_after.type) <= now, now))
-        dedup: dict[str, Any] = {}
+        values: dict[str, Any] = {}
         if window is not None:
             stored = json.loads(text)
-            dedup = {
+            values = {
                 "dedup_key": dedup_key(kind, stored, unique_key),
                 "dedup_until": self.clock.after(window),
             }
-        return {
-            **dedup,
+        values |= {
             "id": job_id,
             "kind": kind,
             "state": State.QUEUED.value,
@@ -200,6 +208,13 @@ class Submissions:
             # mark_unrung, a lost message is re-sent by the sweeper once it is stale.
             "dispatched_at": dispatched_at,
         }
+        if tracing.ENABLED:
+            # The submit's trace, for each run to continue; left out (the column's NULL,
+            # and the statements as without tracing) when there is none.
+            trace_context = tracing.carrier()
+            if trace_context is not None:
+                values["trace_context"] = trace_context
+        return values
 
     def create(
         self,
@@ -420,7 +435,7 @@ class Submissions:
         reusable = first["dispatched_at"] is first["run_after"]
 
         def array_type(name: str) -> Any:
-            return postgresql.ARRAY(Text() if name == "inputs" else table[name].type)
+            return postgresql.ARRAY(Text() if name in _JSON_GIVEN else table[name].type)
 
         def build() -> Executable:
             unnested = (
@@ -438,7 +453,7 @@ class Submissions:
                     value
                     if isinstance(value, ColumnElement)
                     else cast(unnested.c[name], JSON)
-                    if name == "inputs"
+                    if name in _JSON_GIVEN
                     else unnested.c[name]
                     for name, value in first.items()
                 ]
@@ -446,7 +461,9 @@ class Submissions:
             return _inserted_with_history(list(first), source)
 
         params = {
-            f"a_{name}": [json.dumps(row[name]) if name == "inputs" else row[name] for row in rows]
+            f"a_{name}": [
+                _json_text(row.get(name)) if name in _JSON_GIVEN else row.get(name) for row in rows
+            ]
             for name in given
         }
         key = ("create_many", tuple(first), tuple(given))

@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0009"
+SCHEMA_REVISION = "0010"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -123,6 +123,9 @@ JobsTable = TableColumns(
         # When a wait (an event, an approval) gives up, on the database clock; the
         # sweeper fires it. NULL: no deadline.
         Column("wait_deadline", UtcDateTime()),
+        # The W3C trace context of the submit (migration 0010), as
+        # {"traceparent": …, "tracestate": …}: each run continues that trace. NULL: none.
+        Column("trace_context", JSON(none_as_null=True)),
         # Deduplication (migration 0009): a digest of the kind and the inputs (or the
         # caller's unique_key) of a ``submit(unique_for=…)`` or ``debounce=``, unique, so of
         # concurrent submits of one key one inserts and the others find its job. A submit

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
 from jobs._config.settings import Settings
+from jobs._core import tracing
 from jobs._core.outage import first_line, is_disconnect
 from jobs._core.records import Job, RingBatch, ring_in_batches
 from jobs._core.states import State
@@ -73,6 +74,21 @@ class SweepReport:
 def _count_by_kind(store: JobStore, event: str, kinds: Iterable[str]) -> None:
     for kind, amount in Counter(kinds).items():
         store.schedules.count_event(event, kind, amount)
+
+
+def _trace_recoveries(recovered: Iterable[Job], what: str) -> None:
+    """A short ``jobs.recover`` span in each recovered job's trace (jobs._core.tracing)."""
+    for job in recovered:
+        tracing.recovery(
+            job.trace_context,
+            what,
+            **{
+                "jobs.job.id": job.id,
+                "jobs.job.kind": job.kind,
+                "jobs.state": job.state.value,
+                "jobs.attempt": job.attempts,
+            },
+        )
 
 
 def ring_all_due(store: JobStore, ring_batch: RingBatch) -> list[str]:
@@ -131,6 +147,9 @@ def sweep_once(
     _count_by_kind(store, "recovery_stranded_parent", (job.kind for job in stranded))
     _count_by_kind(store, "recovery_dead_owner", (job.kind for job in dead))
     _count_by_kind(store, "recovery_expired_lease", (job.kind for job in expired))
+    if tracing.ENABLED:
+        _trace_recoveries(dead, "dead_owner")
+        _trace_recoveries(expired, "expired_lease")
     stale = store.depth.awaiting_ring_again(settings.ring_again_after_seconds)
     health = QueueHealth.OK
     if watch is not None:  # every queue a QUEUED job waits on, JOBS_QUEUE always

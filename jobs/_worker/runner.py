@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from jobs._config.settings import Settings
+from jobs._core import tracing
 from jobs._core.context import (
     Diverged,
     HandBack,
@@ -74,6 +75,30 @@ class RunResult:
     error: str | None = None
     # The kind's running limit seen by the claim: a finished run freed one of its slots.
     max_running: int | None = None
+
+
+def _trace_outcome(span: Any, result: RunResult) -> None:
+    """Put ``result`` on the run's span: an event for the wait, sleep or retry the run
+    ended in (with when it is due again), then the outcome and any error."""
+    job = result.job
+    if job is not None:
+        due = job.run_after.isoformat()
+        if result.outcome is Outcome.RETRYING:
+            tracing.event("jobs.retry", attempt=job.attempts, due_at=due, error=result.error)
+        elif result.outcome is Outcome.SLEEPING:
+            tracing.event("jobs.sleep", wake_at=due)
+        elif result.outcome is Outcome.WAITING_APPROVAL:
+            tracing.event("jobs.wait.approval", step=job.waiting_for)
+        elif result.outcome is Outcome.WAITING:
+            tracing.event(
+                "jobs.wait",
+                event=job.wait_event,
+                children_pending=job.children_pending,
+                step=job.waiting_for,
+            )
+        elif result.outcome is Outcome.HANDED_BACK:
+            tracing.event("jobs.hand_back")
+    tracing.outcome(span, result.outcome.value, result.error)
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -153,12 +178,35 @@ class Runner:
         )
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
+        if tracing.ENABLED:
+            result = self._run_traced(claim, sent)
+        else:
+            result = self._run_guarded(claim, sent)
+        return dataclasses.replace(result, max_running=claim.max_running)
+
+    def _run_guarded(self, claim: Claim, sent: float) -> RunResult:
         try:
-            result = self._run_claimed(claim, sent)
+            return self._run_claimed(claim, sent)
         except LeaseLost as lost:
             log.warning("%s; stopped without writing", lost)
-            result = RunResult(job_id, Outcome.LEASE_LOST, error=str(lost))
-        return dataclasses.replace(result, max_running=claim.max_running)
+            return RunResult(claim.job_id, Outcome.LEASE_LOST, error=str(lost))
+
+    def _run_traced(self, claim: Claim, sent: float) -> RunResult:
+        """:meth:`_run_guarded` inside the run's span, in the trace its submit recorded
+        (:mod:`jobs._core.tracing`): the steps' spans are its children; its outcome, and
+        the wait or retry it ended in, are set on it."""
+        job = claim.job
+        with tracing.run_span(
+            job.trace_context,
+            job_id=job.id,
+            kind=job.kind,
+            attempt=job.attempts,
+            owner=claim.owner,
+            fence=claim.fence,
+        ) as span:
+            result = self._run_guarded(claim, sent)
+            _trace_outcome(span, result)
+        return result
 
     def _run_claimed(self, claim: Claim, sent: float) -> RunResult:
         job = claim.job
