@@ -1,1 +1,0 @@
-"""jobs/_store/migrations/versions"""
