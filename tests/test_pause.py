@@ -24,6 +24,7 @@ from tornado import template
 import jobs
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput
+from jobs._core.progress import fraction_of, progress_text
 from jobs._core.states import State
 from jobs._service.explain import explain
 from jobs._service.job_pages import PAGE_ROWS, as_json
@@ -353,7 +354,7 @@ def test_the_limits_service_pauses_and_resumes_and_rings_after_the_commit() -> N
     assert app.limits.resume(CLI_KIND).pause is None
     queue_pause = app.limits.pause(queue=app.settings.queue)
     assert queue_pause.default_queue  # JOBS_QUEUE: holds the jobs that name none
-    assert app.limits.pauses() == [queue_pause]
+    assert app.store.reads.pauses() == [queue_pause]
 
 
 def test_the_flower_jobs_page_lists_the_pauses_escaped_with_the_jobs_they_hold() -> None:
@@ -390,6 +391,8 @@ def render_jobs_page(view: Overview) -> bytes:
         "one_line": one_line,
         "as_json": as_json,
         "instant": instant,
+        "progress_text": progress_text,
+        "fraction_of": fraction_of,
         "urlencode": urlencode,
         "view": view,
         "filters": Filters(),

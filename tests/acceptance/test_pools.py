@@ -253,7 +253,7 @@ def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
     n = max(min(drain, 2 * concurrency), 8)
     worker = stack.worker("A", pool=pool, concurrency=concurrency)
     stack.sweeper()
-    inputs = {"model_seconds": 0.3, "tool_seconds": 0.3}
+    inputs = {"model_seconds": 1.0, "tool_seconds": 1.0}  # the drain spans the outage
     job_ids = [stack.submit(AGENT, {"prompt": f"order {i}", **inputs}) for i in range(n)]
     in_flight = min(concurrency, 4)
     wait_until(
