@@ -68,6 +68,14 @@ FLAKY_ON_PLAIN_CELERY: dict[str, str] = {
         "a race in the test: assertion_result = False runs after delay(), after the worker's "
         "task_received handler may already have set it"
     ),
+    # Failed in a plain pass (CI, stop 33) and passed installed: the test compares the
+    # result backend's Redis pub/sub channels with the one it expects, and a channel an
+    # earlier test's result subscribed to can still be open when it looks.
+    "t/integration/test_tasks.py::test_task_redis_result_backend::"
+    "test_asyncresult_forget_cancels_subscription": (
+        "compares every open pub/sub channel of the result backend: an earlier test's "
+        "subscription still open makes it fail on plain Celery"
+    ),
 }
 """Tests whose outcome differs between passes of plain Celery here, left out of the
 comparison, each with why."""
