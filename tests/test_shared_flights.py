@@ -254,7 +254,7 @@ def test_a_heartbeat_renewal_and_a_flight_lock_rows_in_one_order(
     def renew() -> None:
         try:
             pairs = [(job_id, claims[job_id].fence) for job_id in ("b", "a")]
-            renewed.append(store.ownership.renew_leases("W", pairs, 30))
+            renewed.append(store.leases.renew_leases("W", pairs, 30))
         except BaseException as err:
             renewed.append(err)
 

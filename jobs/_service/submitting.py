@@ -274,11 +274,8 @@ class JobService:
         runtime = self._runtime()
         conn = None if unit is None else unit.connection
         runtime.seed_limits([job_kind], conn=conn)
-        submissions = runtime.store.submissions
         try:
-            job, new = submissions.create_deduplicated(
-                job_kind.name, row, debounce=debounce, conn=conn
-            )
+            job, new = runtime.store.dedup.create(job_kind.name, row, debounce=debounce, conn=conn)
         except AdmissionRefused:
             count_event(runtime, "admission_refused", job_kind.name, wait=unit is None)
             raise

@@ -1,6 +1,6 @@
-"""An owner's life with a job, from claim to outcome: the claim, lease renewals, steps
+"""An owner's life with a job, from claim to outcome: the claim, steps and progress
 recorded mid-run, and the moves that end the run (complete, fail, retry) or pause it
-(release, sleep, wait for approval).
+(release, sleep, wait for approval). Its lease is renewed by :mod:`jobs._store.leases`.
 
 Every write after the claim is fenced (:meth:`Statements.fenced`): it matches the row only
 while the claim still owns it under an unexpired lease, so a stale owner writes nothing
@@ -24,14 +24,14 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     update,
 )
 
-from jobs._core.errors import LeaseLost, StepError
+from jobs._core.errors import StepError
 from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
+from jobs._store.admission import lock_limits, running_of_kind
 from jobs._store.clauses import kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
@@ -42,7 +42,6 @@ from jobs._store.pause_clauses import not_paused
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
-from jobs._store.submissions import lock_limits, running_of_kind
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs._store.workflows import Workflows
 
@@ -184,59 +183,6 @@ class Ownership:
             stmt = stmt.where(JobsTable.kind.in_(list(kinds)))
         with self.statements.read() as conn:
             return list(conn.execute(stmt).scalars())
-
-    # -- the lease -------------------------------------------------------------------------
-
-    def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
-        """Push one claim's lease out, only while it is still ours and unexpired."""
-        with self.statements.unit(None, one_statement=True) as conn:
-            row = conn.execute(
-                update(JobsTable)
-                .where(*self.statements.fenced(claim))
-                .values(lease_until=self.clock.after(lease_seconds))
-                .returning(JobsTable.lease_until)
-            ).one_or_none()
-            if row is None:
-                raise self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
-            renewed: dt.datetime = row.lease_until
-            return renewed
-
-    def renew_leases(
-        self, owner: str, claims: Sequence[tuple[str, int]], lease_seconds: float
-    ) -> set[str]:
-        """A process's heartbeat: push out the leases of all its live claims, given as
-        ``(job id, fence)``, in one statement. Returns the IDs renewed; a claim missing from
-        the answer lost its lease (expired, taken over, cancelled) and must stop."""
-        if not claims:
-            return set()
-        live = [
-            tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
-            JobsTable.owner == owner,
-            JobsTable.state == State.RUNNING.value,
-            JobsTable.lease_until > self.clock.now(),
-        ]
-        with self.statements.unit(None, one_statement=True) as conn:
-            renewal = update(JobsTable).values(lease_until=self.clock.after(lease_seconds))
-            if conn.dialect.name == "postgresql":
-                # The rows locked in ID order, as a shared flight of completions locks them
-                # (jobs._store.flights): the two never wait on each other in a circle.
-                locked = (
-                    select(JobsTable.id).where(*live).order_by(JobsTable.id).with_for_update()
-                ).cte("locked")
-                renewal = renewal.where(JobsTable.id == locked.c.id)
-            else:
-                renewal = renewal.where(*live)
-            return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
-
-    def why_lost_many(self, claims: Sequence[Claim]) -> dict[str, LeaseLost]:
-        """Why each claim a renewal refused no longer holds its job (keyed by job ID), read
-        in one go after the refusal: taken over under a newer fence, expired, finished, or
-        cancelled (:class:`jobs.JobCancelled`). The heartbeat learns which of its runs were
-        cancelled without a round trip per job."""
-        if not claims:
-            return {}
-        with self.statements.read() as conn:
-            return self.statements.explain_lost(conn, claims)
 
     # -- steps -----------------------------------------------------------------------------
 
