@@ -25,7 +25,7 @@ from jobs._core.errors import (
     StepError,
     UnknownJob,
 )
-from jobs._core.records import Job
+from jobs._core.records import Batch, Job
 from jobs._core.states import TRANSITIONS, State
 from jobs._store import Claim, JobStore
 from jobs._store.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
@@ -1063,8 +1063,8 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
     assert store.depth.stale_doorbells(30) == 5
     sent: list[str] = []
 
-    def publish(job_ids: object, priority: int, **_: object) -> bool:
-        sent.extend(job_ids)  # type: ignore[call-overload]
+    def publish(batch: Batch) -> bool:
+        sent.extend(batch.job_ids)
         return True
 
     report = sweep_once(store, settings, publish, waiting=lambda: 5)  # all 5 still in the queue

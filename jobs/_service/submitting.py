@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs._config.settings import Settings
 from jobs._core.errors import AdmissionRefused, InvalidInput
-from jobs._core.records import Job, JobFilter, Selected, Step, Transition, doorbell_of
+from jobs._core.records import Batch, Job, JobFilter, Selected, Step, Transition, doorbell_of
 from jobs._core.registry import JobKind, Registry
 from jobs._core.states import State
 from jobs._core.validate import (
@@ -289,7 +289,7 @@ class JobService:
         in the database and the sweeper rings it again."""
         runtime = self._runtime()
         job = runtime.store.reads.get(job_id)
-        return runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
+        return runtime.ring_batch(Batch.of(job))
 
     def send_event(
         self,
