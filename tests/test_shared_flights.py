@@ -144,11 +144,11 @@ def test_a_flight_of_many_completions_costs_the_round_trips_of_one(
             statements = JobStore(traced).statements
             writes = []
             for claim in claims:
-                key, build, values = statements.owner_move_statement(
+                move = statements.owner_move_statement(
                     claim, State.COMPLETED, _finished(store), "completed", ()
                 )
-                driver = statements.driver_statement(key, build, values)
-                writes.append((driver, values))
+                driver = statements.driver_statement(move.key, move.build, move.values)
+                writes.append((driver, move.values))
             with statements.unit(None, one_statement=True) as conn:
                 rows = run_together(conn, writes)
         finally:

@@ -32,7 +32,7 @@ from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
 from jobs._store.admission import lock_limits, running_of_kind
-from jobs._store.clauses import kind_in, param
+from jobs._store.clauses import ReusableStatement, kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
@@ -119,10 +119,11 @@ class Ownership:
                 "lease": float(lease_seconds),
                 "key": liveness_key,
             }
+            statement = ReusableStatement(key, build, params)
             if flies(statements):  # jobs share this process: the claim joins a flight
-                return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
+                return first_in_flight(statements, statement, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
-                row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
+                row: Row[Any] | None = statements.one_reusable(conn, statement)
                 return row
 
         if self.engine.dialect.name == "postgresql":
@@ -227,17 +228,17 @@ class Ownership:
             ).returning(StepsTable.job_id)
             return insert_steps
 
-        key = ("record", len(steps))
+        statement = ReusableStatement(("record", len(steps)), build, params)
 
         def attempt() -> None:
             if flies(statements):  # jobs share this process: the record joins a flight
-                owner_write_in_flight(statements, claim, State.RUNNING, (key, build, params), steps)
+                owner_write_in_flight(statements, claim, State.RUNNING, statement, steps)
                 return
             with (
                 statements.unit(None, one_statement=True) as conn,
                 statements.recording(claim.job_id, steps),
             ):
-                if statements.one_reusable(conn, key, build, params) is None:
+                if statements.one_reusable(conn, statement) is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
@@ -306,10 +307,10 @@ class Ownership:
         plain = claim.max_running is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
-            key, build, params = statements.owner_move_statement(
+            move = statements.owner_move_statement(
                 claim, State.COMPLETED, changes, "completed", steps
             )
-            hold(statements, key, build, params, claim.job_id, "completion")
+            hold(statements, move, claim.job_id, "completion")
             completion_ended(statements, held=True)
             return Moved(claim.job)
         completed = self.statements.owner_move(

@@ -50,7 +50,7 @@ from jobs._core.validate import (
     same_json,
 )
 from jobs._store.admission import admit
-from jobs._store.clauses import insert_for
+from jobs._store.clauses import ReusableStatement, insert_for
 from jobs._store.dedup_writes import DedupWrites
 from jobs._store.job_inserts import insert_rows, inserted_with_history
 from jobs._store.reader import JOB_COLUMNS
@@ -338,7 +338,9 @@ class Submissions:
 
         key = ("create", tuple(values), tuple(name in params for name in values))
         if reusable and own:
-            row: Row[Any] | None = self.statements.one_reusable(conn, key, build, params)
+            row: Row[Any] | None = self.statements.one_reusable(
+                conn, ReusableStatement(key, build, params)
+            )
             return row
         if reusable:
             params.update(self.clock.values())

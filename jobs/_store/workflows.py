@@ -31,7 +31,7 @@ from sqlalchemy import Connection, Executable, and_, exists, select, update
 from jobs._core.records import Claim, Doorbell, Job, Moved, PendingStep, doorbell_of
 from jobs._core.states import TERMINAL, State, sources_of
 from jobs._core.validate import check_name
-from jobs._store.clauses import state_in
+from jobs._store.clauses import ReusableStatement, state_in
 from jobs._store.db import retry_on_disconnect
 from jobs._store.events import EventWaits
 from jobs._store.fan_in import child_finish_statement, settle_parent
@@ -159,19 +159,19 @@ class Workflows(EventWaits):
                 woken = settle_parent(self.statements, conn, row, ringing=rings)
             return Moved(Job.from_row(row), () if woken is None else (woken,))
 
-        key, _, params = self.statements.owner_move_statement(claim, target, changes, reason, steps)
+        move = self.statements.owner_move_statement(claim, target, changes, reason, steps)
 
         def build() -> Executable:
             return child_finish_statement(
                 self.statements, target, changes.columns(), len(steps), ringing=rings
             )
 
+        finish = ReusableStatement(("finish child", rings, move.key), build, move.values)
+
         def attempt() -> Any:
             with self.statements.unit(None, one_statement=True) as conn:
                 with self.statements.recording(claim.job_id, steps):
-                    found = self.statements.one_reusable(
-                        conn, ("finish child", rings, key), build, params
-                    )
+                    found = self.statements.one_reusable(conn, finish)
                 if found is None:
                     raise self.statements.explain(conn, claim.job_id, target, claim)
                 return found
