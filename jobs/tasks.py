@@ -36,7 +36,7 @@ from jobs._core.errors import InvalidInput
 from jobs._core.lazy import lazy_module
 from jobs._core.registry import REGISTRY, JobKind, KindOptions, Registry
 from jobs._core.signatures import Signature
-from jobs._service.options import KindKeywords
+from jobs._service.options import KindKeywords, kind_keywords
 
 if TYPE_CHECKING:
     from jobs import application, results
@@ -176,12 +176,7 @@ class JobTask(Generic[P, R]):
             job_id=job_id if job_id is not None else task_id,
             delay=countdown,
             run_at=eta,
-            priority=options.get("priority"),
-            queue=options.get("queue"),
-            max_attempts=options.get("max_attempts"),
-            connection=options.get("connection"),
-            session=options.get("session"),
-            unit=options.get("unit"),
+            **kind_keywords(options),
         )
         return self.AsyncResult(submitted)
 

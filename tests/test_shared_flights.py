@@ -22,6 +22,7 @@ from jobs._store.db import make_engine
 from jobs._store.deferred import HeldWrite
 from jobs._store.driver import run_together
 from jobs._store.flights import share_flights
+from jobs._store.row_changes import OwnerMove
 from jobs._worker.delivery import runs_one_job_at_a_time
 
 pytestmark = pytest.mark.postgres
@@ -145,7 +146,7 @@ def test_a_flight_of_many_completions_costs_the_round_trips_of_one(
             writes = []
             for claim in claims:
                 move = statements.owner_move_statement(
-                    claim, State.COMPLETED, _finished(store), "completed", ()
+                    OwnerMove(claim, State.COMPLETED, _finished(store), "completed")
                 )
                 driver = statements.driver_statement(move.key, move.build, move.values)
                 writes.append((driver, move.values))

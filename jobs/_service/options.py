@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from jobs._core.errors import InvalidInput
 from jobs._core.validate import check_instant
@@ -62,6 +63,15 @@ class KindKeywords(JoinKeywords, total=False):
     queue: str | None
 
 
+def kind_keywords(given: Mapping[str, Any]) -> KindKeywords:
+    """The :class:`KindKeywords` among ``given`` (``apply_async``'s options, say)."""
+    chosen = {name: value for name, value in given.items() if name in _KIND_KEYWORDS}
+    return cast("KindKeywords", chosen)
+
+
+_KIND_KEYWORDS = KindKeywords.__optional_keys__
+
+
 class SubmitKeywords(KindKeywords, total=False):
     """The keywords ``submit`` and ``submit_many`` share (``jobs.submit(kind, inputs,
     **keywords)``): :class:`KindKeywords`, ``delay`` and ``run_at`` (the rest of the
@@ -79,4 +89,11 @@ def chosen_options(keywords: SubmitKeywords) -> SubmitOptions:
     return (keywords.get("options") or SubmitOptions()).merged(**given)
 
 
-__all__ = ["KindKeywords", "SubmitKeywords", "SubmitOptions", "chosen_options", "new_job_id"]
+__all__ = [
+    "KindKeywords",
+    "SubmitKeywords",
+    "SubmitOptions",
+    "chosen_options",
+    "kind_keywords",
+    "new_job_id",
+]

@@ -79,6 +79,11 @@ Shape = tuple[tuple[str, bool], ...]
 """A reusable owner's move's columns, each with whether its value is SQL (inline)."""
 
 
+#: The columns of a history row a state move writes (an operator's approval adds
+#: ``approved_by``), in the order its ``INSERT … SELECT`` selects them.
+HISTORY_COLUMNS = ("job_id", "from_state", "to_state", "at", "owner", "fence", "reason")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReusableStatement:
     """One run of a reusable statement (:meth:`jobs._store.statements.Statements.reusable`):
@@ -93,6 +98,7 @@ class ReusableStatement:
 
 __all__ = [
     "HAS_STEPS",
+    "HISTORY_COLUMNS",
     "Expression",
     "ReusableStatement",
     "Shape",

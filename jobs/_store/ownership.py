@@ -40,7 +40,7 @@ from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
 from jobs._store.requeue import requeue_or_fail
-from jobs._store.row_changes import RowChanges
+from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs._store.workflows import Workflows
@@ -288,38 +288,20 @@ class Ownership:
         parent owes the parent's doorbell when the caller ``rings`` (see
         :meth:`Workflows.finish_child`); no other completion owes any."""
         encode_json(result, "result", self.max_payload_bytes)
+        changes = RowChanges.finished(self.clock.now(), result=result)
+        move = OwnerMove(claim, State.COMPLETED, changes, "completed", steps)
         if claim.job.parent_id is not None:
-            return self.workflows.finish_child(
-                claim,
-                State.COMPLETED,
-                RowChanges.finished(self.clock.now(), result=result),
-                "completed",
-                steps,
-                rings=rings,
-            )
+            return self.workflows.finish_child(move, rings=rings)
         statements = self.statements
         if flies(statements):  # jobs share this process: committed in a shared flight
-            changes = RowChanges.finished(self.clock.now(), result=result)
-            move = statements.owner_move_statement(
-                claim, State.COMPLETED, changes, "completed", steps
-            )
-            return Moved(move_in_flight(statements, claim, State.COMPLETED, move, steps))
+            statement = statements.owner_move_statement(move)
+            return Moved(move_in_flight(statements, claim, State.COMPLETED, statement, steps))
         plain = claim.max_running is None
         if plain and holds_now(statements):
-            changes = RowChanges.finished(self.clock.now(), result=result)
-            move = statements.owner_move_statement(
-                claim, State.COMPLETED, changes, "completed", steps
-            )
-            hold(statements, move, claim.job_id, "completion")
+            hold(statements, statements.owner_move_statement(move), claim.job_id, "completion")
             completion_ended(statements, held=True)
             return Moved(claim.job)
-        completed = self.statements.owner_move(
-            claim,
-            State.COMPLETED,
-            RowChanges.finished(self.clock.now(), result=result),
-            "completed",
-            steps,
-        )
+        completed = statements.owner_move(move)
         if plain:
             completion_ended(statements, held=False)
         return Moved(completed)
@@ -336,11 +318,10 @@ class Ownership:
         in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live.
         A child's failure owes its parent's doorbell as a completion does (:meth:`complete`)."""
         changes = RowChanges.finished(self.clock.now(), last_error=error)
+        move = OwnerMove(claim, State.FAILED, changes, error, steps)
         if claim.job.parent_id is not None:
-            return self.workflows.finish_child(
-                claim, State.FAILED, changes, error, steps, rings=rings
-            )
-        return Moved(self.statements.owner_move(claim, State.FAILED, changes, error, steps))
+            return self.workflows.finish_child(move, rings=rings)
+        return Moved(self.statements.owner_move(move))
 
     def retry(
         self,
@@ -374,13 +355,9 @@ class Ownership:
     def release(self, claim: Claim, reason: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         """Give the job back to the queue without counting the attempt: the run did not fail,
         it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
-        return self.statements.owner_move(
-            claim,
-            State.QUEUED,
-            RowChanges.given_back(run_after=self.clock.now(), dispatched_at=self.clock.now()),
-            reason,
-            steps,
-        )
+        now = self.clock.now()
+        changes = RowChanges.given_back(run_after=now, dispatched_at=now)
+        return self.statements.owner_move(OwnerMove(claim, State.QUEUED, changes, reason, steps))
 
     def sleep(
         self,
@@ -399,13 +376,10 @@ class Ownership:
         check_name(name, "timer name")
         instant = wake_at.astimezone(dt.UTC)
         timer = self.pending_step(name, {"wake_at": instant.isoformat()}, position)
-        return self.statements.owner_move(
-            claim,
-            State.QUEUED,
-            RowChanges.given_back(run_after=instant, dispatched_at=None),
-            f"sleep until {instant.isoformat()} (timer {name!r})",
-            [*steps, timer],
-        )
+        changes = RowChanges.given_back(run_after=instant, dispatched_at=None)
+        reason = f"sleep until {instant.isoformat()} (timer {name!r})"
+        move = OwnerMove(claim, State.QUEUED, changes, reason, [*steps, timer])
+        return self.statements.owner_move(move)
 
     def wait_for_approval(
         self,

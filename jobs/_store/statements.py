@@ -33,7 +33,7 @@ from jobs._store.deferred import HeldWrite, HeldWrites, carrying
 from jobs._store.driver import DriverStatement, runs_on_driver
 from jobs._store.flights import SharedFlights
 from jobs._store.moves import StateMoves, step_params
-from jobs._store.row_changes import RowChanges
+from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.tables import JobsTable, TransitionsTable
 
 
@@ -200,44 +200,33 @@ class Statements(StateMoves):
             steps=steps,
         )
 
-    def owner_move(
-        self,
-        claim: Claim,
-        target: State,
-        changes: RowChanges,
-        reason: str | None,
-        steps: Sequence[PendingStep] = (),
-    ) -> Job:
-        """``claim``'s owner moves its job from RUNNING to ``target``, fenced, with the
-        history row and ``steps``: one reusable statement on PostgreSQL (in autocommit
+    def owner_move(self, move: OwnerMove) -> Job:
+        """The claim's owner moves its job from RUNNING to the move's target, fenced, with
+        the history row and the steps: one reusable statement on PostgreSQL (in autocommit
         mode), one transaction on SQLite. A refusal raises why (:meth:`explain`)."""
+        claim, target, steps = move.claim, move.target, move.steps
 
         def attempt() -> Job:
             with self.unit(None, one_statement=True) as conn:
                 if uses_ctes(conn):
-                    move = self.owner_move_statement(claim, target, changes, reason, steps)
                     with self.recording(claim.job_id, steps):
-                        row = self.one_reusable(conn, move)
+                        row = self.one_reusable(conn, self.owner_move_statement(move))
                 else:
-                    row = self.owned_transition(conn, claim, target, changes, reason, steps)
+                    row = self.owned_transition(
+                        conn, claim, target, move.changes, move.reason, steps
+                    )
                 if row is None:
                     raise self.explain(conn, claim.job_id, target, claim)
                 return Job.from_row(row)
 
         return retry_on_disconnect(attempt)
 
-    def owner_move_statement(
-        self,
-        claim: Claim,
-        target: State,
-        changes: RowChanges,
-        reason: str | None,
-        steps: Sequence[PendingStep],
-    ) -> ReusableStatement:
+    def owner_move_statement(self, move: OwnerMove) -> ReusableStatement:
         """The reusable statement of an owner's move (its key and builder) and the values to
         run it with: every plain value a bound parameter, SQL expressions (the clock,
         ``attempts - 1``) inline."""
-        values = changes.columns()
+        claim, target, steps, reason = move.claim, move.target, move.steps, move.reason
+        values = move.changes.columns()
         params: dict[str, Any] = {
             "p_job_id": claim.job_id,
             "p_owner": claim.owner,
