@@ -139,13 +139,13 @@ def test_ten_thousand_calls_write_the_row_a_bounded_number_of_times(
     store.submissions.create("kind", {}, job_id="j1", max_attempts=3)
     context = JobContext(store, claimed(store, "j1", "A"), {})
     writes: list[dict[str, Any]] = []
-    record = store.ownership.record_progress
+    record = store.progress.record
 
     def counted(claim: Claim, progress: dict[str, Any]) -> None:
         writes.append(progress)
         record(claim, progress)
 
-    store.ownership.record_progress = counted  # type: ignore[method-assign]
+    store.progress.record = counted  # type: ignore[method-assign]
     for done in range(1, 10_001):
         context.progress(done, 10_000)
     context.step("loop", lambda: "done")  # the step's end writes the latest value
@@ -171,17 +171,17 @@ def test_the_progress_metric_covers_a_bounded_number_of_running_jobs(engine: Eng
     store.submissions.create("copy", {}, job_id="no-total", max_attempts=1)
     store.submissions.create("copy", {}, job_id="finished", max_attempts=1)
     half = claimed(store, "half", "w")
-    store.ownership.record_progress(half, check_progress(50, 200, "copying"))
-    store.ownership.record_progress(claimed(store, "no-total", "w"), check_progress(7))
+    store.progress.record(half, check_progress(50, 200, "copying"))
+    store.progress.record(claimed(store, "no-total", "w"), check_progress(7))
     finished = claimed(store, "finished", "w")
-    store.ownership.record_progress(finished, check_progress(10, 10))
+    store.progress.record(finished, check_progress(10, 10))
     store.ownership.complete(finished, "ok")
     assert scrape(store) == {("copy", "half"): 0.25}
 
     for index in range(PROGRESS_SERIES + 5):
         job_id = f"many-{index:02d}"
         store.submissions.create("bulk", {}, job_id=job_id, max_attempts=1)
-        store.ownership.record_progress(claimed(store, job_id, "w"), check_progress(1, 4))
+        store.progress.record(claimed(store, job_id, "w"), check_progress(1, 4))
     series = scrape(store)
     assert len(series) <= PROGRESS_SERIES
     assert series[("copy", "half")] == 0.25  # the longest-lived first

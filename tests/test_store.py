@@ -566,9 +566,7 @@ def _cancelled(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
 FENCED_WRITES: dict[str, Callable[[JobStore, Claim], object]] = {
     "renew": lambda s, c: s.leases.renew(c, LEASE),
     "record_step": lambda s, c: s.ownership.record_step(c, "s1", {"x": 1}),
-    "record_progress": lambda s, c: s.ownership.record_progress(
-        c, {"done": 1, "total": 2, "message": None}
-    ),
+    "record_progress": lambda s, c: s.progress.record(c, {"done": 1, "total": 2, "message": None}),
     "complete": lambda s, c: s.ownership.complete(c, {"ok": True}),
     "fail": lambda s, c: s.ownership.fail(c, "boom"),
     "retry": lambda s, c: s.ownership.retry(c, "boom", 5),

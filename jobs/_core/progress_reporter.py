@@ -93,7 +93,7 @@ class ProgressReporter:
             if not self._unwritten or self.latest is None:
                 return
             try:
-                self.store.ownership.record_progress(self.claim, self.latest)
+                self.store.progress.record(self.claim, self.latest)
             except LeaseLost as lost:
                 self._unwritten = False
                 self._lost(lost)

@@ -11,8 +11,9 @@ part owns one concern, and all share one execution layer (one statement cache, o
   claims read them; :mod:`~jobs._store.job_inserts`: the INSERTs of new jobs and their
   history.
 - :mod:`~jobs._store.dedup_writes`: submits with a deduplication key (``store.dedup``).
-- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: steps, progress,
-  complete, fail, retry, hand-back, sleep, waiting for approval;
+- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: steps, complete,
+  fail, retry, hand-back, sleep, waiting for approval;
+  :mod:`~jobs._store.progress_writes`: the progress it reports (``store.progress``);
   :mod:`~jobs._store.leases`: lease renewals (``store.leases``), one claim's or a
   process's all at once, and why a refused claim was lost.
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
@@ -64,6 +65,7 @@ from jobs._store.operations import Operations
 from jobs._store.ownership import Ownership
 from jobs._store.page_reads import PageReads
 from jobs._store.pauses import Pauses
+from jobs._store.progress_writes import ProgressWrites
 from jobs._store.reader import JobReader
 from jobs._store.replay_reads import ReplayReads
 from jobs._store.schedules import Schedules
@@ -112,6 +114,7 @@ class JobStore:
         self.submissions = Submissions(self.statements, self.dedup, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
         self.leases = Leases(self.statements)
+        self.progress = ProgressWrites(self.statements)
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
         self.doorbells = Doorbells(self.statements)

@@ -1,6 +1,7 @@
-"""An owner's life with a job, from claim to outcome: the claim, steps and progress
-recorded mid-run, and the moves that end the run (complete, fail, retry) or pause it
-(release, sleep, wait for approval). Its lease is renewed by :mod:`jobs._store.leases`.
+"""An owner's life with a job, from claim to outcome: the claim, steps recorded mid-run,
+and the moves that end the run (complete, fail, retry) or pause it (release, sleep, wait
+for approval). Its lease is renewed by :mod:`jobs._store.leases`, its progress written by
+:mod:`jobs._store.progress_writes`.
 
 Every write after the claim is fenced (:meth:`Statements.fenced`): it matches the row only
 while the claim still owns it under an unexpired lease, so a stale owner writes nothing
@@ -24,7 +25,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    update,
 )
 
 from jobs._core.errors import StepError
@@ -239,27 +239,6 @@ class Ownership:
                 statements.recording(claim.job_id, steps),
             ):
                 if statements.one_reusable(conn, statement) is None:
-                    raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
-
-        retry_on_disconnect(attempt)
-
-    def record_progress(self, claim: Claim, progress: dict[str, Any]) -> None:
-        """Write the job's latest progress (a value checked by
-        :func:`jobs._core.progress.check_progress`), fenced like every owner's write: a
-        claim that no longer owns the job under a live lease writes nothing and gets
-        :class:`LeaseLost`. Neither the state nor ``updated_at`` changes: progress is not a
-        move (the context coalesces these writes to about one a second per job)."""
-        statements = self.statements
-
-        def attempt() -> None:
-            with statements.unit(None, one_statement=True) as conn:
-                row = conn.execute(
-                    update(JobsTable)
-                    .where(*statements.fenced(claim))
-                    .values(progress=progress)
-                    .returning(JobsTable.id)
-                ).one_or_none()
-                if row is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
