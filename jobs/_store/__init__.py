@@ -6,9 +6,15 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs._store.statements`: building, caching and running statements (through
   SQLAlchemy, or PostgreSQL's driver for the hot path); the fenced predicate; the state
   move with its history row; recording steps.
-- :mod:`~jobs._store.submissions`: new jobs, one or many; admission; kinds' limits.
-- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: renewals, steps,
-  complete, fail, retry, hand-back, sleep, waiting for approval.
+- :mod:`~jobs._store.submissions`: new jobs, one or many; kinds' limits;
+  :mod:`~jobs._store.admission`: admission against ``max_queued``, and the limits rows as
+  claims read them; :mod:`~jobs._store.job_inserts`: the INSERTs of new jobs and their
+  history.
+- :mod:`~jobs._store.dedup_writes`: submits with a deduplication key (``store.dedup``).
+- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: steps, progress,
+  complete, fail, retry, hand-back, sleep, waiting for approval;
+  :mod:`~jobs._store.leases`: lease renewals (``store.leases``), one claim's or a
+  process's all at once, and why a refused claim was lost.
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
@@ -50,8 +56,10 @@ from jobs._core.records import (
     Transition,
 )
 from jobs._store.clock import Clock, DatabaseClock
+from jobs._store.dedup_writes import DedupWrites
 from jobs._store.depth_reads import DepthReads
 from jobs._store.doorbells import Doorbells
+from jobs._store.leases import Leases
 from jobs._store.operations import Operations
 from jobs._store.ownership import Ownership
 from jobs._store.page_reads import PageReads
@@ -100,8 +108,10 @@ class JobStore:
         self.pages = PageReads(engine)
         self.replays = ReplayReads(engine)
         self.statements = Statements(engine, self.clock, on_driver=on_driver)
-        self.submissions = Submissions(self.statements, max_payload_bytes)
+        self.dedup = DedupWrites(self.statements)
+        self.submissions = Submissions(self.statements, self.dedup, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
+        self.leases = Leases(self.statements)
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
         self.doorbells = Doorbells(self.statements)

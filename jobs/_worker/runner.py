@@ -215,7 +215,7 @@ class Runner:
             claim,
             self.lease_seconds,
             sent,
-            renew=lambda: self.store.ownership.renew(claim, self.lease_seconds),
+            renew=lambda: self.store.leases.renew(claim, self.lease_seconds),
         )
         try:
             kind = self.registry.get(job.kind)
