@@ -20,17 +20,20 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import click
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, url_for
 from flask.cli import with_appcontext
 
 import jobs
+from jobs import application as jobs_application
 from jobs._config.settings import PREFIX, as_env
 from jobs._core import reasons
 from jobs._core.errors import (
@@ -197,6 +200,25 @@ def job_json(job: Job) -> dict[str, Any]:
     return {name: written[name] for name in JOB_FIELDS}
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_the_request(operation: Callable[P, R], doc: str) -> Callable[Concatenate[Jobs, P], R]:
+    """``operation`` (one of the ``jobs.*`` functions, its signature kept) as a method of
+    the extension: in the request's ``db.session`` transaction when the extension has a
+    ``db``, else committed on its own."""
+
+    @functools.wraps(operation)
+    def in_the_request(extension: Jobs, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if extension.db is not None:
+            kwargs["session"] = extension.db.session
+        return operation(*args, **kwargs)
+
+    in_the_request.__doc__ = inspect.cleandoc(doc)
+    return in_the_request
+
+
 class Jobs:
     """The Flask extension. ``db`` is Flask-SQLAlchemy's ``SQLAlchemy`` object (optional:
     without it :meth:`submit` commits the job on its own)."""
@@ -244,34 +266,20 @@ class Jobs:
         to WAL, which needs the write lock a request's session may be holding."""
         schema.upgrade(default_app().runtime.engine)
 
-    def submit(self, kind: str, inputs: dict[str, Any] | None = None, **options: Any) -> str:
-        """Queue a job in the request's ``db.session`` transaction (``options`` are
-        :func:`jobs.submit`'s). Commit with ``db.session.commit()``; a rollback (or a
-        request that ends without a commit) leaves no job and rings no doorbell."""
-        if self.db is None:
-            return jobs.submit(kind, inputs, **options)
-        return jobs.submit(kind, inputs, session=self.db.session, **options)
-
-    def approve(self, job_id: str, *, by: str, note: str | None = None) -> Job:
-        """:func:`jobs.approve` in the request's ``db.session`` transaction."""
-        if self.db is None:
-            return jobs.approve(job_id, by=by, note=note)
-        return jobs.approve(job_id, by=by, note=note, session=self.db.session)
-
-    def retry(
-        self,
-        job_id: str,
-        *,
-        by: str,
-        reason: str = reasons.RETRIED,
-        from_start: bool = False,
-    ) -> Job:
-        """:func:`jobs.retry` in the request's ``db.session`` transaction."""
-        if self.db is None:
-            return jobs.retry(job_id, by=by, reason=reason, from_start=from_start)
-        return jobs.retry(
-            job_id, by=by, reason=reason, from_start=from_start, session=self.db.session
-        )
+    submit = _in_the_request(
+        jobs_application.submit,
+        """:func:`jobs.submit` in the request's ``db.session`` transaction. Commit with
+        ``db.session.commit()``; a rollback (or a request that ends without a commit) leaves
+        no job and rings no doorbell.""",
+    )
+    approve = _in_the_request(
+        jobs_application.approve,
+        """:func:`jobs.approve` in the request's ``db.session`` transaction.""",
+    )
+    retry = _in_the_request(
+        jobs_application.retry,
+        """:func:`jobs.retry` in the request's ``db.session`` transaction.""",
+    )
 
     def _commit(self) -> None:
         if self.db is not None:
