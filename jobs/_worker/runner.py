@@ -323,10 +323,7 @@ class Runner:
         except Diverged as diverged:
             return self._diverged(claim, ctx, diverged.error)
         except Unstorable as unstorable:
-            failed = self._held(
-                ctx, partial(self.store.ownership.fail, claim, str(unstorable), rings=self.rings)
-            )
-            return self._result(failed, Outcome.FAILED, ctx, str(unstorable))
+            return self._failed(ctx, str(unstorable))
         except TimedOut as timed_out:
             ctx.check_lease()  # the heartbeat timed the run out first and wrote the outcome
             log.warning("job %s attempt %d: %s", job.id, job.attempts, timed_out)
@@ -373,10 +370,7 @@ class Runner:
         except InvalidInput as err:
             # The return value cannot be stored (not JSON, too big): no retry would change it,
             # and letting it escape would leave the job RUNNING until its lease ran out.
-            failed = self._held(
-                ctx, partial(self.store.ownership.fail, claim, str(err), rings=self.rings), pending
-            )
-            return self._result(failed, Outcome.FAILED, ctx, str(err))
+            return self._failed(ctx, str(err), pending)
         return self._result(completed, Outcome.COMPLETED, ctx)
 
     def _diverged(self, claim: Claim, ctx: JobContext, error: NonDeterministic) -> RunResult:
@@ -386,8 +380,16 @@ class Runner:
         that ran before the mismatch are recorded with the move."""
         text = clip(f"{type(error).__name__}: {error}")
         log.error("job %s attempt %d: %s", claim.job_id, claim.job.attempts, text)
-        failed = self._held(ctx, partial(self.store.ownership.fail, claim, text, rings=self.rings))
-        return self._result(failed, Outcome.FAILED, ctx, text)
+        return self._failed(ctx, text)
+
+    def _failed(
+        self, ctx: JobContext, error: str, steps: Sequence[PendingStep] | None = None
+    ) -> RunResult:
+        """The run ends FAILED with ``error``, through the owner's fenced write (held
+        through an outage, :meth:`_held`) with the pending ``steps`` (``ctx``'s unless
+        given)."""
+        fail = partial(self.store.ownership.fail, ctx.claim, error, rings=self.rings)
+        return self._result(self._held(ctx, fail, steps), Outcome.FAILED, ctx, error)
 
     def _retry_or_fail(self, claim: Claim, error: str, ctx: JobContext) -> tuple[Job, Outcome]:
         """End a failed attempt: back to QUEUED after the backoff while attempts remain,
