@@ -26,13 +26,16 @@ class SubmitOptions:
     ``jobs.submit(kind, inputs, options=URGENT)``). A field left ``None`` takes the kind's
     default (``@jobs.job``), then the settings'; a keyword given to ``submit`` wins over the
     field of the same name. ``delay`` (seconds or a ``timedelta``) and ``run_at`` (an aware
-    instant) say when the jobs start; at most one of them."""
+    instant) say when the jobs start; at most one of them. ``concurrency_key`` keys the jobs
+    for their kind's ``max_running_per_key``, over the key the kind takes from the inputs."""
 
     max_attempts: int | None = None
     delay: float | dt.timedelta | None = None
     run_at: dt.datetime | None = None
     priority: int | None = None
     queue: str | None = None
+    # The jobs' concurrency key, over the one the kind takes from the inputs.
+    concurrency_key: str | None = None
 
     def merged(self, **given: Any) -> SubmitOptions:
         """These options with the fields ``given`` (not ``None``) put over them."""
@@ -57,10 +60,16 @@ def chosen_options(
     run_at: dt.datetime | None,
     priority: int | None,
     queue: str | None,
+    concurrency_key: str | None = None,
 ) -> SubmitOptions:
     """A submit's options: ``options`` with the keywords given over them."""
     return (options or SubmitOptions()).merged(
-        max_attempts=max_attempts, delay=delay, run_at=run_at, priority=priority, queue=queue
+        max_attempts=max_attempts,
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        queue=queue,
+        concurrency_key=concurrency_key,
     )
 
 

@@ -80,6 +80,7 @@ class JobService:
         unique_for: float | dt.timedelta | None = None,
         unique_key: str | None = None,
         debounce: float | dt.timedelta | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Queue a job of a registered kind and return its ID.
 
@@ -120,8 +121,13 @@ class JobService:
         inputs): it runs once, ``debounce`` after the last submit, unless a worker already
         claimed it (then the submit queues a new one). Both are safe under concurrent
         submits from any number of processes (a unique index on the key decides).
+
+        ``concurrency_key``: this job's key for its kind's ``max_running_per_key``, over the
+        key the kind takes from the inputs (``@jobs.job(concurrency_key=…)``).
         """
-        chosen = chosen_options(options, max_attempts, delay, run_at, priority, queue)
+        chosen = chosen_options(
+            options, max_attempts, delay, run_at, priority, queue, concurrency_key
+        )
         wait, start = chosen.start()
         if unique_for is None and debounce is None and unique_key is None:
             job_kind, row = self._prepare(kind, inputs, job_id, chosen, wait, start)
@@ -156,6 +162,7 @@ class JobService:
         connection: Connection | None = None,
         session: Session | scoped_session[Any] | None = None,
         unit: UnitOfWork | None = None,
+        concurrency_key: str | None = None,
     ) -> list[str]:
         """Queue many jobs of one kind at once: one transaction, one multi-row INSERT, one
         batch of doorbells. The rules are :meth:`submit`'s, applied to the whole batch:
@@ -172,7 +179,9 @@ class JobService:
                 f"{len(inputs)} jobs in one submit_many: at most {MAX_SUBMIT_MANY}; "
                 "submit them in batches"
             )
-        chosen = chosen_options(options, max_attempts, delay, run_at, priority, queue)
+        chosen = chosen_options(
+            options, max_attempts, delay, run_at, priority, queue, concurrency_key
+        )
         wait, start = chosen.start()
         rows = []
         job_kind = self._registry.get(kind)
@@ -244,6 +253,11 @@ class JobService:
             run_at=run_at,
             priority=job_kind.priority if options.priority is None else options.priority,
             queue=job_kind.queue if options.queue is None else options.queue,
+            concurrency_key=(
+                job_kind.key_of(inputs)
+                if options.concurrency_key is None
+                else options.concurrency_key
+            ),
             **dedup,
         )
         return job_kind, row

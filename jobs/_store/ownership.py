@@ -36,13 +36,18 @@ from jobs._store.clauses import kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs._store.key_limits import (
+    locked_limits,
+    per_key_limited,
+    running_of_key,
+    running_of_kind,
+)
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
-from jobs._store.submissions import lock_limits, running_of_kind
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs._store.workflows import Workflows
 
@@ -94,7 +99,7 @@ class Ownership:
                 no_running_limit = ~exists(
                     select(KindLimitsTable.kind).where(
                         KindLimitsTable.kind == JobsTable.kind,
-                        KindLimitsTable.max_running.is_not(None),
+                        KindLimitsTable.max_running.is_not(None) | per_key_limited(),
                     )
                 )
                 return statements.transition_statement(
@@ -131,13 +136,14 @@ class Ownership:
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.begin() as conn:
-            limits = lock_limits(
-                conn, select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
-            )
+            limits, key = locked_limits(conn, job_id)
             max_running = None if limits is None else limits.max_running
-            if max_running is None and self.engine.dialect.name == "postgresql":
+            per_key = None if limits is None or key is None else limits.max_running_per_key
+            if max_running is None and per_key is None and self.engine.dialect.name == "postgresql":
                 return None  # the statement above already tried this claim without a limit
             limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
+            if per_key is not None:
+                limited.append(running_of_key(self.clock) < per_key)
             row = statements.transition(
                 conn,
                 job_id,
@@ -153,7 +159,7 @@ class Ownership:
                 owner=owner,
                 reason="claimed",
             )
-        return None if row is None else Claim.from_row(row, owner, max_running)
+        return None if row is None else Claim.from_row(row, owner, max_running, per_key)
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
@@ -333,7 +339,8 @@ class Ownership:
     ) -> Moved:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
         In a worker that holds completions (:mod:`jobs._store.deferred`) and is busy,
-        the move of a job without a parent, of a kind without a running limit, is held for
+        the move of a job without a parent, of a kind without a running limit (of the kind
+        or of the job's key), is held for
         the next flight, and the job returned is the claimed one (still RUNNING). In a
         worker whose jobs share the process, it is committed before this returns, in a
         flight shared with the completions of the jobs beside it
@@ -357,7 +364,8 @@ class Ownership:
                 claim, State.COMPLETED, changes, "completed", steps
             )
             return Moved(move_in_flight(statements, claim, State.COMPLETED, move, steps))
-        plain = claim.max_running is None
+        # A held completion keeps the job RUNNING a while: not for a run holding a slot.
+        plain = claim.max_running is None and claim.max_running_per_key is None
         if plain and holds_now(statements):
             changes = RowChanges.finished(self.clock.now(), result=result)
             key, build, params = statements.owner_move_statement(

@@ -168,11 +168,17 @@ def make_runner(
 
 def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) -> None:
     """A run of a kind with a running limit ended: ring for the next waiting job of that kind
-    now, rather than leaving it to the sweeper's ring-again. (The claim saw the limit, so
+    now, rather than leaving it to the sweeper's ring-again; a run that held a slot of its
+    concurrency key rings the next waiting job of that key. (The claim saw the limits, so
     unlimited kinds cost no extra query here.)"""
-    if result.job is None or result.max_running is None:
+    job = result.job
+    if job is None:
         return
-    runtime.ring(runner.store.depth.next_due_doorbells(result.job.kind, 1))
+    depth = runner.store.depth
+    if result.max_running_per_key is not None and job.concurrency_key is not None:
+        runtime.ring(depth.next_due_doorbells(job.kind, 1, concurrency_key=job.concurrency_key))
+    if result.max_running is not None:
+        runtime.ring(depth.next_due_doorbells(job.kind, 1))
 
 
 def _why_not_claimed(runner: Runner, job_id: str) -> str:
@@ -195,6 +201,12 @@ def _why_not_claimed(runner: Runner, job_id: str) -> str:
         if job.run_after > runner.store.reads.now():
             return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
         limits = runner.store.reads.limits().get(job.kind)
+        per_key = None if limits is None else limits.max_running_per_key
+        if per_key is not None and job.concurrency_key is not None:
+            return (
+                f"QUEUED, waiting for a slot of key {job.concurrency_key!r} ({job.kind!r} "
+                f"allows {per_key} RUNNING per key); a finishing job of the key rings it"
+            )
         if limits is not None and limits.max_running is not None:
             return (
                 f"QUEUED, waiting for a slot ({job.kind!r} allows "

@@ -75,6 +75,9 @@ class RunResult:
     error: str | None = None
     # The kind's running limit seen by the claim: a finished run freed one of its slots.
     max_running: int | None = None
+    # The per-key limit the claim enforced for the job's concurrency key: a finished run
+    # freed a slot of that key.
+    max_running_per_key: int | None = None
 
 
 def _trace_outcome(span: Any, result: RunResult) -> None:
@@ -182,7 +185,13 @@ class Runner:
             result = self._run_traced(claim, sent)
         else:
             result = self._run_guarded(claim, sent)
-        return dataclasses.replace(result, max_running=claim.max_running)
+        if claim.max_running is None and claim.max_running_per_key is None:
+            return result
+        return dataclasses.replace(
+            result,
+            max_running=claim.max_running,
+            max_running_per_key=claim.max_running_per_key,
+        )
 
     def _run_guarded(self, claim: Claim, sent: float) -> RunResult:
         try:

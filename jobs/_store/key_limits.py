@@ -1,0 +1,176 @@
+"""Concurrency keys (``@jobs.job(concurrency_key=…, max_running_per_key=…)``): the SQL that
+counts a key's RUNNING jobs for the claim's compare-and-set, the per-key lock that makes
+that count exact under concurrent claims on PostgreSQL, and the kinds' limits rows as the
+claim, the reads and the CLI see them.
+
+A claim of a job with a key, of a kind with ``max_running_per_key``, runs in a transaction
+that first takes a transaction-scoped advisory lock named by the kind and the key
+(``pg_advisory_xact_lock(hashtext(kind), hashtext(key))``; the two-number form, apart from
+the liveness locks' one-number keys), then claims with ``RUNNING of the key < limit`` in
+its WHERE: claims of one key wait on each other, claims of other keys do not. SQLite's
+``BEGIN IMMEDIATE`` already serializes every write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, exists, func, select
+
+from jobs._core.records import KindLimits
+from jobs._core.states import State
+from jobs._store.clock import Clock
+from jobs._store.tables import JobsTable, KindLimitsTable
+
+#: The columns a :class:`KindLimits` is read from (:func:`limits_of` builds it).
+LIMIT_COLUMNS = (
+    KindLimitsTable.kind,
+    KindLimitsTable.max_running,
+    KindLimitsTable.max_queued,
+    KindLimitsTable.max_running_per_key,
+)
+
+
+def limits_of(row: Any) -> KindLimits:
+    """The :class:`KindLimits` of a limits row read with :data:`LIMIT_COLUMNS`."""
+    return KindLimits(row.kind, row.max_running, row.max_queued, row.max_running_per_key)
+
+
+def per_key_limited() -> ColumnElement[bool]:
+    """The job row has a concurrency key and its kind (the limits row in the same select) a
+    per-key running limit: the one-statement claim leaves such a job to the locked claim."""
+    return JobsTable.concurrency_key.is_not(None) & KindLimitsTable.max_running_per_key.is_not(None)
+
+
+def running_of_kind(clock: Clock) -> Any:
+    """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
+    (a takeover of a dead owner's job frees the slot it takes)."""
+    other_table = JobsTable.__table__.alias("other")
+    other = other_table.c
+    return (
+        select(func.count())
+        .select_from(other_table)
+        .where(
+            other.kind == JobsTable.kind,
+            other.state == State.RUNNING.value,
+            other.lease_until > clock.now(),
+            other.id != JobsTable.id,
+        )
+        .scalar_subquery()
+    )
+
+
+def running_of_key(clock: Clock) -> Any:
+    """Jobs of the claimed row's kind and concurrency key RUNNING under a live lease, the
+    row itself aside (as :func:`running_of_kind` counts a kind's)."""
+    other_table = JobsTable.__table__.alias("same_key")
+    other = other_table.c
+    return (
+        select(func.count())
+        .select_from(other_table)
+        .where(
+            other.concurrency_key == JobsTable.concurrency_key,
+            other.state == State.RUNNING.value,
+            other.kind == JobsTable.kind,
+            other.lease_until > clock.now(),
+            other.id != JobsTable.id,
+        )
+        .correlate_except(other_table)
+        .scalar_subquery()
+    )
+
+
+def key_full(clock: Clock) -> ColumnElement[bool]:
+    """The job row has a concurrency key whose kind's ``max_running_per_key`` jobs are
+    RUNNING: no claim may take it now. The sweeper does not ring such a job (the run that
+    frees a slot of its key rings it, and a later sweep once the key has room)."""
+    return exists(
+        select(KindLimitsTable.kind).where(
+            KindLimitsTable.kind == JobsTable.kind,
+            per_key_limited(),
+            running_of_key(clock) >= KindLimitsTable.max_running_per_key,
+        )
+    )
+
+
+def lock_limits(conn: Connection, kind: Any, *, running: bool = False) -> KindLimits | None:
+    """Read a kind's limits, locking its row until the transaction ends: claims and
+    submits of one limited kind are serialized, so a count and the write that relies on
+    it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+    serializes every write). With ``running``, only a row with ``max_running`` is read and
+    locked (a claim: a kind limited per key only is not serialized as a whole)."""
+    stmt = select(*LIMIT_COLUMNS).where(KindLimitsTable.kind == kind)
+    if running:
+        stmt = stmt.where(KindLimitsTable.max_running.is_not(None))
+    row = conn.execute(stmt.with_for_update()).one_or_none()
+    return None if row is None else limits_of(row)
+
+
+def claim_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str | None]:
+    """The limits of the job's kind and the job's concurrency key, in one read; when both a
+    key and a per-key limit are set, the per-key lock is taken too (PostgreSQL; held until
+    the claim's transaction ends)."""
+    row = conn.execute(
+        select(JobsTable.kind.label("job_kind"), JobsTable.concurrency_key, *LIMIT_COLUMNS)
+        .select_from(JobsTable)
+        .join(KindLimitsTable, KindLimitsTable.kind == JobsTable.kind, isouter=True)
+        .where(JobsTable.id == job_id)
+    ).one_or_none()
+    if row is None:
+        return None, None
+    limits = None if row.kind is None else limits_of(row)
+    key = row.concurrency_key
+    limited = key is not None and limits is not None and limits.max_running_per_key is not None
+    if limited and conn.dialect.name == "postgresql":
+        conn.execute(
+            select(func.pg_advisory_xact_lock(func.hashtext(row.job_kind), func.hashtext(key)))
+        )
+    return limits, key
+
+
+def locked_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str | None]:
+    """The claimed job's kind's limits and its concurrency key, with the locks that keep
+    the claim's counts exact taken: on PostgreSQL the kind's limits row when it has a
+    ``max_running`` (every claim of the kind waits), then the key's advisory lock when
+    the kind has a ``max_running_per_key`` and the job a key (claims of that key wait);
+    a kind limited per key only is read without a row lock. SQLite's ``BEGIN
+    IMMEDIATE`` serializes every claim already: one read."""
+    if conn.dialect.name == "postgresql":
+        kind = select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
+        limits = lock_limits(conn, kind, running=True)
+        if limits is not None and limits.max_running_per_key is None:
+            return limits, None
+    return claim_limits(conn, job_id)
+
+
+def running_by_key(conn: Connection, clock: Clock, kind: str, keys: list[str]) -> dict[str, int]:
+    """{key: jobs RUNNING under a live lease} of ``kind`` for each of ``keys`` (for
+    ``explain`` and the metrics)."""
+    if not keys:
+        return {}
+    rows = conn.execute(
+        select(JobsTable.concurrency_key, func.count().label("running"))
+        .where(
+            JobsTable.kind == kind,
+            JobsTable.concurrency_key.in_(keys),
+            JobsTable.state == State.RUNNING.value,
+            JobsTable.lease_until > clock.now(),
+        )
+        .group_by(JobsTable.concurrency_key)
+    ).all()
+    counts = dict.fromkeys(keys, 0)
+    counts.update({row.concurrency_key: int(row.running) for row in rows})
+    return counts
+
+
+__all__ = [
+    "LIMIT_COLUMNS",
+    "claim_limits",
+    "key_full",
+    "limits_of",
+    "lock_limits",
+    "locked_limits",
+    "per_key_limited",
+    "running_by_key",
+    "running_of_key",
+    "running_of_kind",
+]
