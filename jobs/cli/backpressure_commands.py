@@ -237,9 +237,12 @@ def set_limits(
     result = store.submissions.set_limits(
         kind, max_running=running, max_queued=queued, max_running_per_key=keyed
     )
+    per_key_text = (
+        "" if result.max_running_per_key is None else f" per_key={result.max_running_per_key}"
+    )
     click.echo(
-        f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued} "
-        f"max_running_per_key={result.max_running_per_key}"
+        f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}"
+        + per_key_text
     )
 
 

@@ -22,7 +22,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("job_kind_limits") as batch:
-        batch.drop_constraint("ck_job_kind_limits_max_running_per_key", type_="check")
+        batch.drop_constraint("max_running_per_key", type_="check")
         batch.drop_column("max_running_per_key")
     op.drop_index("ix_jobs_concurrency_key_state", table_name="jobs")
     with op.batch_alter_table("jobs") as batch:
