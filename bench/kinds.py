@@ -68,3 +68,12 @@ def fan_out(ctx: jobs.JobContext, children: int) -> int:
     """A parent that maps ``children`` one-step children (one bulk insert) and waits for
     them all, parked: the fan-out scenario (bench.fanout)."""
     return len(ctx.map(STEP, [{}] * children))
+
+
+KEYED = "bench_keyed"
+
+
+@jobs.job(KEYED, concurrency_key="key")
+def keyed(ctx: jobs.JobContext, key: str) -> None:
+    """No work, one recorded step, keyed by its ``key`` input (bench.per_key)."""
+    ctx.step("noop", _noop)

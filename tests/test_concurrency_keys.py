@@ -333,22 +333,23 @@ def test_the_flower_jobs_page_shows_the_per_key_limit_and_the_full_keys() -> Non
 
 # -- real processes racing for a key's last slot (PostgreSQL) ---------------------------
 
-RACE_KEYS = 3
-RACE_JOBS_PER_KEY = 8
+RACE_KEYS = 40
 RACE_LIMIT = 2
 
 
-def _claim_every_job(args: tuple[str, list[str], int]) -> list[str]:
-    """Try every job once, each try after all processes met at the barrier; process ``i``
-    starts at job ``i``, so a round is 8 claims of 8 different jobs, mostly of one key."""
-    url, job_ids, index = args
+def _claim_one_per_round(args: tuple[str, int, int, bool]) -> list[str]:
+    """Round ``r``: every process claims a job of key ``r`` (a fresh key, none of its jobs
+    RUNNING), all after meeting at the barrier, so each round is a true race of 8 claims
+    for the key's 2 slots; ``keyed_first`` as a worker whose kind declares a key claims."""
+    url, keys, index, keyed_first = args
     store = JobStore(make_engine(url))
     won = []
     try:
-        for round_ in range(len(job_ids)):
-            job_id = job_ids[(index + round_) % len(job_ids)]
+        for round_ in range(keys):
+            job_id = f"tenant-{round_}-{index}"
             racing.meet()
-            if store.ownership.claim(job_id, f"worker-{index}", 600) is not None:
+            claim = store.ownership.claim(job_id, f"worker-{index}", 600, keyed_first=keyed_first)
+            if claim is not None:
                 won.append(job_id)
     finally:
         store.engine.dispose()
@@ -362,21 +363,34 @@ def pool() -> Iterator[multiprocessing.pool.Pool]:
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("keyed_first", [False, True], ids=["plain-first", "keyed-first"])
 def test_racing_claims_never_exceed_the_per_key_limit(
-    pool: multiprocessing.pool.Pool, clean_pg_engine: Engine, pg_url: str
+    pool: multiprocessing.pool.Pool, clean_pg_engine: Engine, pg_url: str, keyed_first: bool
 ) -> None:
     store = JobStore(clean_pg_engine)
     per_key(store, RACE_LIMIT)
     keys = [f"tenant-{n}" for n in range(RACE_KEYS)]
-    job_ids = [f"{key}-{n}" for key in keys for n in range(RACE_JOBS_PER_KEY)]
-    for job_id in job_ids:
-        new(store, job_id, job_id.rsplit("-", 1)[0])
+    rows = [
+        store.submissions.new_job_values(
+            KIND,
+            {},
+            job_id=f"{key}-{index}",
+            max_attempts=5,
+            delay_seconds=0,
+            code_version=None,
+            concurrency_key=key,
+        )
+        for key in keys
+        for index in range(racing.PROCESSES)
+    ]
+    store.submissions.create_many(KIND, rows)
     results = pool.map(
-        _claim_every_job, [(pg_url, job_ids, i) for i in range(racing.PROCESSES)], chunksize=1
+        _claim_one_per_round,
+        [(pg_url, RACE_KEYS, i, keyed_first) for i in range(racing.PROCESSES)],
+        chunksize=1,
     )
     won = [job_id for ids in results for job_id in ids]
-    assert len(set(won)) == len(won), results
     by_key = Counter(job_id.rsplit("-", 1)[0] for job_id in won)
-    assert by_key == dict.fromkeys(keys, RACE_LIMIT), results
-    running = store.reads.list(State.RUNNING, KIND)
+    assert by_key == dict.fromkeys(keys, RACE_LIMIT), sorted(by_key.items())
+    running = store.reads.list(State.RUNNING, KIND, limit=1000)
     assert Counter(job.concurrency_key for job in running) == by_key

@@ -214,6 +214,12 @@ class Registry:
         for listener in listeners:
             listener(kind)
 
+    def declares_key(self, name: str) -> bool:
+        """Whether kind ``name`` is registered here with a ``concurrency_key`` (no import of
+        ``JOBS_IMPORTS``: a hint for the claim, never a check)."""
+        kind = self._kinds.get(name)
+        return kind is not None and kind.concurrency_key is not None
+
     def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick

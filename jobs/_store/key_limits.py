@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, exists, func, select
+from sqlalchemy import ColumnElement, Connection, Executable, exists, func, select
 
 from jobs._core.records import KindLimits
 from jobs._core.states import State
+from jobs._store.clauses import param
 from jobs._store.clock import Clock
 from jobs._store.tables import JobsTable, KindLimitsTable
 
@@ -88,6 +89,40 @@ def key_full(clock: Clock) -> ColumnElement[bool]:
             KindLimitsTable.kind == JobsTable.kind,
             per_key_limited(),
             running_of_key(clock) >= KindLimitsTable.max_running_per_key,
+        )
+    )
+
+
+def key_lock() -> Executable:
+    """PostgreSQL, reusable: take the claimed job's key lock and return its kind's per-key
+    limit, for a job with a key of a kind limited per key and not by ``max_running`` (no
+    row otherwise, and no lock: the kind's own claim path locks what it needs)."""
+    locked = func.pg_advisory_xact_lock(
+        func.hashtext(JobsTable.kind), func.hashtext(JobsTable.concurrency_key)
+    )
+    return (
+        select(KindLimitsTable.max_running_per_key, locked.label("locked"))
+        .select_from(JobsTable)
+        .join(KindLimitsTable, KindLimitsTable.kind == JobsTable.kind)
+        .where(
+            JobsTable.id == param("p_job_id"),
+            JobsTable.concurrency_key.is_not(None),
+            KindLimitsTable.max_running_per_key.is_not(None),
+            KindLimitsTable.max_running.is_(None),
+        )
+    )
+
+
+def under_key_limit(clock: Clock) -> ColumnElement[bool]:
+    """The job row has a concurrency key, its kind is limited per key and not by
+    ``max_running``, and fewer than ``max_running_per_key`` jobs of the key are RUNNING:
+    the per-key claim's condition, whole in its own statement (no value read before)."""
+    return exists(
+        select(KindLimitsTable.kind).where(
+            KindLimitsTable.kind == JobsTable.kind,
+            KindLimitsTable.max_running.is_(None),
+            per_key_limited(),
+            running_of_key(clock) < KindLimitsTable.max_running_per_key,
         )
     )
 
@@ -166,6 +201,7 @@ __all__ = [
     "LIMIT_COLUMNS",
     "claim_limits",
     "key_full",
+    "key_lock",
     "limits_of",
     "lock_limits",
     "locked_limits",
@@ -173,4 +209,5 @@ __all__ = [
     "running_by_key",
     "running_of_key",
     "running_of_kind",
+    "under_key_limit",
 ]

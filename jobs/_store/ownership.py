@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -35,12 +35,15 @@ from jobs._core.validate import check_name, encode_json
 from jobs._store.clauses import kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
+from jobs._store.driver import run_together
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
 from jobs._store.key_limits import (
+    key_lock,
     locked_limits,
     per_key_limited,
     running_of_key,
     running_of_kind,
+    under_key_limit,
 )
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
@@ -76,6 +79,7 @@ class Ownership:
         *,
         liveness_key: int | None = None,
         kinds: Sequence[str] | None = None,
+        keyed_first: bool = False,
     ) -> Claim | None:
         """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
         that expired or whose owner process is gone (its liveness lock was released).
@@ -83,7 +87,10 @@ class Ownership:
 
         On PostgreSQL a kind without a running limit is claimed by one autocommit statement
         (the claim, its history row, and whether recorded steps exist); only when that finds
-        nothing does a second try lock the kind's limits row and count its running jobs."""
+        nothing does a second try lock the job's concurrency key (a kind limited per key
+        only: two reusable statements in one transaction) or the kind's limits row, and
+        count the running jobs. ``keyed_first`` (the job's kind declares a concurrency key)
+        tries the per-key claim before the one-statement claim."""
         statements = self.statements
 
         def claimable() -> list[ColumnElement[bool]]:
@@ -92,20 +99,15 @@ class Ownership:
                 where.append(kind_in(kinds))
             return where
 
-        def unlimited() -> Row[Any] | None:
-            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+        def claim_statement(limited: Callable[[], ColumnElement[bool]]) -> Callable[[], Executable]:
+            """The claim's reusable statement with ``limited()`` in its WHERE (built only
+            when the statement is: a clause is more Python than running the statement)."""
 
             def build() -> Executable:
-                no_running_limit = ~exists(
-                    select(KindLimitsTable.kind).where(
-                        KindLimitsTable.kind == JobsTable.kind,
-                        KindLimitsTable.max_running.is_not(None) | per_key_limited(),
-                    )
-                )
                 return statements.transition_statement(
                     param("p_job_id"),
                     State.RUNNING,
-                    where=[*claimable(), no_running_limit],
+                    where=[*claimable(), limited()],
                     values={
                         "owner": param("p_owner"),
                         "fence": JobsTable.fence + 1,
@@ -118,21 +120,74 @@ class Ownership:
                     approved_by=literal(None, TransitionsTable.approved_by.type),
                 )
 
-            key = ("claim", None if kinds is None else tuple(kinds))
-            params = {
-                "p_job_id": job_id,
-                "p_owner": owner,
-                "lease": float(lease_seconds),
-                "key": liveness_key,
-            }
+            return build
+
+        kinds_key = None if kinds is None else tuple(kinds)
+        params = {
+            "p_job_id": job_id,
+            "p_owner": owner,
+            "lease": float(lease_seconds),
+            "key": liveness_key,
+        }
+
+        def unlimited() -> Row[Any] | None:
+            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+
+            def no_running_limit() -> ColumnElement[bool]:
+                return ~exists(
+                    select(KindLimitsTable.kind).where(
+                        KindLimitsTable.kind == JobsTable.kind,
+                        KindLimitsTable.max_running.is_not(None) | per_key_limited(),
+                    )
+                )
+
+            build = claim_statement(no_running_limit)
+            key = ("claim", kinds_key)
             if flies(statements):  # jobs share this process: the claim joins a flight
                 return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
                 row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
                 return row
 
+        def keyed() -> tuple[int | None, Row[Any] | None]:
+            """PostgreSQL: the claim of a job with a key, of a kind limited per key only:
+            the key's lock, then the claim counting the key's RUNNING jobs, two reusable
+            statements in one transaction (one flight on the driver). ``(None, None)``:
+            not such a job (neither statement found its row)."""
+            lock_values = {"p_job_id": job_id}  # no instant in it: no clock values
+            values = {**params, **self.clock.values()}
+            build = claim_statement(lambda: under_key_limit(self.clock))
+            claim_key = ("claim", "key", kinds_key)
+            if statements.on_driver:
+                with statements.unit(None, one_statement=True) as conn:
+                    lock, found = run_together(
+                        conn,
+                        [
+                            (
+                                statements.driver_statement(("key lock",), key_lock, lock_values),
+                                lock_values,
+                            ),
+                            (statements.driver_statement(claim_key, build, values), values),
+                        ],
+                    )
+            else:
+                with self.engine.begin() as conn:
+                    lock = conn.execute(
+                        statements.reusable(("key lock",), key_lock), lock_values
+                    ).first()
+                    found = conn.execute(statements.reusable(claim_key, build), values).first()
+            return (None if lock is None else lock.max_running_per_key), found
+
         if self.engine.dialect.name == "postgresql":
-            row = retry_on_disconnect(unlimited)
+            row = None if keyed_first else retry_on_disconnect(unlimited)
+            if row is not None:
+                return Claim.from_row(row, owner)
+            per_key, row = retry_on_disconnect(keyed)
+            if row is not None:
+                return Claim.from_row(row, owner, None, per_key)
+            if per_key is not None:
+                return None  # the key is full
+            row = retry_on_disconnect(unlimited) if keyed_first else None
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.begin() as conn:

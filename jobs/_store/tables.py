@@ -160,7 +160,7 @@ JobsTable = TableColumns(
         CheckConstraint("children_pending >= 0", name="children_pending"),
         Index("ix_jobs_dedup_key", "dedup_key", unique=True),
         # The claim counts the RUNNING jobs of one key (of its kind) through this index.
-        Index("ix_jobs_concurrency_key_state", "concurrency_key", "state"),
+        Index("ix_jobs_concurrency_key_kind_state", "concurrency_key", "kind", "state"),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""

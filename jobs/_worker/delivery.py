@@ -41,14 +41,21 @@ _stores: weakref.WeakSet[JobStore] = weakref.WeakSet()
 
 
 def deliver(
-    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+    runtime: ProcessRuntime,
+    job_id: str,
+    hostname: str | None,
+    stopping: Callable[[], bool],
+    *,
+    kind: str | None = None,
 ) -> tuple[RunResult, str]:
     """Run the job a doorbell names, if it is this worker's to run; returns the run's
     result and a one-line summary. Raises :class:`DatabaseUnreachable` (after a pause) when
     the database cannot be reached; a write held through an outage by the run itself
-    (:class:`jobs._core.outage.LeaseHold`) does not end up here."""
+    (:class:`jobs._core.outage.LeaseHold`) does not end up here. ``kind``: the kind the
+    doorbell names, a hint for the claim (a kind with a concurrency key claims per key
+    first)."""
     try:
-        result, summary = _deliver(runtime, job_id, hostname, stopping)
+        result, summary = _deliver(runtime, job_id, hostname, stopping, kind)
     except Exception as err:
         if not is_disconnect(err):
             raise
@@ -61,7 +68,11 @@ def deliver(
 
 
 def _deliver(
-    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+    runtime: ProcessRuntime,
+    job_id: str,
+    hostname: str | None,
+    stopping: Callable[[], bool],
+    kind: str | None = None,
 ) -> tuple[RunResult, str]:
     """:func:`deliver` itself. In a process that runs one job at a time, a plain job's
     completion is held and carried by the next claim's flight
@@ -80,7 +91,7 @@ def _deliver(
         share_flights(runtime.store.statements)
     _stores.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
-    result = runner.run(job_id)
+    result = runner.run(job_id, kind=kind)
     if result.outcome is Outcome.NOT_CLAIMED:
         why = _why_not_claimed(runner, job_id)
         log.info("job %s: delivery dropped, %s", job_id, why)

@@ -166,11 +166,12 @@ class Runner:
             **options,
         )
 
-    def run(self, job_id: str) -> RunResult:
+    def run(self, job_id: str, *, kind: str | None = None) -> RunResult:
         """Claim ``job_id`` and run its handler to an outcome; ``NOT_CLAIMED`` when the job
         is not due, not QUEUED, held under a live lease, or of a kind this process does not
         know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
-        process that knows it)."""
+        process that knows it). ``kind``: the kind the doorbell names, if known: one that
+        declares a concurrency key is claimed per key first (one round trip fewer)."""
         sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
         claim = self.store.ownership.claim(
             job_id,
@@ -178,6 +179,7 @@ class Runner:
             self.lease_seconds,
             liveness_key=self.liveness_key,
             kinds=self.registry.names(),
+            keyed_first=kind is not None and self.registry.declares_key(kind),
         )
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
