@@ -147,7 +147,7 @@ class KeyedDrain:
                     self.queue,
                     conc,
                     {**_base_env(), **self.env},
-                    "WARNING",
+                    "INFO",
                 )
             )
         for worker in started:
