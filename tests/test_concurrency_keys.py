@@ -145,13 +145,20 @@ def test_max_running_and_the_per_key_limit_hold_together(store: JobStore, engine
 # -- the freed slot, the sweeper, the reads ---------------------------------------------
 
 
-def test_a_freed_slot_goes_to_the_next_job_of_its_key(store: JobStore) -> None:
+def test_a_freed_slot_goes_to_the_next_job_of_its_key_whose_doorbell_was_dropped(
+    store: JobStore,
+) -> None:
     per_key(store, 1)
+    claimed(store, new(store, "running", "A"), lease=600)
     new(store, "other-key", "B")
     new(store, "next-of-A", "A")
     new(store, "keyless", None)
+    # Its doorbell still waits in the queue: ringing it again would only make a duplicate.
+    assert store.depth.next_due_doorbells(KIND, 1, concurrency_key="A") == []
+    assert store.doorbells.hold_for_key("next-of-A")  # a delivery found the key full
     found = store.depth.next_due_doorbells(KIND, 1, concurrency_key="A")
     assert [doorbell.job_id for doorbell in found] == ["next-of-A"]
+    assert not store.doorbells.hold_for_key("other-key")  # key B has room: ring it again
     assert store.depth.next_due_doorbells(KIND, 1, concurrency_key="nobody") == []
 
 

@@ -136,8 +136,17 @@ class DepthReads:
     ) -> list[Doorbell]:
         """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on
         (none while the kind or the job's queue is paused: no claim would take it); with
-        ``concurrency_key``, of the jobs of that key only (a slot of the key was freed)."""
-        of_key = [] if concurrency_key is None else [JobsTable.concurrency_key == concurrency_key]
+        ``concurrency_key``, of the jobs of that key whose doorbell was used up by a
+        delivery that found the key full (:meth:`Doorbells.hold_for_key`): the others' are
+        still in the queue, and ringing them again would only make deliveries to drop."""
+        of_key = (
+            []
+            if concurrency_key is None
+            else [
+                JobsTable.concurrency_key == concurrency_key,
+                JobsTable.dispatched_at.is_(None),
+            ]
+        )
         with self._read() as conn:
             rows = conn.execute(
                 select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)

@@ -116,6 +116,25 @@ class Doorbells:
             if row.id in marked
         ]
 
+    def hold_for_key(self, job_id: str) -> bool:
+        """A delivery found the job's concurrency key full: clear its ``dispatched_at`` (its
+        doorbell is used up) while the key is still full, so the run that frees a slot of
+        the key rings it (:meth:`jobs._store.depth_reads.DepthReads.next_due_doorbells`
+        with ``unrung``) and nothing rings the jobs whose doorbells still wait in the queue.
+        ``False``: the key has room now (or the job moved on): ring it again."""
+        with self.engine.begin() as conn:
+            held = conn.execute(
+                update(JobsTable)
+                .where(
+                    JobsTable.id == job_id,
+                    JobsTable.state == State.QUEUED.value,
+                    key_full(self.clock),
+                )
+                .values(dispatched_at=None)
+                .returning(JobsTable.id)
+            ).first()
+        return held is not None
+
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells
         again instead of waiting for the messages to count as lost (not a state change)."""
