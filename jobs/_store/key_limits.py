@@ -42,27 +42,9 @@ def per_key_limited() -> ColumnElement[bool]:
     return JobsTable.concurrency_key.is_not(None) & KindLimitsTable.max_running_per_key.is_not(None)
 
 
-def running_of_kind(clock: Clock) -> Any:
-    """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
-    (a takeover of a dead owner's job frees the slot it takes)."""
-    other_table = JobsTable.__table__.alias("other")
-    other = other_table.c
-    return (
-        select(func.count())
-        .select_from(other_table)
-        .where(
-            other.kind == JobsTable.kind,
-            other.state == State.RUNNING.value,
-            other.lease_until > clock.now(),
-            other.id != JobsTable.id,
-        )
-        .scalar_subquery()
-    )
-
-
 def running_of_key(clock: Clock) -> Any:
     """Jobs of the claimed row's kind and concurrency key RUNNING under a live lease, the
-    row itself aside (as :func:`running_of_kind` counts a kind's)."""
+    row itself aside (as :func:`jobs._store.admission.running_of_kind` counts a kind's)."""
     other_table = JobsTable.__table__.alias("same_key")
     other = other_table.c
     return (
@@ -127,19 +109,6 @@ def under_key_limit(clock: Clock) -> ColumnElement[bool]:
     )
 
 
-def lock_limits(conn: Connection, kind: Any, *, running: bool = False) -> KindLimits | None:
-    """Read a kind's limits, locking its row until the transaction ends: claims and
-    submits of one limited kind are serialized, so a count and the write that relies on
-    it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
-    serializes every write). With ``running``, only a row with ``max_running`` is read and
-    locked (a claim: a kind limited per key only is not serialized as a whole)."""
-    stmt = select(*LIMIT_COLUMNS).where(KindLimitsTable.kind == kind)
-    if running:
-        stmt = stmt.where(KindLimitsTable.max_running.is_not(None))
-    row = conn.execute(stmt.with_for_update()).one_or_none()
-    return None if row is None else limits_of(row)
-
-
 def claim_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str | None]:
     """The limits of the job's kind and the job's concurrency key, in one read; when both a
     key and a per-key limit are set, the per-key lock is taken too (PostgreSQL; held until
@@ -160,21 +129,6 @@ def claim_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str 
             select(func.pg_advisory_xact_lock(func.hashtext(row.job_kind), func.hashtext(key)))
         )
     return limits, key
-
-
-def locked_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str | None]:
-    """The claimed job's kind's limits and its concurrency key, with the locks that keep
-    the claim's counts exact taken: on PostgreSQL the kind's limits row when it has a
-    ``max_running`` (every claim of the kind waits), then the key's advisory lock when
-    the kind has a ``max_running_per_key`` and the job a key (claims of that key wait);
-    a kind limited per key only is read without a row lock. SQLite's ``BEGIN
-    IMMEDIATE`` serializes every claim already: one read."""
-    if conn.dialect.name == "postgresql":
-        kind = select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
-        limits = lock_limits(conn, kind, running=True)
-        if limits is not None and limits.max_running_per_key is None:
-            return limits, None
-    return claim_limits(conn, job_id)
 
 
 def running_by_key(conn: Connection, clock: Clock, kind: str, keys: list[str]) -> dict[str, int]:
@@ -203,11 +157,8 @@ __all__ = [
     "key_full",
     "key_lock",
     "limits_of",
-    "lock_limits",
-    "locked_limits",
     "per_key_limited",
     "running_by_key",
     "running_of_key",
-    "running_of_kind",
     "under_key_limit",
 ]

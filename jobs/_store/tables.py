@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
 )
 
 from jobs._core.states import State
@@ -50,7 +51,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0011"
+SCHEMA_REVISION = "0012"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -133,7 +134,7 @@ JobsTable = TableColumns(
         Column("dedup_key", String(64)),
         # Until when the key holds: a submit of the same key before then returns this job.
         Column("dedup_until", UtcDateTime()),
-        # Its concurrency key (migration 0011), from @jobs.job(concurrency_key=…) or a
+        # Its concurrency key (migration 0012), from @jobs.job(concurrency_key=…) or a
         # submit's concurrency_key=: while its kind's max_running_per_key jobs of the same
         # key are RUNNING, no claim takes it. NULL: no key, no per-key limit.
         Column("concurrency_key", String(ID_LENGTH)),
@@ -159,8 +160,16 @@ JobsTable = TableColumns(
         Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),
         CheckConstraint("children_pending >= 0", name="children_pending"),
         Index("ix_jobs_dedup_key", "dedup_key", unique=True),
-        # The claim counts the RUNNING jobs of one key (of its kind) through this index.
-        Index("ix_jobs_concurrency_key_kind_state", "concurrency_key", "kind", "state"),
+        # The claim counts the RUNNING jobs of one key (of its kind) through this index; of
+        # the rows with a key only, so the writes of a job without one pay nothing for it.
+        Index(
+            "ix_jobs_concurrency_key_kind_state",
+            "concurrency_key",
+            "kind",
+            "state",
+            postgresql_where=text("concurrency_key IS NOT NULL"),
+            sqlite_where=text("concurrency_key IS NOT NULL"),
+        ),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
@@ -245,7 +254,7 @@ KindLimitsTable = TableColumns(
         # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
         Column("max_queued", Integer),
         # At most this many jobs of the kind with one concurrency key RUNNING at once
-        # (migration 0011), enforced by the claim statement; jobs without a key ignore it.
+        # (migration 0012), enforced by the claim statement; jobs without a key ignore it.
         Column("max_running_per_key", Integer),
         Column("updated_at", UtcDateTime(), nullable=False),
         CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
@@ -316,3 +325,19 @@ CountersTable = TableColumns(
 """Operational events that leave no transition behind (a lost message re-sent, a submit
 refused for backpressure, a recovery by cause), counted in the database so that any
 process can export them as monotonic Prometheus counters. Never pruned."""
+
+SchemaFloorTable = TableColumns(
+    Table(
+        "job_schema_floor",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        # The oldest code revision (a SCHEMA_REVISION) that can run against these tables.
+        Column("oldest_code", String(32), nullable=False),
+        CheckConstraint("id = 1", name="one_row"),
+    )
+)
+"""One row: the oldest code that can run against the schema as it is (written by each
+migration from 0011 on, read by code that finds the schema newer than itself). A schema
+that only added since a release serves that release's code, so its workers keep running,
+and restart, while ``jobctl db upgrade`` and the new workers roll out
+(:mod:`jobs._store.schema`)."""

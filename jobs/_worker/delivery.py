@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from jobs._core.errors import UnknownJob
 from jobs._core.outage import OUTAGES, is_disconnect
-from jobs._core.records import Job
+from jobs._core.records import Batch, Job
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.deferred import hold_completions
@@ -97,15 +97,12 @@ def _deliver(
         why, held = _why_not_claimed(runner, job_id)
         if held is not None and not runner.store.doorbells.hold_for_key(job_id):
             # The key's slot freed meanwhile: its finisher may not have seen this job.
-            runtime.ring_batch([job_id], held.priority, kind=held.kind, queue=held.queue)
+            runtime.ring_batch(Batch.of(held))
         log.info("job %s: delivery dropped, %s", job_id, why)
         return result, f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
         job = result.job
-        if job is None:
-            runtime.ring_batch([job_id])
-        else:
-            runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
+        runtime.ring_batch(Batch((job_id,)) if job is None else Batch.of(job))
     _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",
