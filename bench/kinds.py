@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import jobs
 from bench.agent_shape import MODEL_SECONDS, TOOL_SECONDS
+
+if TYPE_CHECKING:
+    from jobs._store import JobStore
 
 STEP = "bench_step"
 ZERO = "bench_zero"
@@ -68,6 +73,25 @@ def fan_out(ctx: jobs.JobContext, children: int) -> int:
     """A parent that maps ``children`` one-step children (one bulk insert) and waits for
     them all, parked: the fan-out scenario (bench.fanout)."""
     return len(ctx.map(STEP, [{}] * children))
+
+
+def queued(store: JobStore, kind: str, count: int, max_attempts: int = 1) -> list[dict[str, Any]]:
+    """``count`` QUEUED jobs of ``kind`` with empty inputs, due now, written in one bulk
+    insert (no doorbell: the bench's in-process runner claims them); their rows."""
+    tag = uuid.uuid4().hex[:10]
+    rows = [
+        store.submissions.new_job_values(
+            kind,
+            {},
+            job_id=f"{tag}-{index:06d}",
+            max_attempts=max_attempts,
+            delay_seconds=0,
+            code_version=None,
+        )
+        for index in range(count)
+    ]
+    store.submissions.create_many(kind, rows)
+    return rows
 
 
 KEYED = "bench_keyed"

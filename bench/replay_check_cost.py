@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import uuid
 
 from sqlalchemy import insert
 
@@ -27,19 +26,7 @@ from jobs.application import default_app
 
 def live_jobs(store: JobStore, count: int) -> None:
     """``count`` QUEUED jobs of three steps with the first two recorded."""
-    tag = uuid.uuid4().hex[:8]
-    rows = [
-        store.submissions.new_job_values(
-            bench.kinds.THREE,
-            {},
-            job_id=f"{tag}-{index:06d}",
-            max_attempts=3,
-            delay_seconds=0,
-            code_version=None,
-        )
-        for index in range(count)
-    ]
-    store.submissions.create_many(bench.kinds.THREE, rows)
+    rows = bench.kinds.queued(store, bench.kinds.THREE, count, max_attempts=3)
     now = store.reads.now()
     steps = [
         {

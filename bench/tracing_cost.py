@@ -33,20 +33,8 @@ REQUEST = trace.get_tracer("bench.request")
 
 def submit(store: JobStore, count: int) -> list[str]:
     """``count`` QUEUED three-step jobs, submitted inside a request span."""
-    tag = uuid.uuid4().hex[:10]
     with REQUEST.start_as_current_span("POST /bench"):
-        rows = [
-            store.submissions.new_job_values(
-                bench.kinds.THREE,
-                {},
-                job_id=f"{tag}-{index}",
-                max_attempts=1,
-                delay_seconds=0,
-                code_version=None,
-            )
-            for index in range(count)
-        ]
-        store.submissions.create_many(bench.kinds.THREE, rows)
+        rows = bench.kinds.queued(store, bench.kinds.THREE, count)
     return [str(row["id"]) for row in rows]
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from jobs._core.states import State
 from tests.acceptance.conftest import EMBEDDED, PG_RABBITMQ, Stack
+from tests.conftest import jobctl_in_child
 
 pytestmark = pytest.mark.acceptance
 
@@ -64,17 +63,6 @@ def code_env(stack: Stack, tmp_path: Path, code: str) -> dict[str, str]:
     }
 
 
-def jobctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jobs", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def effects(tmp_path: Path, job_id: str) -> list[str]:
     log = tmp_path / "effects.log"
     lines = log.read_text().splitlines() if log.exists() else []
@@ -89,14 +77,16 @@ def test_a_job_parked_on_an_approval_meets_a_renamed_first_step(
     (tmp_path / "changed_kinds.py").write_text(KINDS)
     old, new = code_env(stack, tmp_path, "old"), code_env(stack, tmp_path, new_code)
     before = stack.worker("old", env=old)
-    submitted = jobctl(old, "submit", "refund_order", "--input", json.dumps({"order_id": 7}))
+    submitted = jobctl_in_child(
+        old, "submit", "refund_order", "--input", json.dumps({"order_id": 7})
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     stack.wait_state(job_id, (State.WAITING_APPROVAL,), timeout=60)
     before.kill(signal.SIGKILL)  # the deploy
     before.popen.wait(10)
 
-    checked = jobctl(new, "replay-check")
+    checked = jobctl_in_child(new, "replay-check")
     if new_code == "renamed":
         assert checked.returncode == 1, checked.stdout + checked.stderr
         assert f"diverged: {job_id} (refund_order, WAITING_APPROVAL)" in checked.stdout
@@ -108,7 +98,7 @@ def test_a_job_parked_on_an_approval_meets_a_renamed_first_step(
         assert checked.stdout.rstrip().endswith(": 1 ok"), checked.stdout
 
     stack.worker("new", env=new)
-    approved = jobctl(new, "approve", job_id, "--by", "ops")
+    approved = jobctl_in_child(new, "approve", job_id, "--by", "ops")
     assert approved.returncode == 0, approved.stderr
     job = stack.wait_state(job_id, timeout=60)
     if new_code == "renamed":

@@ -35,10 +35,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
 from tests.acceptance.conftest import Proc, delete_rabbit_queue, wait_until
-from tests.conftest import IN_CI, PG_ADMIN_URL
+from tests.conftest import IN_CI, private_pg_database
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -99,16 +98,10 @@ def previous_release(folder: Path) -> Path:
 
 
 @pytest.fixture
-def database(pg_admin: Engine) -> Iterator[str]:
+def database() -> Iterator[str]:
     """An empty database of the test's own (the old release migrates it), dropped after."""
-    name = f"roll_{uuid.uuid4().hex[:12]}"
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with pg_admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with private_pg_database("roll") as url:
+        yield url
 
 
 class Release:
