@@ -162,6 +162,22 @@ def test_a_freed_slot_goes_to_the_next_job_of_its_key_whose_doorbell_was_dropped
     assert store.depth.next_due_doorbells(KIND, 1, concurrency_key="nobody") == []
 
 
+def test_a_completion_that_frees_a_slot_owes_the_doorbell_of_the_keys_held_job(
+    store: JobStore,
+) -> None:
+    per_key(store, 1)
+    running = claimed(store, new(store, "running", "A"), lease=600)
+    new(store, "still-rung", "A")  # its doorbell still waits in the queue: not owed again
+    new(store, "held", "A")
+    assert store.doorbells.hold_for_key("held")
+    moved = store.ownership.complete(running, 1, rings=True)
+    assert moved.job.state is State.COMPLETED
+    assert [doorbell.job_id for doorbell in moved.doorbells] == ["held"]
+    assert moved.doorbells[0].kind == KIND
+    again = claimed(store, "held")
+    assert store.ownership.complete(again, 2, rings=True).doorbells == ()  # none held now
+
+
 def test_the_sweeper_rings_no_job_of_a_full_key_until_a_slot_frees(
     store: JobStore, clock: LogicalClock
 ) -> None:

@@ -12,15 +12,23 @@ its WHERE: claims of one key wait on each other, claims of other keys do not. SQ
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Executable, exists, func, select
+from sqlalchemy import ColumnElement, Connection, Executable, bindparam, exists, func, select
 
-from jobs._core.records import KindLimits
+from jobs._core.records import Doorbell, Job, KindLimits
 from jobs._core.states import State
 from jobs._store.clauses import param
 from jobs._store.clock import Clock
+from jobs._store.db import retry_on_disconnect
+from jobs._store.driver import run_together, runs_on_driver
+from jobs._store.pause_clauses import not_paused
+from jobs._store.row_changes import OwnerMove
 from jobs._store.tables import JobsTable, KindLimitsTable
+
+if TYPE_CHECKING:  # the execution layer imports the readers, which import these columns
+    from jobs._store.statements import Statements
 
 #: The columns a :class:`KindLimits` is read from (:func:`limits_of` builds it).
 LIMIT_COLUMNS = (
@@ -131,6 +139,72 @@ def claim_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str 
     return limits, key
 
 
+def next_held(clock: Clock) -> Callable[[], Executable]:
+    """Builds the reusable read of the next due QUEUED job of a kind (``p_kind``) and key
+    (``p_key``) whose doorbell a delivery used up on the full key (``dispatched_at`` NULL:
+    :meth:`jobs._store.doorbells.Doorbells.hold_for_key`), the highest priority first."""
+
+    def build() -> Executable:
+        return (
+            select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
+            .where(
+                JobsTable.concurrency_key == bindparam("p_key", type_=JobsTable.kind.type),
+                JobsTable.kind == bindparam("p_kind", type_=JobsTable.kind.type),
+                JobsTable.state == State.QUEUED.value,
+                JobsTable.dispatched_at.is_(None),
+                JobsTable.run_after <= clock.now(),
+                not_paused(),
+            )
+            .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
+            .limit(1)
+        )
+
+    return build
+
+
+def move_freeing_slot(statements: Statements, move: OwnerMove) -> tuple[Job, Doorbell | None]:
+    """An owner's move that ends a run holding a slot of its concurrency key, and the next
+    job of the key waiting for that slot (its doorbell to ring once the move committed;
+    ``None``: none waits). On PostgreSQL's driver the move and the read go in one flight
+    (one implicit transaction); elsewhere the read follows the move. A refusal raises why,
+    as :meth:`Statements.owner_move` does."""
+    claim = move.claim
+    clock_values = statements.clock.values()
+    held_values = {"p_kind": claim.job.kind, "p_key": claim.job.concurrency_key, **clock_values}
+    held_key = ("next held of key",)
+
+    def attempt() -> tuple[Job, Any]:
+        if not (statements.on_driver and runs_on_driver(statements.engine.dialect)):
+            job = statements.owner_move(move)
+            with statements.read() as conn:
+                held = conn.execute(
+                    statements.reusable(held_key, next_held(statements.clock)), held_values
+                ).first()
+            return job, held
+        with statements.unit(None, one_statement=True) as conn:
+            moving = statements.owner_move_statement(move)
+            values = {**moving.values, **clock_values}
+            with statements.recording(claim.job_id, move.steps):
+                row, held = run_together(
+                    conn,
+                    [
+                        (statements.driver_statement(moving.key, moving.build, values), values),
+                        (
+                            statements.driver_statement(
+                                held_key, next_held(statements.clock), held_values
+                            ),
+                            held_values,
+                        ),
+                    ],
+                )
+            if row is None:
+                raise statements.explain(conn, claim.job_id, move.target, claim)
+            return Job.from_row(row), held
+
+    job, held = retry_on_disconnect(attempt)
+    return job, (None if held is None else Doorbell(held.id, held.priority, held.kind, held.queue))
+
+
 def running_by_key(conn: Connection, clock: Clock, kind: str, keys: list[str]) -> dict[str, int]:
     """{key: jobs RUNNING under a live lease} of ``kind`` for each of ``keys`` (for
     ``explain`` and the metrics)."""
@@ -157,6 +231,8 @@ __all__ = [
     "key_full",
     "key_lock",
     "limits_of",
+    "move_freeing_slot",
+    "next_held",
     "per_key_limited",
     "running_by_key",
     "running_of_key",

@@ -37,7 +37,13 @@ from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.driver import run_together
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
-from jobs._store.key_limits import key_lock, per_key_limited, running_of_key, under_key_limit
+from jobs._store.key_limits import (
+    key_lock,
+    move_freeing_slot,
+    per_key_limited,
+    running_of_key,
+    under_key_limit,
+)
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
@@ -341,7 +347,9 @@ class Ownership:
         flight shared with the completions of the jobs beside it
         (:mod:`jobs._store.flights`). A child's completion that queues its waiting
         parent owes the parent's doorbell when the caller ``rings`` (see
-        :meth:`Workflows.finish_child`); no other completion owes any."""
+        :meth:`Workflows.finish_child`), and a completion that frees a slot of its
+        concurrency key owes the doorbell of the key's next held job (read in the same
+        flight: :func:`jobs._store.key_limits.move_freeing_slot`)."""
         encode_json(result, "result", self.max_payload_bytes)
         changes = RowChanges.finished(self.clock.now(), result=result)
         move = OwnerMove(claim, State.COMPLETED, changes, "completed", steps)
@@ -351,8 +359,11 @@ class Ownership:
         if flies(statements):  # jobs share this process: committed in a shared flight
             statement = statements.owner_move_statement(move)
             return Moved(move_in_flight(statements, claim, State.COMPLETED, statement, steps))
-        # A held completion keeps the job RUNNING a while: not for a run holding a slot.
-        plain = claim.max_running is None and claim.max_running_per_key is None
+        if claim.max_running_per_key is not None and claim.job.concurrency_key is not None:
+            # Never held (that would keep the slot taken); the key's next job rung after.
+            completed, waiting = move_freeing_slot(statements, move)
+            return Moved(completed, () if waiting is None or not rings else (waiting,))
+        plain = claim.max_running is None
         if plain and holds_now(statements):
             hold(statements, statements.owner_move_statement(move), claim.job_id, "completion")
             completion_ended(statements, held=True)

@@ -187,7 +187,9 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
     if job is None:
         return
     depth = runner.store.depth
-    if result.max_running_per_key is not None and job.concurrency_key is not None:
+    keyed = result.max_running_per_key is not None and job.concurrency_key is not None
+    # A completion read the key's next held job in its own flight and rang it already.
+    if keyed and result.outcome is not Outcome.COMPLETED:
         runtime.ring(depth.next_due_doorbells(job.kind, 1, concurrency_key=job.concurrency_key))
     if result.max_running is not None:
         runtime.ring(depth.next_due_doorbells(job.kind, 1))
