@@ -92,3 +92,12 @@ def queued(store: JobStore, kind: str, count: int, max_attempts: int = 1) -> lis
     ]
     store.submissions.create_many(kind, rows)
     return rows
+
+
+KEYED = "bench_keyed"
+
+
+@jobs.job(KEYED, concurrency_key="key")
+def keyed(ctx: jobs.JobContext, key: str) -> None:
+    """No work, one recorded step, keyed by its ``key`` input (bench.per_key)."""
+    ctx.step("noop", _noop)

@@ -31,6 +31,9 @@ REASON_MEANINGS = {
         "`jobctl resume` runs it"
     ),
     "waiting_for_slot": "its kind's `max_running` is reached: n of m running",
+    "waiting_for_key_slot": (
+        "its kind's `max_running_per_key` is reached for its concurrency key: n of m running"
+    ),
     "no_worker_on_queue": "no live worker consumes the job's queue",
     "kind_unknown_to_workers": (
         "the workers on its queue do not know its kind: they leave it QUEUED"

@@ -544,8 +544,16 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
     header, row = listing.stdout.strip().splitlines()
-    assert header.split() == ["KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED", "PAUSED"]
-    assert row.split() == ["bp_cli", "0", "-", "0", "5", "-"]
+    assert header.split() == [
+        "KIND",
+        "RUNNING",
+        "MAX_RUNNING",
+        "PER_KEY",
+        "QUEUED",
+        "MAX_QUEUED",
+        "PAUSED",
+    ]
+    assert row.split() == ["bp_cli", "0", "-", "-", "0", "5", "-"]
 
 
 @pytest.mark.parametrize(
@@ -587,6 +595,9 @@ def test_jobctl_stats_json_has_limits_with_counts() -> None:
             "queued": 2,
             "paused": None,
             "held_by_pause": 0,
+            "max_running_per_key": None,
+            "keys_at_limit": 0,
+            "held_by_keys": 0,
         },
     }
     text = jobctl("stats")

@@ -353,6 +353,9 @@ def test_limits_json_lists_every_limited_kind() -> None:
             "queued": 1,
             "paused": None,
             "held_by_pause": 0,
+            "max_running_per_key": None,
+            "keys_at_limit": 0,
+            "held_by_keys": 0,
         }
     }
 

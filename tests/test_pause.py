@@ -257,8 +257,16 @@ def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:
 
     listing = jobctl("limits")
     header, row = listing.stdout.strip().splitlines()
-    assert header.split() == ["KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED", "PAUSED"]
-    assert row.split()[:5] == [CLI_KIND, "0", "-", "2", "-"]
+    assert header.split() == [
+        "KIND",
+        "RUNNING",
+        "MAX_RUNNING",
+        "PER_KEY",
+        "QUEUED",
+        "MAX_QUEUED",
+        "PAUSED",
+    ]
+    assert row.split()[:6] == [CLI_KIND, "0", "-", "-", "2", "-"]
     assert "since" in row
     assert "by alice" in row
     figures = json.loads(jobctl("limits", "--json").stdout)

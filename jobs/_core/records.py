@@ -58,6 +58,8 @@ class Job:
     trace_context: dict[str, str] | None = None
     # A long job's latest ``ctx.progress``: ``{"done", "total", "message"}`` or ``None``.
     progress: dict[str, Any] | None = None
+    # Its concurrency key (``@jobs.job(concurrency_key=…)``), or None: no per-key limit.
+    concurrency_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -89,6 +91,7 @@ class Job:
             wait_deadline=row.wait_deadline,
             trace_context=row.trace_context,
             progress=row.progress,
+            concurrency_key=row.concurrency_key,
         )
 
 
@@ -104,6 +107,9 @@ class Claim:
     max_running: int | None = None
     # Whether the job had recorded steps when claimed: a first run has none to read.
     has_steps: bool = True
+    # The per-key running limit the claim enforced for the job's concurrency key (None:
+    # none), so the run's end rings the next job of that key for the slot it frees.
+    max_running_per_key: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -111,10 +117,16 @@ class Claim:
         return self.job.id
 
     @classmethod
-    def from_row(cls, row: Row[Any], owner: str, max_running: int | None = None) -> Claim:
+    def from_row(
+        cls,
+        row: Row[Any],
+        owner: str,
+        max_running: int | None = None,
+        max_running_per_key: int | None = None,
+    ) -> Claim:
         """The claim a claiming UPDATE's RETURNING row proves (it carries ``has_steps``)."""
         job = Job.from_row(row)
-        return cls(job, owner, job.fence, max_running, bool(row.has_steps))
+        return cls(job, owner, job.fence, max_running, bool(row.has_steps), max_running_per_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +146,13 @@ class PendingStep:
 
 @dataclasses.dataclass(frozen=True)
 class KindLimits:
-    """A kind's backpressure (``jobs.set_limits``): RUNNING and QUEUED caps, ``None`` = none."""
+    """A kind's backpressure (``jobs.set_limits``): RUNNING and QUEUED caps, and the RUNNING
+    cap per concurrency key (``max_running_per_key``); ``None`` = none."""
 
     kind: str
     max_running: int | None
     max_queued: int | None
+    max_running_per_key: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from jobs._config.settings import from_env
+from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs._core.schedule_ticks import check_schedule
 from jobs._core.validate import (
@@ -62,6 +63,15 @@ class JobKind:
     # The queue its doorbells go to (None: JOBS_QUEUE): workers that consume it run the
     # kind (``jobctl worker --queues video``, ``celery -A proj worker -Q video``).
     queue: str | None = None
+    # Where its jobs take their concurrency key (an input's name or a callable of the
+    # inputs; jobs._core.concurrency_keys), and the per-key running limit seeded with
+    # max_running/max_queued (jobctl limits set KIND --per-key N changes it live).
+    concurrency_key: KeySource | None = None
+    max_running_per_key: int | None = None
+
+    def key_of(self, inputs: dict[str, Any]) -> str | None:
+        """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
+        return key_from_inputs(self.name, self.concurrency_key, inputs)
 
     @functools.cached_property
     def signature(self) -> inspect.Signature:
@@ -90,6 +100,8 @@ class KindOptions(TypedDict, total=False):
     priority: int
     timeout: float | None
     queue: str | None
+    concurrency_key: KeySource | None
+    max_running_per_key: int | None
 
 
 class Registry:
@@ -124,6 +136,8 @@ class Registry:
         priority: int = 0,
         timeout: float | None = None,
         queue: str | None = None,
+        concurrency_key: KeySource | None = None,
+        max_running_per_key: int | None = None,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
@@ -139,7 +153,19 @@ class Registry:
             raise InvalidInput(f"job kind {name!r}: max_attempts must be at least 1")
         if max_attempts is not None:
             check_whole(max_attempts, f"job kind {name!r}: max_attempts", 1, MAX_ATTEMPTS)
-        for what, value in (("max_running", max_running), ("max_queued", max_queued)):
+        if concurrency_key is not None:
+            check_key_source(name, concurrency_key)
+        if max_running_per_key is not None and concurrency_key is None:
+            raise InvalidInput(
+                f"job kind {name!r}: max_running_per_key needs a concurrency_key "
+                "(an input's name or a callable of the inputs)"
+            )
+        limits = (
+            ("max_running", max_running),
+            ("max_queued", max_queued),
+            ("max_running_per_key", max_running_per_key),
+        )
+        for what, value in limits:
             if value is not None and value < 0:
                 raise InvalidInput(f"job kind {name!r}: {what} must be at least 0")
             if value is not None:
@@ -157,6 +183,8 @@ class Registry:
             priority,
             None if timeout is None else float(timeout),
             queue,
+            concurrency_key,
+            max_running_per_key,
         )
         if schedule is not None:
             try:
@@ -186,6 +214,12 @@ class Registry:
         for listener in listeners:
             listener(kind)
 
+    def declares_key(self, name: str) -> bool:
+        """Whether kind ``name`` is registered here with a ``concurrency_key`` (no import of
+        ``JOBS_IMPORTS``: a hint for the claim, never a check)."""
+        kind = self._kinds.get(name)
+        return kind is not None and kind.concurrency_key is not None
+
     def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
@@ -196,7 +230,9 @@ class Registry:
         child stuck in it is ended) and the job retried with backoff, or FAILED with the
         reason once its attempts are used up. ``queue`` is the queue its doorbells go to
         (default ``JOBS_QUEUE``): only workers that consume it run the kind, so kinds go to
-        the worker pools meant for them."""
+        the worker pools meant for them. ``concurrency_key`` (an input's name, or a callable
+        given the inputs) keys each job, and ``max_running_per_key`` caps the jobs of one key
+        RUNNING at once across all workers (docs/guides/backpressure.md)."""
 
         def decorate(handler: F) -> F:
             self.register(name, handler, **options)

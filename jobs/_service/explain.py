@@ -273,6 +273,18 @@ def _queued(
             (f"jobctl wake {quoted} to run it now", f"jobctl cancel {quoted} to stop it"),
         )
     limits = store.reads.limits().get(job.kind)
+    per_key = None if limits is None else limits.max_running_per_key
+    if per_key is not None and job.concurrency_key is not None:
+        key = job.concurrency_key
+        of_key = store.depth.running_per_key(job.kind, [key])[key]
+        if of_key >= per_key:
+            return (
+                "waiting_for_key_slot",
+                f"It is due but waiting for a slot of key {printable(key)}: {of_key} of "
+                f"{per_key} running (max_running_per_key of {printable(job.kind)!r}); a "
+                "finishing job of the key passes its slot on.",
+                (f"jobctl limits set {kind} --per-key N to allow more",),
+            )
     running = store.depth.counts().get((job.kind, State.RUNNING.value), 0)
     if limits is not None and limits.max_running is not None and running >= limits.max_running:
         return (

@@ -22,13 +22,24 @@ class LimitService:
         self._runtime = runtime
 
     def put(
-        self, kind: str, *, max_running: int | None = None, max_queued: int | None = None
+        self,
+        kind: str,
+        *,
+        max_running: int | None = None,
+        max_queued: int | None = None,
+        max_running_per_key: int | None = None,
     ) -> KindLimits:
-        """Set a kind's limits for every worker at once: at most ``max_running`` RUNNING
-        and at most ``max_queued`` QUEUED (a submit past it raises
-        :class:`jobs.AdmissionRefused` and writes nothing). ``None`` lifts a limit."""
+        """Set a kind's limits for every worker at once: at most ``max_running`` RUNNING,
+        at most ``max_queued`` QUEUED (a submit past it raises
+        :class:`jobs.AdmissionRefused` and writes nothing), and at most
+        ``max_running_per_key`` RUNNING of one concurrency key. ``None`` lifts a limit."""
         submissions = self._runtime().store.submissions
-        return submissions.set_limits(kind, max_running=max_running, max_queued=max_queued)
+        return submissions.set_limits(
+            kind,
+            max_running=max_running,
+            max_queued=max_queued,
+            max_running_per_key=max_running_per_key,
+        )
 
     def seed(self) -> None:
         """Write the registered kinds' ``max_running``/``max_queued`` defaults for kinds

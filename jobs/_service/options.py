@@ -28,13 +28,16 @@ class SubmitOptions:
     ``jobs.submit(kind, inputs, options=URGENT)``). A field left ``None`` takes the kind's
     default (``@jobs.job``), then the settings'; a keyword given to ``submit`` wins over the
     field of the same name. ``delay`` (seconds or a ``timedelta``) and ``run_at`` (an aware
-    instant) say when the jobs start; at most one of them."""
+    instant) say when the jobs start; at most one of them. ``concurrency_key`` keys the jobs
+    for their kind's ``max_running_per_key``, over the key the kind takes from the inputs."""
 
     max_attempts: int | None = None
     delay: float | dt.timedelta | None = None
     run_at: dt.datetime | None = None
     priority: int | None = None
     queue: str | None = None
+    # The jobs' concurrency key, over the one the kind takes from the inputs.
+    concurrency_key: str | None = None
 
     def merged(self, **given: Any) -> SubmitOptions:
         """These options with the fields ``given`` (not ``None``) put over them."""
@@ -55,12 +58,13 @@ class SubmitOptions:
 class KindKeywords(JoinKeywords, total=False):
     """The keywords that override a kind's defaults for one submit, declared once for
     ``submit``, ``submit_many`` and ``apply_async``, with the transaction's
-    (:class:`jobs._service.unit.JoinKeywords`): ``max_attempts``, ``priority`` and
-    ``queue``, as the fields of :class:`SubmitOptions` of those names."""
+    (:class:`jobs._service.unit.JoinKeywords`): ``max_attempts``, ``priority``, ``queue``
+    and ``concurrency_key``, as the fields of :class:`SubmitOptions` of those names."""
 
     max_attempts: int | None
     priority: int | None
     queue: str | None
+    concurrency_key: str | None
 
 
 def kind_keywords(given: Mapping[str, Any]) -> KindKeywords:

@@ -112,6 +112,9 @@ class JobService:
         inputs): it runs once, ``debounce`` after the last submit, unless a worker already
         claimed it (then the submit queues a new one). Both are safe under concurrent
         submits from any number of processes (a unique index on the key decides).
+
+        ``concurrency_key``: this job's key for its kind's ``max_running_per_key``, over the
+        key the kind takes from the inputs (``@jobs.job(concurrency_key=…)``).
         """
         check_keywords("submit", keywords, SubmitKeywords)
         chosen = chosen_options(keywords)
@@ -230,6 +233,11 @@ class JobService:
             run_at=run_at,
             priority=job_kind.priority if options.priority is None else options.priority,
             queue=job_kind.queue if options.queue is None else options.queue,
+            concurrency_key=(
+                job_kind.key_of(inputs)
+                if options.concurrency_key is None
+                else options.concurrency_key
+            ),
             **dedup,
         )
         return job_kind, row

@@ -13,20 +13,36 @@ from jobs._core.errors import AdmissionRefused
 from jobs._core.records import KindLimits
 from jobs._core.states import State
 from jobs._store.clock import Clock
+from jobs._store.key_limits import LIMIT_COLUMNS, claim_limits, limits_of
 from jobs._store.tables import JobsTable, KindLimitsTable
 
 
-def lock_limits(conn: Connection, kind: Any) -> KindLimits | None:
+def lock_limits(conn: Connection, kind: Any, *, running: bool = False) -> KindLimits | None:
     """Read a kind's limits, locking its row until the transaction ends: claims and
     submits of one limited kind are serialized, so a count and the write that relies on
     it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
-    serializes every write)."""
-    row = conn.execute(
-        select(KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued)
-        .where(KindLimitsTable.kind == kind)
-        .with_for_update()
-    ).one_or_none()
-    return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
+    serializes every write). With ``running``, only a row with ``max_running`` is read and
+    locked (a claim: a kind limited per key only is not serialized as a whole)."""
+    stmt = select(*LIMIT_COLUMNS).where(KindLimitsTable.kind == kind)
+    if running:
+        stmt = stmt.where(KindLimitsTable.max_running.is_not(None))
+    row = conn.execute(stmt.with_for_update()).one_or_none()
+    return None if row is None else limits_of(row)
+
+
+def locked_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str | None]:
+    """The claimed job's kind's limits and its concurrency key, with the locks that keep
+    the claim's counts exact taken: on PostgreSQL the kind's limits row when it has a
+    ``max_running`` (every claim of the kind waits), then the key's advisory lock when
+    the kind has a ``max_running_per_key`` and the job a key (claims of that key wait);
+    a kind limited per key only is read without a row lock. SQLite's ``BEGIN
+    IMMEDIATE`` serializes every claim already: one read."""
+    if conn.dialect.name == "postgresql":
+        kind = select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
+        limits = lock_limits(conn, kind, running=True)
+        if limits is not None and limits.max_running_per_key is None:
+            return limits, None
+    return claim_limits(conn, job_id)
 
 
 def running_of_kind(clock: Clock) -> Any:
@@ -88,4 +104,4 @@ def admit(conn: Connection, clock: Clock, kind: str, job_ids: Sequence[str]) -> 
     )
 
 
-__all__ = ["admit", "lock_limits", "running_of_kind"]
+__all__ = ["admit", "lock_limits", "locked_limits", "running_of_kind"]

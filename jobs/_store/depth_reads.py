@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, func, select
@@ -16,6 +17,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, func, select
 from jobs._core.records import Doorbell
 from jobs._core.states import TERMINAL, State
 from jobs._store.clock import Clock, DatabaseClock
+from jobs._store.key_limits import key_full, running_by_key
 from jobs._store.pause_clauses import not_paused
 from jobs._store.reader import read_only
 from jobs._store.tables import CountersTable, JobsTable, StepsTable, TransitionsTable
@@ -119,13 +121,27 @@ class DepthReads:
         highest priority first, then the oldest."""
         return [doorbell.job_id for doorbell in self.next_due_doorbells(kind, limit)]
 
-    def next_due_doorbells(self, kind: str, limit: int = 1) -> list[Doorbell]:
+    def next_due_doorbells(
+        self, kind: str, limit: int = 1, *, concurrency_key: str | None = None
+    ) -> list[Doorbell]:
         """:meth:`next_due` with each job's priority, for the doorbell that passes a slot on
-        (none while the kind or the job's queue is paused: no claim would take it)."""
+        (none while the kind or the job's queue is paused: no claim would take it); with
+        ``concurrency_key``, of the jobs of that key whose doorbell was used up by a
+        delivery that found the key full (:meth:`Doorbells.hold_for_key`): the others' are
+        still in the queue, and ringing them again would only make deliveries to drop."""
+        of_key = (
+            []
+            if concurrency_key is None
+            else [
+                JobsTable.concurrency_key == concurrency_key,
+                JobsTable.dispatched_at.is_(None),
+            ]
+        )
         with self._read() as conn:
             rows = conn.execute(
                 select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
                 .where(
+                    *of_key,
                     JobsTable.kind == kind,
                     JobsTable.state == State.QUEUED.value,
                     JobsTable.run_after <= self.clock.now(),
@@ -135,6 +151,33 @@ class DepthReads:
                 .limit(limit)
             ).all()
         return [Doorbell(row.id, row.priority, row.kind, row.queue) for row in rows]
+
+    def running_per_key(self, kind: str, keys: Sequence[str]) -> dict[str, int]:
+        """{concurrency key: jobs of ``kind`` RUNNING under a live lease} for each of
+        ``keys`` (what a claim of a job of the key counts against ``max_running_per_key``)."""
+        with self._read() as conn:
+            return running_by_key(conn, self.clock, kind, list(keys))
+
+    def held_by_keys(self) -> dict[str, tuple[int, int]]:
+        """{kind: (keys at their limit, due QUEUED jobs they hold)} for the kinds with a
+        ``max_running_per_key``: jobs no claim may take until a run of their key ends (for
+        ``jobctl limits`` and ``jobs_throttled{reason="concurrency_key"}``)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(
+                    JobsTable.kind,
+                    func.count(JobsTable.concurrency_key.distinct()).label("keys"),
+                    func.count().label("jobs"),
+                )
+                .where(
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.concurrency_key.is_not(None),
+                    JobsTable.run_after <= self.clock.now(),
+                    key_full(self.clock),
+                )
+                .group_by(JobsTable.kind)
+            ).all()
+        return {row.kind: (int(row.keys), int(row.jobs)) for row in rows}
 
     def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
         """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness

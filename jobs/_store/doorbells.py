@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, Row, or_, select, update
 
 from jobs._core.records import Doorbell
 from jobs._core.states import State
+from jobs._store.key_limits import key_full
 from jobs._store.pause_clauses import not_paused
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable
@@ -48,14 +49,18 @@ class Doorbells:
         Returned in the order to ring them: the highest priority first, then the longest
         due. Of more never-sent jobs than ``limit``, the higher priorities are taken in this
         pass; of stale ones, those sent the longest ago (the likeliest lost). Jobs of a
-        paused kind or queue are not taken: their resume rings them."""
+        paused kind or queue are not taken: their resume rings them; nor jobs whose
+        concurrency key has its ``max_running_per_key`` RUNNING (a sweep after a slot of
+        the key frees takes them, if the run that freed it did not ring them already)."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
-        # A paused job is left alone: no claim would take it (its resume rings it).
+        # A paused job is left alone: no claim would take it (its resume rings it); so is
+        # one whose concurrency key is full (a run of the key that ends rings it).
         queued_and_due = [
             JobsTable.state == State.QUEUED.value,
             JobsTable.run_after <= now,
             not_paused(),
+            ~key_full(self.clock),
         ]
         # Never sent: the highest priority first. Sent long ago: the longest ago first, as
         # the likeliest lost (when the queue is short of only a few, those are the few).
@@ -110,6 +115,25 @@ class Doorbells:
             for row in ring_order
             if row.id in marked
         ]
+
+    def hold_for_key(self, job_id: str) -> bool:
+        """A delivery found the job's concurrency key full: clear its ``dispatched_at`` (its
+        doorbell is used up) while the key is still full, so the run that frees a slot of
+        the key rings it (:meth:`jobs._store.depth_reads.DepthReads.next_due_doorbells`
+        with ``unrung``) and nothing rings the jobs whose doorbells still wait in the queue.
+        ``False``: the key has room now (or the job moved on): ring it again."""
+        with self.engine.begin() as conn:
+            held = conn.execute(
+                update(JobsTable)
+                .where(
+                    JobsTable.id == job_id,
+                    JobsTable.state == State.QUEUED.value,
+                    key_full(self.clock),
+                )
+                .values(dispatched_at=None)
+                .returning(JobsTable.id)
+            ).first()
+        return held is not None
 
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells

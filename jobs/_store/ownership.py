@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -31,11 +31,19 @@ from jobs._core.errors import StepError
 from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
-from jobs._store.admission import lock_limits, running_of_kind
+from jobs._store.admission import locked_limits, running_of_kind
 from jobs._store.clauses import ReusableStatement, kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
+from jobs._store.driver import run_together
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs._store.key_limits import (
+    key_lock,
+    move_freeing_slot,
+    per_key_limited,
+    running_of_key,
+    under_key_limit,
+)
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
@@ -70,6 +78,7 @@ class Ownership:
         *,
         liveness_key: int | None = None,
         kinds: Sequence[str] | None = None,
+        keyed_first: bool = False,
     ) -> Claim | None:
         """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
         that expired or whose owner process is gone (its liveness lock was released).
@@ -77,7 +86,10 @@ class Ownership:
 
         On PostgreSQL a kind without a running limit is claimed by one autocommit statement
         (the claim, its history row, and whether recorded steps exist); only when that finds
-        nothing does a second try lock the kind's limits row and count its running jobs."""
+        nothing does a second try lock the job's concurrency key (a kind limited per key
+        only: two reusable statements in one transaction) or the kind's limits row, and
+        count the running jobs. ``keyed_first`` (the job's kind declares a concurrency key)
+        tries the per-key claim before the one-statement claim."""
         statements = self.statements
 
         def claimable() -> list[ColumnElement[bool]]:
@@ -86,20 +98,15 @@ class Ownership:
                 where.append(kind_in(kinds))
             return where
 
-        def unlimited() -> Row[Any] | None:
-            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+        def claim_statement(limited: Callable[[], ColumnElement[bool]]) -> Callable[[], Executable]:
+            """The claim's reusable statement with ``limited()`` in its WHERE (built only
+            when the statement is: a clause is more Python than running the statement)."""
 
             def build() -> Executable:
-                no_running_limit = ~exists(
-                    select(KindLimitsTable.kind).where(
-                        KindLimitsTable.kind == JobsTable.kind,
-                        KindLimitsTable.max_running.is_not(None),
-                    )
-                )
                 return statements.transition_statement(
                     param("p_job_id"),
                     State.RUNNING,
-                    where=[*claimable(), no_running_limit],
+                    where=[*claimable(), limited()],
                     values={
                         "owner": param("p_owner"),
                         "fence": JobsTable.fence + 1,
@@ -112,32 +119,85 @@ class Ownership:
                     approved_by=literal(None, TransitionsTable.approved_by.type),
                 )
 
-            key = ("claim", None if kinds is None else tuple(kinds))
-            params = {
-                "p_job_id": job_id,
-                "p_owner": owner,
-                "lease": float(lease_seconds),
-                "key": liveness_key,
-            }
-            statement = ReusableStatement(key, build, params)
+            return build
+
+        kinds_key = None if kinds is None else tuple(kinds)
+        params = {
+            "p_job_id": job_id,
+            "p_owner": owner,
+            "lease": float(lease_seconds),
+            "key": liveness_key,
+        }
+
+        def unlimited() -> Row[Any] | None:
+            """PostgreSQL: the claim of a kind without a running limit, one statement."""
+
+            def no_running_limit() -> ColumnElement[bool]:
+                return ~exists(
+                    select(KindLimitsTable.kind).where(
+                        KindLimitsTable.kind == JobsTable.kind,
+                        KindLimitsTable.max_running.is_not(None) | per_key_limited(),
+                    )
+                )
+
+            build = claim_statement(no_running_limit)
+            statement = ReusableStatement(("claim", kinds_key), build, params)
             if flies(statements):  # jobs share this process: the claim joins a flight
                 return first_in_flight(statements, statement, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
                 row: Row[Any] | None = statements.one_reusable(conn, statement)
                 return row
 
+        def keyed() -> tuple[int | None, Row[Any] | None]:
+            """PostgreSQL: the claim of a job with a key, of a kind limited per key only:
+            the key's lock, then the claim counting the key's RUNNING jobs, two reusable
+            statements in one transaction (one flight on the driver). ``(None, None)``:
+            not such a job (neither statement found its row)."""
+            lock_values = {"p_job_id": job_id}  # no instant in it: no clock values
+            values = {**params, **self.clock.values()}
+            build = claim_statement(lambda: under_key_limit(self.clock))
+            claim_key = ("claim", "key", kinds_key)
+            if statements.on_driver:
+                with statements.unit(None, one_statement=True) as conn:
+                    lock, found = run_together(
+                        conn,
+                        [
+                            (
+                                statements.driver_statement(("key lock",), key_lock, lock_values),
+                                lock_values,
+                            ),
+                            (statements.driver_statement(claim_key, build, values), values),
+                        ],
+                    )
+            else:
+                with self.engine.begin() as conn:
+                    lock = conn.execute(
+                        statements.reusable(("key lock",), key_lock), lock_values
+                    ).first()
+                    found = conn.execute(statements.reusable(claim_key, build), values).first()
+            return (None if lock is None else lock.max_running_per_key), found
+
         if self.engine.dialect.name == "postgresql":
-            row = retry_on_disconnect(unlimited)
+            row = None if keyed_first else retry_on_disconnect(unlimited)
+            if row is not None:
+                return Claim.from_row(row, owner)
+            per_key, row = retry_on_disconnect(keyed)
+            if row is not None:
+                return Claim.from_row(row, owner, None, per_key)
+            if per_key is not None:
+                return None  # the key is full
+            row = retry_on_disconnect(unlimited) if keyed_first else None
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.begin() as conn:
-            limits = lock_limits(
-                conn, select(JobsTable.kind).where(JobsTable.id == job_id).scalar_subquery()
-            )
+            limits, key = locked_limits(conn, job_id)
             max_running = None if limits is None else limits.max_running
-            if max_running is None and self.engine.dialect.name == "postgresql":
+            per_key = None if limits is None or key is None else limits.max_running_per_key
+            if max_running is None and per_key is None and self.engine.dialect.name == "postgresql":
                 return None  # the statement above already tried this claim without a limit
             limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
+            if per_key is not None:
+                limited.append(running_of_key(self.clock) < per_key)
             row = statements.transition(
                 conn,
                 job_id,
@@ -153,7 +213,7 @@ class Ownership:
                 owner=owner,
                 reason="claimed",
             )
-        return None if row is None else Claim.from_row(row, owner, max_running)
+        return None if row is None else Claim.from_row(row, owner, max_running, per_key)
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
@@ -259,13 +319,16 @@ class Ownership:
     ) -> Moved:
         """RUNNING → COMPLETED with the result, recording ``steps`` in the same statement.
         In a worker that holds completions (:mod:`jobs._store.deferred`) and is busy,
-        the move of a job without a parent, of a kind without a running limit, is held for
+        the move of a job without a parent, of a kind without a running limit (of the kind
+        or of the job's key), is held for
         the next flight, and the job returned is the claimed one (still RUNNING). In a
         worker whose jobs share the process, it is committed before this returns, in a
         flight shared with the completions of the jobs beside it
         (:mod:`jobs._store.flights`). A child's completion that queues its waiting
         parent owes the parent's doorbell when the caller ``rings`` (see
-        :meth:`Workflows.finish_child`); no other completion owes any."""
+        :meth:`Workflows.finish_child`), and a completion that frees a slot of its
+        concurrency key owes the doorbell of the key's next held job (read in the same
+        flight: :func:`jobs._store.key_limits.move_freeing_slot`)."""
         encode_json(result, "result", self.max_payload_bytes)
         changes = RowChanges.finished(self.clock.now(), result=result)
         move = OwnerMove(claim, State.COMPLETED, changes, "completed", steps)
@@ -275,6 +338,10 @@ class Ownership:
         if flies(statements):  # jobs share this process: committed in a shared flight
             statement = statements.owner_move_statement(move)
             return Moved(move_in_flight(statements, claim, State.COMPLETED, statement, steps))
+        if claim.max_running_per_key is not None and claim.job.concurrency_key is not None:
+            # Never held (that would keep the slot taken); the key's next job rung after.
+            completed, waiting = move_freeing_slot(statements, move)
+            return Moved(completed, () if waiting is None or not rings else (waiting,))
         plain = claim.max_running is None
         if plain and holds_now(statements):
             hold(statements, statements.owner_move_statement(move), claim.job_id, "completion")

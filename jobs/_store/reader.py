@@ -27,10 +27,10 @@ from jobs._core.schedule_ticks import Schedule
 from jobs._core.states import State
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.db import READ_ONLY
+from jobs._store.key_limits import LIMIT_COLUMNS, limits_of
 from jobs._store.pause_clauses import PAUSE_COLUMNS, pause_of
 from jobs._store.tables import (
     JobsTable,
-    KindLimitsTable,
     PausesTable,
     SchedulesTable,
     StepsTable,
@@ -202,12 +202,8 @@ class JobReader:
     def limits(self) -> dict[str, KindLimits]:
         """Every kind's limits row, by kind."""
         with self._read() as conn:
-            rows = conn.execute(
-                select(
-                    KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued
-                )
-            ).all()
-        return {row.kind: KindLimits(row.kind, row.max_running, row.max_queued) for row in rows}
+            rows = conn.execute(select(*LIMIT_COLUMNS)).all()
+        return {row.kind: limits_of(row) for row in rows}
 
     def pauses(self) -> builtins.list[Pause]:
         """Every pause in force (``jobctl pause``), kinds first, then queues, by name."""

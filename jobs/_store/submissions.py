@@ -32,6 +32,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
 from jobs._core import tracing
+from jobs._core.concurrency_keys import check_concurrency_key
 from jobs._core.dedup import check_window, dedup_key
 from jobs._core.errors import DuplicateJob, InvalidInput
 from jobs._core.records import Job, KindLimits
@@ -53,6 +54,7 @@ from jobs._store.admission import admit
 from jobs._store.clauses import ReusableStatement, insert_for
 from jobs._store.dedup_writes import DedupWrites
 from jobs._store.job_inserts import insert_rows, inserted_with_history
+from jobs._store.key_limits import LIMIT_COLUMNS, limits_of
 from jobs._store.reader import JOB_COLUMNS
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, KindLimitsTable
@@ -91,6 +93,7 @@ class Submissions:
         unique_for: float | None = None,
         unique_key: str | None = None,
         debounce: float | None = None,
+        concurrency_key: str | None = None,
     ) -> dict[str, Any]:
         """Validate one submission and return its row; raises before anything is written.
         ``run_at`` (an aware instant) makes the job due then instead of ``delay_seconds``
@@ -98,8 +101,9 @@ class Submissions:
         its doorbells go (``None``: ``JOBS_QUEUE``). ``unique_for``/``debounce`` (seconds)
         and ``unique_key`` give the row a deduplication key (:mod:`jobs._core.dedup`): such a
         row is written by :class:`jobs._store.dedup_writes.DedupWrites`; ``debounce`` is its
-        delay too."""
+        delay too. ``concurrency_key``: the job's key for its kind's ``max_running_per_key``."""
         window = check_window(unique_for, debounce, unique_key)
+        concurrency_key = check_concurrency_key(concurrency_key)
         if debounce is not None and (delay_seconds or run_at is not None):
             raise InvalidInput("debounce is the job's delay: give no delay or run_at with it")
         check_name(job_id, "job id")
@@ -144,6 +148,7 @@ class Submissions:
             "max_attempts": max_attempts,
             "priority": priority,
             "queue": queue,
+            "concurrency_key": concurrency_key,
             "run_after": run_after,
             "code_version": code_version,
             "created_at": now,
@@ -176,12 +181,14 @@ class Submissions:
         unique_for: float | None = None,
         unique_key: str | None = None,
         debounce: float | None = None,
+        concurrency_key: str | None = None,
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
         of the same request), and with anything else raises :class:`DuplicateJob`.
         With ``conn`` the job joins the caller's transaction. ``unique_for``/``debounce``
-        (and ``unique_key``) deduplicate it (:class:`jobs._store.dedup_writes.DedupWrites`)."""
+        (and ``unique_key``) deduplicate it (:class:`jobs._store.dedup_writes.DedupWrites`);
+        ``concurrency_key`` keys it for its kind's ``max_running_per_key``."""
         values = self.new_job_values(
             kind,
             inputs,
@@ -195,6 +202,7 @@ class Submissions:
             unique_for=unique_for,
             unique_key=unique_key,
             debounce=debounce,
+            concurrency_key=concurrency_key,
         )
         if "dedup_key" in values:
             return self.dedup.create(kind, values, debounce=debounce is not None, conn=conn)
@@ -369,12 +377,18 @@ class Submissions:
         *,
         max_running: int | None,
         max_queued: int | None,
+        max_running_per_key: int | None = None,
         only_if_absent: bool = False,
         conn: Connection | None = None,
     ) -> KindLimits:
         """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
         check_name(kind, "job kind")
-        for name, value in (("max_running", max_running), ("max_queued", max_queued)):
+        given = {
+            "max_running": max_running,
+            "max_queued": max_queued,
+            "max_running_per_key": max_running_per_key,
+        }
+        for name, value in given.items():
             # bool is an int subclass, but True is a caller's mistake, not a limit of 1
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
@@ -382,12 +396,7 @@ class Submissions:
                 raise InvalidInput(f"{name} must be a whole number >= 0 or None")
             if value is not None:
                 check_whole(value, name, 0, MAX_KIND_LIMIT)  # PostgreSQL's integer column
-        values = {
-            "kind": kind,
-            "max_running": max_running,
-            "max_queued": max_queued,
-            "updated_at": self.clock.now(),
-        }
+        values = {"kind": kind, **given, "updated_at": self.clock.now()}
         with self.statements.unit(conn) as unit:
             ins = insert_for(unit, KindLimitsTable).values(values)
             if only_if_absent:
@@ -395,19 +404,11 @@ class Submissions:
             else:
                 ins = ins.on_conflict_do_update(
                     index_elements=[KindLimitsTable.kind],
-                    set_={
-                        "max_running": max_running,
-                        "max_queued": max_queued,
-                        "updated_at": self.clock.now(),
-                    },
+                    set_={**given, "updated_at": self.clock.now()},
                 )
             unit.execute(ins)
-            row = unit.execute(
-                select(
-                    KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued
-                ).where(KindLimitsTable.kind == kind)
-            ).one()
-        return KindLimits(row.kind, row.max_running, row.max_queued)
+            row = unit.execute(select(*LIMIT_COLUMNS).where(KindLimitsTable.kind == kind)).one()
+        return limits_of(row)
 
 
 __all__ = ["Submissions"]

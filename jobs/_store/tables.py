@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
 )
 
 from jobs._core.states import State
@@ -50,7 +51,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0011"
+SCHEMA_REVISION = "0012"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -133,6 +134,10 @@ JobsTable = TableColumns(
         Column("dedup_key", String(64)),
         # Until when the key holds: a submit of the same key before then returns this job.
         Column("dedup_until", UtcDateTime()),
+        # Its concurrency key (migration 0012), from @jobs.job(concurrency_key=…) or a
+        # submit's concurrency_key=: while its kind's max_running_per_key jobs of the same
+        # key are RUNNING, no claim takes it. NULL: no key, no per-key limit.
+        Column("concurrency_key", String(ID_LENGTH)),
         # A long job's latest ``ctx.progress(done, total, message)`` (migration
         # 0007): ``{"done": …, "total": … | null, "message": … | null}``, written
         # by its owner (fenced, at most about once a second) and kept after the run ends.
@@ -155,6 +160,16 @@ JobsTable = TableColumns(
         Index("ix_jobs_state_wait_deadline", "state", "wait_deadline"),
         CheckConstraint("children_pending >= 0", name="children_pending"),
         Index("ix_jobs_dedup_key", "dedup_key", unique=True),
+        # The claim counts the RUNNING jobs of one key (of its kind) through this index; of
+        # the rows with a key only, so the writes of a job without one pay nothing for it.
+        Index(
+            "ix_jobs_concurrency_key_kind_state",
+            "concurrency_key",
+            "kind",
+            "state",
+            postgresql_where=text("concurrency_key IS NOT NULL"),
+            sqlite_where=text("concurrency_key IS NOT NULL"),
+        ),
     )
 )
 """One row per job: the truth about it (state, inputs, owner, lease, fence, attempts)."""
@@ -238,9 +253,15 @@ KindLimitsTable = TableColumns(
         Column("max_running", Integer),
         # Submit refuses (writes nothing) while this many jobs of the kind are QUEUED.
         Column("max_queued", Integer),
+        # At most this many jobs of the kind with one concurrency key RUNNING at once
+        # (migration 0012), enforced by the claim statement; jobs without a key ignore it.
+        Column("max_running_per_key", Integer),
         Column("updated_at", UtcDateTime(), nullable=False),
         CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
         CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
+        CheckConstraint(
+            "max_running_per_key IS NULL OR max_running_per_key >= 0", name="max_running_per_key"
+        ),
     )
 )
 """Backpressure per job kind, held in the database so every worker and every submitting

@@ -5,7 +5,9 @@
 the optional ``metrics`` extra). Every scrape reads the tables:
 
 - gauges: jobs by state and kind, QUEUED jobs by kind and priority (from the same grouped
-  read), pauses in force and the QUEUED jobs they hold, the oldest due QUEUED job's age,
+  read), pauses in force and the QUEUED jobs they hold, the jobs a limit holds back
+  (``jobs_throttled{kind,reason}``) and the concurrency keys at their limit, the oldest
+  due QUEUED job's age,
   RUNNING jobs whose lease ends within half a lease (or has ended), schedules' seconds
   since their last tick, and the progress (``done / total``, 0 to 1) of at most
   :data:`PROGRESS_SERIES` RUNNING jobs that report it;
@@ -131,6 +133,7 @@ class TableCollector(Collector):
             by_queue.add_metric([name], count)
         yield by_queue
         yield from self._pauses()
+        yield from self._throttled(counts)
         oldest = store.depth.oldest_queued()
         yield GaugeMetricFamily(
             "jobs_oldest_due_queued_age_seconds",
@@ -211,6 +214,35 @@ class TableCollector(Collector):
         for kind, count in sorted(self.store.depth.held_by_pauses().items()):
             held.add_metric([kind], count)
         yield held
+
+    def _throttled(self, counts: dict[tuple[str, str], int]) -> Iterable[Metric]:
+        """QUEUED jobs held back by a limit, by kind and reason, and the concurrency keys
+        at their ``max_running_per_key``, by kind."""
+        throttled = GaugeMetricFamily(
+            "jobs_throttled",
+            "QUEUED jobs no claim may take now, by kind and reason: concurrency_key (due, "
+            "their key has max_running_per_key RUNNING), max_running (their kind has "
+            "max_running RUNNING), paused (held by a pause).",
+            labels=["kind", "reason"],
+        )
+        full_keys = GaugeMetricFamily(
+            "jobs_concurrency_keys_at_limit",
+            "Concurrency keys with max_running_per_key jobs RUNNING and due jobs waiting.",
+            labels=["kind"],
+        )
+        limits = self.store.reads.limits()
+        for kind, (keys, held) in sorted(self.store.depth.held_by_keys().items()):
+            throttled.add_metric([kind, "concurrency_key"], held)
+            full_keys.add_metric([kind], keys)
+        for kind, limit in sorted(limits.items()):
+            running = counts.get((kind, State.RUNNING.value), 0)
+            queued = counts.get((kind, State.QUEUED.value), 0)
+            if limit.max_running is not None and running >= limit.max_running and queued:
+                throttled.add_metric([kind, "max_running"], queued)
+        for kind, count in sorted(self.store.depth.held_by_pauses().items()):
+            throttled.add_metric([kind, "paused"], count)
+        yield throttled
+        yield full_keys
 
     @staticmethod
     def _queued_by_priority(by_priority: dict[tuple[str, str, int], int]) -> Metric:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from jobs._core.errors import UnknownJob
 from jobs._core.outage import OUTAGES, is_disconnect
-from jobs._core.records import Batch
+from jobs._core.records import Batch, Job
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.deferred import hold_completions
@@ -42,14 +42,21 @@ _stores: weakref.WeakSet[JobStore] = weakref.WeakSet()
 
 
 def deliver(
-    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+    runtime: ProcessRuntime,
+    job_id: str,
+    hostname: str | None,
+    stopping: Callable[[], bool],
+    *,
+    kind: str | None = None,
 ) -> tuple[RunResult, str]:
     """Run the job a doorbell names, if it is this worker's to run; returns the run's
     result and a one-line summary. Raises :class:`DatabaseUnreachable` (after a pause) when
     the database cannot be reached; a write held through an outage by the run itself
-    (:class:`jobs._core.outage.LeaseHold`) does not end up here."""
+    (:class:`jobs._core.outage.LeaseHold`) does not end up here. ``kind``: the kind the
+    doorbell names, a hint for the claim (a kind with a concurrency key claims per key
+    first)."""
     try:
-        result, summary = _deliver(runtime, job_id, hostname, stopping)
+        result, summary = _deliver(runtime, job_id, hostname, stopping, kind)
     except Exception as err:
         if not is_disconnect(err):
             raise
@@ -62,7 +69,11 @@ def deliver(
 
 
 def _deliver(
-    runtime: ProcessRuntime, job_id: str, hostname: str | None, stopping: Callable[[], bool]
+    runtime: ProcessRuntime,
+    job_id: str,
+    hostname: str | None,
+    stopping: Callable[[], bool],
+    kind: str | None = None,
 ) -> tuple[RunResult, str]:
     """:func:`deliver` itself. In a process that runs one job at a time, a plain job's
     completion is held and carried by the next claim's flight
@@ -81,9 +92,12 @@ def _deliver(
         share_flights(runtime.store.statements)
     _stores.add(runtime.store)
     runner = make_runner(runtime, hostname, stopping)
-    result = runner.run(job_id)
+    result = runner.run(job_id, kind=kind)
     if result.outcome is Outcome.NOT_CLAIMED:
-        why = _why_not_claimed(runner, job_id)
+        why, held = _why_not_claimed(runner, job_id)
+        if held is not None and not runner.store.doorbells.hold_for_key(job_id):
+            # The key's slot freed meanwhile: its finisher may not have seen this job.
+            runtime.ring_batch(Batch.of(held))
         log.info("job %s: delivery dropped, %s", job_id, why)
         return result, f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
@@ -166,37 +180,52 @@ def make_runner(
 
 def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) -> None:
     """A run of a kind with a running limit ended: ring for the next waiting job of that kind
-    now, rather than leaving it to the sweeper's ring-again. (The claim saw the limit, so
+    now, rather than leaving it to the sweeper's ring-again; a run that held a slot of its
+    concurrency key rings the next waiting job of that key. (The claim saw the limits, so
     unlimited kinds cost no extra query here.)"""
-    if result.job is None or result.max_running is None:
+    job = result.job
+    if job is None:
         return
-    runtime.ring(runner.store.depth.next_due_doorbells(result.job.kind, 1))
+    depth = runner.store.depth
+    keyed = result.max_running_per_key is not None and job.concurrency_key is not None
+    # A completion read the key's next held job in its own flight and rang it already.
+    if keyed and result.outcome is not Outcome.COMPLETED:
+        runtime.ring(depth.next_due_doorbells(job.kind, 1, concurrency_key=job.concurrency_key))
+    if result.max_running is not None:
+        runtime.ring(depth.next_due_doorbells(job.kind, 1))
 
 
-def _why_not_claimed(runner: Runner, job_id: str) -> str:
+def _why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None]:
+    """Why a claim took nothing, for the log; and the job, when its concurrency key was
+    full (its doorbell is then held for the key: :meth:`Doorbells.hold_for_key`)."""
     try:
         job = runner.store.reads.get(job_id)
     except UnknownJob:
-        return "unknown job"
+        return "unknown job", None
     if job.state is State.RUNNING:
-        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}"
-    if job.state is State.QUEUED:
-        known = runner.registry.names()
-        if job.kind not in known:
-            return (
-                f"QUEUED, of kind {job.kind!r}, which this worker does not know "
-                f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
-            )
-        pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
-        if pause is not None:
-            return f"QUEUED, held: {pause.describe()}; its resume rings it again"
-        if job.run_after > runner.store.reads.now():
-            return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}"
-        limits = runner.store.reads.limits().get(job.kind)
-        if limits is not None and limits.max_running is not None:
-            return (
-                f"QUEUED, waiting for a slot ({job.kind!r} allows "
-                f"{limits.max_running} RUNNING at once)"
-            )
-        return "QUEUED, claimed by no one yet (try again)"
-    return f"already {job.state.value}"
+        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}", None
+    if job.state is not State.QUEUED:
+        return f"already {job.state.value}", None
+    known = runner.registry.names()
+    if job.kind not in known:
+        return (
+            f"QUEUED, of kind {job.kind!r}, which this worker does not know "
+            f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
+        ), None
+    pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
+    if pause is not None:
+        return f"QUEUED, held: {pause.describe()}; its resume rings it again", None
+    if job.run_after > runner.store.reads.now():
+        return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}", None
+    limits = runner.store.reads.limits().get(job.kind)
+    per_key = None if limits is None else limits.max_running_per_key
+    if per_key is not None and job.concurrency_key is not None:
+        return (
+            f"QUEUED, waiting for a slot of key {job.concurrency_key!r} ({job.kind!r} "
+            f"allows {per_key} RUNNING per key); a finishing job of the key rings it"
+        ), job
+    if limits is not None and limits.max_running is not None:
+        return (
+            f"QUEUED, waiting for a slot ({job.kind!r} allows {limits.max_running} RUNNING at once)"
+        ), None
+    return "QUEUED, claimed by no one yet (try again)", None

@@ -18,7 +18,7 @@ from jobs._core.lazy import lazy_module
 from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._core.validate import NAME_LENGTH
-from jobs._doorbell.queues import TASK_NAME, kind_task_name
+from jobs._doorbell.queues import KIND_TASK_PREFIX, TASK_NAME, kind_task_name
 from jobs._worker.outcome_events import ended_elsewhere, revoked_delivery
 from jobs._worker.shared_flag import SharedFlag
 
@@ -99,9 +99,12 @@ class Installed:
             return "garbage"
 
         hostname = getattr(task.request, "hostname", None)
+        name = getattr(task, "name", None)
+        # The kind a doorbell's task is named after (jobs.<kind>): a hint for the claim.
+        kind = name.removeprefix(KIND_TASK_PREFIX) if isinstance(name, str) else None
         try:
             result, summary = delivery.deliver(
-                self.host.runtime, job_id, hostname, self.shutting_down.is_set
+                self.host.runtime, job_id, hostname, self.shutting_down.is_set, kind=kind
             )
         except delivery.DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.

@@ -165,7 +165,8 @@ class ProcessRuntime:
     def seed_limits(
         self, kinds: Sequence[JobKind] | None = None, conn: Connection | None = None
     ) -> None:
-        """Write the ``max_running``/``max_queued`` a kind declares in ``@jobs.job`` for kinds
+        """Write the ``max_running``/``max_queued``/``max_running_per_key`` a kind declares in
+        ``@jobs.job`` for kinds
         that have no limits row yet (once per process and kind; the database's numbers then
         rule, and ``jobs.set_limits`` changes them for every process). With ``conn`` the
         seed joins the caller's transaction: on the caller's own connection, a SQLite
@@ -173,11 +174,13 @@ class ProcessRuntime:
         for kind in self.registry.kinds() if kinds is None else kinds:
             if kind.name in self._seeded_kinds:
                 continue
-            if kind.max_running is not None or kind.max_queued is not None:
+            declared = (kind.max_running, kind.max_queued, kind.max_running_per_key)
+            if any(limit is not None for limit in declared):
                 self.store.submissions.set_limits(
                     kind.name,
                     max_running=kind.max_running,
                     max_queued=kind.max_queued,
+                    max_running_per_key=kind.max_running_per_key,
                     only_if_absent=True,
                     conn=conn,
                 )

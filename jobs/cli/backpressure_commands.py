@@ -44,12 +44,16 @@ def stats_dict() -> dict[str, Any]:
     kind_pauses = {pause.name: pause for pause in pauses if pause.scope == "kind"}
     held = store.depth.held_by_pauses()
     kind_limits = store.reads.limits()
+    by_keys = store.depth.held_by_keys()
     limits = {
         kind: {
             "max_running": None if limit is None else limit.max_running,
             "running": counts.get((kind, State.RUNNING.value), 0),
             "max_queued": None if limit is None else limit.max_queued,
             "queued": counts.get((kind, State.QUEUED.value), 0),
+            "max_running_per_key": None if limit is None else limit.max_running_per_key,
+            "keys_at_limit": by_keys.get(kind, (0, 0))[0],
+            "held_by_keys": by_keys.get(kind, (0, 0))[1],
             "paused": pause_dict(kind_pauses.get(kind)),
             "held_by_pause": held.get(kind, 0),
         }
@@ -121,13 +125,21 @@ def _limitstable(limits: dict[str, dict[str, Any]]) -> None:
             f" by {printable(value['paused_by'])}" if value["paused_by"] else ""
         )
 
+    def per_key(value: dict[str, Any]) -> str:
+        if value["max_running_per_key"] is None:
+            return "-"
+        full = value["keys_at_limit"]
+        held = f" ({full} keys full, {value['held_by_keys']} held)" if full else ""
+        return f"{value['max_running_per_key']}{held}"
+
     table(
-        ("KIND", "RUNNING", "MAX_RUNNING", "QUEUED", "MAX_QUEUED", "PAUSED"),
+        ("KIND", "RUNNING", "MAX_RUNNING", "PER_KEY", "QUEUED", "MAX_QUEUED", "PAUSED"),
         [
             (
                 kind,
                 str(v["running"]),
                 show(v["max_running"]),
+                per_key(v),
                 str(v["queued"]),
                 show(v["max_queued"]),
                 paused(v["paused"]),
@@ -197,10 +209,21 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     "--max-running", help="At most N RUNNING at once, all workers together; 'none' lifts it."
 )
 @click.option("--max-queued", help="Refuse submits while N are QUEUED; 'none' lifts it.")
-def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> None:
+@click.option(
+    "--per-key",
+    help="At most N RUNNING per concurrency key, all workers together; 'none' lifts it.",
+)
+def set_limits(
+    kind: str, max_running: str | None, max_queued: str | None, per_key: str | None
+) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
     store = runtime().store
     current = store.reads.limits().get(kind)
+    keyed = (
+        (current.max_running_per_key if current else None)
+        if per_key is None
+        else _limit_value(per_key, "--per-key")
+    )
     running = (
         (current.max_running if current else None)
         if max_running is None
@@ -211,8 +234,16 @@ def set_limits(kind: str, max_running: str | None, max_queued: str | None) -> No
         if max_queued is None
         else (_limit_value(max_queued, "--max-queued"))
     )
-    result = store.submissions.set_limits(kind, max_running=running, max_queued=queued)
-    click.echo(f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}")
+    result = store.submissions.set_limits(
+        kind, max_running=running, max_queued=queued, max_running_per_key=keyed
+    )
+    per_key_text = (
+        "" if result.max_running_per_key is None else f" per_key={result.max_running_per_key}"
+    )
+    click.echo(
+        f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}"
+        + per_key_text
+    )
 
 
 # -- pause and resume ----------------------------------------------------------------------

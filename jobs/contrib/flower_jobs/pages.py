@@ -64,6 +64,9 @@ class LimitRow:
     limits: KindLimits
     running: int
     queued: int
+    # Concurrency keys at their max_running_per_key, and the due jobs they hold back.
+    keys_at_limit: int = 0
+    held_by_keys: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,11 +171,13 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
     schedules = [
         ScheduleRow(schedule, _next_tick(schedule, now)) for schedule in store.reads.schedules()
     ]
+    by_keys = store.depth.held_by_keys()
     limits = [
         LimitRow(
             limit_row,
             by_kind_state.get((kind, State.RUNNING.value), 0),
             by_kind_state.get((kind, State.QUEUED.value), 0),
+            *by_keys.get(kind, (0, 0)),
         )
         for kind, limit_row in sorted(store.reads.limits().items())
     ]
