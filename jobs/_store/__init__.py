@@ -9,6 +9,8 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs._store.submissions`: new jobs, one or many; admission; kinds' limits.
 - :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: renewals, steps,
   complete, fail, retry, hand-back, sleep, waiting for approval.
+- :mod:`~jobs._store.atomic_steps`: an atomic step's function and its record in one
+  transaction.
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
@@ -47,6 +49,7 @@ from jobs._core.records import (
     Step,
     Transition,
 )
+from jobs._store.atomic_steps import AtomicSteps
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.depth_reads import DepthReads
 from jobs._store.doorbells import Doorbells
@@ -100,6 +103,7 @@ class JobStore:
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
+        self.atomic = AtomicSteps(self.statements)
         self.doorbells = Doorbells(self.statements)
         self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
