@@ -139,9 +139,7 @@ def resume(store: JobStore, clock: LogicalClock, job_id: str, owner: str = "resc
 pytestmark = pytest.mark.usefixtures("app_table")
 
 
-def test_the_apps_row_and_the_step_record_commit_together(
-    store: JobStore, engine: Engine
-) -> None:
+def test_the_apps_row_and_the_step_record_commit_together(store: JobStore, engine: Engine) -> None:
     store.submissions.create("place_order", {}, job_id="o-1", max_attempts=5)
     result = runner(store).run("o-1")
     assert result.outcome is Outcome.COMPLETED, result
@@ -170,7 +168,8 @@ def test_a_function_that_raises_leaves_neither_row_nor_record(
     assert again.outcome is Outcome.COMPLETED, again
     assert again.replayed_steps == ("lookup",)
     assert orders(engine, "o-2") == ["one"]
-    assert RAN["insert"] == 2 and RAN["lookup"] == 1
+    assert RAN["insert"] == 2
+    assert RAN["lookup"] == 1
 
 
 def test_a_crash_before_the_commit_leaves_neither_and_the_resumed_run_writes_once(
@@ -323,9 +322,7 @@ def test_a_renamed_atomic_step_diverges_before_its_function_runs(
     assert step_names(store, "r-1") == ["first"]  # kept, for a retry after a fix
 
 
-def test_a_different_database_is_refused_at_the_step(
-    store: JobStore, engine: Engine
-) -> None:
+def test_a_different_database_is_refused_at_the_step(store: JobStore, engine: Engine) -> None:
     """What a framework's opener does when its database is not the jobs' (Django's and
     Flask's real ones are tested with their apps)."""
 
