@@ -14,6 +14,8 @@ tests/acceptance/test_atomic_steps.py.
 from __future__ import annotations
 
 import contextlib
+import select as selecting
+import socket
 import threading
 import time
 from collections import Counter
@@ -25,11 +27,13 @@ from sqlalchemy import Column, Connection, Engine, Integer, MetaData, String, Ta
 
 from jobs._core.context import JobContext
 from jobs._core.errors import StepError
+from jobs._core.heartbeat import LeaseHeartbeat
 from jobs._core.records import StepTransaction
 from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
 from jobs._worker.runner import Outcome, Runner, RunResult
 
 KINDS = Registry(imports=[])
@@ -338,3 +342,107 @@ def test_a_different_database_is_refused_at_the_step(store: JobStore, engine: En
     assert str(result.error).startswith("StepError: atomic step refused: the jobs' database")
     assert RAN["insert"] == 0
     assert orders(engine, "d-1") == []
+
+
+# -- the cost: round trips, counted between the runner and PostgreSQL ----------------------
+
+
+class CountingProxy:
+    """A TCP relay to PostgreSQL that counts round trips: each time a client sends after the
+    server last answered it (a pipeline's statements go out in one of these)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.trips = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        server = socket.create_connection(self.target)
+        peers = {client: server, server: client}
+        answered = True
+        with client, server:
+            while True:
+                readable, _, _ = selecting.select(list(peers), [], [])
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is client and answered:
+                        with self._lock:
+                            self.trips += 1
+                        answered = False
+                    elif sock is server:
+                        answered = True
+                    peers[sock].sendall(data)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def write_alone(job_id: str) -> int:
+    """The plain step's version of the write: a transaction of its own, on the same engine."""
+    with MEASURED["engine"].begin() as conn:
+        return int(insert_order(conn, "alone", job_id, "plain")["order_id"])
+
+
+MEASURED: dict[str, Any] = {}
+
+
+@KINDS.job("write_plain", max_attempts=1)
+def write_plain(ctx: JobContext, then: bool) -> Any:
+    written = ctx.step("write", write_alone, ctx.job_id)
+    return ctx.step("then", effect, "then") if then else written
+
+
+@KINDS.job("write_atomic", max_attempts=1)
+def write_atomic(ctx: JobContext, then: bool) -> Any:
+    written = ctx.step("write", insert_order, "write", ctx.job_id, "atomic", atomic=True)
+    return ctx.step("then", effect, "then") if then else written
+
+
+def test_an_atomic_step_costs_no_round_trip_more_than_a_plain_one(
+    store: JobStore, engine: Engine
+) -> None:
+    """The same one-row INSERT in a plain step (its own transaction) and in an atomic one,
+    in the same run, each job run by a runner with its heartbeat as on a worker: an atomic
+    step's record and its COMMIT go in one flight, as a plain step's record goes alone (or
+    with the job's completion)."""
+    if not (engine.dialect.name == "postgresql" and store.statements.on_driver):
+        pytest.skip("round trips are counted on PostgreSQL's driver path, as on a worker")
+    proxy = CountingProxy(("127.0.0.1", engine.url.port or 5432))
+    url = engine.url.set(host="127.0.0.1", port=proxy.port)
+    measured = make_engine(url.render_as_string(hide_password=False))
+    MEASURED["engine"] = measured
+    counted = JobStore(measured)
+    heartbeat = LeaseHeartbeat(counted, 60)
+    runner_ = Runner(counted, "counted:1", lease_seconds=60, registry=KINDS, heartbeat=heartbeat)
+    trips: dict[tuple[str, bool], list[int]] = {}
+    try:
+        for index in range(4):  # the first round warms the pool
+            for kind in ("write_plain", "write_atomic"):
+                for then in (False, True):
+                    job_id = f"{kind}-{then}-{index}"
+                    counted.submissions.create(kind, {"then": then}, job_id=job_id, max_attempts=1)
+                    before = proxy.trips
+                    assert runner_.run(job_id).outcome is Outcome.COMPLETED
+                    if index:
+                        trips.setdefault((kind, then), []).append(proxy.trips - before)
+    finally:
+        heartbeat.stop()
+        measured.dispose()
+        proxy.close()
+    print(f"round trips per job (3 runs each): {trips}")
+    for then in (False, True):
+        plain, atomic = trips[("write_plain", then)], trips[("write_atomic", then)]
+        assert max(atomic) <= min(plain), (then, plain, atomic)

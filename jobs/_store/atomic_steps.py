@@ -20,7 +20,11 @@ transaction, both records the step and renews the lease:
   server rolls the transaction back when its connection goes.
 
 On PostgreSQL that is one statement (``WITH owned AS (UPDATE jobs … RETURNING …) INSERT INTO
-job_steps … SELECT … FROM owned``); on SQLite, two in the same transaction.
+job_steps … SELECT … FROM owned``); on SQLite, two in the same transaction. In the store's own
+transaction on PostgreSQL's driver (a worker's), the statement and the ``COMMIT`` go in one
+flight, so an atomic step costs no round trip more than a plain step's record; a refused
+record then fails (its job is the UPDATE's none: ``NOT NULL``), so the server skips the
+``COMMIT``, and the row is read for why after the rollback.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Executable, insert, update
+from sqlalchemy import Connection, Executable, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from jobs._core.records import Claim, PendingStep, StepTransaction, StepTransactions
 from jobs._core.states import State
 from jobs._store.clauses import param, uses_ctes
+from jobs._store.driver import runs_on_driver
 from jobs._store.moves import step_params
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, StepsTable
@@ -41,6 +47,21 @@ from jobs._store.tables import JobsTable, StepsTable
 #: The lease an atomic step's record gives its claim when the caller names none (a context
 #: built without a lease hold, in a test): the default ``JOBS_LEASE_SECONDS``.
 DEFAULT_LEASE_SECONDS = 30.0
+
+#: The columns of a step's record, in the order the committing record selects them.
+RECORDED_COLUMNS = (
+    "job_id",
+    "name",
+    "output",
+    "recorded_at",
+    "owner",
+    "fence",
+    "position",
+    "progress",
+)
+
+#: PostgreSQL's SQLSTATE for a NULL in a ``NOT NULL`` column: a refused committing record.
+NOT_NULL_VIOLATION = "23502"
 
 
 class AtomicSteps:
@@ -62,9 +83,57 @@ class AtomicSteps:
         ``opener`` opens (the store's engine when ``None``), then the step's record under
         ``claim``, fenced, in that transaction. A record the fence refuses
         (:class:`jobs.LeaseLost`) and anything ``call`` raises roll it all back."""
+        if opener is None and self.pipelined:
+            return self._run_pipelined(claim, call, lease_seconds)
         with self.transaction(opener) as opened:
             step = call(opened.arguments)
             self.record(opened.connection, claim, step, lease_seconds)
+        return step
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the store's own transaction sends the record and its ``COMMIT`` in one
+        flight: PostgreSQL through psycopg, on the driver (:meth:`_run_pipelined`)."""
+        return self.statements.on_driver and runs_on_driver(self.statements.engine.dialect)
+
+    def _run_pipelined(
+        self,
+        claim: Claim,
+        call: Callable[[tuple[Any, ...]], PendingStep],
+        lease_seconds: float | None,
+    ) -> PendingStep:
+        """:meth:`run` in the store's own transaction with the record and the ``COMMIT`` in
+        one round trip (the same count as a plain step's record). So that the server skips
+        the ``COMMIT`` when the fence refuses the record, the refused record fails: it
+        names the job the fenced UPDATE found, none (``NOT NULL``). The transaction is
+        then rolled back and the row read for why."""
+        statements = self.statements
+        with statements.engine.connect() as conn:
+            transaction = conn.begin()
+            try:
+                step = call((conn,))
+                params = self._params(claim, step, lease_seconds)
+                driver = statements.driver_statement(
+                    ("atomic", "commit"), self._build_committing, params
+                )
+                with statements.recording(claim.job_id, [step]):
+                    try:
+                        driver.first_and_commit(conn, params)
+                    except IntegrityError as err:
+                        if getattr(err.orig, "sqlstate", None) != NOT_NULL_VIOLATION:
+                            raise
+                        refused = True
+                    else:
+                        refused = False
+            except BaseException:
+                transaction.rollback()
+                raise
+            if refused:
+                transaction.rollback()
+                with conn.begin():
+                    why = statements.explain(conn, claim.job_id, State.RUNNING, claim)
+                raise why
+            transaction.commit()  # sent with the record: nothing is left to send
         return step
 
     @contextlib.contextmanager
@@ -89,14 +158,7 @@ class AtomicSteps:
         lease = float(lease_seconds if lease_seconds is not None else DEFAULT_LEASE_SECONDS)
         with statements.recording(claim.job_id, [step]):
             if uses_ctes(conn):
-                params: dict[str, Any] = {
-                    "p_job_id": claim.job_id,
-                    "p_owner": claim.owner,
-                    "p_fence": claim.fence,
-                    "lease": lease,
-                    **step_params([step]),
-                    **statements.clock.values(),
-                }
+                params = self._params(claim, step, lease_seconds)
                 row = conn.execute(statements.reusable(("atomic",), self._build), params).first()
             else:
                 row = conn.execute(
@@ -121,16 +183,70 @@ class AtomicSteps:
         if row is None:
             raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
-    def _build(self) -> Executable:
-        """PostgreSQL: the fenced lease renewal and the step's INSERT as one statement."""
+    def _params(
+        self, claim: Claim, step: PendingStep, lease_seconds: float | None
+    ) -> dict[str, Any]:
+        """The values of the PostgreSQL statements (:meth:`_build`, :meth:`_build_committing`)."""
+        lease = lease_seconds if lease_seconds is not None else DEFAULT_LEASE_SECONDS
+        return {
+            "p_job_id": claim.job_id,
+            "p_owner": claim.owner,
+            "p_fence": claim.fence,
+            "lease": float(lease),
+            **step_params([step]),
+            **self.statements.clock.values(),
+        }
+
+    def _owned(self) -> Any:
+        """The fenced lease renewal that finds (and locks) the claim's job row."""
         statements = self.statements
-        owned = (
+        return (
             update(JobsTable)
             .where(*statements.fenced_on(param("p_job_id"), param("p_owner"), param("p_fence")))
             .values(lease_until=statements.after_bound("lease"))
             .returning(JobsTable.id)
             .cte("owned")
         )
+
+    def _build_committing(self) -> Executable:
+        """:meth:`_build`, but a refusal fails: the step's ``job_id`` is the job the fenced
+        UPDATE found, ``NULL`` (refused by ``NOT NULL``) when it found none."""
+        statements = self.statements
+        owned = self._owned()
+        name, output, position, progress = statements.bound_steps(1)[0]
+        rows = select(
+            select(owned.c.id).scalar_subquery(),
+            name,
+            output,
+            statements.clock.now(),
+            param("p_owner"),
+            param("p_fence"),
+            position,
+            progress,
+        )
+        insert_step: Executable = (
+            insert(StepsTable)
+            .from_select(
+                [
+                    "job_id",
+                    "name",
+                    "output",
+                    "recorded_at",
+                    "owner",
+                    "fence",
+                    "position",
+                    "progress",
+                ],
+                rows,
+            )
+            .returning(StepsTable.job_id)
+        )
+        return insert_step
+
+    def _build(self) -> Executable:
+        """PostgreSQL: the fenced lease renewal and the step's INSERT as one statement."""
+        statements = self.statements
+        owned = self._owned()
         insert_step: Executable = statements.steps_insert(
             owned,
             statements.bound_steps(1),
