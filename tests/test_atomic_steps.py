@@ -308,6 +308,29 @@ def renamed_atomic(ctx: JobContext) -> None:
     ctx.step("after", effect, "after")
 
 
+@KINDS.job("self_committing", max_attempts=1)
+def self_committing(ctx: JobContext) -> None:
+    def write_and_commit(conn: Connection) -> str:
+        insert_order(conn, "committing", ctx.job_id, "early")
+        conn.commit()
+        return "committed"
+
+    ctx.step("committing", write_and_commit, atomic=True)
+
+
+def test_a_function_that_commits_the_steps_transaction_itself_is_refused(
+    store: JobStore, engine: Engine
+) -> None:
+    store.submissions.create("self_committing", {}, job_id="c-1", max_attempts=1)
+    result = runner(store).run("c-1")
+    assert result.outcome is Outcome.FAILED, result
+    assert result.error == (
+        "StepError: job 'c-1': atomic step 'committing': its function ended the step's "
+        "transaction (commit or rollback); leave that to the step"
+    )
+    assert step_names(store, "c-1") == []  # not recorded as if it had been atomic
+
+
 def test_a_renamed_atomic_step_diverges_before_its_function_runs(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:

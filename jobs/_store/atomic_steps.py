@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Executable, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from jobs._core.errors import StepError
 from jobs._core.records import Claim, PendingStep, StepTransaction, StepTransactions
 from jobs._core.states import State
 from jobs._store.clauses import param, uses_ctes
@@ -87,6 +88,8 @@ class AtomicSteps:
             return self._run_pipelined(claim, call, lease_seconds)
         with self.transaction(opener) as opened:
             step = call(opened.arguments)
+            if opener is None:
+                still_open(opened.connection, claim, step)
             self.record(opened.connection, claim, step, lease_seconds)
         return step
 
@@ -112,6 +115,7 @@ class AtomicSteps:
             transaction = conn.begin()
             try:
                 step = call((conn,))
+                still_open(conn, claim, step)
                 params = self._params(claim, step, lease_seconds)
                 driver = statements.driver_statement(
                     ("atomic", "commit"), self._build_committing, params
@@ -126,7 +130,8 @@ class AtomicSteps:
                     else:
                         refused = False
             except BaseException:
-                transaction.rollback()
+                if transaction.is_active:  # not ended by the function (refused, then)
+                    transaction.rollback()
                 raise
             if refused:
                 transaction.rollback()
@@ -145,8 +150,15 @@ class AtomicSteps:
             with opener(url) as opened:
                 yield opened
             return
-        with self.statements.engine.connect() as conn, conn.begin():
-            yield StepTransaction(conn, (conn,))
+        with self.statements.engine.connect() as conn:
+            transaction = conn.begin()
+            try:
+                yield StepTransaction(conn, (conn,))
+            except BaseException:
+                if transaction.is_active:  # not ended by the function (refused, then)
+                    transaction.rollback()
+                raise
+            transaction.commit()
 
     def record(
         self, conn: Connection, claim: Claim, step: PendingStep, lease_seconds: float | None
@@ -256,4 +268,14 @@ class AtomicSteps:
         return insert_step
 
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "AtomicSteps"]
+def still_open(conn: Connection, claim: Claim, step: PendingStep) -> None:
+    """Refuse a step whose function ended the transaction it was given (``conn.commit()``,
+    ``conn.rollback()``): its writes can no longer commit with the record."""
+    if not conn.in_transaction():
+        raise StepError(
+            f"job {claim.job_id!r}: atomic step {step.name!r}: its function ended the "
+            "step's transaction (commit or rollback); leave that to the step"
+        )
+
+
+__all__ = ["DEFAULT_LEASE_SECONDS", "AtomicSteps", "still_open"]
