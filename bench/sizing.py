@@ -209,7 +209,7 @@ def sweeper_cost(sizes: list[tuple[int, int]]) -> None:
             times = []
             for _ in range(7):
                 started = time.perf_counter()
-                report = sweep_once(store, settings, lambda _job_ids, _priority: True)
+                report = sweep_once(store, settings, lambda _batch: True)
                 times.append((time.perf_counter() - started) * 1000)
                 assert not report, report
             engine.dispose()

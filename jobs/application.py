@@ -37,13 +37,14 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from jobs._config.database_urls import mask_url
 from jobs._config.settings import KNOWN, PREFIX, Settings, from_env
 from jobs._core.errors import SettingsError
 from jobs._core.lazy import lazy_module
+from jobs._core.records import Batch
 from jobs._core.registry import REGISTRY, Registry
 from jobs._core.validate import clip
 from jobs._service.limits import LimitService
@@ -441,8 +442,8 @@ def set_doorbell(ring_one: Callable[[str], Any] | None) -> None:
         return
     ringer = ring_one
 
-    def ring_each(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
-        for job_id in job_ids:
+    def ring_each(batch: Batch) -> None:
+        for job_id in batch.job_ids:
             ringer(job_id)
 
     default_app().use_doorbell(ring_each)

@@ -36,13 +36,10 @@ from jobs._core.errors import InvalidInput
 from jobs._core.lazy import lazy_module
 from jobs._core.registry import REGISTRY, JobKind, KindOptions, Registry
 from jobs._core.signatures import Signature
+from jobs._service.options import KindKeywords, kind_keywords
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
-    from sqlalchemy.orm import Session, scoped_session
-
     from jobs import application, results
-    from jobs._service.unit import UnitOfWork
     from jobs.application import JobsApp
     from jobs.results import JobResult
 else:  # the application imports this module's users; the results import Celery
@@ -56,6 +53,22 @@ R = TypeVar("R")
 CELERY_OPTIONS_IGNORED = frozenset({"serializer", "compression", "headers", "retry"})
 """``apply_async`` options of Celery's that mean nothing for a job and are accepted as such
 (a job's message is always JSON and carries only its ID; the publish is always retried)."""
+
+
+class ApplyAsyncKeywords(KindKeywords, total=False):
+    """``apply_async``'s keywords: Celery's names for a submit's (``job_id`` or
+    ``task_id``, ``countdown``, ``eta``), the kind's overrides and the transaction's
+    (:class:`jobs._service.options.KindKeywords`), and the Celery options it ignores
+    (:data:`CELERY_OPTIONS_IGNORED`)."""
+
+    job_id: str | None
+    task_id: str | None
+    countdown: float | None
+    eta: dt.datetime | None
+    serializer: Any
+    compression: Any
+    headers: Any
+    retry: Any
 
 
 class JobTask(Generic[P, R]):
@@ -134,18 +147,7 @@ class JobTask(Generic[P, R]):
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
-        *,
-        job_id: str | None = None,
-        task_id: str | None = None,
-        countdown: float | None = None,
-        eta: dt.datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
-        **celery_options: Any,
+        **options: Unpack[ApplyAsyncKeywords],
     ) -> JobResult[R]:
         """Submit one job with options, the way Celery's ``apply_async`` takes them:
         ``job_id`` (or Celery's ``task_id``) makes the submit idempotent, ``countdown``
@@ -154,14 +156,16 @@ class JobTask(Generic[P, R]):
         ``session=``/``unit=`` write it in the caller's transaction. Celery options that
         have no meaning for a job (``expires``, ``link`` …) are refused by name; the
         message's ``serializer``, ``compression``, ``headers`` and ``retry`` are ignored."""
-        unknown = sorted(set(celery_options) - CELERY_OPTIONS_IGNORED)
+        unknown = sorted(set(options) - ApplyAsyncKeywords.__optional_keys__)
         if unknown:
             raise InvalidInput(
                 f"apply_async of job kind {self.name!r}: {', '.join(unknown)} not supported "
                 "for durable jobs"
             )
+        job_id, task_id = options.get("job_id"), options.get("task_id")
         if job_id is not None and task_id is not None and job_id != task_id:
             raise InvalidInput("give one of job_id and task_id, not both")
+        countdown, eta = options.get("countdown"), options.get("eta")
         if countdown is not None and eta is not None:
             raise InvalidInput("give one of countdown and eta, not both")
         inputs = self.inputs_of(args or (), kwargs or {})
@@ -172,12 +176,7 @@ class JobTask(Generic[P, R]):
             job_id=job_id if job_id is not None else task_id,
             delay=countdown,
             run_at=eta,
-            priority=priority,
-            queue=queue,
-            max_attempts=max_attempts,
-            connection=connection,
-            session=session,
-            unit=unit,
+            **kind_keywords(options),
         )
         return self.AsyncResult(submitted)
 

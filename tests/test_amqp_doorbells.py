@@ -20,6 +20,7 @@ import pytest
 import jobs
 from jobs._config.settings import from_env
 from jobs._core.errors import SettingsError
+from jobs._core.records import Batch
 from jobs._doorbell.amqp import DoorbellRefused
 from jobs._doorbell.queues import DOORBELL_HEADER, TASK_NAME
 from jobs._doorbell.ringer import CeleryRinger
@@ -48,7 +49,7 @@ def publisher(
     settings = default_app().settings
     publisher = CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
     try:
-        publisher(["first"])
+        publisher(Batch(("first",)))
     except OSError as err:
         service_unavailable("RabbitMQ", err)
     yield publisher
@@ -73,7 +74,7 @@ def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryRing
         queue=publisher.settings.queue,
         headers={DOORBELL_HEADER: True},
     )
-    publisher(["by-us"])
+    publisher(Batch(("by-us",)))
     first, by_celery, by_us = take_all(publisher)
     assert json.loads(first.body)[0] == ["first"]
     assert json.loads(by_us.body) == [
@@ -103,13 +104,27 @@ def test_a_doorbell_rabbitmq_cannot_route_is_lost_out_loud_and_the_next_declares
         connection.default_channel.queue_delete(publisher.settings.queue)
     if publisher.settings.doorbell_confirms == "wait":
         with pytest.raises(DoorbellRefused, match="could not route 2 doorbell"):
-            publisher(["lost-1", "lost-2"])  # the channel declared the queue before it went
+            publisher(
+                Batch(
+                    (
+                        "lost-1",
+                        "lost-2",
+                    )
+                )
+            )  # the channel declared the queue before it went
     else:
-        publisher(["lost-1", "lost-2"])  # returns once written
+        publisher(
+            Batch(
+                (
+                    "lost-1",
+                    "lost-2",
+                )
+            )
+        )  # returns once written
         assert lost == []
         publisher.flush()  # or the next publish: the returns are read
     assert sorted(lost) == ["lost-1", "lost-2"]
-    publisher(["sent"])  # the queue is declared again
+    publisher(Batch(("sent",)))  # the queue is declared again
     publisher.flush()
     assert sorted(lost) == ["lost-1", "lost-2"]
     assert [json.loads(message.body)[0][0] for message in take_all(publisher)] == ["sent"]
@@ -120,7 +135,7 @@ def test_in_the_background_a_publish_returns_before_its_confirmation_is_read(
 ) -> None:
     doorbells = publisher._amqp
     assert doorbells is not None
-    publisher(["one"])
+    publisher(Batch(("one",)))
     if publisher.settings.doorbell_confirms == "wait":
         assert doorbells.in_flight() == 0
     else:
@@ -137,7 +152,14 @@ def test_in_the_background_a_publish_returns_before_its_confirmation_is_read(
 def test_a_broken_connection_is_reopened_and_the_batch_sent(publisher: CeleryRinger) -> None:
     doorbells = publisher._amqp
     doorbells._connection.connection.sock.shutdown(socket.SHUT_RDWR)
-    publisher(["after-1", "after-2"])
+    publisher(
+        Batch(
+            (
+                "after-1",
+                "after-2",
+            )
+        )
+    )
     assert [json.loads(message.body)[0][0] for message in take_all(publisher)] == [
         "first",
         "after-1",
@@ -151,9 +173,17 @@ def test_a_doorbell_carries_its_priority_and_the_queue_delivers_the_highest_firs
     """The classic queue is a priority queue (``x-max-priority``): ready doorbells come out
     by priority, then in publish order."""
     take_all(publisher)
-    publisher(["low-1", "low-2"], 0)
-    publisher(["top"], 9)
-    publisher(["mid"], 5)
+    publisher(
+        Batch(
+            (
+                "low-1",
+                "low-2",
+            ),
+            0,
+        )
+    )
+    publisher(Batch(("top",), 9))
+    publisher(Batch(("mid",), 5))
     messages = take_all(publisher)
     assert [json.loads(message.body)[0][0] for message in messages] == [
         "top",
@@ -170,7 +200,7 @@ def test_a_long_lived_channel_keeps_no_record_of_confirmed_doorbells(
     """RabbitMQ confirms doorbells one by one: each confirmation must settle its doorbell,
     or a web process's publisher would keep (and scan) every tag it ever sent."""
     for number in range(60):
-        publisher([f"single-{number}"])
+        publisher(Batch((f"single-{number}",)))
     assert publisher._amqp is not None
     confirms = publisher._amqp._confirms
     # Settled as their confirmations are read (the background watcher reads them within
@@ -270,7 +300,7 @@ def test_doorbells_in_flight_on_a_connection_the_server_closed_are_lost_within_a
     doorbells._in_flight_now.set()
     _close_from_the_server(publisher)
     assert wait_for(lambda: lost == ["in-flight"], 5), lost
-    publisher(["after"])  # a new connection
+    publisher(Batch(("after",)))  # a new connection
     publisher.flush()
     assert lost == ["in-flight"]
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 import jobs
 from jobs._core.context import JobContext
-from jobs._core.records import JobFilter, Selected
+from jobs._core.records import Batch, JobFilter, Selected
 from jobs._core.states import State
 from jobs._service.submitting import JobService
 from jobs.application import default_app
@@ -130,11 +130,11 @@ def test_retry_of_a_job_not_ended_is_one_line() -> None:
 
 def test_the_api_retry_rings_the_doorbell_with_kind_and_queue() -> None:
     job_id = failed_order(5)
-    rung: list[tuple[list[str], int, dict[str, Any]]] = []
-    default_app().use_doorbell(lambda ids, priority, **kw: rung.append((list(ids), priority, kw)))
+    rung: list[Batch] = []
+    default_app().use_doorbell(rung.append)
     job = jobs.retry(job_id, by="alice", reason="fixed")
     assert job.state is State.QUEUED
-    assert rung == [([job_id], 0, {"kind": "bulk_order", "queue": None})]
+    assert rung == [Batch((job_id,), 0, kind="bulk_order", queue=None)]
 
 
 # -- many jobs ----------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_a_bulk_retry_of_a_thousand_failed_jobs_in_committed_batches(
     thousand_failed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rung: list[str] = []
-    default_app().use_doorbell(lambda ids, priority=0, **_kw: rung.extend(ids))
+    default_app().use_doorbell(lambda batch: rung.extend(batch.job_ids))
     changed = thousand_failed[500]
     select = JobService.select_jobs
 

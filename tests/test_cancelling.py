@@ -193,11 +193,11 @@ def test_why_lost_many_tells_a_cancel_from_a_takeover_in_one_read(store: JobStor
     cancelled = _claimed(store, "c1")
     live = _claimed(store, "c2")
     store.operator.cancel("c1", "by alice")
-    explained = store.ownership.why_lost_many([cancelled, live])
+    explained = store.leases.why_lost_many([cancelled, live])
     assert isinstance(explained["c1"], JobCancelled)
     assert not isinstance(explained["c2"], JobCancelled)
     assert isinstance(explained["c2"], LeaseLost)
-    assert store.ownership.why_lost_many([]) == {}
+    assert store.leases.why_lost_many([]) == {}
 
 
 class _Run:

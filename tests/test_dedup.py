@@ -172,7 +172,7 @@ def dd(ctx: JobContext, n: int = 0) -> int:
 def test_jobs_submit_returns_the_existing_id_and_rings_only_the_new_job() -> None:
     app = default_app()
     rung: list[str] = []
-    app.use_doorbell(lambda job_ids, *_args, **_kw: rung.extend(job_ids))
+    app.use_doorbell(lambda batch: rung.extend(batch.job_ids))
     first = jobs.submit(KIND, {"n": 1}, unique_for=60)
     assert jobs.submit(KIND, {"n": 1}, unique_for=60) == first
     assert rung == [first]

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 
 from jobs._core.states import State
 from jobs._store import JobStore
+from jobs._store.clauses import ReusableStatement
 from jobs._store.db import make_engine
 from jobs._store.deferred import hold_completions
 from jobs._store.driver import forget_pipeline_verdict, pipeline_sync_problem
@@ -201,7 +202,7 @@ def test_a_statement_inside_a_callers_transaction_does_not_carry_the_held_comple
     with engine.connect() as conn:
         transaction = conn.begin()
         row = store.statements.one_reusable(
-            conn, ("probe",), lambda: select(literal(1).label("one")), {}
+            conn, ReusableStatement(("probe",), lambda: select(literal(1).label("one")), {})
         )
         assert row.one == 1
         transaction.rollback()

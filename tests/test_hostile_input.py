@@ -93,7 +93,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 def sweep() -> Any:
     runtime = default_app().runtime
-    return sweep_once(runtime.store, runtime.settings, lambda ids, priority=0, **_: True)
+    return sweep_once(runtime.store, runtime.settings, lambda batch: True)
 
 
 # -- High 1: numbers without bounds ------------------------------------------------------------

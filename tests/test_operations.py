@@ -8,13 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import multiprocessing.pool
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, func, select
 
 from jobs._core.errors import InvalidInput
+from jobs._core.records import Batch
 from jobs._core.registry import Registry
 from jobs._core.schedule_ticks import Schedule, tick_job_id
 from jobs._core.states import State
@@ -30,8 +30,8 @@ DAY = 86400.0
 
 
 def fire(store: JobStore, sent: list[str]) -> list[str]:
-    def publish(job_ids: Sequence[str], priority: int, **_: Any) -> bool:
-        sent.extend(job_ids)
+    def publish(batch: Batch) -> bool:
+        sent.extend(batch.job_ids)
         return True
 
     fired = fire_due_ticks(store, publish, default_max_attempts=3, registry=Registry([]))
@@ -63,8 +63,8 @@ def _racing_sweeper(
     fired: list[Fired] = []
     sent: list[str] = []
 
-    def publish(job_ids: Sequence[str], priority: int, **_: Any) -> bool:
-        sent.extend(job_ids)
+    def publish(batch: Batch) -> bool:
+        sent.extend(batch.job_ids)
         return True
 
     try:
@@ -313,9 +313,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     store.schedules.put_schedule(Schedule("beat", "k", "every 10s"))
     clock.advance(DAY + 10)
     sent: list[str] = []
-    report = sweep_once(
-        store, settings, lambda job_ids, priority, **_: sent.extend(job_ids) is None
-    )
+    report = sweep_once(store, settings, lambda batch: sent.extend(batch.job_ids) is None)
     assert report.pruned == 1
     assert report.expired == ("hung",)
     assert report.ticks == ("beat@2000-01-02T00:00:10Z",)
@@ -324,7 +322,7 @@ def test_a_sweeper_pass_fires_ticks_prunes_and_counts_recoveries(
     kept = dataclasses.replace(settings, retention_days=None)
     finished_job(store, "old2", State.CANCELLED)
     clock.advance(30 * DAY)
-    assert sweep_once(store, kept, lambda job_ids, priority, **_: True).pruned == 0
+    assert sweep_once(store, kept, lambda batch: True).pruned == 0
 
 
 def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
@@ -338,10 +336,10 @@ def test_a_sweeper_counts_a_lost_message_once_when_it_sends_it_again(
     store.submissions.create("k", {}, job_id="unsent", max_attempts=2)
     store.doorbells.mark_unrung(["unsent"])  # its publish failed: not a lost message
     clock.advance(31)
-    report = sweep_once(store, settings, lambda job_ids, priority, **_: True)
+    report = sweep_once(store, settings, lambda batch: True)
     assert set(report.rung) == {"sent", "unsent"}
     assert report.lost_messages == ("sent",)
-    assert sweep_once(store, settings, lambda job_ids, priority, **_: True).lost_messages == ()
+    assert sweep_once(store, settings, lambda batch: True).lost_messages == ()
     assert store.depth.counters() == {("recovery_lost_message", "k"): 1}
 
 

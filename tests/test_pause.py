@@ -272,7 +272,7 @@ def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:
     assert told.actions[0] == f"jobctl resume {CLI_KIND} to run it"
 
     rung: list[str] = []
-    app.use_doorbell(lambda job_ids, *_args, **_kw: rung.extend(job_ids))
+    app.use_doorbell(lambda batch: rung.extend(batch.job_ids))
     resumed = jobctl("resume", CLI_KIND)
     assert resumed.exit_code == 0, resumed.output
     assert resumed.stdout.startswith(f"resumed kind '{CLI_KIND}' paused since ")
@@ -335,7 +335,7 @@ def test_jobctl_pause_refuses_bad_input_in_one_line(args: tuple[str, ...], fragm
 def test_the_limits_service_pauses_and_resumes_and_rings_after_the_commit() -> None:
     app = default_app()
     rung: list[str] = []
-    app.use_doorbell(lambda job_ids, *_args, **_kw: rung.extend(job_ids))
+    app.use_doorbell(lambda batch: rung.extend(batch.job_ids))
     pause = app.limits.pause(CLI_KIND, by="svc")
     assert (pause.scope, pause.name, pause.paused_by, pause.default_queue) == (
         "kind",

@@ -5,7 +5,6 @@ and brokers is in tests/acceptance/test_priorities.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +50,8 @@ def rung() -> Rung:
     """Every doorbell the process rings, as (job ids, priority)."""
     seen: Rung = []
 
-    def record(job_ids: Sequence[str], priority: int = 0, **_: Any) -> None:
-        seen.append((tuple(job_ids), priority))
+    def record(batch: Batch) -> None:
+        seen.append((batch.job_ids, batch.priority))
 
     default_app().runtime.use_doorbell(record)  # reset by the autouse isolation fixture
     return seen
@@ -151,8 +150,8 @@ def test_the_next_claimable_and_the_next_due_of_a_kind_go_by_priority(
 def test_batches_go_highest_priority_first_keeping_order() -> None:
     doorbells = [Doorbell("a", 0), Doorbell("b", 9), Doorbell("c", 0), Doorbell("d", 9)]
     assert in_batches(doorbells) == [
-        Batch(9, None, None, ["b", "d"]),
-        Batch(0, None, None, ["a", "c"]),
+        Batch(("b", "d"), 9, None, None),
+        Batch(("a", "c"), 0, None, None),
     ]
 
 
@@ -164,9 +163,9 @@ def test_batches_split_by_kind_and_queue() -> None:
         Doorbell("d", 5, "mail"),
     ]
     assert in_batches(doorbells) == [
-        Batch(5, "mail", None, ["d"]),
-        Batch(0, "mail", None, ["a", "c"]),
-        Batch(0, "video", "big", ["b"]),
+        Batch(("d",), 5, "mail", None),
+        Batch(("a", "c"), 0, "mail", None),
+        Batch(("b",), 0, "video", "big"),
     ]
 
 
@@ -178,8 +177,8 @@ def test_the_sweeper_rings_one_batch_per_priority_highest_first(
         store.doorbells.mark_unrung([new(store, job_id, priority)])
     published: list[tuple[list[str], int]] = []
 
-    def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
-        published.append((list(job_ids), priority))
+    def publish(batch: Batch) -> bool:
+        published.append((list(batch.job_ids), batch.priority))
         return True
 
     report = sweep_once(store, settings, publish)
@@ -192,8 +191,8 @@ def test_a_periodic_tick_gets_its_kinds_priority(store: JobStore, clock: Logical
     clock.advance(61)
     published: list[tuple[list[str], int]] = []
 
-    def publish(job_ids: Sequence[str], priority: int = 0, **_: Any) -> bool:
-        published.append((list(job_ids), priority))
+    def publish(batch: Batch) -> bool:
+        published.append((list(batch.job_ids), batch.priority))
         return True
 
     registry = Registry([])

@@ -21,6 +21,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.transport import filesystem
 
+from jobs._core.records import Batch
 from jobs._doorbell import encoding as doorbell_encoding
 from jobs._doorbell import fs_transport
 from jobs._doorbell.amqp import DoorbellRefused
@@ -145,7 +146,15 @@ def test_on_the_pinned_py_amqp_the_check_passes_and_the_fast_path_publishes(
     lost: list[str] = []
     publisher = publisher_for(lost, confirms, monkeypatch)
     try:
-        publisher(["fast-1", "fast-2"], 4)
+        publisher(
+            Batch(
+                (
+                    "fast-1",
+                    "fast-2",
+                ),
+                4,
+            )
+        )
     except OSError as err:
         service_unavailable("RabbitMQ", err)
     publisher.app.send_task(
@@ -180,11 +189,19 @@ def test_a_changed_py_amqp_falls_back_to_basic_publish_with_one_warning(
     lost: list[str] = []
     publisher = publisher_for(lost, confirms, monkeypatch)
     try:
-        publisher(["plain-1", "plain-2"], 4)
+        publisher(
+            Batch(
+                (
+                    "plain-1",
+                    "plain-2",
+                ),
+                4,
+            )
+        )
     except OSError as err:
         service_unavailable("RabbitMQ", err)
     second_publisher = publisher_for(lost, confirms, monkeypatch)
-    second_publisher(["plain-3"])
+    second_publisher(Batch(("plain-3",)))
     publisher.app.send_task(
         TASK_NAME, args=("by-celery",), queue=rabbit, headers={DOORBELL_HEADER: True}
     )
@@ -216,12 +233,26 @@ def test_a_changed_py_amqp_falls_back_to_basic_publish_with_one_warning(
         connection.default_channel.queue_delete(rabbit)
     if confirms == "wait":
         with pytest.raises(DoorbellRefused, match="could not route 2 doorbell"):
-            publisher(["unroutable-1", "unroutable-2"])
+            publisher(
+                Batch(
+                    (
+                        "unroutable-1",
+                        "unroutable-2",
+                    )
+                )
+            )
     else:
-        publisher(["unroutable-1", "unroutable-2"])
+        publisher(
+            Batch(
+                (
+                    "unroutable-1",
+                    "unroutable-2",
+                )
+            )
+        )
         publisher.flush()
     assert sorted(lost) == ["unroutable-1", "unroutable-2"]
-    publisher(["after"])  # the queue is declared again
+    publisher(Batch(("after",)))  # the queue is declared again
     publisher.flush()
     assert [json.loads(message.body)[0] for message in take_all(publisher)] == [["after"]]
     assert sorted(lost) == ["unroutable-1", "unroutable-2"]

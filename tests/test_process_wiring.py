@@ -10,6 +10,7 @@ from typing import Any
 
 from jobs._config.settings import Settings, from_env
 from jobs._core.outage import OutageLog
+from jobs._core.records import Batch
 from jobs._core.registry import Registry
 from jobs._worker.process import ProcessRuntime
 
@@ -20,13 +21,13 @@ def test_the_doorbell_is_made_once_by_the_runtimes_factory(tmp_path: Path) -> No
 
     def factory(settings: Settings, on_lost: Callable[[list[str]], None]) -> Any:
         made.append((settings, on_lost))
-        return lambda job_ids, priority=0, *, kind=None, queue=None: rung.append(list(job_ids))
+        return lambda batch: rung.append(list(batch.job_ids))
 
     settings = from_env({"JOBS_DATA_DIR": str(tmp_path)})
     runtime = ProcessRuntime(settings, Registry(imports=()), factory)
     assert made == []  # nothing made before the first ring
-    assert runtime.ring_batch(["a"])
-    assert runtime.ring_batch(["b"])
+    assert runtime.ring_batch(Batch(("a",)))
+    assert runtime.ring_batch(Batch(("b",)))
     assert rung == [["a"], ["b"]]
     assert len(made) == 1
     assert made[0][0] is settings

@@ -186,7 +186,7 @@ class World:
     def owner_write(self, claim: Claim, write: str, n: int) -> None:
         store = self.store
         if write == "renew":
-            self.fenced(write, claim, lambda: store.ownership.renew(claim, 3))
+            self.fenced(write, claim, lambda: store.leases.renew(claim, 3))
         elif write == "record_step":
             self.record_step(claim, STEP_NAMES[n % len(STEP_NAMES)])
         elif write == "complete":

@@ -17,6 +17,7 @@ from kombu import Connection
 
 from jobs._config.settings import QUEUE_TYPES, Settings, from_env
 from jobs._core.errors import SettingsError
+from jobs._core.records import Batch
 from jobs._doorbell.queues import (
     HIGH_BAND_PRIORITY,
     HIGH_BAND_SUFFIX,
@@ -152,12 +153,10 @@ def test_ring_all_due_publishes_every_due_job_once_however_recent(
         store.doorbells.take_due_doorbell_ids(30) == []
     )  # sent at submit: the normal pass waits 30 s
     published: list[str] = []
-    rung = ring_all_due(store, lambda job_ids, priority, **_: published.extend(job_ids) or True)
+    rung = ring_all_due(store, lambda batch: published.extend(batch.job_ids) or True)
     assert sorted(rung) == sorted(ids)
     assert sorted(published) == sorted(ids)
-    assert (
-        ring_all_due(store, lambda _job_ids, _priority, **_: True) == []
-    )  # rung at this instant already
+    assert ring_all_due(store, lambda _batch: True) == []  # rung at this instant already
 
 
 class FakeWatch:
@@ -176,7 +175,7 @@ def test_the_sweeper_watches_every_queue_queued_jobs_wait_on(store: JobStore) ->
     a lost one of those is found as a lost JOBS_QUEUE is."""
     store.submissions.create("transcode", {}, job_id="v1", max_attempts=1, queue="video")
     watch = FakeWatch(QueueHealth.OK)
-    sweep_once(store, settings_with(), lambda _ids, _priority, **_: True, watch=watch)  # type: ignore[arg-type]
+    sweep_once(store, settings_with(), lambda _batch: True, watch=watch)  # type: ignore[arg-type]
     assert watch.asked == [[settings_with().queue, "video"]]
 
 
@@ -187,9 +186,7 @@ def test_sweep_rings_everything_only_when_the_queue_lost_its_doorbells(
     ids = sorted(_queued(store, 3))
     clock.advance(1)  # sent at submit, a second ago
     settings = settings_with()
-    report = sweep_once(
-        store, settings, lambda _job_ids, _priority, **_: True, watch=FakeWatch(health)
-    )  # type: ignore[arg-type]
+    report = sweep_once(store, settings, lambda _batch: True, watch=FakeWatch(health))  # type: ignore[arg-type]
     expected = ids if health in (QueueHealth.GONE_NOW_DECLARED, QueueHealth.BACK) else []
     assert sorted(report.rung) == expected
 
@@ -331,8 +328,16 @@ def test_the_watch_counts_the_doorbells_waiting_so_the_sweeper_asks_once(
     try:
         assert watch.check() is QueueHealth.GONE_NOW_DECLARED
         assert watch.ready == 0
-        publisher(["low-1", "low-2", "low-3"])
-        publisher(["high-1"], priority=9)  # the quorum queue's high band counts too
+        publisher(
+            Batch(
+                (
+                    "low-1",
+                    "low-2",
+                    "low-3",
+                )
+            )
+        )
+        publisher(Batch(("high-1",), 9))  # the quorum queue's high band counts too
         publisher.flush()  # confirmed: enqueued
         assert watch.check() is QueueHealth.OK
         assert watch.ready == 4 == publisher.waiting()

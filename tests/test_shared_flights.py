@@ -22,6 +22,7 @@ from jobs._store.db import make_engine
 from jobs._store.deferred import HeldWrite
 from jobs._store.driver import run_together
 from jobs._store.flights import share_flights
+from jobs._store.row_changes import OwnerMove
 from jobs._worker.delivery import runs_one_job_at_a_time
 
 pytestmark = pytest.mark.postgres
@@ -144,11 +145,11 @@ def test_a_flight_of_many_completions_costs_the_round_trips_of_one(
             statements = JobStore(traced).statements
             writes = []
             for claim in claims:
-                key, build, values = statements.owner_move_statement(
-                    claim, State.COMPLETED, _finished(store), "completed", ()
+                move = statements.owner_move_statement(
+                    OwnerMove(claim, State.COMPLETED, _finished(store), "completed")
                 )
-                driver = statements.driver_statement(key, build, values)
-                writes.append((driver, values))
+                driver = statements.driver_statement(move.key, move.build, move.values)
+                writes.append((driver, move.values))
             with statements.unit(None, one_statement=True) as conn:
                 rows = run_together(conn, writes)
         finally:
@@ -254,7 +255,7 @@ def test_a_heartbeat_renewal_and_a_flight_lock_rows_in_one_order(
     def renew() -> None:
         try:
             pairs = [(job_id, claims[job_id].fence) for job_id in ("b", "a")]
-            renewed.append(store.ownership.renew_leases("W", pairs, 30))
+            renewed.append(store.leases.renew_leases("W", pairs, 30))
         except BaseException as err:
             renewed.append(err)
 

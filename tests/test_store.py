@@ -25,7 +25,7 @@ from jobs._core.errors import (
     StepError,
     UnknownJob,
 )
-from jobs._core.records import Job
+from jobs._core.records import Batch, Job
 from jobs._core.states import TRANSITIONS, State
 from jobs._store import Claim, JobStore
 from jobs._store.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
@@ -265,7 +265,7 @@ def test_an_owners_move_returns_the_job_as_the_database_holds_it(
     new(store)
     claim = claimed(store, liveness_key=5)
     clock.advance(1)
-    store.ownership.renew(claim, LEASE)
+    store.leases.renew(claim, LEASE)
     clock.advance(1)
     assert move(store, claim) == store.reads.get("j1")
 
@@ -380,7 +380,7 @@ def test_renew_pushes_the_lease_out(store: JobStore, clock: LogicalClock) -> Non
     new(store)
     claim = claimed(store)
     clock.advance(LEASE - 0.5)
-    assert store.ownership.renew(claim, LEASE) == clock.instant(2 * LEASE - 0.5)
+    assert store.leases.renew(claim, LEASE) == clock.instant(2 * LEASE - 0.5)
     clock.advance(LEASE - 0.5)  # past the first lease, within the renewed one
     assert store.ownership.claim("j1", "B", LEASE) is None
     store.ownership.record_step(claim, "s", 1)
@@ -564,7 +564,7 @@ def _cancelled(store: JobStore, clock: LogicalClock, claim: Claim) -> str:
 
 
 FENCED_WRITES: dict[str, Callable[[JobStore, Claim], object]] = {
-    "renew": lambda s, c: s.ownership.renew(c, LEASE),
+    "renew": lambda s, c: s.leases.renew(c, LEASE),
     "record_step": lambda s, c: s.ownership.record_step(c, "s1", {"x": 1}),
     "record_progress": lambda s, c: s.ownership.record_progress(
         c, {"done": 1, "total": 2, "message": None}
@@ -982,7 +982,7 @@ def test_sweep_respects_a_renewed_lease(store: JobStore, clock: LogicalClock) ->
     new(store)
     claim = claimed(store)
     clock.advance(LEASE - 1)
-    store.ownership.renew(claim, LEASE)
+    store.leases.renew(claim, LEASE)
     clock.advance(1)
     assert store.operator.sweep_expired() == []
     store.ownership.complete(claim)
@@ -1063,8 +1063,8 @@ def test_a_backlog_in_the_queue_is_not_published_twice(
     assert store.depth.stale_doorbells(30) == 5
     sent: list[str] = []
 
-    def publish(job_ids: object, priority: int, **_: object) -> bool:
-        sent.extend(job_ids)  # type: ignore[call-overload]
+    def publish(batch: Batch) -> bool:
+        sent.extend(batch.job_ids)
         return True
 
     report = sweep_once(store, settings, publish, waiting=lambda: 5)  # all 5 still in the queue
@@ -1206,8 +1206,8 @@ def test_real_clock_lease_expiry(make_store: Callable[..., JobStore]) -> None:
     assert second is not None
     assert second.fence == 2
     with pytest.raises(LeaseLost):
-        store.ownership.renew(first, LEASE)
-    store.ownership.renew(second, LEASE)
+        store.leases.renew(first, LEASE)
+    store.leases.renew(second, LEASE)
     store.ownership.complete(second, "done")
     assert [s.name for s in store.reads.steps("j1")] == ["s1"]
 

@@ -225,7 +225,7 @@ def test_the_sweepers_recovery_is_a_span_in_the_jobs_trace(
     CRASH["now"] = False
     time.sleep(0.25)
     runtime = app.runtime
-    report = sweep_once(runtime.store, runtime.settings, lambda *batch, **where: True)
+    report = sweep_once(runtime.store, runtime.settings, lambda batch: True)
     assert job_id in (*report.expired, *report.dead_owner)
     [result] = testing.drain()
     assert result.outcome is Outcome.COMPLETED

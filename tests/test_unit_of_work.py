@@ -20,6 +20,7 @@ import jobs
 from jobs import testing
 from jobs._core.context import JobContext
 from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._core.records import Batch
 from jobs._store import JobStore
 from jobs._store.tables import JobsTable
 from jobs.application import default_app
@@ -345,7 +346,7 @@ def test_a_batch_of_doorbells_is_published_and_confirmed_once_each(
     settings = default_app().settings
     publisher = CeleryRinger(settings, celery=lambda: make_app(settings))
     try:
-        publisher(ids)
+        publisher(Batch(tuple(ids)))
         publisher.flush()  # the default reads confirmations later; now they are all in
     except OSError as err:
         service_unavailable("RabbitMQ", err)

@@ -5,7 +5,7 @@ A thread per job (started and joined around each run) costs a thread start and a
 statement per job per beat; a worker process runs one job at a time per pool slot, and a
 threaded pool runs many. :class:`LeaseHeartbeat` keeps the process's live claims in a
 table; every third of a lease it renews all of them with
-:meth:`jobs._store.JobStore.renew_leases`, and tells each claim missing from the
+:meth:`jobs._store.leases.Leases.renew_leases`, and tells each claim missing from the
 answer that its lease is lost (the handler then stops at its next step, writing nothing).
 A database error skips one beat: the lease still has two thirds left. When the database
 cannot be reached at all (:func:`jobs._core.outage.is_disconnect`), the thread tries again
@@ -259,7 +259,7 @@ class LeaseHeartbeat:
             by_owner.setdefault(entry.claim.owner, []).append(entry)
         for owner, owned in by_owner.items():
             sent = time.monotonic()
-            renewed = self.store.ownership.renew_leases(
+            renewed = self.store.leases.renew_leases(
                 owner,
                 [(entry.claim.job_id, entry.claim.fence) for entry in owned],
                 self.lease_seconds,
@@ -280,7 +280,7 @@ class LeaseHeartbeat:
     def _tell_refused(self, owner: str, refused: list[_Watched]) -> None:
         """Tell each refused run why, read from the database in one go."""
         try:  # the database's answer: cancelled, or who holds the job now, under which fence
-            why = self.store.ownership.why_lost_many([entry.claim for entry in refused])
+            why = self.store.leases.why_lost_many([entry.claim for entry in refused])
         except Exception:
             why = {}
         for entry in refused:

@@ -319,13 +319,23 @@ class BulkOutcome(NamedTuple):
     skipped: list[str]
 
 
-class Batch(NamedTuple):
-    """Doorbells rung together: one priority, one kind, one queue."""
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Doorbells rung together, and the one set of parameters every ringer takes
+    (:class:`RingBatch`, :class:`jobs._worker.process.DoorbellRinger`): the jobs' IDs and
+    the one ``priority`` (0 to 9; a broker without priorities ignores it), ``kind`` (the
+    task name the messages carry) and ``queue`` (``None``: the default) of their
+    messages."""
 
-    priority: int
-    kind: str | None
-    queue: str | None
-    job_ids: list[str]
+    job_ids: tuple[str, ...]
+    priority: int = 0
+    kind: str | None = None
+    queue: str | None = None
+
+    @classmethod
+    def of(cls, job: Row[Any] | Job) -> Batch:
+        """The batch of one job (a row or a snapshot): its doorbell, to its kind's queue."""
+        return cls((job.id,), job.priority, job.kind, job.queue)
 
 
 def in_batches(doorbells: Sequence[Doorbell]) -> list[Batch]:
@@ -336,7 +346,9 @@ def in_batches(doorbells: Sequence[Doorbell]) -> list[Batch]:
         key = (doorbell.priority, doorbell.kind, doorbell.queue)
         grouped.setdefault(key, []).append(doorbell.job_id)
     ordered = sorted(grouped.items(), key=lambda item: -item[0][0])
-    return [Batch(priority, kind, queue, job_ids) for (priority, kind, queue), job_ids in ordered]
+    return [
+        Batch(tuple(job_ids), priority, kind, queue) for (priority, kind, queue), job_ids in ordered
+    ]
 
 
 class RingBatch(Protocol):
@@ -344,14 +356,7 @@ class RingBatch(Protocol):
     state committed, and says whether it could: how the sweeper and the periodic ticks
     ring (:meth:`jobs._worker.process.ProcessRuntime.ring_batch` is one)."""
 
-    def __call__(
-        self,
-        job_ids: Sequence[str],
-        priority: int = 0,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-    ) -> bool: ...
+    def __call__(self, batch: Batch, /) -> bool: ...
 
 
 def ring_in_batches(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> list[str]:
@@ -359,8 +364,5 @@ def ring_in_batches(ring_batch: RingBatch, doorbells: Sequence[Doorbell]) -> lis
     per priority, kind and queue, the highest priority first; returns the IDs of the
     batches that went out."""
     return [
-        job_id
-        for batch in in_batches(doorbells)
-        if ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
-        for job_id in batch.job_ids
+        job_id for batch in in_batches(doorbells) if ring_batch(batch) for job_id in batch.job_ids
     ]

@@ -12,11 +12,12 @@ broker Celery publishes them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jobs._config.settings import Settings
 from jobs._core.lazy import lazy_module
+from jobs._core.records import Batch
 from jobs._doorbell.queues import (
     DOORBELL_HEADER,
     declared_queue,
@@ -56,22 +57,16 @@ class CeleryRinger:
             self._app = self._celery()
         return self._app
 
-    def __call__(
-        self,
-        job_ids: Sequence[str],
-        priority: int = 0,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-    ) -> None:
-        """Publish one doorbell per job to ``queue`` (default ``JOBS_QUEUE``), each named for
-        ``kind`` and carrying ``priority`` (AMQP's message priority: the classic queue is a
-        priority queue, the embedded transport orders its files by it; with quorum queues
-        it picks the band, :func:`queue_for`). On RabbitMQ, return
+    def __call__(self, batch: Batch) -> None:
+        """Publish one doorbell per job of the batch to its queue (default ``JOBS_QUEUE``),
+        each named for its kind and carrying its priority (AMQP's message priority: the
+        classic queue is a priority queue, the embedded transport orders its files by it;
+        with quorum queues it picks the band, :func:`queue_for`). On RabbitMQ, return
         once they are written (``JOBS_DOORBELL_CONFIRMS=background``: a doorbell found lost
         later goes to ``on_lost``) or once every one is confirmed (``wait``)."""
-        target = queue_for(self.settings, priority, queue)
-        task_name = kind_task_name(kind)
+        job_ids, priority = batch.job_ids, batch.priority
+        target = queue_for(self.settings, priority, batch.queue)
+        task_name = kind_task_name(batch.kind)
         if self.settings.is_embedded_broker:
             app = self.app
             with app.producer_or_acquire() as producer:

@@ -36,10 +36,6 @@ class LimitService:
         kind's first submit; the database's numbers then rule)."""
         self._runtime().seed_limits()
 
-    def all(self) -> dict[str, KindLimits]:
-        """Every kind's limits row, by kind."""
-        return self._runtime().store.reads.limits()
-
     def pause(
         self,
         kind: str | None = None,

@@ -9,17 +9,15 @@ it queues is rung only after the move committed, alone or with the caller's tran
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 from jobs._core import reasons
 from jobs._core.records import BulkOutcome, Job, Selected, doorbell_of
 from jobs._core.validate import check_lookup_id
+from jobs._service.unit import JoinKeywords, check_keywords
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use
-    from sqlalchemy import Connection
-    from sqlalchemy.orm import Session, scoped_session
-
-    from jobs._service.unit import Transactions, UnitOfWork
+    from jobs._service.unit import Transactions
     from jobs._worker.process import ProcessRuntime
 
 
@@ -43,34 +41,31 @@ class Operator:
         *,
         by: str,
         note: str | None = None,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **join: Unpack[JoinKeywords],
     ) -> Job:
         """WAITING_APPROVAL → QUEUED, recording who approved; the job resumes past its
         steps."""
         check_lookup_id(job_id)
+        check_keywords("approve", join, JoinKeywords)
         operator = self._runtime().store.operator
         return self._transactions.queue_one(
-            lambda conn: operator.approve(job_id, by, note, conn=conn), connection, session, unit
+            lambda conn: operator.approve(job_id, by, note, conn=conn), join
         )
 
     def wake(
         self,
         job_id: str,
         reason: str = reasons.WOKEN,
-        *,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **join: Unpack[JoinKeywords],
     ) -> Job:
         """Make a QUEUED job that waits on a timer (``ctx.sleep``, ``delay``/``run_at``, a
         retry's backoff) due now, recording ``reason`` in its history, and ring its
         doorbell. Any other job raises :class:`jobs.NothingToWake` and nothing changes."""
         check_lookup_id(job_id)
+        check_keywords("wake", join, JoinKeywords)
         operator = self._runtime().store.operator
         return self._transactions.queue_one(
-            lambda conn: operator.wake_job(job_id, reason, conn=conn), connection, session, unit
+            lambda conn: operator.wake_job(job_id, reason, conn=conn), join
         )
 
     def retry(
@@ -80,9 +75,7 @@ class Operator:
         by: str,
         reason: str = reasons.RETRIED,
         from_start: bool = False,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **join: Unpack[JoinKeywords],
     ) -> Job:
         """Run a FAILED or CANCELLED job again, from the step that failed: back to QUEUED
         with a fresh budget of attempts (``attempts`` reset to 0, ``max_attempts`` as it
@@ -93,29 +86,26 @@ class Operator:
         queued, running or waiting raises :class:`jobs.IllegalTransition` and nothing
         changes. The doorbell rings after the commit."""
         check_lookup_id(job_id)
+        check_keywords("retry", join, JoinKeywords)
         operator = self._runtime().store.operator
         return self._transactions.queue_one(
             lambda conn: operator.retry(job_id, by, reason, from_start=from_start, conn=conn),
-            connection,
-            session,
-            unit,
+            join,
         )
 
     def cancel(
         self,
         job_id: str,
         reason: str = reasons.CANCELLED,
-        *,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **join: Unpack[JoinKeywords],
     ) -> Job:
         """Stop a job that has not ended; a running owner's heartbeat hears it within a
         third of the lease (``ctx.cancelled`` turns true and ``ctx.on_cancel``'s callbacks
         run while the step runs; a prefork child stuck in the step is ended), and its next
         fenced write is refused: nothing more is recorded."""
         check_lookup_id(job_id)
-        with self._transactions.joined(connection, session, unit) as joined:
+        check_keywords("cancel", join, JoinKeywords)
+        with self._transactions.joined(join) as joined:
             conn = None if joined is None else joined.connection
             return self._runtime().store.operator.cancel(job_id, reason, conn=conn)
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from jobs._core.errors import InvalidInput
 from jobs._core.validate import check_instant
+from jobs._service.unit import JoinKeywords
 
 
 def new_job_id() -> str:
@@ -50,18 +52,48 @@ class SubmitOptions:
         return (0.0 if self.delay is None else self.delay), None
 
 
-def chosen_options(
-    options: SubmitOptions | None,
-    max_attempts: int | None,
-    delay: float | dt.timedelta | None,
-    run_at: dt.datetime | None,
-    priority: int | None,
-    queue: str | None,
-) -> SubmitOptions:
-    """A submit's options: ``options`` with the keywords given over them."""
-    return (options or SubmitOptions()).merged(
-        max_attempts=max_attempts, delay=delay, run_at=run_at, priority=priority, queue=queue
-    )
+class KindKeywords(JoinKeywords, total=False):
+    """The keywords that override a kind's defaults for one submit, declared once for
+    ``submit``, ``submit_many`` and ``apply_async``, with the transaction's
+    (:class:`jobs._service.unit.JoinKeywords`): ``max_attempts``, ``priority`` and
+    ``queue``, as the fields of :class:`SubmitOptions` of those names."""
+
+    max_attempts: int | None
+    priority: int | None
+    queue: str | None
 
 
-__all__ = ["SubmitOptions", "chosen_options", "new_job_id"]
+def kind_keywords(given: Mapping[str, Any]) -> KindKeywords:
+    """The :class:`KindKeywords` among ``given`` (``apply_async``'s options, say)."""
+    chosen = {name: value for name, value in given.items() if name in _KIND_KEYWORDS}
+    return cast("KindKeywords", chosen)
+
+
+_KIND_KEYWORDS = KindKeywords.__optional_keys__
+
+
+class SubmitKeywords(KindKeywords, total=False):
+    """The keywords ``submit`` and ``submit_many`` share (``jobs.submit(kind, inputs,
+    **keywords)``): :class:`KindKeywords`, ``delay`` and ``run_at`` (the rest of the
+    fields of :class:`SubmitOptions`) and ``options``, a :class:`SubmitOptions` they go
+    over."""
+
+    options: SubmitOptions | None
+    delay: float | dt.timedelta | None
+    run_at: dt.datetime | None
+
+
+def chosen_options(keywords: SubmitKeywords) -> SubmitOptions:
+    """A submit's options: its ``options`` with the fields its keywords give over them."""
+    given = {field.name: keywords.get(field.name) for field in dataclasses.fields(SubmitOptions)}
+    return (keywords.get("options") or SubmitOptions()).merged(**given)
+
+
+__all__ = [
+    "KindKeywords",
+    "SubmitKeywords",
+    "SubmitOptions",
+    "chosen_options",
+    "kind_keywords",
+    "new_job_id",
+]

@@ -12,11 +12,11 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from jobs._config.settings import Settings
 from jobs._core.errors import AdmissionRefused, InvalidInput
-from jobs._core.records import Job, JobFilter, Selected, Step, Transition, doorbell_of
+from jobs._core.records import Batch, Job, JobFilter, Selected, Step, Transition, doorbell_of
 from jobs._core.registry import JobKind, Registry
 from jobs._core.states import State
 from jobs._core.validate import (
@@ -28,12 +28,10 @@ from jobs._core.validate import (
     check_whole,
     seconds_of,
 )
-from jobs._service.options import SubmitOptions, chosen_options, new_job_id
+from jobs._service.options import SubmitKeywords, SubmitOptions, chosen_options, new_job_id
+from jobs._service.unit import JoinKeywords, check_keywords
 
 if TYPE_CHECKING:  # SQLAlchemy and Celery load on first use
-    from sqlalchemy import Connection
-    from sqlalchemy.orm import Session, scoped_session
-
     from jobs._service.unit import Transactions, UnitOfWork
     from jobs._worker.process import ProcessRuntime
 
@@ -68,18 +66,10 @@ class JobService:
         inputs: dict[str, Any] | None = None,
         *,
         job_id: str | None = None,
-        options: SubmitOptions | None = None,
-        max_attempts: int | None = None,
-        delay: float | dt.timedelta | None = None,
-        run_at: dt.datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
         unique_for: float | dt.timedelta | None = None,
         unique_key: str | None = None,
         debounce: float | dt.timedelta | None = None,
+        **keywords: Unpack[SubmitKeywords],
     ) -> str:
         """Queue a job of a registered kind and return its ID.
 
@@ -108,7 +98,9 @@ class JobService:
         the job's doorbells go, so only workers consuming that queue run it.
 
         ``options``: a :class:`jobs.SubmitOptions` kept for reuse; the keywords above win
-        over its fields.
+        over its fields. (``options``, ``max_attempts``, ``delay``, ``run_at``, ``priority``,
+        ``queue`` and the transaction's keywords are :class:`jobs._service.options.SubmitKeywords`,
+        which :meth:`submit_many` takes too.)
 
         **Deduplication.** ``unique_for=`` (seconds or a ``timedelta``): a submit of the same
         kind and inputs (or, given ``unique_key=``, the same kind and key) while a job of
@@ -121,11 +113,12 @@ class JobService:
         claimed it (then the submit queues a new one). Both are safe under concurrent
         submits from any number of processes (a unique index on the key decides).
         """
-        chosen = chosen_options(options, max_attempts, delay, run_at, priority, queue)
+        check_keywords("submit", keywords, SubmitKeywords)
+        chosen = chosen_options(keywords)
         wait, start = chosen.start()
         if unique_for is None and debounce is None and unique_key is None:
             job_kind, row = self._prepare(kind, inputs, job_id, chosen, wait, start)
-            with self._transactions.joined(connection, session, unit) as joined:
+            with self._transactions.joined(keywords) as joined:
                 return self._insert(job_kind, [row], joined)[0]
         job_kind, row = self._prepare(
             kind,
@@ -138,7 +131,7 @@ class JobService:
             unique_key=unique_key,
             debounce=None if debounce is None else seconds_of(debounce, "debounce"),
         )
-        with self._transactions.joined(connection, session, unit) as joined:
+        with self._transactions.joined(keywords) as joined:
             return self._insert_deduplicated(job_kind, row, joined, debounce is not None)
 
     def submit_many(
@@ -147,15 +140,7 @@ class JobService:
         inputs: Sequence[dict[str, Any]],
         *,
         job_ids: Sequence[str] | None = None,
-        options: SubmitOptions | None = None,
-        max_attempts: int | None = None,
-        delay: float | dt.timedelta | None = None,
-        run_at: dt.datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **keywords: Unpack[SubmitKeywords],
     ) -> list[str]:
         """Queue many jobs of one kind at once: one transaction, one multi-row INSERT, one
         batch of doorbells. The rules are :meth:`submit`'s, applied to the whole batch:
@@ -172,7 +157,8 @@ class JobService:
                 f"{len(inputs)} jobs in one submit_many: at most {MAX_SUBMIT_MANY}; "
                 "submit them in batches"
             )
-        chosen = chosen_options(options, max_attempts, delay, run_at, priority, queue)
+        check_keywords("submit_many", keywords, SubmitKeywords)
+        chosen = chosen_options(keywords)
         wait, start = chosen.start()
         rows = []
         job_kind = self._registry.get(kind)
@@ -186,7 +172,7 @@ class JobService:
             rows.append(row)
         if not rows:
             return []
-        with self._transactions.joined(connection, session, unit) as joined:
+        with self._transactions.joined(keywords) as joined:
             return self._insert(job_kind, rows, joined)
 
     def check_submit(
@@ -274,11 +260,8 @@ class JobService:
         runtime = self._runtime()
         conn = None if unit is None else unit.connection
         runtime.seed_limits([job_kind], conn=conn)
-        submissions = runtime.store.submissions
         try:
-            job, new = submissions.create_deduplicated(
-                job_kind.name, row, debounce=debounce, conn=conn
-            )
+            job, new = runtime.store.dedup.create(job_kind.name, row, debounce=debounce, conn=conn)
         except AdmissionRefused:
             count_event(runtime, "admission_refused", job_kind.name, wait=unit is None)
             raise
@@ -292,17 +275,14 @@ class JobService:
         in the database and the sweeper rings it again."""
         runtime = self._runtime()
         job = runtime.store.reads.get(job_id)
-        return runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
+        return runtime.ring_batch(Batch.of(job))
 
     def send_event(
         self,
         job_id: str,
         name: str,
         payload: Any = None,
-        *,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        **join: Unpack[JoinKeywords],
     ) -> bool:
         """Send event ``name`` (with a JSON ``payload``) to an unfinished job. A job parked
         in ``ctx.wait_for_event(name)`` is queued now and its wait returns the payload; to
@@ -310,12 +290,10 @@ class JobService:
         Returns whether a waiting job was woken. ``connection=``/``session=``/``unit=``
         join the caller's transaction, as for :meth:`submit`."""
         check_lookup_id(job_id)
+        check_keywords("send_event", join, JoinKeywords)
         workflows = self._runtime().store.workflows
         woken = self._transactions.queue_one(
-            lambda conn: workflows.send_event(job_id, name, payload, conn=conn),
-            connection,
-            session,
-            unit,
+            lambda conn: workflows.send_event(job_id, name, payload, conn=conn), join
         )
         return woken is not None
 

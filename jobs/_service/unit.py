@@ -18,8 +18,8 @@ doorbell the sweeper sends once ``JOBS_RING_AGAIN_AFTER_SECONDS`` has passed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 from jobs._core.records import Doorbell, Job, Ring, doorbell_of
 
@@ -43,6 +43,25 @@ class UnitOfWork(Protocol):
         """Call ``ring(doorbells)`` once the caller's transaction has committed; never if it
         rolls back."""
         ...
+
+
+class JoinKeywords(TypedDict, total=False):
+    """The keywords by which an operation joins the caller's transaction, declared once
+    for every operation that takes them (``submit``, ``submit_many``, ``apply_async``,
+    ``approve``, ``wake``, ``retry``, ``cancel``, ``send_event``): a SQLAlchemy
+    ``connection`` in a transaction, a SQLAlchemy ``session``, or a :class:`UnitOfWork`."""
+
+    connection: Connection | None
+    session: Session | scoped_session[Any] | None
+    unit: UnitOfWork | None
+
+
+def check_keywords(operation: str, given: Mapping[str, Any], allowed: type) -> None:
+    """Refuse a keyword the ``TypedDict`` ``allowed`` does not name, as Python refuses one a
+    signature does not name (``**keywords: Unpack[…]`` accepts any at run time)."""
+    unknown = sorted(set(given) - allowed.__optional_keys__ - allowed.__required_keys__)  # type: ignore[attr-defined]
+    if unknown:
+        raise TypeError(f"{operation}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 AmbientUnit = Callable[[], contextlib.AbstractContextManager["UnitOfWork | None"]]
@@ -70,19 +89,16 @@ class Transactions:
         or rolls back with it. ``None`` removes the source."""
         self._ambient = source
 
-    def joined(
-        self,
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
-    ) -> contextlib.AbstractContextManager[UnitOfWork | None]:
-        """The transaction an operation joins: the one it was given, else the caller's
-        ambient one (:meth:`join_from`), else none (``None``: it commits alone)."""
-        given = unit
+    def joined(self, join: JoinKeywords) -> contextlib.AbstractContextManager[UnitOfWork | None]:
+        """The transaction an operation joins: the one it was given (``join``: the call's
+        :class:`JoinKeywords`), else the caller's ambient one (:meth:`join_from`), else none
+        (``None``: it commits alone)."""
+        given = join.get("unit")
+        connection, session = join.get("connection"), join.get("session")
         if connection is not None or session is not None:
             from jobs._service.sqlalchemy_units import unit_for  # noqa: PLC0415 - SQLAlchemy
 
-            given = unit_for(connection, session, unit)
+            given = unit_for(connection, session, given)
         if given is not None or self._ambient is None:
             return contextlib.nullcontext(given)
         return self._ambient()
@@ -90,15 +106,13 @@ class Transactions:
     def queue_one(
         self,
         write: Callable[[Connection | None], MaybeJob],
-        connection: Connection | None = None,
-        session: Session | scoped_session[Any] | None = None,
-        unit: UnitOfWork | None = None,
+        join: JoinKeywords,
     ) -> MaybeJob:
         """Run ``write`` (a store write of one job, on the connection it is given, ``None``
         to commit alone) in the transaction :meth:`joined` finds, and ring the doorbell of
         the job it queued, if any, after that commit: what an operator's approve, wake and
         retry, and an event that wakes a job, all do."""
-        with self.joined(connection, session, unit) as joined:
+        with self.joined(join) as joined:
             job = write(None if joined is None else joined.connection)
             if job is not None:
                 self.ring_after_commit(joined, [doorbell_of(job)])

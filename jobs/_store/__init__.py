@@ -6,11 +6,17 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs._store.statements`: building, caching and running statements (through
   SQLAlchemy, or PostgreSQL's driver for the hot path); the fenced predicate; the state
   move with its history row; recording steps.
-- :mod:`~jobs._store.submissions`: new jobs, one or many; admission; kinds' limits.
-- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: renewals, steps,
-  complete, fail, retry, hand-back, sleep, waiting for approval.
+- :mod:`~jobs._store.submissions`: new jobs, one or many; kinds' limits;
+  :mod:`~jobs._store.admission`: admission against ``max_queued``, and the limits rows as
+  claims read them; :mod:`~jobs._store.job_inserts`: the INSERTs of new jobs and their
+  history.
+- :mod:`~jobs._store.dedup_writes`: submits with a deduplication key (``store.dedup``).
+- :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: steps, progress,
+  complete, fail, retry, hand-back, sleep, waiting for approval;
+  :mod:`~jobs._store.leases`: lease renewals (``store.leases``), one claim's or a
+  process's all at once, and why a refused claim was lost.
 - :mod:`~jobs._store.atomic_steps`: an atomic step's function and its record in one
-  transaction.
+  transaction (``store.atomic``).
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
@@ -27,7 +33,9 @@ Reads are three readers' (none changes a row): :class:`jobs._store.reader.JobRea
 (``store.reads``: one job, its steps, history and children; lists; schedules),
 :class:`jobs._store.depth_reads.DepthReads` (``store.depth``: counts, what is due or stale,
 what moved since a watermark) and :class:`jobs._store.page_reads.PageReads` (``store.pages``:
-a job's rows a bounded page at a time). Every state change is a single
+a job's rows a bounded page at a time), beside
+:class:`jobs._store.replay_reads.ReplayReads` (``store.replays``: live jobs with their
+steps, a batch at a time, for ``jobctl replay-check``). Every state change is a single
 compare-and-set UPDATE whose WHERE clause carries the allowed source states from
 :data:`jobs._core.states.TRANSITIONS` (and, for an owner's writes, the owner, the fence
 and an unexpired lease on the database clock). Zero rows matched means the change was
@@ -51,13 +59,16 @@ from jobs._core.records import (
 )
 from jobs._store.atomic_steps import AtomicSteps
 from jobs._store.clock import Clock, DatabaseClock
+from jobs._store.dedup_writes import DedupWrites
 from jobs._store.depth_reads import DepthReads
 from jobs._store.doorbells import Doorbells
+from jobs._store.leases import Leases
 from jobs._store.operations import Operations
 from jobs._store.ownership import Ownership
 from jobs._store.page_reads import PageReads
 from jobs._store.pauses import Pauses
 from jobs._store.reader import JobReader
+from jobs._store.replay_reads import ReplayReads
 from jobs._store.schedules import Schedules
 from jobs._store.statements import Statements
 from jobs._store.submissions import Submissions
@@ -98,9 +109,12 @@ class JobStore:
         self.reads = JobReader(engine, self.clock, max_payload_bytes)
         self.depth = DepthReads(engine, self.clock)
         self.pages = PageReads(engine)
+        self.replays = ReplayReads(engine)
         self.statements = Statements(engine, self.clock, on_driver=on_driver)
-        self.submissions = Submissions(self.statements, max_payload_bytes)
+        self.dedup = DedupWrites(self.statements)
+        self.submissions = Submissions(self.statements, self.dedup, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)
+        self.leases = Leases(self.statements)
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
         self.atomic = AtomicSteps(self.statements)

@@ -5,10 +5,21 @@ parameters that keep their names in a CTE, and ``IN`` lists written out as equal
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, bindparam, exists, false, literal, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Executable,
+    bindparam,
+    exists,
+    false,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from jobs._core.states import State
@@ -68,9 +79,28 @@ Shape = tuple[tuple[str, bool], ...]
 """A reusable owner's move's columns, each with whether its value is SQL (inline)."""
 
 
+#: The columns of a history row a state move writes (an operator's approval adds
+#: ``approved_by``), in the order its ``INSERT … SELECT`` selects them.
+HISTORY_COLUMNS = ("job_id", "from_state", "to_state", "at", "owner", "fence", "reason")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReusableStatement:
+    """One run of a reusable statement (:meth:`jobs._store.statements.Statements.reusable`):
+    its cache ``key``, how to ``build`` it (once per store) and the ``values`` to run it
+    with; what a write sent alone, held for the next flight (:mod:`jobs._store.deferred`)
+    or sent in a shared one (:mod:`jobs._store.flights`) takes."""
+
+    key: tuple[Any, ...]
+    build: Callable[[], Executable]
+    values: dict[str, Any]
+
+
 __all__ = [
     "HAS_STEPS",
+    "HISTORY_COLUMNS",
     "Expression",
+    "ReusableStatement",
     "Shape",
     "insert_for",
     "kind_in",

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Executable
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from jobs._core.outage import is_disconnect
@@ -52,6 +52,7 @@ from jobs._store.db import retry_on_disconnect
 from jobs._store.driver import DriverStatement, pipeline_sync_verified, runs_on_driver
 
 if TYPE_CHECKING:
+    from jobs._store.clauses import ReusableStatement
     from jobs._store.statements import Statements
 
 log = logging.getLogger("jobs.store")
@@ -308,21 +309,11 @@ def completion_ended(statements: Statements, *, held: bool) -> None:
         statements.held.ended(held=held)
 
 
-def hold(
-    statements: Statements,
-    key: tuple[Any, ...],
-    build: Callable[[], Executable],
-    values: dict[str, Any],
-    job_id: str,
-    what: str,
-) -> None:
-    """Hold one of ``statements``' reusable statements for the next flight."""
+def hold(statements: Statements, statement: ReusableStatement, job_id: str, what: str) -> None:
+    """Hold one of ``statements``' reusable statements, a write of job ``job_id``, for the
+    next flight."""
     assert statements.held is not None
-    clock_values = statements.clock.values()
-    if clock_values:
-        values = {**values, **clock_values}
-    driver = statements.driver_statement(key, build, values)
-    statements.held.hold(HeldWrite(driver, values, job_id, what))
+    statements.held.hold(statements.driver_write(statement, job_id, what))
 
 
 __all__ = [

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import ColumnElement, Connection, Engine, func, select
 
 from jobs._core.records import Doorbell
 from jobs._core.states import TERMINAL, State
@@ -47,35 +47,25 @@ class DepthReads:
     def queued_by_queue(self) -> dict[str | None, int]:
         """Number of QUEUED jobs (due or not) by the queue their doorbells go to (``None``:
         the default queue, ``JOBS_QUEUE``)."""
-        with self._read() as conn:
-            rows = conn.execute(
-                select(JobsTable.queue, func.count().label("jobs"))
-                .where(JobsTable.state == State.QUEUED.value)
-                .group_by(JobsTable.queue)
-            ).all()
-        return {row.queue: int(row.jobs) for row in rows}
+        return self._queued_by(JobsTable.queue)
 
     def held_by_pauses(self) -> dict[str, int]:
         """QUEUED jobs (due or not) that a pause holds (``jobctl pause``), by kind."""
-        with self._read() as conn:
-            rows = conn.execute(
-                select(JobsTable.kind, func.count().label("jobs"))
-                .where(JobsTable.state == State.QUEUED.value, ~not_paused())
-                .group_by(JobsTable.kind)
-            ).all()
-        return {row.kind: int(row.jobs) for row in rows}
+        return self._queued_by(JobsTable.kind, ~not_paused())
 
     def not_due(self) -> dict[str, int]:
         """QUEUED jobs not due yet by kind: sleeping on a timer, delayed, or backing off."""
+        return self._queued_by(JobsTable.kind, JobsTable.run_after > self.clock.now())
+
+    def _queued_by(self, column: Any, *where: ColumnElement[bool]) -> dict[Any, int]:
+        """QUEUED jobs matching ``where``, counted by ``column`` (one grouped read)."""
         with self._read() as conn:
             rows = conn.execute(
-                select(JobsTable.kind, func.count().label("jobs"))
-                .where(
-                    JobsTable.state == State.QUEUED.value, JobsTable.run_after > self.clock.now()
-                )
-                .group_by(JobsTable.kind)
+                select(column.label("grouped"), func.count().label("jobs"))
+                .where(JobsTable.state == State.QUEUED.value, *where)
+                .group_by(column)
             ).all()
-        return {row.kind: int(row.jobs) for row in rows}
+        return {row.grouped: int(row.jobs) for row in rows}
 
     def oldest_queued(self) -> tuple[str, float] | None:
         """(job id, seconds since it became due) of the longest-waiting due QUEUED job."""

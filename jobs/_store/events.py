@@ -160,14 +160,8 @@ class EventWaits:
             State.QUEUED,
             only_from=[State.WAITING],
             where=[JobsTable.wait_event == name],
-            changes=RowChanges(
-                run_after=self.clock.now(),
-                dispatched_at=self.clock.now(),  # every caller rings it after the commit
-                waiting_for=None,
-                waiting_position=None,
-                wait_event=None,
-                wait_deadline=None,
-            ),
+            # Every caller rings it after the commit.
+            changes=RowChanges.wait_ended(self.clock.now(), rung=True),
             reason=f"event {name!r} arrived",
         )
         if moved is None:

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from jobs._core import states
 from jobs._core.records import Doorbell, doorbell_of
 from jobs._core.states import TERMINAL, State
-from jobs._store.clauses import param, state_in
+from jobs._store.clauses import HISTORY_COLUMNS, param, state_in
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, TransitionsTable
@@ -134,7 +134,7 @@ def child_finish_statement(
     history = (
         insert(TransitionsTable)
         .from_select(
-            ["job_id", "from_state", "to_state", "at", "owner", "fence", "reason"],
+            HISTORY_COLUMNS,
             select(
                 moved.c.id,
                 moved.c.previous_state,
@@ -198,7 +198,7 @@ def child_finish_statement(
     woken_history = (
         insert(TransitionsTable)
         .from_select(
-            ["job_id", "from_state", "to_state", "at", "owner", "fence", "reason"],
+            HISTORY_COLUMNS,
             select(
                 woken.c.id,
                 literal(State.WAITING.value, TransitionsTable.from_state.type),

@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Executable
 from sqlalchemy.exc import DBAPIError
 
 from jobs._core.records import Claim, Job, PendingStep
@@ -42,6 +41,7 @@ from jobs._store.deferred import HeldWrite
 from jobs._store.driver import run_together, runs_on_driver
 
 if TYPE_CHECKING:
+    from jobs._store.clauses import ReusableStatement
     from jobs._store.statements import Statements
 
 SendTogether = Callable[[Sequence[HeldWrite]], list[Any]]
@@ -207,12 +207,7 @@ def flies(statements: Statements) -> bool:
 
 
 def first_in_flight(
-    statements: Statements,
-    key: tuple[Any, ...],
-    build: Callable[[], Executable],
-    values: dict[str, Any],
-    job_id: str,
-    what: str,
+    statements: Statements, statement: ReusableStatement, job_id: str, what: str
 ) -> Any:
     """Run one of ``statements``' reusable statements (an owner's write, a claim) in a shared
     flight, committed before this returns; its first row, or ``None`` when it matched none.
@@ -220,26 +215,21 @@ def first_in_flight(
     would the statement sent alone."""
     flights = statements.flights
     assert flights is not None
-    clock_values = statements.clock.values()
-    if clock_values:
-        values = {**values, **clock_values}
-    driver = statements.driver_statement(key, build, values)
-    return flights.send(HeldWrite(driver, values, job_id, what))
+    return flights.send(statements.driver_write(statement, job_id, what))
 
 
 def owner_write_in_flight(
     statements: Statements,
     claim: Claim,
     target: State,
-    statement: tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]],
+    statement: ReusableStatement,
     steps: Sequence[PendingStep] = (),
 ) -> Any:
-    """``claim``'s owner's write (the reusable ``statement``: key, builder, values; a move to
-    ``target``, or steps recorded while it stays RUNNING) in a shared flight, committed
-    before this returns; its row. A refusal raises why, as the write sent alone does."""
-    key, build, values = statement
+    """``claim``'s owner's write (the reusable ``statement``: a move to ``target``, or steps
+    recorded while it stays RUNNING) in a shared flight, committed before this returns;
+    its row. A refusal raises why, as the write sent alone does."""
     with statements.recording(claim.job_id, steps):
-        row = first_in_flight(statements, key, build, values, claim.job_id, target.value)
+        row = first_in_flight(statements, statement, claim.job_id, target.value)
     if row is None:
         with statements.unit(None, one_statement=True) as conn:
             raise statements.explain(conn, claim.job_id, target, claim)
@@ -250,7 +240,7 @@ def move_in_flight(
     statements: Statements,
     claim: Claim,
     target: State,
-    statement: tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]],
+    statement: ReusableStatement,
     steps: Sequence[PendingStep],
 ) -> Job:
     """``claim``'s owner's move to ``target`` in a shared flight (:func:`owner_write_in_flight`),

@@ -33,7 +33,7 @@ from jobs._core import states
 from jobs._core.errors import IllegalTransition, JobCancelled, LeaseLost, StepError, UnknownJob
 from jobs._core.records import Claim, PendingStep
 from jobs._core.states import State
-from jobs._store.clauses import HAS_STEPS, Expression, state_in, uses_ctes
+from jobs._store.clauses import HAS_STEPS, HISTORY_COLUMNS, Expression, state_in, uses_ctes
 from jobs._store.clock import Clock
 from jobs._store.reader import JOB_COLUMNS
 from jobs._store.row_changes import NO_CHANGES, RowChanges
@@ -180,16 +180,7 @@ class StateMoves:
         ctes = [
             insert(TransitionsTable)
             .from_select(
-                [
-                    "job_id",
-                    "from_state",
-                    "to_state",
-                    "at",
-                    "owner",
-                    "fence",
-                    "reason",
-                    "approved_by",
-                ],
+                [*HISTORY_COLUMNS, "approved_by"],
                 select(
                     moved.c.id,
                     moved.c.previous_state,

@@ -1,6 +1,6 @@
-"""An owner's life with a job, from claim to outcome: the claim, lease renewals, steps
+"""An owner's life with a job, from claim to outcome: the claim, steps and progress
 recorded mid-run, and the moves that end the run (complete, fail, retry) or pause it
-(release, sleep, wait for approval).
+(release, sleep, wait for approval). Its lease is renewed by :mod:`jobs._store.leases`.
 
 Every write after the claim is fenced (:meth:`Statements.fenced`): it matches the row only
 while the claim still owns it under an unexpired lease, so a stale owner writes nothing
@@ -24,15 +24,15 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     update,
 )
 
-from jobs._core.errors import LeaseLost, StepError
+from jobs._core.errors import StepError
 from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
-from jobs._store.clauses import kind_in, param
+from jobs._store.admission import lock_limits, running_of_kind
+from jobs._store.clauses import ReusableStatement, kind_in, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
 from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
@@ -40,9 +40,8 @@ from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
 from jobs._store.requeue import requeue_or_fail
-from jobs._store.row_changes import RowChanges
+from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
-from jobs._store.submissions import lock_limits, running_of_kind
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs._store.workflows import Workflows
 
@@ -120,10 +119,11 @@ class Ownership:
                 "lease": float(lease_seconds),
                 "key": liveness_key,
             }
+            statement = ReusableStatement(key, build, params)
             if flies(statements):  # jobs share this process: the claim joins a flight
-                return first_in_flight(statements, key, build, params, job_id, "claim")  # type: ignore[no-any-return]
+                return first_in_flight(statements, statement, job_id, "claim")  # type: ignore[no-any-return]
             with statements.unit(None, one_statement=True) as conn:
-                row: Row[Any] | None = statements.one_reusable(conn, key, build, params)
+                row: Row[Any] | None = statements.one_reusable(conn, statement)
                 return row
 
         if self.engine.dialect.name == "postgresql":
@@ -185,59 +185,6 @@ class Ownership:
         with self.statements.read() as conn:
             return list(conn.execute(stmt).scalars())
 
-    # -- the lease -------------------------------------------------------------------------
-
-    def renew(self, claim: Claim, lease_seconds: float) -> dt.datetime:
-        """Push one claim's lease out, only while it is still ours and unexpired."""
-        with self.statements.unit(None, one_statement=True) as conn:
-            row = conn.execute(
-                update(JobsTable)
-                .where(*self.statements.fenced(claim))
-                .values(lease_until=self.clock.after(lease_seconds))
-                .returning(JobsTable.lease_until)
-            ).one_or_none()
-            if row is None:
-                raise self.statements.explain(conn, claim.job_id, State.RUNNING, claim)
-            renewed: dt.datetime = row.lease_until
-            return renewed
-
-    def renew_leases(
-        self, owner: str, claims: Sequence[tuple[str, int]], lease_seconds: float
-    ) -> set[str]:
-        """A process's heartbeat: push out the leases of all its live claims, given as
-        ``(job id, fence)``, in one statement. Returns the IDs renewed; a claim missing from
-        the answer lost its lease (expired, taken over, cancelled) and must stop."""
-        if not claims:
-            return set()
-        live = [
-            tuple_(JobsTable.id, JobsTable.fence).in_([tuple(pair) for pair in claims]),
-            JobsTable.owner == owner,
-            JobsTable.state == State.RUNNING.value,
-            JobsTable.lease_until > self.clock.now(),
-        ]
-        with self.statements.unit(None, one_statement=True) as conn:
-            renewal = update(JobsTable).values(lease_until=self.clock.after(lease_seconds))
-            if conn.dialect.name == "postgresql":
-                # The rows locked in ID order, as a shared flight of completions locks them
-                # (jobs._store.flights): the two never wait on each other in a circle.
-                locked = (
-                    select(JobsTable.id).where(*live).order_by(JobsTable.id).with_for_update()
-                ).cte("locked")
-                renewal = renewal.where(JobsTable.id == locked.c.id)
-            else:
-                renewal = renewal.where(*live)
-            return set(conn.execute(renewal.returning(JobsTable.id)).scalars())
-
-    def why_lost_many(self, claims: Sequence[Claim]) -> dict[str, LeaseLost]:
-        """Why each claim a renewal refused no longer holds its job (keyed by job ID), read
-        in one go after the refusal: taken over under a newer fence, expired, finished, or
-        cancelled (:class:`jobs.JobCancelled`). The heartbeat learns which of its runs were
-        cancelled without a round trip per job."""
-        if not claims:
-            return {}
-        with self.statements.read() as conn:
-            return self.statements.explain_lost(conn, claims)
-
     # -- steps -----------------------------------------------------------------------------
 
     def pending_step(
@@ -281,17 +228,17 @@ class Ownership:
             ).returning(StepsTable.job_id)
             return insert_steps
 
-        key = ("record", len(steps))
+        statement = ReusableStatement(("record", len(steps)), build, params)
 
         def attempt() -> None:
             if flies(statements):  # jobs share this process: the record joins a flight
-                owner_write_in_flight(statements, claim, State.RUNNING, (key, build, params), steps)
+                owner_write_in_flight(statements, claim, State.RUNNING, statement, steps)
                 return
             with (
                 statements.unit(None, one_statement=True) as conn,
                 statements.recording(claim.job_id, steps),
             ):
-                if statements.one_reusable(conn, key, build, params) is None:
+                if statements.one_reusable(conn, statement) is None:
                     raise statements.explain(conn, claim.job_id, State.RUNNING, claim)
 
         retry_on_disconnect(attempt)
@@ -341,38 +288,20 @@ class Ownership:
         parent owes the parent's doorbell when the caller ``rings`` (see
         :meth:`Workflows.finish_child`); no other completion owes any."""
         encode_json(result, "result", self.max_payload_bytes)
+        changes = RowChanges.finished(self.clock.now(), result=result)
+        move = OwnerMove(claim, State.COMPLETED, changes, "completed", steps)
         if claim.job.parent_id is not None:
-            return self.workflows.finish_child(
-                claim,
-                State.COMPLETED,
-                RowChanges.finished(self.clock.now(), result=result),
-                "completed",
-                steps,
-                rings=rings,
-            )
+            return self.workflows.finish_child(move, rings=rings)
         statements = self.statements
         if flies(statements):  # jobs share this process: committed in a shared flight
-            changes = RowChanges.finished(self.clock.now(), result=result)
-            move = statements.owner_move_statement(
-                claim, State.COMPLETED, changes, "completed", steps
-            )
-            return Moved(move_in_flight(statements, claim, State.COMPLETED, move, steps))
+            statement = statements.owner_move_statement(move)
+            return Moved(move_in_flight(statements, claim, State.COMPLETED, statement, steps))
         plain = claim.max_running is None
         if plain and holds_now(statements):
-            changes = RowChanges.finished(self.clock.now(), result=result)
-            key, build, params = statements.owner_move_statement(
-                claim, State.COMPLETED, changes, "completed", steps
-            )
-            hold(statements, key, build, params, claim.job_id, "completion")
+            hold(statements, statements.owner_move_statement(move), claim.job_id, "completion")
             completion_ended(statements, held=True)
             return Moved(claim.job)
-        completed = self.statements.owner_move(
-            claim,
-            State.COMPLETED,
-            RowChanges.finished(self.clock.now(), result=result),
-            "completed",
-            steps,
-        )
+        completed = statements.owner_move(move)
         if plain:
             completion_ended(statements, held=False)
         return Moved(completed)
@@ -389,11 +318,10 @@ class Ownership:
         in the same statement; refused (:class:`LeaseLost`) once the claim is no longer live.
         A child's failure owes its parent's doorbell as a completion does (:meth:`complete`)."""
         changes = RowChanges.finished(self.clock.now(), last_error=error)
+        move = OwnerMove(claim, State.FAILED, changes, error, steps)
         if claim.job.parent_id is not None:
-            return self.workflows.finish_child(
-                claim, State.FAILED, changes, error, steps, rings=rings
-            )
-        return Moved(self.statements.owner_move(claim, State.FAILED, changes, error, steps))
+            return self.workflows.finish_child(move, rings=rings)
+        return Moved(self.statements.owner_move(move))
 
     def retry(
         self,
@@ -427,13 +355,9 @@ class Ownership:
     def release(self, claim: Claim, reason: str, *, steps: Sequence[PendingStep] = ()) -> Job:
         """Give the job back to the queue without counting the attempt: the run did not fail,
         it stopped at a step boundary (a delivery that ran long, a worker shutting down)."""
-        return self.statements.owner_move(
-            claim,
-            State.QUEUED,
-            RowChanges.given_back(run_after=self.clock.now(), dispatched_at=self.clock.now()),
-            reason,
-            steps,
-        )
+        now = self.clock.now()
+        changes = RowChanges.given_back(run_after=now, dispatched_at=now)
+        return self.statements.owner_move(OwnerMove(claim, State.QUEUED, changes, reason, steps))
 
     def sleep(
         self,
@@ -452,13 +376,10 @@ class Ownership:
         check_name(name, "timer name")
         instant = wake_at.astimezone(dt.UTC)
         timer = self.pending_step(name, {"wake_at": instant.isoformat()}, position)
-        return self.statements.owner_move(
-            claim,
-            State.QUEUED,
-            RowChanges.given_back(run_after=instant, dispatched_at=None),
-            f"sleep until {instant.isoformat()} (timer {name!r})",
-            [*steps, timer],
-        )
+        changes = RowChanges.given_back(run_after=instant, dispatched_at=None)
+        reason = f"sleep until {instant.isoformat()} (timer {name!r})"
+        move = OwnerMove(claim, State.QUEUED, changes, reason, [*steps, timer])
+        return self.statements.owner_move(move)
 
     def wait_for_approval(
         self,

@@ -17,7 +17,14 @@ from sqlalchemy import Connection, Engine, Text, case, cast, func, literal, sele
 
 from jobs._core.records import JobFilter, Transition
 from jobs._core.states import State
-from jobs._store.reader import TRANSITION_COLUMNS, filtered, read_only, transition_of
+from jobs._store.reader import (
+    STEP_COLUMNS,
+    STEP_ORDER,
+    TRANSITION_COLUMNS,
+    filtered,
+    read_only,
+    transition_of,
+)
 from jobs._store.tables import JobsTable, StepsTable, TransitionsTable
 
 Row = TypeVar("Row")
@@ -180,14 +187,10 @@ class PageReads:
                     StepsTable.name,
                     func.substr(text, 1, max(1, preview_chars)).label("preview"),
                     func.length(text).label("length"),
-                    StepsTable.recorded_at,
-                    StepsTable.owner,
-                    StepsTable.fence,
-                    StepsTable.position,
-                    StepsTable.progress,
+                    *STEP_COLUMNS,
                 )
                 .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.position, StepsTable.name)
+                .order_by(*STEP_ORDER)
                 .offset(offset)
                 .limit(limit)
             ).all()

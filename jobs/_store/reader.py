@@ -14,6 +14,7 @@ conditions of a :class:`JobFilter`, and the read-only connection."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,17 @@ from jobs._store.tables import (
 
 JOB_COLUMNS = tuple(JobsTable.__table__.c)
 SCHEDULE_COLUMNS = tuple(SchedulesTable.__table__.c)
+
+#: The columns of a step read beside its name and its output (or a preview of it), and the
+#: order steps are read in: the order they were recorded.
+STEP_COLUMNS = (
+    StepsTable.recorded_at,
+    StepsTable.owner,
+    StepsTable.fence,
+    StepsTable.position,
+    StepsTable.progress,
+)
+STEP_ORDER = (StepsTable.recorded_at, StepsTable.position, StepsTable.name)
 
 #: The columns a :class:`Transition` is read from (:func:`transition_of` builds it).
 TRANSITION_COLUMNS = (
@@ -119,17 +131,9 @@ class JobReader:
         """The job's recorded steps, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                select(
-                    StepsTable.name,
-                    StepsTable.output,
-                    StepsTable.recorded_at,
-                    StepsTable.owner,
-                    StepsTable.fence,
-                    StepsTable.position,
-                    StepsTable.progress,
-                )
+                select(StepsTable.name, StepsTable.output, *STEP_COLUMNS)
                 .where(StepsTable.job_id == job_id)
-                .order_by(StepsTable.recorded_at, StepsTable.position, StepsTable.name)
+                .order_by(*STEP_ORDER)
             ).all()
         return [
             Step(
@@ -302,15 +306,11 @@ def contains(text: str) -> str:
     return f"%{escaped}%"
 
 
+_SCHEDULE_FIELDS = tuple(field.name for field in dataclasses.fields(Schedule))
+
+
 def _schedule_of(row: Row[Any]) -> Schedule:
-    return Schedule(
-        name=row.name,
-        kind=row.kind,
-        spec=row.spec,
-        timezone=row.timezone,
-        inputs=dict(row.inputs),
-        catch_up=row.catch_up,
-        source=row.source,
-        last_tick=row.last_tick,
-        created_at=row.created_at,
-    )
+    """The :class:`Schedule` of a row read with :data:`SCHEDULE_COLUMNS`: each field from
+    the column of its name (the inputs a copy of their own)."""
+    fields = {name: getattr(row, name) for name in _SCHEDULE_FIELDS}
+    return Schedule(**{**fields, "inputs": dict(row.inputs)})

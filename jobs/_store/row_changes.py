@@ -9,10 +9,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+from collections.abc import Sequence
 from typing import Any, Final
 
 from sqlalchemy import ColumnElement
 
+from jobs._core.records import Claim, PendingStep
+from jobs._core.states import State
 from jobs._store.tables import JobsTable
 
 
@@ -87,6 +90,20 @@ class RowChanges:
             **changes,
         )
 
+    @classmethod
+    def wait_ended(cls, now: Any, *, rung: bool) -> RowChanges:
+        """A wait for an event (or for anything, at its deadline) ended: back to QUEUED due
+        ``now``, with nothing awaited any more; ``rung``: the caller rings it after the
+        commit (else it is left unrung, for the sweeper)."""
+        return cls(
+            run_after=now,
+            dispatched_at=now if rung else None,
+            waiting_for=None,
+            waiting_position=None,
+            wait_event=None,
+            wait_deadline=None,
+        )
+
     def columns(self) -> dict[str, Any]:
         """The columns this move writes, by name."""
         return {
@@ -97,8 +114,22 @@ class RowChanges:
 _CHANGE_COLUMNS = tuple(field.name for field in dataclasses.fields(RowChanges))
 
 
+@dataclasses.dataclass(frozen=True)
+class OwnerMove:
+    """A claim's owner's move of its job out of RUNNING, as every path that writes one
+    takes it (alone, held for the next flight, in a shared flight, or a child's end that
+    counts down its parent): to ``target``, writing ``changes`` besides the state, with
+    ``reason`` in its history row and ``steps`` recorded in the same write."""
+
+    claim: Claim
+    target: State
+    changes: RowChanges
+    reason: str | None
+    steps: Sequence[PendingStep] = ()
+
+
 NO_CHANGES: Final = RowChanges()
 """A move that writes only the state (and ``previous_state``, ``updated_at``)."""
 
 
-__all__ = ["KEEP", "NO_CHANGES", "RowChanges"]
+__all__ = ["KEEP", "NO_CHANGES", "OwnerMove", "RowChanges"]

@@ -26,14 +26,14 @@ from sqlalchemy import ColumnElement, Connection, Engine, Executable, Float, Row
 
 from jobs._core.records import Claim, Job, PendingStep
 from jobs._core.states import State
-from jobs._store.clauses import Shape, param, uses_ctes
+from jobs._store.clauses import ReusableStatement, Shape, param, uses_ctes
 from jobs._store.clock import Clock
 from jobs._store.db import READ_ONLY, autocommit, retry_on_disconnect
-from jobs._store.deferred import HeldWrites, carrying
+from jobs._store.deferred import HeldWrite, HeldWrites, carrying
 from jobs._store.driver import DriverStatement, runs_on_driver
 from jobs._store.flights import SharedFlights
 from jobs._store.moves import StateMoves, step_params
-from jobs._store.row_changes import RowChanges
+from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.tables import JobsTable, TransitionsTable
 
 
@@ -133,26 +133,32 @@ class Statements(StateMoves):
             statement = self._statements[key] = build()
         return statement
 
-    def one_reusable(
-        self,
-        conn: Connection,
-        key: tuple[Any, ...],
-        build: Callable[[], Executable],
-        values: dict[str, Any],
-    ) -> Any:
-        """Run a reusable statement with ``values`` (and the clock's) and return its first
+    def one_reusable(self, conn: Connection, statement: ReusableStatement) -> Any:
+        """Run a reusable statement with its values (and the clock's) and return its first
         row or ``None``: on PostgreSQL through psycopg on the driver's cursor
         (:mod:`jobs._store.driver`, the same SQL without SQLAlchemy's per-execution work),
         elsewhere (or with ``on_driver`` off) through SQLAlchemy."""
-        clock_values = self.clock.values()
-        if clock_values:
-            values = {**values, **clock_values}
+        values = self._with_clock(statement.values)
         if self.on_driver and runs_on_driver(conn.dialect):
-            driver = self.driver_statement(key, build, values)
+            driver = self.driver_statement(statement.key, statement.build, values)
             if self.held is not None:
                 return carrying(self.held, driver, conn, values)
             return driver.first(conn, values)
-        return conn.execute(self.reusable(key, build), values).first()
+        return conn.execute(self.reusable(statement.key, statement.build), values).first()
+
+    def driver_write(self, statement: ReusableStatement, job_id: str, what: str) -> HeldWrite:
+        """``statement`` compiled for the driver with its values and the clock's, as a
+        write of job ``job_id`` (``what`` it does, for the log line of a refusal) to hold
+        for the next flight (:func:`jobs._store.deferred.hold`) or to send in a shared one
+        (:func:`jobs._store.flights.first_in_flight`)."""
+        values = self._with_clock(statement.values)
+        driver = self.driver_statement(statement.key, statement.build, values)
+        return HeldWrite(driver, values, job_id, what)
+
+    def _with_clock(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` with the clock's (a logical clock's instant; none on the database's)."""
+        clock_values = self.clock.values()
+        return {**values, **clock_values} if clock_values else values
 
     def driver_statement(
         self,
@@ -194,46 +200,33 @@ class Statements(StateMoves):
             steps=steps,
         )
 
-    def owner_move(
-        self,
-        claim: Claim,
-        target: State,
-        changes: RowChanges,
-        reason: str | None,
-        steps: Sequence[PendingStep] = (),
-    ) -> Job:
-        """``claim``'s owner moves its job from RUNNING to ``target``, fenced, with the
-        history row and ``steps``: one reusable statement on PostgreSQL (in autocommit
+    def owner_move(self, move: OwnerMove) -> Job:
+        """The claim's owner moves its job from RUNNING to the move's target, fenced, with
+        the history row and the steps: one reusable statement on PostgreSQL (in autocommit
         mode), one transaction on SQLite. A refusal raises why (:meth:`explain`)."""
+        claim, target, steps = move.claim, move.target, move.steps
 
         def attempt() -> Job:
             with self.unit(None, one_statement=True) as conn:
                 if uses_ctes(conn):
-                    key, build, params = self.owner_move_statement(
-                        claim, target, changes, reason, steps
-                    )
                     with self.recording(claim.job_id, steps):
-                        row = self.one_reusable(conn, key, build, params)
+                        row = self.one_reusable(conn, self.owner_move_statement(move))
                 else:
-                    row = self.owned_transition(conn, claim, target, changes, reason, steps)
+                    row = self.owned_transition(
+                        conn, claim, target, move.changes, move.reason, steps
+                    )
                 if row is None:
                     raise self.explain(conn, claim.job_id, target, claim)
                 return Job.from_row(row)
 
         return retry_on_disconnect(attempt)
 
-    def owner_move_statement(
-        self,
-        claim: Claim,
-        target: State,
-        changes: RowChanges,
-        reason: str | None,
-        steps: Sequence[PendingStep],
-    ) -> tuple[tuple[Any, ...], Callable[[], Executable], dict[str, Any]]:
+    def owner_move_statement(self, move: OwnerMove) -> ReusableStatement:
         """The reusable statement of an owner's move (its key and builder) and the values to
         run it with: every plain value a bound parameter, SQL expressions (the clock,
         ``attempts - 1``) inline."""
-        values = changes.columns()
+        claim, target, steps, reason = move.claim, move.target, move.steps, move.reason
+        values = move.changes.columns()
         params: dict[str, Any] = {
             "p_job_id": claim.job_id,
             "p_owner": claim.owner,
@@ -267,7 +260,7 @@ class Statements(StateMoves):
                 steps=self.bound_steps(len(steps)),
             )
 
-        return ("move", target, shape, len(steps)), build, params
+        return ReusableStatement(("move", target, shape, len(steps)), build, params)
 
 
 __all__ = ["Statements"]

@@ -1,5 +1,6 @@
-"""New jobs and the limits that admit them: a submission of one job or many, admission
-against a kind's ``max_queued``, and the kinds' limits rows (which claims read too).
+"""New jobs and the kinds' limits: a submission of one job or many (checked against the
+kind's ``max_queued`` by :mod:`jobs._store.admission`; one with a deduplication key is
+written by :mod:`jobs._store.dedup_writes`), and the kinds' limits rows.
 
 A submission validates every row before anything is written, then inserts the jobs and
 their "submitted" history rows: one statement on PostgreSQL (a data-modifying CTE; a batch
@@ -24,18 +25,15 @@ from sqlalchemy import (
     cast,
     exists,
     func,
-    insert,
     literal,
-    or_,
     select,
-    update,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
 from jobs._core import tracing
-from jobs._core.dedup import HOLDING_STATES, check_window, dedup_key
-from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput
+from jobs._core.dedup import check_window, dedup_key
+from jobs._core.errors import DuplicateJob, InvalidInput
 from jobs._core.records import Job, KindLimits
 from jobs._core.states import State
 from jobs._core.validate import (
@@ -51,11 +49,13 @@ from jobs._core.validate import (
     encode_json,
     same_json,
 )
-from jobs._store.clauses import insert_for
-from jobs._store.clock import Clock
+from jobs._store.admission import admit
+from jobs._store.clauses import ReusableStatement, insert_for
+from jobs._store.dedup_writes import DedupWrites
+from jobs._store.job_inserts import insert_rows, inserted_with_history
 from jobs._store.reader import JOB_COLUMNS
 from jobs._store.statements import Statements
-from jobs._store.tables import JobsTable, KindLimitsTable, TransitionsTable
+from jobs._store.tables import JobsTable, KindLimitsTable
 
 # The JSON columns a batch sends as text arrays (cast back to JSON in the statement).
 _JSON_GIVEN = frozenset({"inputs", "trace_context"})
@@ -66,69 +66,12 @@ def _json_text(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-def _inserted_with_history(columns: list[str], source: Any) -> Executable:
-    """PostgreSQL: INSERT the jobs ``source`` selects (an ID already present inserts
-    nothing) and a "submitted" history row for each one inserted, as one statement that
-    returns the inserted jobs."""
-    created = (
-        postgresql.insert(JobsTable)
-        .from_select(columns, source)
-        .on_conflict_do_nothing()
-        .returning(*JOB_COLUMNS)
-        .cte("created")
-    )
-    history = (
-        insert(TransitionsTable)
-        .from_select(
-            ["job_id", "to_state", "at", "reason"],
-            select(
-                created.c.id,
-                literal(State.QUEUED.value, TransitionsTable.to_state.type),
-                created.c.created_at,
-                literal("submitted", TransitionsTable.reason.type),
-            ),
-        )
-        .cte("history")
-    )
-    return select(*created.c).add_cte(history)
-
-
-def lock_limits(conn: Connection, kind: Any) -> KindLimits | None:
-    """Read a kind's limits, locking its row until the transaction ends: claims and
-    submits of one limited kind are serialized, so a count and the write that relies on
-    it cannot interleave with another's (PostgreSQL; SQLite's BEGIN IMMEDIATE already
-    serializes every write)."""
-    row = conn.execute(
-        select(KindLimitsTable.kind, KindLimitsTable.max_running, KindLimitsTable.max_queued)
-        .where(KindLimitsTable.kind == kind)
-        .with_for_update()
-    ).one_or_none()
-    return None if row is None else KindLimits(row.kind, row.max_running, row.max_queued)
-
-
-def running_of_kind(clock: Clock) -> Any:
-    """Jobs of the claimed row's kind RUNNING under a live lease, the row itself aside
-    (a takeover of a dead owner's job frees the slot it takes)."""
-    other_table = JobsTable.__table__.alias("other")
-    other = other_table.c
-    return (
-        select(func.count())
-        .select_from(other_table)
-        .where(
-            other.kind == JobsTable.kind,
-            other.state == State.RUNNING.value,
-            other.lease_until > clock.now(),
-            other.id != JobsTable.id,
-        )
-        .scalar_subquery()
-    )
-
-
 class Submissions:
     """New jobs (:meth:`create`, :meth:`create_many`), admission and the kinds' limits."""
 
-    def __init__(self, statements: Statements, max_payload_bytes: int) -> None:
+    def __init__(self, statements: Statements, dedup: DedupWrites, max_payload_bytes: int) -> None:
         self.statements = statements
+        self.dedup = dedup  # a row with a deduplication key is written there
         self.engine = statements.engine
         self.clock = statements.clock
         self.max_payload_bytes = max_payload_bytes
@@ -154,7 +97,8 @@ class Submissions:
         from now; either way the database's clock decides when it is due. ``queue`` is where
         its doorbells go (``None``: ``JOBS_QUEUE``). ``unique_for``/``debounce`` (seconds)
         and ``unique_key`` give the row a deduplication key (:mod:`jobs._core.dedup`): such a
-        row is written by :meth:`create_deduplicated`; ``debounce`` is its delay too."""
+        row is written by :class:`jobs._store.dedup_writes.DedupWrites`; ``debounce`` is its
+        delay too."""
         window = check_window(unique_for, debounce, unique_key)
         if debounce is not None and (delay_seconds or run_at is not None):
             raise InvalidInput("debounce is the job's delay: give no delay or run_at with it")
@@ -237,7 +181,7 @@ class Submissions:
         same kind and inputs returns that job with ``created=False`` (an idempotent retry
         of the same request), and with anything else raises :class:`DuplicateJob`.
         With ``conn`` the job joins the caller's transaction. ``unique_for``/``debounce``
-        (and ``unique_key``) deduplicate it (:meth:`create_deduplicated`)."""
+        (and ``unique_key``) deduplicate it (:class:`jobs._store.dedup_writes.DedupWrites`)."""
         values = self.new_job_values(
             kind,
             inputs,
@@ -253,7 +197,7 @@ class Submissions:
             debounce=debounce,
         )
         if "dedup_key" in values:
-            return self.create_deduplicated(kind, values, debounce=debounce is not None, conn=conn)
+            return self.dedup.create(kind, values, debounce=debounce is not None, conn=conn)
         [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created
 
@@ -281,11 +225,11 @@ class Submissions:
             if created is not None:
                 return [(Job.from_row(created), True)]
         with self.statements.unit(conn) as unit:
-            self._admit(unit, kind, ids)
+            admit(unit, self.clock, kind, ids)
             if unit.dialect.name == "postgresql":
                 inserted = self._insert_unnested(unit, rows)
             else:
-                inserted = self._insert_rows(unit, rows)
+                inserted = insert_rows(unit, rows)
             existing = {}
             if len(inserted) < len(ids):
                 existing = {
@@ -308,119 +252,6 @@ class Submissions:
                     raise DuplicateJob(job.id)
                 results.append((job, False))
         return results
-
-    def create_deduplicated(
-        self, kind: str, values: dict[str, Any], *, debounce: bool, conn: Connection | None = None
-    ) -> tuple[Job, bool]:
-        """Insert a job whose row carries a deduplication key (:meth:`new_job_values` with
-        ``unique_for``/``debounce``), unless a job holds that key: then return that job
-        (``created=False``) and write nothing new. A job holds its key until its
-        ``dedup_until`` while in :data:`jobs._core.dedup.HOLDING_STATES` (FAILED and
-        CANCELLED never hold it). With ``debounce``, only a QUEUED job never claimed holds
-        it, and the submit pushes that job's due time (and its key's window) to the new
-        row's, with the new row's inputs: it runs once, ``debounce`` seconds after the last
-        submit of its key. Safe under concurrent submits: the key's unique index lets one
-        insert, and the others find its job in the same transaction. ``conn`` joins the
-        caller's transaction."""
-        key = values["dedup_key"]
-        with self.statements.unit(conn) as unit:
-            if debounce:
-                pushed = self._push_debounced(unit, kind, values)
-                if pushed is not None:
-                    return pushed, False
-                holds: ColumnElement[bool] = (JobsTable.state == State.QUEUED.value) & (
-                    JobsTable.attempts == 0
-                )
-            else:
-                holds = (JobsTable.dedup_until > self.clock.now()) & or_(
-                    *(JobsTable.state == state.value for state in HOLDING_STATES)
-                )
-            # A job that no longer holds its key gives it up (no state moves), so the
-            # unique index admits the new one.
-            unit.execute(
-                update(JobsTable).where(JobsTable.dedup_key == key, ~holds).values(dedup_key=None)
-            )
-            holder = unit.execute(
-                select(*JOB_COLUMNS).where(JobsTable.dedup_key == key)
-            ).one_or_none()
-            if holder is not None:  # it holds the key: no admission, nothing written
-                return Job.from_row(holder), False
-            self._admit(unit, kind, [values["id"]])
-            inserted = self._insert_rows(unit, [values])
-            if values["id"] in inserted:
-                return Job.from_row(inserted[values["id"]]), True
-            holder = unit.execute(
-                select(*JOB_COLUMNS).where(JobsTable.dedup_key == key)
-            ).one_or_none()
-            if holder is not None:  # inserted by a concurrent submit of the same key
-                if debounce:
-                    pushed = self._push_debounced(unit, kind, values)
-                    if pushed is not None:
-                        return pushed, False
-                return Job.from_row(holder), False
-            job = Job.from_row(
-                unit.execute(select(*JOB_COLUMNS).where(JobsTable.id == values["id"])).one()
-            )
-            if job.kind != kind or not same_json(job.inputs, values["inputs"]):
-                raise DuplicateJob(job.id)
-            return job, False
-
-    def _push_debounced(self, conn: Connection, kind: str, values: dict[str, Any]) -> Job | None:
-        """The QUEUED, never claimed job that holds a debounced row's key, due again (with
-        its key) at the row's due time and with the row's inputs; unrung, so a doorbell
-        rung before the push finds it not due and the sweeper rings it once due."""
-        row = conn.execute(
-            update(JobsTable)
-            .where(
-                JobsTable.dedup_key == values["dedup_key"],
-                JobsTable.kind == kind,
-                JobsTable.state == State.QUEUED.value,
-                JobsTable.attempts == 0,
-            )
-            .values(
-                run_after=values["run_after"],
-                dedup_until=values["dedup_until"],
-                inputs=values["inputs"],
-                dispatched_at=None,
-                updated_at=self.clock.now(),
-            )
-            .returning(*JOB_COLUMNS)
-        ).one_or_none()
-        return None if row is None else Job.from_row(row)
-
-    def _insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """SQLite: the rows and their history in the caller's transaction, by ID of the rows
-        inserted (an ID already present inserts nothing)."""
-        # One statement compiled for one row, sent as multi-row INSERTs by the driver
-        # (SQLAlchemy's "insertmanyvalues"): a VALUES list of N rows compiled afresh costs
-        # more than the database spends writing them.
-        clock_values = {name for name, value in rows[0].items() if isinstance(value, ColumnElement)}
-        inserted = {
-            row.id: row
-            for row in conn.execute(
-                insert_for(conn, JobsTable)
-                .values({name: rows[0][name] for name in clock_values})
-                .on_conflict_do_nothing()
-                .returning(*JOB_COLUMNS),
-                [{k: v for k, v in row.items() if k not in clock_values} for row in rows],
-            )
-        }
-        if inserted:
-            conn.execute(
-                insert(TransitionsTable),
-                [
-                    {
-                        "job_id": row["id"],
-                        "from_state": None,
-                        "to_state": State.QUEUED.value,
-                        "at": inserted[row["id"]].created_at,
-                        "reason": "submitted",
-                    }
-                    for row in rows
-                    if row["id"] in inserted
-                ],
-            )
-        return inserted
 
     def _insert_unnested(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """PostgreSQL: the rows sent as one array per column and unnested into one INSERT,
@@ -458,7 +289,7 @@ class Submissions:
                     for name, value in first.items()
                 ]
             )
-            return _inserted_with_history(list(first), source)
+            return inserted_with_history(list(first), source)
 
         params = {
             f"a_{name}": [
@@ -503,11 +334,13 @@ class Submissions:
                     for name, value in values.items()
                 ]
             ).where(~exists(limited))
-            return _inserted_with_history(list(values), source)
+            return inserted_with_history(list(values), source)
 
         key = ("create", tuple(values), tuple(name in params for name in values))
         if reusable and own:
-            row: Row[Any] | None = self.statements.one_reusable(conn, key, build, params)
+            row: Row[Any] | None = self.statements.one_reusable(
+                conn, ReusableStatement(key, build, params)
+            )
             return row
         if reusable:
             params.update(self.clock.values())
@@ -515,46 +348,6 @@ class Submissions:
         return conn.execute(build(), params).one_or_none()
 
     # -- admission and limits --------------------------------------------------------------
-
-    def _admit(self, conn: Connection, kind: str, job_ids: Sequence[str]) -> None:
-        """Refuse the submission (writing nothing) when it would take the kind's QUEUED jobs
-        past ``max_queued``; a kind without that limit costs one indexed read, no lock."""
-        has_limit = conn.execute(
-            select(KindLimitsTable.kind).where(
-                KindLimitsTable.kind == kind, KindLimitsTable.max_queued.is_not(None)
-            )
-        ).one_or_none()
-        if has_limit is None:
-            return
-        limits = lock_limits(conn, kind)
-        if limits is None or limits.max_queued is None:
-            return
-        present = set(
-            conn.execute(select(JobsTable.id).where(JobsTable.id.in_(list(job_ids)))).scalars()
-        )
-        adding = len([job_id for job_id in job_ids if job_id not in present])
-        if adding == 0:
-            return  # an idempotent re-submit adds nothing to the queue
-        queued = conn.execute(
-            select(func.count())
-            .select_from(JobsTable)
-            .where(JobsTable.kind == kind, JobsTable.state == State.QUEUED.value)
-        ).scalar_one()
-        if queued + adding <= limits.max_queued:
-            return
-        finished = conn.execute(
-            select(func.count())
-            .select_from(JobsTable)
-            .where(JobsTable.kind == kind, JobsTable.finished_at >= self.clock.after(-60))
-        ).scalar_one()
-        excess = queued + adding - limits.max_queued
-        retry_after = min(300.0, max(1.0, excess * 60.0 / finished)) if finished else 30.0
-        raise AdmissionRefused(
-            f"job kind {kind!r} has {queued} jobs queued (max_queued={limits.max_queued}); "
-            + (f"{adding} more do not fit; " if adding > 1 else "")
-            + "nothing was written",
-            retry_after,
-        )
 
     def check_admission(self, kind: str, adding: int = 1) -> None:
         """Raise :class:`AdmissionRefused` if ``adding`` new jobs of ``kind`` would not fit
@@ -566,7 +359,7 @@ class Submissions:
         with self.statements.read() as conn:
             checking = conn.begin()
             try:
-                self._admit(conn, kind, [f"admission check {n}" for n in range(adding)])
+                admit(conn, self.clock, kind, [f"admission check {n}" for n in range(adding)])
             finally:
                 checking.rollback()
 
@@ -617,4 +410,4 @@ class Submissions:
         return KindLimits(row.kind, row.max_running, row.max_queued)
 
 
-__all__ = ["Submissions", "lock_limits", "running_of_kind"]
+__all__ = ["Submissions"]

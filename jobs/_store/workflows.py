@@ -31,11 +31,11 @@ from sqlalchemy import Connection, Executable, and_, exists, select, update
 from jobs._core.records import Claim, Doorbell, Job, Moved, PendingStep, doorbell_of
 from jobs._core.states import TERMINAL, State, sources_of
 from jobs._core.validate import check_name
-from jobs._store.clauses import state_in
+from jobs._store.clauses import ReusableStatement, state_in
 from jobs._store.db import retry_on_disconnect
 from jobs._store.events import EventWaits
 from jobs._store.fan_in import child_finish_statement, settle_parent
-from jobs._store.row_changes import RowChanges
+from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
 from jobs._store.submissions import Submissions
 from jobs._store.tables import JobsTable
@@ -131,16 +131,7 @@ class Workflows(EventWaits):
                 raise self.statements.explain(conn, claim.job_id, State.WAITING, claim)
             return Job.from_row(row)
 
-    def finish_child(
-        self,
-        claim: Claim,
-        target: State,
-        changes: RowChanges,
-        reason: str | None,
-        steps: Sequence[PendingStep] = (),
-        *,
-        rings: bool = False,
-    ) -> Moved:
+    def finish_child(self, move: OwnerMove, *, rings: bool = False) -> Moved:
         """A child's owner ends its run (COMPLETED or FAILED) and, in the same transaction,
         counts itself down in its waiting parent; the child that completes the set moves
         the parent WAITING → QUEUED there. With ``rings`` (the caller rings the doorbells
@@ -149,29 +140,30 @@ class Workflows(EventWaits):
         reusable statement in autocommit mode, on the driver path like an ordinary
         completion (:func:`jobs._store.fan_in.child_finish_statement`); on SQLite the
         move and :func:`settle_parent` in one transaction."""
+        claim, target, changes, steps = move.claim, move.target, move.changes, move.steps
         if self.engine.dialect.name != "postgresql":
             with self.engine.begin() as conn:
                 row = self.statements.owned_transition(
-                    conn, claim, target, changes, reason=reason, steps=steps
+                    conn, claim, target, changes, reason=move.reason, steps=steps
                 )
                 if row is None:
                     raise self.statements.explain(conn, claim.job_id, target, claim)
                 woken = settle_parent(self.statements, conn, row, ringing=rings)
             return Moved(Job.from_row(row), () if woken is None else (woken,))
 
-        key, _, params = self.statements.owner_move_statement(claim, target, changes, reason, steps)
+        plain = self.statements.owner_move_statement(move)
 
         def build() -> Executable:
             return child_finish_statement(
                 self.statements, target, changes.columns(), len(steps), ringing=rings
             )
 
+        finish = ReusableStatement(("finish child", rings, plain.key), build, plain.values)
+
         def attempt() -> Any:
             with self.statements.unit(None, one_statement=True) as conn:
                 with self.statements.recording(claim.job_id, steps):
-                    found = self.statements.one_reusable(
-                        conn, ("finish child", rings, key), build, params
-                    )
+                    found = self.statements.one_reusable(conn, finish)
                 if found is None:
                     raise self.statements.explain(conn, claim.job_id, target, claim)
                 return found
@@ -240,14 +232,7 @@ class Workflows(EventWaits):
                     State.QUEUED,
                     only_from=waiting,
                     where=[JobsTable.wait_deadline <= self.clock.now()],
-                    changes=RowChanges(
-                        run_after=self.clock.now(),
-                        dispatched_at=None,
-                        waiting_for=None,
-                        waiting_position=None,
-                        wait_event=None,
-                        wait_deadline=None,
-                    ),
+                    changes=RowChanges.wait_ended(self.clock.now(), rung=False),
                     reason=f"the deadline passed waiting for {what}",
                 )
                 if row is None:

@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 
 from jobs._core.errors import AdmissionRefused, DuplicateJob, JobError, UnknownKind
-from jobs._core.records import RingBatch
+from jobs._core.records import Batch, RingBatch
 from jobs._core.registry import REGISTRY, Registry
 from jobs._core.schedule_ticks import Schedule, tick_job_id
 from jobs._store import JobStore
@@ -111,7 +111,7 @@ def _fire(
             continue  # another sweeper fired this tick (or a later one) first
         job, created = outcome
         if created:
-            ring_batch([job.id], job.priority, kind=job.kind, queue=job.queue)
+            ring_batch(Batch.of(job))
             log.info("schedule %s: tick %s submitted %s", schedule.name, tick, job.id)
         fired.append(Fired(schedule.name, tick, job.id, created))
     return fired

@@ -119,8 +119,8 @@ def sweep_once(
     watch: QueueWatch | None = None,
     announce: Announce | None = None,
 ) -> SweepReport:
-    """One pass of recovery, doorbells, periodic ticks and retention; ``ring_batch(job_ids,
-    priority)`` rings a batch of doorbells of one priority and says whether it could (due
+    """One pass of recovery, doorbells, periodic ticks and retention; ``ring_batch(batch)``
+    rings a batch of doorbells of one priority, kind and queue and says whether it could (due
     jobs are rung the highest priority first);
     ``waiting()`` is the number of doorbells ready in the broker's queue (``None``: unknown),
     asked only without a ``watch``: the watch's own look at the queue already counted them.

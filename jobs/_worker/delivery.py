@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from jobs._core.errors import UnknownJob
 from jobs._core.outage import OUTAGES, is_disconnect
+from jobs._core.records import Batch
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.deferred import hold_completions
@@ -87,10 +88,7 @@ def _deliver(
         return result, f"{job_id}: dropped ({why})"
     if result.outcome is Outcome.HANDED_BACK:
         job = result.job
-        if job is None:
-            runtime.ring_batch([job_id])
-        else:
-            runtime.ring_batch([job_id], job.priority, kind=job.kind, queue=job.queue)
+        runtime.ring_batch(Batch((job_id,)) if job is None else Batch.of(job))
     _pass_on_slot(runtime, runner, result)
     log.info(
         "job %s: %s (ran %s, replayed %s)",

@@ -30,7 +30,7 @@ from jobs._config.settings import Settings
 from jobs._core.heartbeat import Backstop, LeaseHeartbeat, StopProcess
 from jobs._core.lazy import lazy_module
 from jobs._core.outage import OUTAGES
-from jobs._core.records import Doorbell, in_batches
+from jobs._core.records import Batch, Doorbell, in_batches
 from jobs._core.registry import JobKind, Registry
 from jobs._store import JobStore
 from jobs._store.db import make_engine
@@ -46,18 +46,11 @@ log = logging.getLogger("jobs")
 
 
 class DoorbellRinger(Protocol):
-    """Rings the doorbells of job IDs whose QUEUED state has committed, each message with
-    ``priority`` (0 to 9; a broker without priorities ignores it), named for the jobs'
-    ``kind`` and sent to their ``queue`` (``None``: the default); raises on failure."""
+    """Rings a :class:`~jobs._core.records.Batch` of doorbells of jobs whose QUEUED state
+    has committed, each message with the batch's priority, named for its kind and sent to
+    its queue; raises on failure."""
 
-    def __call__(
-        self,
-        job_ids: Sequence[str],
-        priority: int = 0,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-    ) -> None: ...
+    def __call__(self, batch: Batch, /) -> None: ...
 
 
 DoorbellFactory = Callable[[Settings, Callable[[list[str]], None]], DoorbellRinger | None]
@@ -228,26 +221,19 @@ class ProcessRuntime:
                 self._ringer_chosen = True
             return self._ringer
 
-    def ring_batch(
-        self,
-        job_ids: Sequence[str],
-        priority: int = 0,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-    ) -> bool:
-        """Ring the doorbells of jobs whose QUEUED state committed, with their ``priority``,
-        ``kind`` and ``queue``. A failure loses nothing: the jobs stay QUEUED, are marked
+    def ring_batch(self, batch: Batch) -> bool:
+        """Ring a batch of doorbells of jobs whose QUEUED state committed, with the batch's
+        priority, kind and queue. A failure loses nothing: the jobs stay QUEUED, are marked
         unsent, and the sweeper sends them."""
-        if not job_ids:
+        if not batch.job_ids:
             return True
         ringer = self.ringer
         if ringer is None:
             return False
         try:
-            ringer(job_ids, priority, kind=kind, queue=queue)
+            ringer(batch)
         except Exception as err:
-            self._mark_unsent(job_ids, f"publish failed ({err})")
+            self._mark_unsent(batch.job_ids, f"publish failed ({err})")
             return False
         return True
 
@@ -275,10 +261,7 @@ class ProcessRuntime:
     def ring(self, doorbells: Sequence[Doorbell]) -> bool:
         """:meth:`ring_batch` doorbells of mixed priorities, kinds and queues: one batch per
         priority, kind and queue, the highest priority first. True if every batch went out."""
-        sent = [
-            self.ring_batch(batch.job_ids, batch.priority, kind=batch.kind, queue=batch.queue)
-            for batch in in_batches(doorbells)
-        ]
+        sent = [self.ring_batch(batch) for batch in in_batches(doorbells)]
         return all(sent)
 
     def waiting_doorbells(self) -> int | None:

@@ -49,6 +49,7 @@ from jobs._core.lazy import lazy_module
 from jobs._core.records import Job, StepTransaction, StepTransactions
 from jobs._core.validate import MAX_DEPTH
 from jobs.application import default_app
+from jobs.cli.render import job_dict
 
 if TYPE_CHECKING:
     from jobs._store import schema
@@ -189,18 +190,14 @@ def too_large_response(err: BodyTooLarge) -> tuple[Response, int]:
     return jsonify(error="request body too large", detail=str(err)), 413
 
 
+#: The fields of a job (as ``jobctl show --json`` writes them) the blueprint answers with.
+JOB_FIELDS = ("id", "kind", "state", "inputs", "result", "last_error", "attempts", "waiting_for")
+
+
 def job_json(job: Job) -> dict[str, Any]:
-    """What the blueprint answers about a job."""
-    return {
-        "id": job.id,
-        "kind": job.kind,
-        "state": job.state.value,
-        "inputs": job.inputs,
-        "result": job.result,
-        "last_error": job.last_error,
-        "attempts": job.attempts,
-        "waiting_for": job.waiting_for,
-    }
+    """What the blueprint answers about a job: its :data:`JOB_FIELDS`."""
+    written = job_dict(job)
+    return {name: written[name] for name in JOB_FIELDS}
 
 
 def session_step_transactions(db: Any) -> StepTransactions:

@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 import jobs
+from jobs._core.records import Batch
 from jobs._core.states import State, is_legal
 from jobs.application import default_app
 from tests.acceptance.conftest import PrivatePostgres, Proc, Stack, owner_pid
@@ -169,7 +170,14 @@ class Chaos:
             )
         if kind == "duplicate" and submitted:
             job_id = submitted[self.random.randrange(len(submitted))]
-            default_app().runtime.ring_batch([job_id, job_id])
+            default_app().runtime.ring_batch(
+                Batch(
+                    (
+                        job_id,
+                        job_id,
+                    )
+                )
+            )
             return self._record(Fault(kind, time.time(), (), job_id))
         from tests.acceptance.test_delivery import hostile_messages, publish_raw  # noqa: PLC0415
 

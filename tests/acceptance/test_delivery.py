@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs._core.records import Batch
 from jobs._core.states import State
 from jobs.application import default_app
 from tests.acceptance.conftest import (
@@ -49,8 +50,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 3.0})
     stack.wait_effect(job_id, "check_payment:start", timeout=30)
     owner = next(w for w in workers if w.owns(stack.job(job_id).owner))
-    default_app().runtime.ring_batch([job_id])
-    default_app().runtime.ring_batch([job_id])
+    default_app().runtime.ring_batch(Batch((job_id,)))
+    default_app().runtime.ring_batch(Batch((job_id,)))
     lines = wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 2 and dropped_lines(stack, job_id),
         20,
@@ -61,8 +62,8 @@ def test_duplicate_deliveries_are_acked_and_dropped(stack: Stack) -> None:
 
     job = stack.wait_state(job_id, timeout=30)
     assert job.state is State.COMPLETED, job
-    default_app().runtime.ring_batch([job_id])
-    default_app().runtime.ring_batch([job_id])
+    default_app().runtime.ring_batch(Batch((job_id,)))
+    default_app().runtime.ring_batch(Batch((job_id,)))
     wait_until(
         lambda: len(dropped_lines(stack, job_id)) >= 4,
         20,

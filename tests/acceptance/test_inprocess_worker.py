@@ -24,6 +24,7 @@ import pytest
 
 import jobs.examples.check_order  # noqa: F401 - registers the job kinds in this process
 from jobs._config.settings import from_env
+from jobs._core.records import Batch
 from jobs._core.states import State
 from jobs._worker import celery_setup as jobs_celery
 from jobs._worker.installed import installed_on
@@ -108,7 +109,7 @@ def test_in_process_worker_drops_a_duplicate(stack: Stack, celery_session_worker
     stack.configure(JOBS_QUEUE=SESSION_QUEUE)
     job_id = stack.submit("check_order", {"order_id": 42, "check_seconds": 0.1})
     assert stack.wait_state(job_id, timeout=30).state is State.COMPLETED
-    default_app().runtime.ring_batch([job_id])
+    default_app().runtime.ring_batch(Batch((job_id,)))
     stack.wait_queue_empty()
     assert [t.to_state for t in stack.history(job_id)] == [
         State.QUEUED,

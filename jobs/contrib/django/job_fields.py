@@ -7,8 +7,9 @@ and children with links to the previous and next pages. Each reads a bounded pag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django.contrib import admin
@@ -21,6 +22,8 @@ from jobs._service.job_pages import PAGE_ROWS, as_json, clip
 from jobs._store.page_reads import Page
 from jobs.application import default_app
 from jobs.contrib.django.models import JobRow
+
+T = TypeVar("T")
 
 #: Where the change page being rendered starts each of its tables (``?steps=50``): set by
 #: :meth:`jobs.contrib.django.admin.JobAdmin.change_view` while the page renders.
@@ -47,6 +50,11 @@ def _value_link(row: JobRow, **named: str) -> str:
     meta = JobRow._meta
     url = reverse(f"admin:{meta.app_label}_{meta.model_name}_value", args=[quote(row.id)])
     return f"{url}?{urlencode(named)}"
+
+
+def _page(row: JobRow, table: str, read: Callable[[str, int, int], Page[T]]) -> Page[T]:
+    """The page of ``table`` (children, steps, history) the request asks for, by ``read``."""
+    return read(row.id, _offsets().get(table, 0), PAGE_ROWS[table])
 
 
 def _pager(table: str, page: Page[Any]) -> Any:
@@ -115,9 +123,7 @@ def progress(row: JobRow) -> Any:
 
 @admin.display(description="children")
 def children(row: JobRow) -> Any:
-    page = default_app().store.pages.children_page(
-        row.id, _offsets().get("children", 0), PAGE_ROWS["children"]
-    )
+    page = _page(row, "children", default_app().store.pages.children_page)
     if not page.total:
         return "-"
     waiting = (
@@ -135,9 +141,7 @@ def children(row: JobRow) -> Any:
 
 @admin.display(description="steps")
 def steps(row: JobRow) -> Any:  # Django's SafeString
-    page = default_app().store.pages.steps_page(
-        row.id, _offsets().get("steps", 0), PAGE_ROWS["steps"]
-    )
+    page = _page(row, "steps", default_app().store.pages.steps_page)
     shown = format_html_join(
         "\n",
         "<div><b>{}</b> = {}{} <small>({} by {}{})</small></div>",
@@ -164,9 +168,7 @@ def steps(row: JobRow) -> Any:  # Django's SafeString
 
 @admin.display(description="history")
 def history(row: JobRow) -> Any:
-    page = default_app().store.pages.history_page(
-        row.id, _offsets().get("history", 0), PAGE_ROWS["history"]
-    )
+    page = _page(row, "history", default_app().store.pages.history_page)
     shown = format_html_join(
         "\n",
         "<div>{} {} → {} <small>{} {}</small></div>",
