@@ -201,3 +201,41 @@ def test_each_lazy_public_name_is_the_one_type_checkers_see() -> None:
     ]
     assert wrong == []
     assert set(named) <= set(jobs.__all__)
+
+
+#: A module this long, or a class with this many methods, holds more than one concern.
+MODULE_LINES, CLASS_METHODS = 500, 25
+
+
+def large_parts(path: str, source: str) -> list[str]:
+    """A module of :data:`MODULE_LINES` lines or more, and each class of more than
+    :data:`CLASS_METHODS` methods of its own."""
+    found = (
+        [f"{path}: {len(source.splitlines())} lines"]
+        if (len(source.splitlines()) >= MODULE_LINES)
+        else []
+    )
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            methods = [
+                item
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+            if len(methods) > CLASS_METHODS:
+                found.append(f"{path}:{node.name}: {len(methods)} methods")
+    return found
+
+
+def test_no_module_or_class_is_too_large() -> None:
+    """Migrations apart (their bodies are Alembic's shape)."""
+    found = [
+        part for path in source_files() for part in large_parts(relative(path), path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_size_check_finds_a_large_module_and_class() -> None:
+    methods = "".join(f"    def m{number}(self): ...\n" for number in range(26))
+    source = "class Big:\n" + methods + "\n" * 500
+    assert large_parts("x.py", source) == ["x.py: 527 lines", "x.py:Big: 26 methods"]
