@@ -469,3 +469,38 @@ def test_an_atomic_step_costs_no_round_trip_more_than_a_plain_one(
     for then in (False, True):
         plain, atomic = trips[("write_plain", then)], trips[("write_atomic", then)]
         assert max(atomic) <= min(plain), (then, plain, atomic)
+
+
+def test_the_replay_check_replays_an_atomic_step_and_never_calls_an_unrecorded_one(
+    store: JobStore, engine: Engine, clock: LogicalClock
+) -> None:
+    """``jobctl replay-check``'s dry mode: a recorded atomic step returns its output, one not
+    recorded yet stops the replay before its transaction opens (nothing runs or is written)."""
+    from jobs._service.replay_check import replay_job  # noqa: PLC0415
+    from jobs._store.replay_reads import RecordedJob  # noqa: PLC0415
+
+    def replayed(job_id: str) -> Any:
+        steps = store.reads.steps(job_id)
+        recorded = RecordedJob(
+            store.reads.get(job_id),
+            {step.name: step.output for step in steps},
+            {step.name: step.position for step in steps},
+        )
+        return replay_job(store, KINDS, recorded)
+
+    store.submissions.create("place_order", {}, job_id="rc-1", max_attempts=5)
+    CRASH.add("insert")  # dies inside the atomic step: only "lookup" recorded
+    with pytest.raises(SystemExit):
+        runner(store, "doomed").run("rc-1")
+    store.submissions.create("place_order", {}, job_id="rc-2", max_attempts=5)
+    CRASH.add("notify")  # dies after the atomic step committed
+    with pytest.raises(SystemExit):
+        runner(store, "doomed").run("rc-2")
+    ran_before = RAN["insert"]
+
+    for job_id in ("rc-1", "rc-2"):
+        verdict = replayed(job_id)
+        assert verdict.error is None, verdict
+    assert RAN["insert"] == ran_before  # neither replay called the atomic step's function
+    assert orders(engine, "rc-1") == []
+    assert orders(engine, "rc-2") == ["one"]
