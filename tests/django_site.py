@@ -146,11 +146,13 @@ def django_world(
     from jobs.application import default_app  # noqa: PLC0415
     from jobs.contrib.django.ambient import joining_django_transactions  # noqa: PLC0415
     from jobs.contrib.django.apps import database_url, settings_env  # noqa: PLC0415
+    from jobs.contrib.django.step_transactions import django_step_transactions  # noqa: PLC0415
 
     configure(tmp_path_factory.getbasetemp() / "django-default.sqlite3")
     default_app().set_defaults_source(settings_env)
     # What the app's ready() does (once per process), for this test only.
     default_app().transactions.join_from(joining_django_transactions(database_url))
+    default_app().registry.step_transactions = django_step_transactions(database_url)
     try:
         yield
     finally:
@@ -164,3 +166,4 @@ def django_world(
         ROUTER.alias = "default"
         default_app().set_defaults_source(None)
         default_app().transactions.join_from(None)
+        default_app().registry.step_transactions = None

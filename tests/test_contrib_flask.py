@@ -73,6 +73,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
         with app.app_context():
             shop_flask.db.engine.dispose()
         REGISTRY.remove_job_scope(app.app_context)
+        REGISTRY.step_transactions = None
         default_app().set_defaults_source(None)
 
 
@@ -498,3 +499,83 @@ def test_the_example_shops_own_endpoints_bound_a_chunked_body(jobs_isolated: Pat
     finally:
         server.kill()
         server.wait()
+
+
+# -- atomic steps: db.session's writes and the step's record in one transaction --------------
+
+
+def add_order(customer: str, fail: bool) -> int:
+    """An atomic step's function: a write through ``db.session`` (no connection given)."""
+    import shop_flask  # noqa: PLC0415
+
+    order = shop_flask.Order(customer=customer, total_cents=100)
+    shop_flask.db.session.add(order)
+    shop_flask.db.session.flush()
+    if fail:
+        raise ValueError("failed after db.session's write")
+    return int(order.id)
+
+
+def add_order_then_lose_the_job(customer: str, job_id: str) -> int:
+    """A write through ``db.session``, then another owner takes the job, seen inside the
+    step's transaction (on SQLite a write from elsewhere would wait for it)."""
+    import shop_flask  # noqa: PLC0415
+    from sqlalchemy import text  # noqa: PLC0415
+
+    order_id = add_order(customer, fail=False)
+    shop_flask.db.session.execute(
+        text("UPDATE jobs SET owner = 'usurper', fence = fence + 1 WHERE id = :id"),
+        {"id": job_id},
+    )
+    return order_id
+
+
+@jobs.job("flask_atomic_order", max_attempts=1)
+def flask_atomic_order(
+    ctx: jobs.JobContext, customer: str, fail: bool = False, usurped: bool = False
+) -> int:
+    if usurped:
+        return ctx.step("add", add_order_then_lose_the_job, customer, ctx.job_id, atomic=True)
+    return ctx.step("add", add_order, customer, fail, atomic=True)
+
+
+def test_an_atomic_step_commits_db_sessions_write_with_its_record(shop: Shop) -> None:
+    job = testing.perform_job("flask_atomic_order", {"customer": "atom"})
+    assert job.state is State.COMPLETED, job.last_error
+    assert shop.orders_of("atom") == 1
+    assert [step.output for step in jobs.steps(job.id)] == [job.result]
+
+
+def test_an_atomic_step_that_raises_leaves_neither_db_sessions_write_nor_its_record(
+    shop: Shop,
+) -> None:
+    job = testing.perform_job("flask_atomic_order", {"customer": "atom-fail", "fail": True})
+    assert job.state is State.FAILED
+    assert job.last_error == "ValueError: failed after db.session's write"
+    assert shop.orders_of("atom-fail") == 0
+    assert jobs.steps(job.id) == []
+
+
+def test_a_stale_owners_atomic_step_rolls_back_db_sessions_write(shop: Shop) -> None:
+    """The fenced record, on the session's connection, sees the job taken: refused, and
+    the order (with the takeover, written in that transaction too) rolls back."""
+    job = testing.perform_job("flask_atomic_order", {"customer": "atom-stale", "usurped": True})
+    assert job.state is State.RUNNING, job.last_error
+    assert job.owner != "usurper"
+    assert shop.orders_of("atom-stale") == 0
+    assert jobs.steps(job.id) == []
+
+
+def test_an_atomic_step_with_the_jobs_in_another_database_is_refused(
+    shop: Shop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
+    default_app().reset_settings()
+    jobs.reset()
+    job = testing.perform_job("flask_atomic_order", {"customer": "atom-elsewhere"})
+    assert job.state is State.FAILED
+    assert job.last_error is not None
+    assert "\n" not in job.last_error
+    assert job.last_error.startswith("StepError: atomic step refused: the jobs' database (sqlite:")
+    assert "is not the app's" in job.last_error
+    assert shop.orders_of("atom-elsewhere") == 0

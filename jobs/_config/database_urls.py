@@ -238,3 +238,17 @@ def describe_hosts(url: str) -> str:
         hosts = []
     named = [f"{host or 'localhost'}:{port or 5432}" for host, port in hosts]
     return ", ".join(named) if named else mask_url(url)
+
+
+def same_database(first: str, second: str) -> bool:
+    """Whether two SQLAlchemy URLs name the same database (backend, host, port, name):
+    passwords and drivers aside, so the jobs' URL and a framework's for one database agree."""
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - settings load no SQLAlchemy
+
+    one, other = make_url(first), make_url(second)
+    return (one.get_backend_name(), one.host or "", one.port or 5432, one.database) == (
+        other.get_backend_name(),
+        other.host or "",
+        other.port or 5432,
+        other.database,
+    )

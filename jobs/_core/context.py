@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs._core import tracing
 from jobs._core.cancel_signal import CancelSignal
-from jobs._core.errors import EventTimedOut, InvalidInput, JobCancelled, LeaseLost
+from jobs._core.errors import EventTimedOut, InvalidInput, JobCancelled, LeaseLost, StepError
 from jobs._core.interrupts import (
     HandBack,
     Sleeping,
@@ -285,6 +285,7 @@ class JobContext(Workflow):
         fn: Callable[..., T],
         *args: Any,
         timeout: float | None = None,
+        atomic: bool = False,
         **kwargs: Any,
     ) -> T:
         """Run ``fn(*args, **kwargs)`` once for this job and record its JSON output.
@@ -293,6 +294,12 @@ class JobContext(Workflow):
         returns the output as it will be replayed (through JSON), so both paths see the
         same value. If the process dies after ``fn`` ran but before the record commits,
         ``fn`` runs again: make such steps idempotent.
+
+        ``atomic=True`` runs ``fn`` inside the transaction that records the step, on the
+        jobs' database: its writes there and the step's record commit together or not at
+        all (docs/guides/transactions.md). ``fn`` takes that transaction's SQLAlchemy
+        ``Connection`` first; under Django and Flask-SQLAlchemy it takes nothing more, and
+        the ORM is inside the transaction.
 
         ``timeout`` (seconds) is the step's time limit: past it the run stops, the attempt
         counts, and the job is retried with backoff (or FAILED once its attempts are used
@@ -314,15 +321,9 @@ class JobContext(Workflow):
         if self._run_deadline is not None:
             self._check_time()
         self.pending.record_now()
-        self._running = (name, place)
-        try:
-            if tracing.ENABLED:
-                with tracing.step_span(name):
-                    output = self._call_step(name, timeout, fn, *args, **kwargs)
-            else:
-                output = self._call_step(name, timeout, fn, *args, **kwargs)
-        finally:
-            self._running = None
+        if atomic:
+            return self._atomic_step(name, place, timeout, fn, args, kwargs)
+        output = self._run_function(name, place, timeout, fn, args, kwargs)
         self.check_lease()
         try:
             pending = self.store.ownership.pending_step(
@@ -335,6 +336,68 @@ class JobContext(Workflow):
         self.replay.ran_now(name, pending.output)
         result: T = json.loads(pending.text)  # the handler's copy: mutating it changes no record
         return result
+
+    def _atomic_step(
+        self,
+        name: str,
+        place: int,
+        timeout: float | None,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> T:
+        """:meth:`step` with ``atomic=True``, once the earlier steps are recorded: ``fn`` and
+        the step's record in one transaction (:class:`jobs._store.atomic_steps.AtomicSteps`),
+        never held for the job's next write."""
+        if self._running is not None:
+            raise StepError(
+                f"job {self.job_id!r}: atomic step {name!r} inside step "
+                f"{self._running[0]!r}: an atomic step cannot run inside another step's function"
+            )
+
+        def call(leading: tuple[Any, ...]) -> PendingStep:
+            output = self._run_function(name, place, timeout, fn, (*leading, *args), kwargs)
+            self.check_lease()  # inside the transaction: a lost lease rolls it back
+            try:
+                return self.store.ownership.pending_step(
+                    name, output, place, self.progress_reporter.latest
+                )
+            except InvalidInput as err:
+                raise Unstorable(str(err)) from None
+
+        try:
+            pending = self.store.atomic.run(
+                self.claim,
+                call,
+                lease_seconds=None if self.hold is None else self.hold.lease_seconds,
+                opener=None if self.registry is None else self.registry.step_transactions,
+            )
+        except LeaseLost as lost:  # refused by the fence: rolled back, the handler stops
+            self.lease_lost(lost)
+            raise
+        self.progress_reporter.flush()
+        self.replay.ran_now(name, pending.output)
+        result: T = json.loads(pending.text)
+        return result
+
+    def _run_function(
+        self,
+        name: str,
+        place: int,
+        timeout: float | None,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> T:
+        """Call step ``name``'s function (at ``place``), in its span when tracing is on."""
+        self._running = (name, place)
+        try:
+            if tracing.ENABLED:
+                with tracing.step_span(name):
+                    return self._call_step(name, timeout, fn, *args, **kwargs)
+            return self._call_step(name, timeout, fn, *args, **kwargs)
+        finally:
+            self._running = None
 
     def _call_step(
         self, name: str, timeout: float | None, fn: Callable[..., T], *args: Any, **kwargs: Any

@@ -3,6 +3,7 @@ can write through them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Sequence
@@ -142,6 +143,23 @@ class PendingStep:
     position: int | None = None
     # The job's progress when the step ended (``ctx.progress``), kept in its record.
     progress: dict[str, Any] | None = None
+
+
+class StepTransaction(NamedTuple):
+    """An atomic step's transaction (``ctx.step(..., atomic=True)``) as it was opened: the
+    SQLAlchemy ``Connection`` inside it, which the step's record is written on, and the
+    arguments the step's function takes before its own (the connection itself for plain
+    SQLAlchemy; none under Django or Flask-SQLAlchemy, whose ORM is in the transaction)."""
+
+    connection: Any
+    arguments: tuple[Any, ...]
+
+
+StepTransactions = Callable[[str], contextlib.AbstractContextManager[StepTransaction]]
+"""How a framework opens an atomic step's transaction on the jobs' database (its URL given):
+a context manager that commits when its block ends and rolls back when it raises; it
+raises :class:`jobs.StepError` when its own database is not the jobs' one
+(``jobs.contrib.django``, ``jobs.contrib.flask``). The store's own engine when none is set."""
 
 
 @dataclasses.dataclass(frozen=True)

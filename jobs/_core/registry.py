@@ -20,6 +20,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 from jobs._config.settings import from_env
 from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
+from jobs._core.records import StepTransactions
 from jobs._core.schedule_ticks import check_schedule
 from jobs._core.validate import (
     MAX_ATTEMPTS,
@@ -120,6 +121,10 @@ class Registry:
         # own task modules: jobs.contrib.celery.install); each is told of every kind added.
         self._discoverers: list[Callable[[], Any]] = []
         self._listeners: list[Callable[[JobKind], Any]] = []
+        # How an atomic step (``ctx.step(..., atomic=True)``) opens its transaction, set by
+        # a web framework's integration whose ORM must be inside it (Django's connection,
+        # Flask-SQLAlchemy's session); None: a connection of the job store's own engine.
+        self.step_transactions: StepTransactions | None = None
 
     def register(
         self,

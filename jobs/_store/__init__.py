@@ -16,6 +16,8 @@ part owns one concern, and all share one execution layer (one statement cache, o
   :mod:`~jobs._store.progress_writes`: the progress it reports (``store.progress``);
   :mod:`~jobs._store.leases`: lease renewals (``store.leases``), one claim's or a
   process's all at once, and why a refused claim was lost.
+- :mod:`~jobs._store.atomic_steps`: an atomic step's function and its record in one
+  transaction (``store.atomic``).
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
@@ -56,6 +58,7 @@ from jobs._core.records import (
     Step,
     Transition,
 )
+from jobs._store.atomic_steps import AtomicSteps
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.dedup_writes import DedupWrites
 from jobs._store.depth_reads import DepthReads
@@ -117,6 +120,7 @@ class JobStore:
         self.progress = ProgressWrites(self.statements)
         self.ownership = Ownership(self.statements, self.workflows, max_payload_bytes)
         self.operator = Operations(self.statements, self.workflows)
+        self.atomic = AtomicSteps(self.statements)
         self.doorbells = Doorbells(self.statements)
         self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)

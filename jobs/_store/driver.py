@@ -166,6 +166,29 @@ class DriverStatement:
             raise sqlalchemy_error(conn, err, self.sql, params, cursor=cursor) from err
         return self._row(found)
 
+    def first_and_commit(self, conn: Connection, values: Mapping[str, Any]) -> Any:
+        """Run inside ``conn``'s open transaction and send its ``COMMIT`` in the same flight
+        (psycopg's pipeline mode: one round trip for both); the first row or ``None``. An
+        error raises (SQLAlchemy's) before anything committed, the transaction left aborted
+        for the caller to roll back: PostgreSQL skips the ``COMMIT`` after a failed
+        statement. A lost connection raises with ``connection_invalidated`` (nobody can
+        know then whether the commit landed)."""
+        params = self._params(values)
+        dbapi_connection: Any = conn.connection.driver_connection
+        cursor, committing = dbapi_connection.cursor(), dbapi_connection.cursor()
+        try:
+            # COMMIT as a statement of the flight: psycopg's commit() would wait for a Sync
+            # of its own, and the pipeline's end for another (three round trips, not one).
+            with dbapi_connection.pipeline():
+                cursor.execute(self.sql, params)
+                committing.execute("COMMIT")
+            return self._row(cursor.fetchone())
+        except conn.dialect.loaded_dbapi.Error as err:
+            raise self._error(conn, err, params) from err
+        finally:
+            cursor.close()
+            committing.close()
+
 
 def run_together(
     conn: Connection, writes: Sequence[tuple[DriverStatement, Mapping[str, Any]]]

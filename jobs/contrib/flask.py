@@ -20,12 +20,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import click
@@ -34,6 +35,7 @@ from flask.cli import with_appcontext
 
 import jobs
 from jobs import application as jobs_application
+from jobs._config.database_urls import same_database
 from jobs._config.settings import PREFIX, as_env
 from jobs._core import reasons
 from jobs._core.errors import (
@@ -42,11 +44,12 @@ from jobs._core.errors import (
     IllegalTransition,
     InvalidInput,
     SettingsError,
+    StepError,
     UnknownJob,
     UnknownKind,
 )
 from jobs._core.lazy import lazy_module
-from jobs._core.records import Job
+from jobs._core.records import Job, StepTransaction, StepTransactions
 from jobs._core.validate import MAX_DEPTH
 from jobs.application import default_app
 from jobs.cli.render import job_dict
@@ -219,6 +222,32 @@ def _in_the_request(operation: Callable[P, R], doc: str) -> Callable[Concatenate
     return in_the_request
 
 
+def session_step_transactions(db: Any) -> StepTransactions:
+    """Atomic steps under Flask-SQLAlchemy (``ctx.step(name, fn, *args, atomic=True)``):
+    ``fn`` runs in ``db.session``'s transaction (it takes no connection: ``db.session``
+    is inside it), the step's record is written on the session's connection, and
+    ``db.session.commit()`` commits both (a rollback, both). Jobs kept in another database
+    than the app's are refused at the step, in one line."""
+
+    @contextlib.contextmanager
+    def open_transaction(jobs_url: str) -> Iterator[StepTransaction]:
+        app_url = db.engine.url.render_as_string(hide_password=True)
+        if not same_database(jobs_url, app_url):
+            raise StepError(
+                f"atomic step refused: the jobs' database ({jobs_url}) is not the app's "
+                f"({app_url}), so db.session's writes cannot share the step's transaction"
+            )
+        session = db.session
+        try:
+            yield StepTransaction(session.connection(), ())
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+    return open_transaction
+
+
 class Jobs:
     """The Flask extension. ``db`` is Flask-SQLAlchemy's ``SQLAlchemy`` object (optional:
     without it :meth:`submit` commits the job on its own)."""
@@ -246,6 +275,8 @@ class Jobs:
         default_app().registry.add_job_scope(app.app_context)
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
+            # An atomic step runs in db.session's transaction, its record on its connection.
+            default_app().registry.step_transactions = session_step_transactions(self.db)
         app.register_error_handler(AdmissionRefused, refused_response)
         app.register_error_handler(BodyTooLarge, too_large_response)
         app.cli.add_command(jobctl_commands(self))

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from sqlalchemy import text
+
 import jobs
 from jobs.application import default_app
 
@@ -65,6 +67,46 @@ def charge_order(ctx: jobs.JobContext, order_id: int, charge_seconds: float = 2.
     worker-kill test of ``ctx.idempotency_key``)."""
     order = ctx.step("lookup_order", lookup_order, ctx.job_id, order_id)
     return ctx.step("charge", charge_card, ctx, order, charge_seconds)
+
+
+#: The application's own table of the ``record_payment`` example (in the jobs' database).
+PAYMENTS_TABLE = "app_payments"
+
+
+def insert_payment(conn: Any, job_id: str, order: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The application's write, through the atomic step's connection: it commits with the
+    step's record. ``payment:inserted`` is logged once the row is written (not committed),
+    then the step lingers ``seconds`` before the commit."""
+    conn.execute(
+        text(f"INSERT INTO {PAYMENTS_TABLE} (job_id, cents) VALUES (:job_id, :cents)"),
+        {"job_id": job_id, "cents": order["total_cents"]},
+    )
+    _effect("payment:inserted", job_id)
+    time.sleep(seconds)
+    return {"cents": order["total_cents"]}
+
+
+def insert_payment_alone(job_id: str, order: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The same write in a transaction of its own, committed before the step's record (a
+    plain step: a crash after it writes the row again)."""
+    with default_app().runtime.engine.begin() as conn:
+        written = insert_payment(conn, job_id, order, 0.0)
+    _effect("payment:committed", job_id)
+    time.sleep(seconds)  # committed; the step's record comes once this returns
+    return written
+
+
+@jobs.job("record_payment", max_attempts=3)
+def record_payment(
+    ctx: jobs.JobContext, order_id: int, pause_seconds: float = 0.0, transactional: bool = True
+) -> dict[str, Any]:
+    """Look an order up, then write a row into the application's ``app_payments`` table:
+    in an atomic step (``transactional``), or in a plain one (the control). The acceptance
+    test SIGKILLs a worker while the row is written but the step not yet recorded."""
+    order = ctx.step("lookup_order", lookup_order, ctx.job_id, order_id)
+    if transactional:
+        return ctx.step("record", insert_payment, ctx.job_id, order, pause_seconds, atomic=True)
+    return ctx.step("record", insert_payment_alone, ctx.job_id, order, pause_seconds)
 
 
 @jobs.job("follow_up", max_attempts=3)

@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from django.db import connections
-from sqlalchemy.engine import make_url
 
+from jobs._config.database_urls import same_database
 from jobs._core.errors import SettingsError
 from jobs._service.unit import AmbientUnit, UnitOfWork
 from jobs.application import default_app
@@ -57,14 +57,3 @@ def atomic_alias(jobs_url: str, url_of: UrlOf) -> str | None:
         if same_database(jobs_url, django_url):
             return str(connection.alias)
     return None
-
-
-def same_database(first: str, second: str) -> bool:
-    """Whether two SQLAlchemy URLs name the same database (backend, host, port, name)."""
-    one, other = make_url(first), make_url(second)
-    return (one.get_backend_name(), one.host or "", one.port or 5432, one.database) == (
-        other.get_backend_name(),
-        other.host or "",
-        other.port or 5432,
-        other.database,
-    )

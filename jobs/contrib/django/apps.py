@@ -18,6 +18,7 @@ from jobs._core.errors import SettingsError
 from jobs._core.lazy import lazy_module
 from jobs.application import default_app, reset
 from jobs.contrib.django.ambient import joining_django_transactions
+from jobs.contrib.django.step_transactions import django_step_transactions
 
 if TYPE_CHECKING:
     from jobs._store import schema
@@ -89,6 +90,8 @@ class JobsConfig(AppConfig):
         default_app().registry.add_job_scope(fresh_connections)
         # A plain jobs.submit (or .delay()) inside atomic() on the jobs' database joins it.
         default_app().transactions.join_from(joining_django_transactions(database_url))
+        # An atomic step runs in atomic() on the jobs' database, its record on that connection.
+        default_app().registry.step_transactions = django_step_transactions(database_url)
         post_migrate.connect(upgrade_job_tables, sender=self)
 
 

@@ -11,10 +11,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from sqlalchemy.engine import make_url
 
 import jobs
+from jobs._config.database_urls import same_database
 from jobs._core.errors import AdmissionRefused, SettingsError
 from jobs._service.options import new_job_id
 from jobs.application import default_app
-from jobs.contrib.django.ambient import same_database
 from jobs.contrib.django.apps import database_url
 from jobs.contrib.django.orm_unit import DjangoUnit
 
