@@ -37,7 +37,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from jobs._core.context import JobContext, TimedOut
 from jobs._core.errors import LeaseLost, StepError
@@ -177,14 +177,34 @@ class AsyncJobContext:
 
     # -- steps ---------------------------------------------------------------------------
 
+    @overload
     async def step(
         self,
         name: str,
-        fn: Callable[..., Awaitable[T]] | Callable[..., T],
+        fn: Callable[..., Awaitable[T]],
         *args: Any,
         timeout: float | None = None,
         **kwargs: Any,
-    ) -> T:
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` once for this job and record its JSON output, as
         :meth:`jobs._core.context.JobContext.step`; ``fn`` is an ``async def`` (awaited
         on this loop) or a plain function (run in a thread). A recorded step returns its
@@ -192,13 +212,11 @@ class AsyncJobContext:
         step is also cancelled at its timeout when no heartbeat watches the run."""
         if self._one_at_a_time is not None and isinstance(name, str) and self.is_recorded(name):
             async with self._one_at_a_time:  # in its place among the job's calls
-                replayed: Any = self.context.step(name, fn, timeout=timeout)
-                return cast(T, replayed)
+                return self.context.step(name, fn, timeout=timeout)
         on_loop = functools.partial(self._run_on_loop, name, timeout, fn)
-        ran: T = await self.call_recorded(
+        return await self.call_recorded(
             functools.partial(self.context.step, name, on_loop, *args, timeout=timeout, **kwargs)
         )
-        return ran
 
     def _run_on_loop(
         self, name: str, timeout: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
