@@ -225,7 +225,7 @@ def test_a_step_past_its_timeout_fails_the_job_with_the_reason(
     """The process's heartbeat writes the outcome at the deadline on every pool. A prefork
     pool child stuck in the step is ended; elsewhere the stuck step runs on until it
     returns, and writes nothing more (its lease is gone), while a pool of several serves
-    other jobs meanwhile."""
+    other jobs meanwhile. An async step is cancelled at its deadline on every pool."""
     stack = agents
     worker = stack.worker("A", pool=pool, concurrency=concurrency)
     stuck = stack.submit(agent, {"tool_seconds": 6.0, "tool_timeout": 1.0}, max_attempts=1)
@@ -234,7 +234,12 @@ def test_a_step_past_its_timeout_fails_the_job_with_the_reason(
     assert job.last_error == "step 'tool' passed its timeout of 1 s"
     assert [step.name for step in stack.steps(stuck)] == ["model"]
     other = stack.submit(agent, {"prompt": "meanwhile"})
-    if pool == "prefork":
+    if agent == "agent_turn_async":
+        # The loop cancels the awaiting step at its deadline, on every pool: it never
+        # finishes, and a prefork child is ended only if the heartbeat saw it first.
+        assert stack.wait_state(other, timeout=30).state is State.COMPLETED
+        assert stack.effect_count(stuck, "tool:done") == 0
+    elif pool == "prefork":
         wait_until(lambda: ENDED in worker.output(), 30, "the stuck pool child to be ended")
     if concurrency > 1:  # another slot serves it while the stuck step still sleeps
         assert stack.wait_state(other, timeout=30).state is State.COMPLETED
