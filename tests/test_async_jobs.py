@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine, text
 
 import jobs
 from jobs import testing
@@ -27,9 +28,12 @@ from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
+from jobs._store.db import make_engine
+from jobs._store.deferred import hold_completions
 from jobs._worker.event_loops import EventLoops
 from jobs._worker.runner import EVENT_LOOPS, Outcome, Runner, RunResult
 from tests.test_api import use_short_lease
+from tests.test_held_completions import _busy
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -396,3 +400,34 @@ def test_a_cancel_raises_cancelled_error_where_the_job_awaits(
     assert jobs.get(job_id).state is State.CANCELLED
     recorded = [step.name for step in jobs.steps(job_id)]
     assert recorded == (["first"] if kind == "async_cancel_in_step" else [])
+
+
+# -- held completions (PostgreSQL) -------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_an_async_jobs_completion_is_held_for_the_next_claim(
+    pg_url: str, clean_pg_engine: Engine
+) -> None:
+    """The outcome is written by the runner after the loop returns, as for a sync job: on
+    a busy process it is held and carried by the next claim, never seen COMPLETED first."""
+    engine = make_engine(pg_url)
+    try:
+        store = JobStore(engine)
+        hold_completions(store.statements, 60.0)
+        _busy(store)
+        for job_id in ("h1", "h2"):
+            store.submissions.create("async_leaf", {"n": 4}, job_id=job_id, max_attempts=3)
+        assert runner(store).run("h1").outcome is Outcome.COMPLETED
+        with clean_pg_engine.connect() as conn:
+            state = conn.execute(text("SELECT state FROM jobs WHERE id = 'h1'")).scalar_one()
+        assert state == "RUNNING"  # held: not committed yet
+        assert store.statements.held is not None
+        assert runner(store).run("h2").outcome is Outcome.COMPLETED  # its claim carries h1's
+        done = store.reads.get("h1")
+        assert done.state is State.COMPLETED
+        assert done.result == 8
+        assert [step.name for step in store.reads.steps("h1")] == ["double"]
+        assert store.statements.held.carried >= 1
+    finally:
+        engine.dispose()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -153,8 +154,9 @@ class AsyncJobContext:
             in_thread = self._calls_in_threads > 0
         if step is not None:
             step.cancel()
-        elif not in_thread and loop is not None and task is not None:
-            loop.call_soon_threadsafe(task.cancel)
+        elif not in_thread and loop is not None and task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
+                loop.call_soon_threadsafe(task.cancel)
 
     async def call_recorded(self, call: Callable[[], T]) -> T:
         """``call()`` (a sync context method with its arguments) in a thread, after the
