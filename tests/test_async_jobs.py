@@ -26,6 +26,7 @@ from jobs import testing
 from jobs._core.async_context import AsyncJobContext
 from jobs._core.registry import Registry
 from jobs._core.states import State
+from jobs._service.replay_check import replay_check
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
@@ -431,3 +432,26 @@ def test_an_async_jobs_completion_is_held_for_the_next_claim(
         assert store.statements.held.carried >= 1
     finally:
         engine.dispose()
+
+
+# -- the replay check ----------------------------------------------------------------------
+
+
+def test_the_replay_check_replays_an_async_handler_in_dry_mode(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    store.submissions.create("async_steps", {}, job_id="r1", max_attempts=5)
+    crash(store, "r1", inside="c")
+    ran = dict(RAN)
+    report = replay_check(store, KINDS)
+    assert (report.checked, report.ok, report.findings) == (1, 1, [])
+    assert dict(RAN) == ran  # no step function ran: a and b replayed, c is new code
+    CODE["steps"] = ["a", "b_renamed", "c"]
+    report = replay_check(store, KINDS)
+    (found,) = report.findings
+    assert found.verdict == "diverged"
+    assert found.error is not None
+    assert (found.error.position, found.error.recorded, found.error.asked) == (1, "b", "b_renamed")
+    assert found.replayed == 1
+    assert dict(RAN) == ran
+    assert store.reads.get("r1").state is State.RUNNING  # nothing written

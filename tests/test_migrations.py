@@ -3,6 +3,7 @@ and go down and up again; a PostgreSQL database that was never migrated is refus
 
 from __future__ import annotations
 
+import ast
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,18 @@ from sqlalchemy.engine import make_url
 from jobs._core.errors import SettingsError
 from jobs._store import JobStore
 from jobs._store.db import make_engine
-from jobs._store.schema import current_revision, ensure_schema, head_revision, upgrade
-from jobs._store.tables import metadata
+from jobs._store.schema import (
+    MIGRATIONS,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    known_revisions,
+    upgrade,
+)
+from jobs._store.schema_floor import oldest_code
+from jobs._store.tables import SCHEMA_REVISION, metadata
+
+MIGRATION_VERSIONS = MIGRATIONS / "versions"
 
 TABLES = {
     "jobs",
@@ -29,6 +40,7 @@ TABLES = {
     "job_counters",
     "job_events",
     "job_pauses",
+    "job_schema_floor",
 }
 
 
@@ -158,3 +170,124 @@ def test_ensure_schema_migrates_an_embedded_sqlite(tmp_path: Path) -> None:
         ensure_schema(engine)  # a no-op the second time
     finally:
         engine.dispose()
+
+
+# -- expand, then contract: what each migration says about the code it still serves ---------
+
+#: The first migration that says which code it serves (``OLDEST_CODE``).
+FIRST_WITH_A_FLOOR = "0011"
+
+#: Operations that take away or change what older code reads or writes: a migration that
+#: makes one (a contract) serves code from its parent on, no older.
+CONTRACTING = {
+    "drop_column",
+    "drop_table",
+    "drop_constraint",
+    "alter_column",
+    "rename_table",
+    "execute",  # raw SQL may change anything: declare it a contract
+}
+
+
+def migration_files() -> dict[str, ast.Module]:
+    """Each migration's syntax tree, by revision."""
+    trees = {}
+    for path in sorted(MIGRATION_VERSIONS.glob("*_*.py")):
+        tree = ast.parse(path.read_text())
+        trees[module_constant(tree, "revision")] = tree
+    return trees
+
+
+def module_constant(tree: ast.Module, name: str) -> str:
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == name:
+            assert isinstance(node, ast.Assign | ast.AnnAssign)
+            assert node.value is not None
+            value = ast.literal_eval(node.value)
+            return "" if value is None else str(value)
+    return ""
+
+
+def contracting_calls(tree: ast.Module) -> list[str]:
+    """The contracting operations ``upgrade()`` makes, and any column it adds as NOT NULL
+    with no server default (older code's inserts would fail on it)."""
+    [upgrade_function] = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "upgrade"
+    ]
+    found = []
+    for node in ast.walk(upgrade_function):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        if node.func.attr in CONTRACTING:
+            found.append(node.func.attr)
+        if node.func.attr == "add_column":
+            column = node.args[-1] if node.args else None
+            keywords = (
+                {keyword.arg: keyword.value for keyword in column.keywords}
+                if isinstance(column, ast.Call)
+                else {}
+            )
+            nullable = keywords.get("nullable")
+            if (
+                isinstance(nullable, ast.Constant)
+                and nullable.value is False
+                and "server_default" not in keywords
+            ):
+                found.append("add_column NOT NULL without a server default")
+    return found
+
+
+def test_each_migration_since_the_floor_says_the_oldest_code_it_serves() -> None:
+    """From 0011 on, each migration declares ``OLDEST_CODE``, writes it
+    (``record_oldest_code``), never lowers it, and raises it at least to its parent when it
+    contracts; so a newer release's schema tells older code the truth about running on it
+    (docs/operations/upgrading.md, "Rolling upgrades")."""
+    trees = migration_files()
+    order = known_revisions()
+    floor = ""
+    for revision in order[order.index(FIRST_WITH_A_FLOOR) :]:
+        tree = trees[revision]
+        oldest = module_constant(tree, "OLDEST_CODE")
+        assert oldest in order, f"{revision}: OLDEST_CODE {oldest!r} is no known revision"
+        assert "record_oldest_code" in ast.unparse(tree), f"{revision} does not record it"
+        if floor:
+            assert order.index(oldest) >= order.index(floor), f"{revision} lowers the floor"
+        contracts = contracting_calls(tree)
+        parent = module_constant(tree, "down_revision")
+        if contracts:
+            assert order.index(oldest) >= order.index(parent), (
+                f"{revision} contracts ({', '.join(contracts)}) but says it serves code "
+                f"from {oldest}: raise OLDEST_CODE to {parent} at least"
+            )
+        floor = oldest
+
+
+def test_the_contract_check_catches_a_drop_and_a_not_null_column() -> None:
+    tree = ast.parse(
+        "def upgrade():\n"
+        "    op.drop_column('jobs', 'progress')\n"
+        "    with op.batch_alter_table('jobs') as batch:\n"
+        "        batch.add_column(sa.Column('x', sa.Integer(), nullable=False))\n"
+        "        batch.add_column(sa.Column('y', sa.Integer(), nullable=True))\n"
+        "        batch.add_column(\n"
+        "            sa.Column('z', sa.Integer(), nullable=False, server_default='0')\n"
+        "        )\n"
+    )
+    assert contracting_calls(tree) == [
+        "drop_column",
+        "add_column NOT NULL without a server default",
+    ]
+
+
+def test_the_schema_records_the_oldest_code_it_serves(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/floor.db")
+    upgrade(engine)
+    assert oldest_code(engine) == module_constant(migration_files()[SCHEMA_REVISION], "OLDEST_CODE")
+    engine.dispose()
+    below = make_engine(f"sqlite:///{tmp_path}/below.db")
+    upgrade(below, "0010")
+    assert oldest_code(below) is None  # before the floor existed: no row, no table
+    below.dispose()

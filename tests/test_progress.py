@@ -100,13 +100,14 @@ def test_a_stale_owners_progress_is_refused_and_stops_its_handler(
 ) -> None:
     store.submissions.create("kind", {}, job_id="j1", max_attempts=3)
     first = JobContext(store, claimed(store, "j1", "A"), {})
-    first.progress_interval = 0.0  # every call writes: the refusal is the point here
+    first.progress_reporter.interval = 0.0  # every call writes: the refusal is the point here
     first.progress(1, 10, "A at 1")
     assert row_progress(engine, "j1") == {"done": 1, "total": 10, "message": "A at 1"}
 
     clock.advance(LEASE)  # A's lease ran out; B claims the job under fence 2
     second = JobContext(store, claimed(store, "j1", "B"), {})
-    assert second.last_progress == {"done": 1, "total": 10, "message": "A at 1"}  # resumed
+    resumed = second.progress_reporter.latest
+    assert resumed == {"done": 1, "total": 10, "message": "A at 1"}
     second.progress(5, 10, "B at 5")
 
     with pytest.raises(LeaseLost, match="now RUNNING under fence 2"):

@@ -76,12 +76,19 @@ def test_a_node_name_too_long_to_store_isrefused_at_start(tmp_path: Path) -> Non
     assert status is None, output  # 192 characters: <name>:<7-digit pid> fits in 200
 
 
-def _schema_at(url: str, revision: str) -> None:
+def _schema_at(url: str, revision: str, oldest_code: str | None = None) -> None:
+    """The job tables at ``revision``; a revision this code does not know is a newer
+    release's, which serves code from ``oldest_code`` on (default: from itself on, as
+    after a migration that drops what older code used)."""
     engine = make_engine(url)
     upgrade(engine, revision if revision in known_revisions() else "head")
     if revision not in known_revisions():  # a newer release's schema
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+            conn.execute(
+                text("UPDATE job_schema_floor SET oldest_code = :r"),
+                {"r": oldest_code or revision},
+            )
     engine.dispose()
 
 
@@ -110,6 +117,28 @@ def test_a_schema_newer_than_the_code_is_named_and_never_upgraded(tmp_path: Path
             assert "is at 0099, newer than this code" in line, line
         current = jobctl_in_child(env, "db", "current")
         assert "newer than this code" in current.stdout, current.stdout + current.stderr
+
+
+@pytest.mark.postgres
+def test_a_newer_schema_that_serves_this_code_lets_it_run_during_a_rolling_upgrade(
+    tmp_path: Path,
+) -> None:
+    """A newer release whose migrations only added says so (``job_schema_floor``): this
+    release's workers start, its commands run, and its ``db upgrade`` (every pod may run it
+    at start) does nothing instead of failing."""
+    with private_pg_database("jobs_rolling") as url:
+        _schema_at(url, "0099", oldest_code=SCHEMA_REVISION)
+        env = _worker_env(tmp_path, url)
+        status, output = start_worker(env)
+        assert status is None, output  # it said "ready"
+        upgraded = jobctl_in_child(env, "db", "upgrade")
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert "newer than this code's" in upgraded.stdout, upgraded.stdout
+        assert "nothing to do" in upgraded.stdout, upgraded.stdout
+        listed = jobctl_in_child(env, "list")
+        assert (listed.returncode, listed.stdout) == (0, "no jobs\n"), listed.stderr
+        current = jobctl_in_child(env, "db", "current")
+        assert "and serving it" in current.stdout, current.stdout + current.stderr
 
 
 def test_an_embedded_schema_newer_than_the_code_is_one_line(tmp_path: Path) -> None:

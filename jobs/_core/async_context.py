@@ -40,8 +40,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
-from jobs._core.context import JobContext, TimedOut
+from jobs._core.context import JobContext
 from jobs._core.errors import LeaseLost, StepError
+from jobs._core.interrupts import TimedOut
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -96,8 +97,7 @@ class AsyncJobContext:
         self.idempotency_key = context.idempotency_key
         self.patched = context.patched
         self.deprecate_patch = context.deprecate_patch
-        self.is_recorded = context.is_recorded
-        self.position_of = context.position_of
+        self.is_recorded = context.replay.is_recorded
 
     @property
     def job_id(self) -> str:
@@ -123,7 +123,7 @@ class AsyncJobContext:
     @property
     def last_progress(self) -> dict[str, Any] | None:
         """The latest progress reported, written or not; ``None`` when none was."""
-        return self.context.last_progress
+        return self.context.progress_reporter.latest
 
     # -- the run -------------------------------------------------------------------------
 

@@ -14,16 +14,18 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobs._core import tracing
 from jobs._core.errors import ChildFailed, EventTimedOut, InvalidInput, LeaseLost, StepError
+from jobs._core.interrupts import WaitingForChildren, WaitingForEvent
 from jobs._core.signatures import KindRef, Signature, kind_name, one_kind
 from jobs._core.states import State
 from jobs._core.validate import CHILD_SEPARATOR, NAME_LENGTH, check_timeout
 
 if TYPE_CHECKING:  # annotations only
     from jobs._core.outage import LeaseHold
+    from jobs._core.pending_steps import PendingSteps
     from jobs._core.records import Claim, Moved, PendingStep, Ring
     from jobs._core.registry import Registry
+    from jobs._core.replay_log import ReplayLog
     from jobs._store import JobStore
 
 #: The recorded output of a wait whose deadline passed (see the store's workflows part).
@@ -59,31 +61,6 @@ def child_id_of(parent_id: str, key: str, index: int | None = None) -> str:
     return "child-" + hashlib.sha256(f"{parent_id}\0{tail}".encode()).hexdigest()
 
 
-class WaitingForChildren(BaseException):
-    """Raised by ``ctx.wait_for`` while children are unfinished: the runner parks the job
-    WAITING (:meth:`JobStore.wait_for_children`). A BaseException, like the context's
-    other interrupts, so a handler's ``except Exception`` cannot swallow it."""
-
-    def __init__(self, child_ids: Sequence[str], step_name: str) -> None:
-        super().__init__(f"waiting for {len(child_ids)} children (step {step_name!r})")
-        self.child_ids = list(child_ids)
-        self.step_name = step_name
-
-
-class WaitingForEvent(BaseException):
-    """Raised by ``ctx.wait_for_event`` when the event has not come: the runner parks the
-    job WAITING until it comes or ``timeout`` passes (:meth:`JobStore.wait_for_event`)."""
-
-    def __init__(
-        self, name: str, step_name: str, timeout: float | None, position: int | None = None
-    ) -> None:
-        super().__init__(f"waiting for event {name!r} (step {step_name!r})")
-        self.name = name
-        self.step_name = step_name
-        self.timeout = timeout
-        self.position = position  # the wait's place in the handler's sequence
-
-
 T = TypeVar("T")
 
 
@@ -98,15 +75,13 @@ class Workflow:
         claim: Claim
         hold: LeaseHold | None
         ring: Ring | None
-        _recorded: dict[str, Any]
-        _call_position: dict[str, int]
-        replayed_steps: list[str]
-        ran_steps: list[str]
+        replay: ReplayLog
+        pending: PendingSteps
 
         @property
         def job_id(self) -> str: ...
 
-        def _use(self, name: str) -> None: ...
+        def _use(self, name: str) -> int: ...
 
         def _storable_name(self, value: object, what: str) -> None: ...
 
@@ -114,19 +89,14 @@ class Workflow:
 
         def take_pending(self) -> list[PendingStep]: ...
 
-        def take_pending_and_record(self) -> None: ...
-
         def lease_lost(self, reason: LeaseLost) -> None: ...
 
     # -- recorded-step plumbing ----------------------------------------------------------
 
     def _replay(self, name: str) -> tuple[bool, Any]:
         self._use(name)
-        if name in self._recorded:
-            self.replayed_steps.append(name)
-            if tracing.ENABLED:
-                tracing.replayed_step(name)
-            return True, self._recorded[name]
+        if self.replay.is_recorded(name):
+            return True, self.replay.replay(name)
         self.check_lease()
         return False, None
 
@@ -149,9 +119,7 @@ class Workflow:
             self.ring(owed)
 
     def _count(self, prefix: str) -> str:
-        counters: dict[str, int] = self.__dict__.setdefault("_wait_counters", {})
-        counters[prefix] = counters.get(prefix, 0) + 1
-        number = counters[prefix]
+        number = self.replay.count(prefix)
         return prefix if number == 1 else f"{prefix}:{number}"
 
     def _child_row(
@@ -218,14 +186,13 @@ class Workflow:
         child_id = child_id_of(self.job_id, key)
         row = self._child_row(child_kind, inputs, child_id, max_attempts, priority, queue)
         record = self.store.ownership.pending_step(
-            name, {"child_id": child_id}, self._call_position[name]
+            name, {"child_id": child_id}, self.replay.place_of(name)
         )
         records = [*self.take_pending(), record]
         self._rung(
             self._held(lambda: self.store.workflows.spawn(self.claim, child_kind, [row], records))
         )
-        self._recorded[name] = record.output
-        self.ran_steps.append(name)
+        self.replay.ran_now(name, record.output)
         return child_id
 
     def spawn_many(
@@ -256,7 +223,7 @@ class Workflow:
             for one, child_id in zip(child_inputs, ids, strict=True)
         ]
         record = self.store.ownership.pending_step(
-            name, {"child_ids": ids}, self._call_position[name]
+            name, {"child_ids": ids}, self.replay.place_of(name)
         )
         records = [*self.take_pending(), record]
         if rows:
@@ -267,8 +234,7 @@ class Workflow:
             )
         else:
             self._held(lambda: self.store.ownership.record_steps(self.claim, records))
-        self._recorded[name] = record.output
-        self.ran_steps.append(name)
+        self.replay.ran_now(name, record.output)
         return ids
 
     def wait_for(self, child_ids: Sequence[str], *, key: str | None = None) -> list[Any]:
@@ -300,12 +266,11 @@ class Workflow:
         record = self.store.ownership.pending_step(
             name,
             {"results": [found[child_id].result for child_id in ids]},
-            self._call_position[name],
+            self.replay.place_of(name),
         )
         records = [*self.take_pending(), record]
         self._held(lambda: self.store.ownership.record_steps(self.claim, records))
-        self._recorded[name] = record.output
-        self.ran_steps.append(name)
+        self.replay.ran_now(name, record.output)
         finished: list[Any] = record.output["results"]
         return finished
 
@@ -351,20 +316,17 @@ class Workflow:
             if isinstance(recorded, dict) and recorded.get(TIMED_OUT):
                 raise EventTimedOut(self.job_id, f"event {name!r}")
             return recorded["payload"]
-        self.take_pending_and_record()
-        position = self._call_position[step_name]
+        self.pending.record_now()
+        position = self.replay.place_of(step_name)
         consumed = self.store.workflows.consume_event(self.claim, name, step_name, position)
         if consumed is None:
             raise WaitingForEvent(name, step_name, timeout, position)
-        self._recorded[step_name] = consumed.output
-        self.ran_steps.append(step_name)
+        self.replay.ran_now(step_name, consumed.output)
         return consumed.output["payload"]
 
 
 __all__ = [
     "TIMED_OUT",
-    "WaitingForChildren",
-    "WaitingForEvent",
     "Workflow",
     "child_id_of",
 ]

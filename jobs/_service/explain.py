@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs._config.database_urls import mask_url
 from jobs._config.settings import Settings
-from jobs._core.context import wake_at_of
+from jobs._core.interrupts import wake_at_of
 from jobs._core.progress import progress_text
 from jobs._core.records import Job, Transition
 from jobs._core.states import State

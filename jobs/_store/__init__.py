@@ -25,7 +25,9 @@ Reads are three readers' (none changes a row): :class:`jobs._store.reader.JobRea
 (``store.reads``: one job, its steps, history and children; lists; schedules),
 :class:`jobs._store.depth_reads.DepthReads` (``store.depth``: counts, what is due or stale,
 what moved since a watermark) and :class:`jobs._store.page_reads.PageReads` (``store.pages``:
-a job's rows a bounded page at a time). Every state change is a single
+a job's rows a bounded page at a time), beside
+:class:`jobs._store.replay_reads.ReplayReads` (``store.replays``: live jobs with their
+steps, a batch at a time, for ``jobctl replay-check``). Every state change is a single
 compare-and-set UPDATE whose WHERE clause carries the allowed source states from
 :data:`jobs._core.states.TRANSITIONS` (and, for an owner's writes, the owner, the fence
 and an unexpired lease on the database clock). Zero rows matched means the change was
@@ -55,6 +57,7 @@ from jobs._store.ownership import Ownership
 from jobs._store.page_reads import PageReads
 from jobs._store.pauses import Pauses
 from jobs._store.reader import JobReader
+from jobs._store.replay_reads import ReplayReads
 from jobs._store.schedules import Schedules
 from jobs._store.statements import Statements
 from jobs._store.submissions import Submissions
@@ -95,6 +98,7 @@ class JobStore:
         self.reads = JobReader(engine, self.clock, max_payload_bytes)
         self.depth = DepthReads(engine, self.clock)
         self.pages = PageReads(engine)
+        self.replays = ReplayReads(engine)
         self.statements = Statements(engine, self.clock, on_driver=on_driver)
         self.submissions = Submissions(self.statements, max_payload_bytes)
         self.workflows = Workflows(self.statements, self.submissions, max_payload_bytes)

@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from jobs._core.errors import SettingsError
 from jobs._core.lazy import lazy_module
 from jobs._store.db import READ_ONLY
+from jobs._store.schema_floor import oldest_code
 from jobs._store.tables import SCHEMA_REVISION
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ else:  # Alembic only to migrate: a worker that checks the revision never loads 
     alembic_script = lazy_module("alembic.script")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-_REVISION_LINE = re.compile(r'^revision: str = "([^"]+)"', re.MULTILINE)
 
 
 _REVISION_LINE = re.compile(r"^(revision|down_revision)\s*:[^=]*=\s*['\"]([^'\"]+)['\"]", re.M)
@@ -64,6 +64,14 @@ def is_newer(current: str | None) -> bool:
     return current is not None and current not in known_revisions()
 
 
+def serves_this_code(engine: Engine) -> bool:
+    """Whether a newer schema says it serves code as old as this
+    (:mod:`jobs._store.schema_floor`): a newer release's migrations that only added."""
+    floor = oldest_code(engine)
+    known = known_revisions()
+    return floor in known and known.index(floor) <= known.index(SCHEMA_REVISION)
+
+
 def skew(engine: Engine, current: str | None, needed: str = SCHEMA_REVISION) -> str | None:
     """Why the job tables at ``current`` cannot serve this code, in one line naming both
     revisions and what to run, or None when they are at ``needed``."""
@@ -71,10 +79,12 @@ def skew(engine: Engine, current: str | None, needed: str = SCHEMA_REVISION) -> 
         return None
     where = engine.url.render_as_string(hide_password=True)
     if is_newer(current):
+        if serves_this_code(engine):
+            return None  # a rolling upgrade: the newer release only added to the schema
         return (
             f"the jobs schema in {where} is at {current}, newer than this code (it knows "
-            f"up to {needed}): upgrade durable-jobs on this host to the release that wrote "
-            "it; `jobctl db upgrade` never takes a schema back"
+            f"up to {needed}) and no longer serves it: upgrade durable-jobs on this host to "
+            "the release that wrote it; `jobctl db upgrade` never takes a schema back"
         )
     return (
         f"the jobs schema in {where} is at {current or 'nothing'}, this code needs "
@@ -82,12 +92,17 @@ def skew(engine: Engine, current: str | None, needed: str = SCHEMA_REVISION) -> 
     )
 
 
-def refuse_newer(engine: Engine) -> None:
+def refuse_newer(engine: Engine) -> bool:
     """Raise :class:`SettingsError` if the job tables are at a revision this code does not
-    know (Alembic would fail with a traceback on it)."""
+    know and that does not serve it (Alembic would fail with a traceback on it); True when
+    they are newer and serve it (there is nothing to upgrade)."""
     current = current_revision(engine)
-    if is_newer(current):
-        raise SettingsError(skew(engine, current) or "")
+    if not is_newer(current):
+        return False
+    message = skew(engine, current)
+    if message is not None:
+        raise SettingsError(message)
+    return True
 
 
 def alembic_config(engine: Engine) -> Config:
@@ -128,7 +143,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     PostgreSQL the transaction first takes an advisory lock, so the next one waits, then
     finds the schema at ``revision`` and does nothing (SQLite's ``BEGIN IMMEDIATE`` already
     serializes them)."""
-    refuse_newer(engine)
+    if refuse_newer(engine):
+        return  # newer, and serving this code: a newer release's workers are rolling out
     config = alembic_config(engine)
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":

@@ -50,7 +50,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0010"
+SCHEMA_REVISION = "0011"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -304,3 +304,19 @@ CountersTable = TableColumns(
 """Operational events that leave no transition behind (a lost message re-sent, a submit
 refused for backpressure, a recovery by cause), counted in the database so that any
 process can export them as monotonic Prometheus counters. Never pruned."""
+
+SchemaFloorTable = TableColumns(
+    Table(
+        "job_schema_floor",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        # The oldest code revision (a SCHEMA_REVISION) that can run against these tables.
+        Column("oldest_code", String(32), nullable=False),
+        CheckConstraint("id = 1", name="one_row"),
+    )
+)
+"""One row: the oldest code that can run against the schema as it is (written by each
+migration from 0011 on, read by code that finds the schema newer than itself). A schema
+that only added since a release serves that release's code, so its workers keep running,
+and restart, while ``jobctl db upgrade`` and the new workers roll out
+(:mod:`jobs._store.schema`)."""

@@ -27,23 +27,24 @@ from typing import Any
 from jobs._config.settings import Settings
 from jobs._core import tracing
 from jobs._core.async_context import AsyncJobContext, is_async_handler
-from jobs._core.context import (
+from jobs._core.context import JobContext
+from jobs._core.errors import InvalidInput, LeaseLost, NonDeterministic, UnknownKind
+from jobs._core.heartbeat import LeaseHeartbeat
+from jobs._core.interrupts import (
     Diverged,
     HandBack,
-    JobContext,
     Sleeping,
     TimedOut,
     Unstorable,
     WaitingForApproval,
+    WaitingForChildren,
+    WaitingForEvent,
 )
-from jobs._core.errors import InvalidInput, LeaseLost, NonDeterministic, UnknownKind
-from jobs._core.heartbeat import LeaseHeartbeat
 from jobs._core.outage import LeaseHold
 from jobs._core.records import Moved, Ring
 from jobs._core.registry import REGISTRY, Registry
 from jobs._core.states import State
 from jobs._core.validate import check_loaded, clip
-from jobs._core.waits import WaitingForChildren, WaitingForEvent
 from jobs._store import Claim, Job, JobStore, PendingStep
 from jobs._worker.event_loops import EventLoops
 
@@ -361,8 +362,8 @@ class Runner:
     def _handler_failed(self, claim: Claim, ctx: JobContext, err: Exception) -> RunResult:
         """The handler raised: the attempt failed, retried or FAILED. A handler that
         caught the context's :class:`Diverged` and raised on still fails as diverged."""
-        if ctx.diverged is not None:
-            return self._diverged(claim, ctx, ctx.diverged)
+        if ctx.replay.diverged is not None:
+            return self._diverged(claim, ctx, ctx.replay.diverged)
         job = claim.job
         error = clip(f"{type(err).__name__}: {err}")
         log.info(
@@ -380,7 +381,7 @@ class Runner:
         never asked for (:class:`Diverged`) or the result cannot be stored (FAILED)."""
         ctx.check_lease()
         try:
-            ctx.check_all_asked()
+            ctx.replay.check_all_asked()
         except Diverged as diverged:
             return self._diverged(claim, ctx, diverged.error)
         pending = ctx.take_pending()
@@ -466,5 +467,5 @@ class Runner:
     @staticmethod
     def _result(job: Job, outcome: Outcome, ctx: JobContext, error: str | None = None) -> RunResult:
         return RunResult(
-            job.id, outcome, job, tuple(ctx.ran_steps), tuple(ctx.replayed_steps), error
+            job.id, outcome, job, tuple(ctx.replay.ran), tuple(ctx.replay.replayed), error
         )

@@ -33,7 +33,10 @@ from jobs.application import JobsApp, default_app
 #: Commands that read or change jobs already in the database: on a SQLite file that does
 #: not exist they say so instead of creating it (and answering "no jobs").
 NEEDS_EXISTING_JOBS = frozenset(
-    {"list", "show", "explain", "stats", "approve", "cancel", "retry", "wake", "send-event"}
+    {
+        *("list", "show", "explain", "stats", "approve", "cancel", "retry", "wake"),
+        *("send-event", "replay-check"),
+    }
 )
 
 #: Commands that make a world of their own (their own folder, an in-memory database).

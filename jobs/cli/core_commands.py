@@ -443,7 +443,15 @@ def upgrade() -> None:
     """Bring the schema to the version this code needs."""
     engine = runtime().engine
     schema.upgrade(engine)
-    click.echo(f"database at revision {schema.current_revision(engine)} (head)")
+    revision = schema.current_revision(engine)
+    if schema.is_newer(revision):
+        click.echo(
+            f"database at revision {revision}, newer than this code's "
+            f"{schema.head_revision(engine)}, and serving it (a newer release rolls out): "
+            "nothing to do"
+        )
+        return
+    click.echo(f"database at revision {revision} (head)")
 
 
 @db.command()
@@ -456,7 +464,9 @@ def current(as_json: bool) -> None:
         echo_json({"revision": revision, "head": head, "at_head": revision == head})
     elif revision == head:
         click.echo(f"{revision} (head)")
-    elif revision is not None and revision not in schema.known_revisions():
+    elif schema.is_newer(revision) and schema.serves_this_code(engine):
+        click.echo(f"{revision} (newer than this code's head {head}, and serving it)")
+    elif schema.is_newer(revision):
         click.echo(f"{revision} (newer than this code's head {head}: upgrade the code)")
     else:
         click.echo(f"{revision or 'none'} (head is {head}: run `jobctl db upgrade`)")

@@ -1,4 +1,5 @@
-"""jobctl commands for time and operations: schedules, prune, explain, metrics.
+"""jobctl commands for time and operations: schedules, prune, explain, replay-check,
+metrics.
 
 What loads SQLAlchemy, Celery or the metrics library is declared below as a module imported
 on first use, so ``jobctl --help`` loads none of it.
@@ -25,12 +26,14 @@ from jobs.cli.group import Finite, main
 if TYPE_CHECKING:
     from jobs._core.schedule_ticks import Schedule
     from jobs._service import explain as diagnosis
+    from jobs._service import replay_check as replays
     from jobs._store import JobStore
     from jobs._sweeper import metrics as prometheus
     from jobs._sweeper import sweeper
     from jobs._worker import live_workers as workers
 else:
     diagnosis = lazy_module("jobs._service.explain")
+    replays = lazy_module("jobs._service.replay_check")
     prometheus = lazy_module("jobs._sweeper.metrics")
     sweeper = lazy_module("jobs._sweeper.sweeper")
     workers = lazy_module("jobs._worker.live_workers")
@@ -198,6 +201,54 @@ def explain(job_id: str, as_json: bool, no_workers: bool) -> None:
     click.echo(printable(found.paragraph))
     for action in found.actions:
         click.echo(f"  - {action}")
+
+
+@main.command("replay-check")
+@click.option("--kind", help="Only jobs of this kind.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([state.value for state in State], case_sensitive=False),
+    help="Only jobs in this state (repeatable); default: the states that resume "
+    "(QUEUED, RUNNING, WAITING, WAITING_APPROVAL).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def replay_check(kind: str | None, states: tuple[str, ...], as_json: bool) -> None:
+    """Replay the deployed code against live jobs' recorded steps, in dry mode.
+
+    Nothing unrecorded runs and nothing is written. Exits 1 if a job would end
+    NonDeterministic (or its kind is gone) under this code: a gate before a deploy."""
+
+    app = default_app()
+    chosen = [State(state.upper()) for state in states] or list(replays.LIVE_STATES)
+    report = replays.replay_check(
+        _store(),
+        app.registry,
+        chosen,
+        kind,
+        default_max_attempts=app.settings.default_max_attempts,
+    )
+    if as_json:
+        found = {
+            "checked": report.checked,
+            "counts": report.counts(),
+            "seconds": round(report.seconds, 3),
+            "findings": [verdict.as_dict() for verdict in report.findings],
+        }
+        click.echo(json.dumps(found, indent=2))
+    else:
+        for verdict in report.findings:
+            click.echo(
+                printable(
+                    f"{verdict.verdict}: {verdict.job_id} ({verdict.kind}, "
+                    f"{verdict.state.value}): {verdict.detail}"
+                )
+            )
+        counts = ", ".join(f"{count} {name}" for name, count in report.counts().items())
+        click.echo(f"replayed {report.checked} jobs in {report.seconds:.1f} s: {counts}")
+    if report.blocks_deploy:
+        raise SystemExit(1)
 
 
 @main.command()

@@ -16,7 +16,9 @@ import socket
 from typing import Any
 
 import jobs
+from jobs._service.replay_check import ReplayVerdict, replay_job
 from jobs._store import Job, JobStore
+from jobs._store.replay_reads import RecordedJob
 from jobs._worker.runner import Outcome, Runner, RunResult
 from jobs.application import default_app
 
@@ -79,3 +81,27 @@ def wake(job_id: str | None = None) -> list[str]:
     continues past ``ctx.sleep``. For tests only: in production the wake-up is the
     database's clock reaching the timer's instant."""
     return default_app().runtime.store.operator.make_due(None if job_id is None else [job_id])
+
+
+def replay(job_id: str, store: JobStore | None = None) -> ReplayVerdict:
+    """Replay job ``job_id``'s handler, as this process has it, against the steps the job
+    recorded, in dry mode (what ``jobctl replay-check`` does for live jobs): recorded
+    outputs are returned, and the replay stops at the first call with nothing recorded;
+    nothing runs that had not run and nothing is written. Raises the job's
+    :class:`jobs.NonDeterministic` if the code no longer makes the calls it recorded;
+    otherwise returns the verdict (``ok``, or ``raised`` with what the handler raised).
+
+    In a test of changed code: run a job part way under the old handler (a sleep, an
+    approval), register the new one, and ``jobs.testing.replay(job_id)``."""
+    app = default_app()
+    store = store or app.runtime.store
+    steps = store.reads.steps(job_id)
+    recorded = RecordedJob(
+        store.reads.get(job_id),
+        {step.name: step.output for step in steps},
+        {step.name: step.position for step in steps},
+    )
+    verdict = replay_job(store, app.registry, recorded, app.settings.default_max_attempts)
+    if verdict.error is not None:
+        raise verdict.error
+    return verdict

@@ -40,7 +40,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 import jobs
-from jobs._core.context import wake_at_of
+from jobs._core.interrupts import wake_at_of
 from jobs._core.states import State
 from jobs._doorbell.queues import HIGH_BAND_SUFFIX
 from jobs._store import Job, JobStore, Step, Transition

@@ -16,7 +16,7 @@ import datetime as dt
 import pytest
 
 import jobs
-from jobs._core.context import wake_at_of
+from jobs._core.interrupts import wake_at_of
 from jobs._core.states import State
 from tests.acceptance.conftest import BOTH, Stack, assert_recorded_steps_ran_once, wait_until
 
