@@ -455,3 +455,49 @@ def test_the_replay_check_replays_an_async_handler_in_dry_mode(
     assert found.replayed == 1
     assert dict(RAN) == ran
     assert store.reads.get("r1").state is State.RUNNING  # nothing written
+
+
+# -- the loop is not blocked; the run's time limit -------------------------------------------
+
+
+@KINDS.job("async_ticking", max_attempts=1)
+async def async_ticking(ctx: AsyncJobContext) -> int:
+    """A sync step (a blocking call) runs in a thread: the loop's other coroutines go on."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    await ctx.step("blocking", time.sleep, 0.5)
+    ticker.cancel()
+    return ticks
+
+
+def test_a_sync_step_blocks_none_of_the_loops_other_coroutines(store: JobStore) -> None:
+    store.submissions.create("async_ticking", {}, job_id="k1", max_attempts=1)
+    result = runner(store).run("k1")
+    assert result.outcome is Outcome.COMPLETED, result.error
+    assert store.reads.get("k1").result >= 10  # ticked all through the half second
+
+
+@jobs.job("async_run_timeout", max_attempts=1, timeout=1)
+async def async_run_timeout(ctx: AsyncJobContext) -> None:
+    await ctx.step("long", _long_call)  # no step timeout: the kind's limit stops it
+
+
+def test_the_kinds_time_limit_cancels_an_awaiting_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_short_lease(monkeypatch, 0.6)  # the heartbeat watches the deadline
+    job_id = jobs.submit("async_run_timeout")
+    began = time.monotonic()
+    result = testing.run(job_id)
+    assert time.monotonic() - began < 5
+    assert SEEN["cancelled_at"] - began < 3  # CancelledError inside the step, at the limit
+    assert result.outcome is Outcome.LEASE_LOST  # the heartbeat wrote the outcome
+    job = jobs.get(job_id)
+    assert job.state is State.FAILED
+    assert job.last_error == "the job passed its timeout of 1 s"
+    assert jobs.steps(job_id) == []
