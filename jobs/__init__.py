@@ -48,6 +48,7 @@ from jobs._core.states import TRANSITIONS, State
 from jobs.tasks import JobTask, job
 
 if TYPE_CHECKING:
+    from jobs._core.async_context import AsyncJobContext
     from jobs._core.records import Job, JobFilter, KindLimits, Pause, Resumed, Step, Transition
     from jobs._core.schedule_ticks import Schedule
     from jobs._service.options import SubmitOptions
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 #: Where the names of ``__all__`` not imported above come from, each module imported when
 #: one of its names is first read, in this order (the first that has the name gives it).
 _LAZY_FROM = (
+    "jobs._core.async_context",  # asyncio: imported only for an async handler's context
     "jobs._core.records",
     "jobs._core.schedule_ticks",
     "jobs._service.options",
@@ -104,6 +106,7 @@ __all__ = [
     "REGISTRY",
     "TRANSITIONS",
     "AdmissionRefused",
+    "AsyncJobContext",
     "ChildFailed",
     "DuplicateJob",
     "EventTimedOut",

@@ -19,13 +19,14 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import (
     TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
     ParamSpec,
+    Protocol,
     TypeVar,
     Unpack,
     overload,
@@ -40,6 +41,7 @@ from jobs._service.options import KindKeywords, kind_keywords
 
 if TYPE_CHECKING:
     from jobs import application, results
+    from jobs._core.async_context import AsyncJobContext
     from jobs.application import JobsApp
     from jobs.results import JobResult
 else:  # the application imports this module's users; the results import Celery
@@ -48,6 +50,21 @@ else:  # the application imports this module's users; the results import Celery
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: An ``async def`` handler: it takes the awaitable context, and its result is awaited.
+AsyncHandler = Callable[Concatenate["AsyncJobContext", P], Coroutine[Any, Any, R]]
+
+
+class KindDecorator(Protocol):
+    """What ``@jobs.job(...)`` with options returns: a decorator of a sync handler (given a
+    :class:`jobs.JobContext`) or an ``async def`` one (given a :class:`jobs.AsyncJobContext`),
+    each made a :class:`JobTask` typed by the handler's inputs and (awaited) result."""
+
+    @overload
+    def __call__(self, handler: AsyncHandler[P, R], /) -> JobTask[P, R]: ...
+
+    @overload
+    def __call__(self, handler: Callable[Concatenate[JobContext, P], R], /) -> JobTask[P, R]: ...
 
 
 CELERY_OPTIONS_IGNORED = frozenset({"serializer", "compression", "headers", "retry"})
@@ -79,7 +96,7 @@ class JobTask(Generic[P, R]):
     def __init__(
         self,
         name: str,
-        handler: Callable[Concatenate[JobContext, P], R],
+        handler: Callable[..., Any],  # typed by job()'s overloads: sync or async
         registry: Registry,
         *,
         app: JobsApp | None = None,
@@ -111,8 +128,10 @@ class JobTask(Generic[P, R]):
         return self._app
 
     def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """The decorated function itself (what a worker runs, and what a test calls)."""
-        return self._handler(ctx, *args, **kwargs)
+        """The decorated function itself (what a worker runs, and what a test calls; an
+        ``async def`` kind's call returns its coroutine, to await)."""
+        called: R = self._handler(ctx, *args, **kwargs)
+        return called
 
     def inputs_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The job's inputs (a JSON object, by parameter name) for a call's arguments:
@@ -204,13 +223,15 @@ class JobTask(Generic[P, R]):
 
 
 @overload
+def job(name: AsyncHandler[P, R], /) -> JobTask[P, R]: ...
+
+
+@overload
 def job(name: Callable[Concatenate[JobContext, P], R], /) -> JobTask[P, R]: ...
 
 
 @overload
-def job(
-    name: str | None = None, /, **options: Unpack[KindOptions]
-) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]: ...
+def job(name: str | None = None, /, **options: Unpack[KindOptions]) -> KindDecorator: ...
 
 
 def job(name: Any = None, /, **options: Any) -> Any:
@@ -221,7 +242,7 @@ def job(name: Any = None, /, **options: Any) -> Any:
     if callable(name):
         return task_decorator(REGISTRY, name.__name__, None)(name)
 
-    def decorate(handler: Callable[Concatenate[JobContext, P], R]) -> JobTask[P, R]:
+    def decorate(handler: Callable[..., Any]) -> JobTask[..., Any]:
         kind = handler.__name__ if name is None else name
         return task_decorator(REGISTRY, kind, None, **options)(handler)
 
@@ -230,13 +251,13 @@ def job(name: Any = None, /, **options: Any) -> Any:
 
 def task_decorator(
     registry: Registry, name: str, app: JobsApp | None, **options: Unpack[KindOptions]
-) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobTask[P, R]]:
+) -> Callable[[Callable[..., Any]], JobTask[..., Any]]:
     """The decorator of kind ``name`` on ``registry`` whose submits go to ``app`` (the
-    default application's when ``None``)."""
+    default application's when ``None``); :func:`job`'s overloads give its types."""
 
-    def decorate(handler: Callable[Concatenate[JobContext, P], R]) -> JobTask[P, R]:
+    def decorate(handler: Callable[..., Any]) -> JobTask[..., Any]:
         if isinstance(handler, JobTask) and handler.name == name:
-            task: JobTask[P, R] = handler  # decorated again: the same kind, the same task
+            task: JobTask[..., Any] = handler  # decorated again: the same kind, the same task
         else:
             task = JobTask(name, handler, registry, app=app)
         registry.register(name, task, **options)

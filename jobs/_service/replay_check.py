@@ -10,17 +10,19 @@ production: :class:`jobs.NonDeterministic`, naming the job, the place, the recor
 and the one the code asked for. ``jobctl replay-check`` exits non-zero then, a gate for CI.
 
 Code outside steps runs as it would on a resume (it should be cheap and free of side
-effects anyway: it runs again on every resume).
+effects anyway: it runs again on every resume). An ``async def`` handler is replayed the
+same way, awaited on this thread's event loop with the async context over the replaying
+one (:class:`jobs._core.async_context.AsyncJobContext`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from jobs._core.async_context import AsyncJobContext, is_async_handler
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput, NonDeterministic, UnknownKind
 from jobs._core.interrupts import Diverged, JobInterrupt
@@ -31,6 +33,7 @@ from jobs._core.states import State
 from jobs._core.validate import clip
 from jobs._store import JobStore
 from jobs._store.replay_reads import RecordedJob
+from jobs._worker.runner import EVENT_LOOPS
 
 #: The states whose jobs can resume under the deployed code: those a worker will run again.
 LIVE_STATES = (State.QUEUED, State.RUNNING, State.WAITING, State.WAITING_APPROVAL)
@@ -68,9 +71,9 @@ class ReplayVerdict:
     ``verdict`` is ``ok`` (the replay reached new code, or the handler's end, with every
     recorded step asked for at its place), ``diverged`` (it would end
     :class:`jobs.NonDeterministic`: :attr:`error`), ``raised`` (the handler raised while
-    replaying, as it would on a resume: :attr:`detail`), ``unknown kind`` (no code for the
-    kind is deployed: it would fail) or ``unchecked`` (a handler the check cannot run:
-    :attr:`detail` says why). ``replayed`` counts the recorded steps it walked past."""
+    replaying, as it would on a resume: :attr:`detail`) or ``unknown kind`` (no code for the
+    kind is deployed: it would fail). ``replayed`` counts the recorded steps it walked
+    past."""
 
     job_id: str
     kind: str
@@ -128,11 +131,12 @@ def replay_job(
         default_max_attempts=default_max_attempts,
         positions=recorded.positions,
     )
-    if inspect.iscoroutinefunction(kind.handler):
-        return verdict("unchecked", "an async handler: the replay check runs sync handlers")
     try:
         kind.check_inputs(job.inputs)
-        kind.handler(ctx, **job.inputs)
+        if is_async_handler(kind.handler):
+            EVENT_LOOPS.run(AsyncJobContext(ctx).run(kind.handler, job.inputs))
+        else:
+            kind.handler(ctx, **job.inputs)
         ctx.replay.check_all_asked()
     except ReachedNewCode:
         pass

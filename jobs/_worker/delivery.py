@@ -175,6 +175,7 @@ def make_runner(
         budget_seconds=settings.delivery_budget_seconds,
         stopping=stopping,
         ring=runtime.ring,
+        event_loops=runtime.event_loops,
     )
 
 

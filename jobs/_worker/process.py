@@ -35,6 +35,7 @@ from jobs._core.registry import JobKind, Registry
 from jobs._store import JobStore
 from jobs._store.db import make_engine
 from jobs._store.schema import ensure_schema
+from jobs._worker.event_loops import EventLoops
 from jobs._worker.liveness import LivenessLock, lock_for, pid_key
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class ProcessRuntime:
         self._seeded_kinds: set[str] = set()
         self._stop_on_timeout: StopProcess | None = None
         self._backstop: Backstop | None = None
+        # The loops ``async def`` handlers run on, one per thread; a forked child's
+        # runtime is a new one, with loops of its own.
+        self.event_loops = EventLoops()
 
     # -- database ----------------------------------------------------------------------
 
@@ -289,6 +293,7 @@ class ProcessRuntime:
             if self._engine is not None:
                 self._engine.dispose()
             self._heartbeat = self._liveness = self._engine = self._store = None
+        self.event_loops.close()
 
     def flush_doorbells(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the confirmations of the doorbells in flight

@@ -26,6 +26,7 @@ from typing import Any
 
 from jobs._config.settings import Settings
 from jobs._core import tracing
+from jobs._core.async_context import AsyncJobContext, is_async_handler
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput, LeaseLost, NonDeterministic, UnknownKind
 from jobs._core.heartbeat import LeaseHeartbeat
@@ -45,8 +46,12 @@ from jobs._core.registry import REGISTRY, Registry
 from jobs._core.states import State
 from jobs._core.validate import check_loaded, clip
 from jobs._store import Claim, Job, JobStore, PendingStep
+from jobs._worker.event_loops import EventLoops
 
 log = logging.getLogger("jobs.runner")
+
+#: The loops of a runner given none (``jobs.testing``): one per thread of this process.
+EVENT_LOOPS = EventLoops()
 
 
 class Outcome(enum.StrEnum):
@@ -130,8 +135,11 @@ class Runner:
         stopping: Callable[[], bool] | None = None,
         default_max_attempts: int = 5,
         ring: Ring | None = None,
+        event_loops: EventLoops | None = None,
     ) -> None:
         self.store = store
+        # Where ``async def`` handlers run: this thread's loop of the process's runtime.
+        self.event_loops = EVENT_LOOPS if event_loops is None else event_loops
         # Rings the doorbells a run's writes owe after they committed: a parent queued by
         # its last child's end, a spawn's new children. None rings nothing: the writes then
         # leave such a parent unrung, for the sweeper.
@@ -262,32 +270,45 @@ class Runner:
             ring=self.ring,
             positions=positions,
         )
+        # An ``async def`` handler gets the awaitable context; a lost lease also cancels
+        # its running step (or the handler where it awaits).
+        awaited = AsyncJobContext(ctx) if is_async_handler(kind.handler) else None
+        lost = ctx.lease_lost if awaited is None else awaited.lease_lost
         if self.heartbeat is not None:
 
             def timed_out(why: str) -> None:
                 """From the heartbeat's thread: the handler is stopped at its next step
                 (writing nothing), and the attempt ends now, retried or FAILED."""
-                ctx.lease_lost(LeaseLost(job.id, claim.owner, claim.fence, why))
+                lost(LeaseLost(job.id, claim.owner, claim.fence, why))
                 self._retry_or_fail(claim, why, ctx)
 
             self.heartbeat.watch(
                 claim,
-                ctx.lease_lost,
+                lost,
                 timeout=kind.timeout,
                 on_timeout=timed_out,
                 renewed=hold.renewed,
             )
         try:
-            return self._run_handler(claim, kind.handler, ctx)
+            return self._run_handler(claim, kind.handler, ctx, awaited)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.unwatch(claim)
 
-    def _run_handler(self, claim: Claim, handler: Callable[..., Any], ctx: JobContext) -> RunResult:
+    def _run_handler(
+        self,
+        claim: Claim,
+        handler: Callable[..., Any],
+        ctx: JobContext,
+        awaited: AsyncJobContext | None = None,
+    ) -> RunResult:
         job = claim.job
         try:
             with self.registry.job_scope():
-                result = handler(ctx, **job.inputs)
+                if awaited is None:
+                    result = handler(ctx, **job.inputs)
+                else:  # on this thread's loop, reused by the thread's next async job
+                    result = self.event_loops.run(awaited.run(handler, job.inputs))
         except WaitingForApproval as wait:
             parked = self._held(
                 ctx,

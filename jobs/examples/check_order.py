@@ -7,6 +7,7 @@ which process: a recorded step must never run twice.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import threading
@@ -188,3 +189,22 @@ def _long_step(ctx: jobs.JobContext, how: str, seconds: float) -> str:
         time.sleep(seconds)
     _effect("long:cancelled" if ctx.cancelled else "long:done", ctx.job_id)
     return how
+
+
+@jobs.job("async_long_step", max_attempts=1)
+async def async_long_step(ctx: jobs.AsyncJobContext, seconds: float = 60.0) -> None:
+    """:func:`long_step` awaited: a cancel raises ``asyncio.CancelledError`` inside the
+    step where it awaits, on every pool (no process is ended)."""
+    await ctx.step("long", _await_long, ctx.job_id, seconds)
+    await ctx.step("after", _effect, "after", ctx.job_id)  # never runs once cancelled
+
+
+async def _await_long(job_id: str, seconds: float) -> str:
+    _effect("long:start", job_id)
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        _effect("long:cancelled", job_id)
+        raise
+    _effect("long:done", job_id)
+    return "slept"

@@ -37,6 +37,7 @@ def make_runner(
         runtime.settings,
         heartbeat=runtime.heartbeat if heartbeat else None,
         ring=runtime.ring if store is None else None,
+        event_loops=runtime.event_loops,
     )
 
 

@@ -5,7 +5,9 @@ goes on to the next job.
 
 On a prefork pool the child stuck in ``time.sleep`` is ended (as at a time limit) and
 the pool starts a new one; a step that returns on ``ctx.on_cancel`` keeps its child. On a
-threads pool nothing can end a thread: the step polls ``ctx.cancelled``.
+threads pool nothing can end a thread: the step polls ``ctx.cancelled``. An ``async def``
+step (``how == "async"``) is cancelled where it awaits, on every pool, and keeps its
+process.
 
 ``test_cancel_latency`` measures the latency over ten cancels per pool (from the cancel's
 history row to the step's end) and prints p50/p99 (run with ``-s`` to read them).
@@ -67,7 +69,10 @@ def cancel_one(stack: Stack, how: str) -> tuple[str, int, float]:
     """Submit a 60 s step, cancel it with ``jobctl cancel`` once it runs; returns the job,
     the pid that ran the step and the instant its end was seen (for ``how == "sleep"``
     the pid's exit, else the step's own ``long:cancelled`` effect)."""
-    job_id = stack.submit("long_step", {"how": how, "seconds": 60})
+    if how == "async":
+        job_id = stack.submit("async_long_step", {"seconds": 60})
+    else:
+        job_id = stack.submit("long_step", {"how": how, "seconds": 60})
     pid = started(stack, job_id)
     time.sleep(0.3)  # well inside the step
     jobctl_cancel(stack, job_id)
@@ -157,7 +162,24 @@ def percentiles(latencies: list[float]) -> str:
 
 
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
-@pytest.mark.parametrize(("pool", "how"), [("prefork", "sleep"), ("threads", "poll")])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent", "solo"])
+def test_an_async_step_is_cancelled_where_it_awaits(stack: Stack, pool: str) -> None:
+    worker = stack.worker("A", pool=pool, concurrency=2 if pool != "solo" else 1)
+    job_id, pid, ended = cancel_one(stack, "async")
+    latency = ended - cancelled_at(stack, job_id)
+    print(f"{pool}, async step: CancelledError {latency:.2f} s after the cancel")
+    assert latency < WITHIN
+    check_cancelled(stack, job_id)
+    next_job_runs(stack, 5)
+    assert not ended_process(pid)  # the step returned: its process goes on
+    assert "ending pool process" not in worker.output()
+
+
+@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+@pytest.mark.parametrize(
+    ("pool", "how"),
+    [("prefork", "sleep"), ("threads", "poll"), ("prefork", "async"), ("threads", "async")],
+)
 def test_cancel_latency(stack: Stack, pool: str, how: str) -> None:
     worker: Proc = stack.worker("A", pool=pool, concurrency=1)
     latencies = []

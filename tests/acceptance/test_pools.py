@@ -64,7 +64,12 @@ POOLS = [
 
 # The pools whose jobs share one process.
 SHARED = ("threads", "gevent")
-AGENT = "agent_turn"
+# The agent's turn, written sync and ``async def`` (jobs.examples.agent): every case runs
+# both on every pool.
+AGENTS = [
+    pytest.param("agent_turn", id="sync"),
+    pytest.param("agent_turn_async", id="async"),
+]
 ENDED = "ending pool process"
 # Celery's line for a delivery that succeeded with its job's run completed (a hand-back
 # or a dropped duplicate also succeeds, with another outcome).
@@ -106,14 +111,15 @@ def _completed_deliveries(proc: Proc) -> set[str]:
     return set(COMPLETED_DELIVERY.findall(proc.output()))
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_a_drain_leaves_every_succeeded_delivery_completed(
-    agents: Stack, pool: str, concurrency: int, drain: int
+    agents: Stack, agent: str, pool: str, concurrency: int, drain: int
 ) -> None:
     stack = agents
     n = drain
-    job_ids = [stack.submit(AGENT, {"prompt": f"order {i}"}) for i in range(n)]
+    job_ids = [stack.submit(agent, {"prompt": f"order {i}"}) for i in range(n)]
     started = time.monotonic()
     worker = stack.worker("A", pool=pool, concurrency=concurrency)  # a backlog to drain
     wait_until(
@@ -127,20 +133,21 @@ def test_a_drain_leaves_every_succeeded_delivery_completed(
     for job_id in job_ids:
         assert [step.name for step in stack.steps(job_id)] == ["model", "tool", "write"]
         assert stack.effect_count(job_id, "write") == 1
-    print(f"\n[{pool} x{concurrency}] {n} jobs drained in {drained_in:.1f} s")
+    print(f"\n[{pool} x{concurrency} {agent}] {n} jobs drained in {drained_in:.1f} s")
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_a_worker_killed_mid_step_resumes_from_its_recorded_steps(
-    agents: Stack, pool: str, concurrency: int, drain: int
+    agents: Stack, agent: str, pool: str, concurrency: int, drain: int
 ) -> None:
     stack = agents
     victim = stack.worker("A", pool=pool, concurrency=concurrency, wait=False)
     stack.sweeper()
     victim.wait_ready()
     m = min(concurrency, 4)
-    job_ids = [stack.submit(AGENT, {"prompt": f"order {i}", "tool_seconds": 3.0}) for i in range(m)]
+    job_ids = [stack.submit(agent, {"prompt": f"order {i}", "tool_seconds": 3.0}) for i in range(m)]
 
     def inside_the_tool_step() -> bool:
         for job_id in job_ids:
@@ -169,14 +176,15 @@ def test_a_worker_killed_mid_step_resumes_from_its_recorded_steps(
         assert survivor.owns(steps["tool"].owner)
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_a_warm_shutdown_mid_drain_leaves_nothing_running_and_loses_nothing(
-    agents: Stack, pool: str, concurrency: int, drain: int
+    agents: Stack, agent: str, pool: str, concurrency: int, drain: int
 ) -> None:
     stack = agents
     n = max(drain, 2 * concurrency)  # more than one round: some wait when the shutdown comes
-    job_ids = [stack.submit(AGENT, {"prompt": f"order {i}"}) for i in range(n)]
+    job_ids = [stack.submit(agent, {"prompt": f"order {i}"}) for i in range(n)]
     first = stack.worker("A", pool=pool, concurrency=concurrency)
     wait_until(
         lambda: len(_completed_deliveries(first)) >= n // 4,
@@ -208,24 +216,30 @@ def test_a_warm_shutdown_mid_drain_leaves_nothing_running_and_loses_nothing(
     assert second.alive()
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
 def test_a_step_past_its_timeout_fails_the_job_with_the_reason(
-    agents: Stack, pool: str, concurrency: int, drain: int
+    agents: Stack, agent: str, pool: str, concurrency: int, drain: int
 ) -> None:
     """The process's heartbeat writes the outcome at the deadline on every pool. A prefork
     pool child stuck in the step is ended; elsewhere the stuck step runs on until it
     returns, and writes nothing more (its lease is gone), while a pool of several serves
-    other jobs meanwhile."""
+    other jobs meanwhile. An async step is cancelled at its deadline on every pool."""
     stack = agents
     worker = stack.worker("A", pool=pool, concurrency=concurrency)
-    stuck = stack.submit(AGENT, {"tool_seconds": 6.0, "tool_timeout": 1.0}, max_attempts=1)
+    stuck = stack.submit(agent, {"tool_seconds": 6.0, "tool_timeout": 1.0}, max_attempts=1)
     job = stack.wait_state(stuck, timeout=60)
     assert job.state is State.FAILED, job
     assert job.last_error == "step 'tool' passed its timeout of 1 s"
     assert [step.name for step in stack.steps(stuck)] == ["model"]
-    other = stack.submit(AGENT, {"prompt": "meanwhile"})
-    if pool == "prefork":
+    other = stack.submit(agent, {"prompt": "meanwhile"})
+    if agent == "agent_turn_async":
+        # The loop cancels the awaiting step at its deadline, on every pool: it never
+        # finishes, and a prefork child is ended only if the heartbeat saw it first.
+        assert stack.wait_state(other, timeout=30).state is State.COMPLETED
+        assert stack.effect_count(stuck, "tool:done") == 0
+    elif pool == "prefork":
         wait_until(lambda: ENDED in worker.output(), 30, "the stuck pool child to be ended")
     if concurrency > 1:  # another slot serves it while the stuck step still sleeps
         assert stack.wait_state(other, timeout=30).state is State.COMPLETED
@@ -239,10 +253,16 @@ def test_a_step_past_its_timeout_fails_the_job_with_the_reason(
 OUTAGE_SECONDS = 3.0
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize(("pool", "concurrency", "drain"), POOLS)
 @pytest.mark.parametrize("stack", [PRIVATE_PG_RABBITMQ], indirect=True)
 def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
-    agents: Stack, private_pg: PrivatePostgres, pool: str, concurrency: int, drain: int
+    agents: Stack,
+    private_pg: PrivatePostgres,
+    agent: str,
+    pool: str,
+    concurrency: int,
+    drain: int,
 ) -> None:
     """PostgreSQL (the test's own server) stopped for a few seconds while steps are in
     flight, a sweeper running: steps end inside the outage and free slots take doorbells
@@ -254,7 +274,7 @@ def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
     worker = stack.worker("A", pool=pool, concurrency=concurrency)
     stack.sweeper()
     inputs = {"model_seconds": 1.0, "tool_seconds": 1.0}  # the drain spans the outage
-    job_ids = [stack.submit(AGENT, {"prompt": f"order {i}", **inputs}) for i in range(n)]
+    job_ids = [stack.submit(agent, {"prompt": f"order {i}", **inputs}) for i in range(n)]
     in_flight = min(concurrency, 4)
     wait_until(
         lambda: (
@@ -271,7 +291,8 @@ def test_a_database_outage_mid_drain_completes_every_job_and_reruns_no_step(
 
     wait_until(every_job_completed, 90 + n * 0.5, f"{n} jobs to complete", interval=0.2)
     print(
-        f"\n[{pool} x{concurrency}] {n} jobs done {time.monotonic() - back:.1f} s after the outage"
+        f"\n[{pool} x{concurrency} {agent}] {n} jobs done "
+        f"{time.monotonic() - back:.1f} s after the outage"
     )
     for job_id in job_ids:
         assert [step.name for step in stack.steps(job_id)] == ["model", "tool", "write"]
