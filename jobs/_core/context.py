@@ -325,12 +325,7 @@ class JobContext(Workflow):
             return self._atomic_step(name, place, timeout, fn, args, kwargs)
         output = self._run_function(name, place, timeout, fn, args, kwargs)
         self.check_lease()
-        try:
-            pending = self.store.ownership.pending_step(
-                name, output, place, self.progress_reporter.latest
-            )
-        except InvalidInput as err:
-            raise Unstorable(str(err)) from None
+        pending = self._record_of(name, output, place)
         self.progress_reporter.flush()  # the step ended: the row gets the latest progress
         self.pending.add(pending, record_soon=True)
         self.replay.ran_now(name, pending.output)
@@ -358,12 +353,7 @@ class JobContext(Workflow):
         def call(leading: tuple[Any, ...]) -> PendingStep:
             output = self._run_function(name, place, timeout, fn, (*leading, *args), kwargs)
             self.check_lease()  # inside the transaction: a lost lease rolls it back
-            try:
-                return self.store.ownership.pending_step(
-                    name, output, place, self.progress_reporter.latest
-                )
-            except InvalidInput as err:
-                raise Unstorable(str(err)) from None
+            return self._record_of(name, output, place)
 
         try:
             pending = self.store.atomic.run(
@@ -379,6 +369,16 @@ class JobContext(Workflow):
         self.replay.ran_now(name, pending.output)
         result: T = json.loads(pending.text)
         return result
+
+    def _record_of(self, name: str, output: Any, place: int) -> PendingStep:
+        """Step ``name``'s record of ``output`` at ``place``, with the latest progress; an
+        output that can never be stored fails the job now (:class:`Unstorable`)."""
+        try:
+            return self.store.ownership.pending_step(
+                name, output, place, self.progress_reporter.latest
+            )
+        except InvalidInput as err:
+            raise Unstorable(str(err)) from None
 
     def _run_function(
         self,

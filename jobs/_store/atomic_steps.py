@@ -239,16 +239,7 @@ class AtomicSteps:
         insert_step: Executable = (
             insert(StepsTable)
             .from_select(
-                [
-                    "job_id",
-                    "name",
-                    "output",
-                    "recorded_at",
-                    "owner",
-                    "fence",
-                    "position",
-                    "progress",
-                ],
+                list(RECORDED_COLUMNS),
                 rows,
             )
             .returning(StepsTable.job_id)
