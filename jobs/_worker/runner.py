@@ -277,10 +277,14 @@ class Runner:
         if self.heartbeat is not None:
 
             def timed_out(why: str) -> None:
-                """From the heartbeat's thread: the handler is stopped at its next step
-                (writing nothing), and the attempt ends now, retried or FAILED."""
-                lost(LeaseLost(job.id, claim.owner, claim.fence, why))
-                self._retry_or_fail(claim, why, ctx)
+                """From the heartbeat's thread: the attempt ends now, retried or FAILED,
+                and then the handler is stopped at its next step (writing nothing). The
+                outcome is written first, so a run that returns once stopped finds it
+                written; a write the handler makes meanwhile is refused by its fence."""
+                try:
+                    self._retry_or_fail(claim, why, ctx)
+                finally:
+                    lost(LeaseLost(job.id, claim.owner, claim.fence, why))
 
             self.heartbeat.watch(
                 claim,
