@@ -263,6 +263,40 @@ def test_the_admin_shows_a_jobs_progress_in_the_list_and_on_its_page(shop: Doorb
     assert "<b>copying</b>" not in page
 
 
+def test_the_admin_names_pauses_above_the_list_and_says_why_a_job_waits(shop: Doorbell) -> None:
+    """A paused kind is named above the list (escaped), a job's page carries explain's
+    paragraph (held by the pause, and what to do), and the list shows the job's concurrency
+    key; once resumed, neither names the pause and the job runs."""
+    from django.test import Client  # noqa: PLC0415
+
+    from tests.django_site import ROUTER  # noqa: PLC0415
+
+    kind = f"keyed_{ROUTER.alias}"
+    jobs.job(kind, concurrency_key="tenant", max_running_per_key=1)(lambda ctx, tenant: None)
+    client = Client()
+    client.force_login(staff_user("viewer", "view_jobrow"))
+    app = default_app()
+    app.limits.pause(kind=kind, by="ops", reason="<b>incident</b>")
+    try:
+        job_id = jobs.submit(kind, {"tenant": "acme"})
+        listing = client.get("/admin/durable_jobs/jobrow/").content.decode()
+        assert f"Kind &#x27;{kind}&#x27; paused since" in listing
+        assert "by ops (&lt;b&gt;incident&lt;/b&gt;): no worker claims its jobs" in listing
+        assert "acme" in listing  # the key column
+        page = client.get(f"/admin/durable_jobs/jobrow/{job_id}/change/").content.decode()
+        assert "but it is held: kind" in page
+        assert f"jobctl resume {kind} to run it" in page
+        assert "<b>incident</b>" not in page
+    finally:
+        app.limits.resume(kind=kind)
+    listing = client.get("/admin/durable_jobs/jobrow/").content.decode()
+    assert "paused since" not in listing
+    page = client.get(f"/admin/durable_jobs/jobrow/{job_id}/change/").content.decode()
+    assert "but it is held" not in page
+    testing.drain()
+    assert jobs.get(job_id).state is State.COMPLETED
+
+
 def test_limits_declared_on_the_kind_hold_from_the_first_submit_even_after_a_rollback(
     shop: Doorbell,
 ) -> None:

@@ -1,7 +1,9 @@
 """The jobs admin: list (filters by state and kind, WAITING included; search by ID), a
 job's steps and history, its parent and children as links (a parked parent shows how many
 children it still waits for), approve (recording the admin user), cancel, and retry a
-FAILED or CANCELLED job from the step that failed (recording the admin user). Rows are
+FAILED or CANCELLED job from the step that failed (recording the admin user). The list
+names each pause in force (``jobctl pause``) above it and each job's concurrency key; a job's
+page says why it is where it is (``jobctl explain``'s paragraph). Rows are
 read through the unmanaged :class:`JobRow`; every change goes through ``jobs.approve``,
 ``jobs.cancel`` and ``jobs.retry``.
 
@@ -41,6 +43,7 @@ class JobAdmin(admin.ModelAdmin):
         "kind",
         "state",
         job_fields.progress,
+        "concurrency_key",
         "attempts",
         "created_at",
         "finished_at",
@@ -52,7 +55,9 @@ class JobAdmin(admin.ModelAdmin):
         "id",
         "kind",
         "state",
+        job_fields.explanation,
         job_fields.progress,
+        "concurrency_key",
         job_fields.inputs_clipped,
         job_fields.result_clipped,
         job_fields.last_error_clipped,
@@ -138,6 +143,11 @@ class JobAdmin(admin.ModelAdmin):
         action = request.POST.get("action", "") if request.method == "POST" else ""
         if action in self.actions and action not in self.get_actions(request):
             raise PermissionDenied(f"{action}: not permitted")
+        if request.method == "GET":  # what holds jobs back now, above the list
+            for pause in default_app().store.reads.pauses():
+                self.message_user(
+                    request, f"{pause.describe()}: no worker claims its jobs", messages.WARNING
+                )
         return super().changelist_view(request, extra_context)
 
     def _may(self, request: HttpRequest, action: str) -> bool:

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from jobs._core.progress import fraction_of, progress_text
+from jobs._service.explain import explain
 from jobs._service.job_pages import PAGE_ROWS, as_json, clip
 from jobs._store.page_reads import Page
 from jobs.application import default_app
@@ -121,6 +122,16 @@ def progress(row: JobRow) -> Any:
     )
 
 
+@admin.display(description="why it is here")
+def explanation(row: JobRow) -> Any:
+    """``jobctl explain``'s paragraph and actions (without asking the live workers): a
+    QUEUED job held by a pause, a full concurrency key or a limit says so, with what to do."""
+    app = default_app()
+    found = explain(app.store, app.settings, row.id)
+    actions = format_html_join("\n", "<li><code>{}</code></li>", ((a,) for a in found.actions))
+    return format_html("<p>{}</p><ul>{}</ul>", found.paragraph, actions)
+
+
 @admin.display(description="children")
 def children(row: JobRow) -> Any:
     page = _page(row, "children", default_app().store.pages.children_page)
@@ -189,6 +200,7 @@ def history(row: JobRow) -> Any:
 __all__ = [
     "OFFSETS",
     "children",
+    "explanation",
     "history",
     "inputs_clipped",
     "last_error_clipped",

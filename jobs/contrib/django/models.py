@@ -38,6 +38,8 @@ class JobRow(models.Model):
     children_pending = models.IntegerField(default=0)
     # A long job's latest ``ctx.progress``: ``{"done", "total", "message"}`` (small).
     progress = JSONColumn(null=True)
+    # The job's concurrency key (``@jobs.job(concurrency_key=…)``), if its kind declares one.
+    concurrency_key = models.CharField(max_length=200, null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True)
