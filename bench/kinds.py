@@ -75,6 +75,17 @@ def fan_out(ctx: jobs.JobContext, children: int) -> int:
     return len(ctx.map(STEP, [{}] * children))
 
 
+def worker_env(database_url: str, broker_url: str, data_dir: Path, queue: str) -> dict[str, str]:
+    """The settings of a durable worker that runs these kinds from ``queue``."""
+    return {
+        "JOBS_DATABASE_URL": database_url,
+        "JOBS_BROKER_URL": broker_url,
+        "JOBS_DATA_DIR": str(data_dir),
+        "JOBS_QUEUE": queue,
+        "JOBS_IMPORTS": __name__,
+    }
+
+
 def queued(store: JobStore, kind: str, count: int, max_attempts: int = 1) -> list[dict[str, Any]]:
     """``count`` QUEUED jobs of ``kind`` with empty inputs, due now, written in one bulk
     insert (no doorbell: the bench's in-process runner claims them); their rows."""

@@ -114,13 +114,7 @@ class KeyedDrain:
     def __init__(self, procs: Processes, database_url: str, amqp_url: str, root: Path) -> None:
         self.procs = procs
         self.queue = f"bench-perkey-{uuid.uuid4().hex[:8]}"
-        self.env = {
-            "JOBS_DATABASE_URL": database_url,
-            "JOBS_BROKER_URL": amqp_url,
-            "JOBS_DATA_DIR": str(root / "durable"),
-            "JOBS_QUEUE": self.queue,
-            "JOBS_IMPORTS": kinds.__name__,
-        }
+        self.env = kinds.worker_env(database_url, amqp_url, root / "durable", self.queue)
         self.started = 0
 
     def drain(self, n: int, keys: int, per_key: int | None, workers: int, conc: int) -> float:

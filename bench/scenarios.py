@@ -153,11 +153,7 @@ class BackendRun:
         self.releases = root / "releases"
         self.releases.mkdir(parents=True, exist_ok=True)
         self.durable_env = {
-            "JOBS_DATABASE_URL": database_url,
-            "JOBS_BROKER_URL": broker_url,
-            "JOBS_DATA_DIR": str(root / "durable"),
-            "JOBS_QUEUE": self.durable_queue,
-            "JOBS_IMPORTS": kinds.__name__,
+            **kinds.worker_env(database_url, broker_url, root / "durable", self.durable_queue),
             "JOBS_SWEEP_INTERVAL_SECONDS": str(opts.sweep_interval),
         }
         self.marks_path = root / "plain-marks.log"

@@ -156,24 +156,45 @@ METRIC_CALLS = {
 }
 
 
+def _metric_calls(tree: ast.Module) -> list[tuple[str, ast.expr, ast.expr, list[ast.expr]]]:
+    """(constructor, name, help, other arguments) of each metric in ``tree``: a call of a
+    metric's constructor, or an entry ``"name": ScrapedSeries(Family, help, labels)`` of
+    the table of series a scrape reads."""
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if (
+                    isinstance(key, ast.Constant)
+                    and isinstance(value, ast.Call)
+                    and isinstance(value.func, ast.Name)
+                    and value.func.id == "ScrapedSeries"
+                    and isinstance(value.args[0], ast.Name)
+                ):
+                    calls.append((value.args[0].id, key, value.args[1], value.args[2:]))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if len(node.args) >= 2:
+                rest = [*node.args[2:], *(keyword.value for keyword in node.keywords)]
+                calls.append((called, node.args[0], node.args[1], rest))
+    return calls
+
+
 def metrics() -> list[tuple[str, str, str, list[str]]]:
     """Every metric :mod:`jobs._sweeper.metrics` defines: (name, type, help, labels), read
-    from its source (the first two string arguments of each metric's constructor)."""
+    from its source (the name and help of each metric's constructor, or of its entry in
+    the table of scraped series)."""
     tree = ast.parse((ROOT / "jobs" / "_sweeper" / "metrics.py").read_text())
     found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
+    for called, name, doc, rest in _metric_calls(tree):
+        if called not in METRIC_CALLS:
             continue
-        func = node.func
-        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-        if called not in METRIC_CALLS or len(node.args) < 2:
-            continue
-        name, doc = node.args[0], node.args[1]
         if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
             continue
         text = ast.literal_eval(doc) if isinstance(doc, ast.Constant | ast.JoinedStr) else ""
         labels: list[str] = []
-        for candidate in [*node.args[2:], *(keyword.value for keyword in node.keywords)]:
+        for candidate in rest:
             if isinstance(candidate, ast.List) and all(
                 isinstance(item, ast.Constant) for item in candidate.elts
             ):

@@ -27,12 +27,17 @@ from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
+import jobs.testing
 from jobs._config.database_urls import normalize_database_url
+from jobs._core.registry import Registry
+from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.schema import upgrade
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
+from jobs._worker.event_loops import EventLoops
+from jobs._worker.runner import Runner, RunResult
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -240,6 +245,136 @@ def make_store(
 @pytest.fixture
 def store(make_store: Callable[..., JobStore]) -> JobStore:
     return make_store()
+
+
+class StoreRuns:
+    """Runs of one test module's kinds (``registry``) on a store, as a worker's runner makes
+    them (a lease of :attr:`LEASE_SECONDS`), and the crash-and-resume of a run:
+    :meth:`crash` kills the run inside a step (the module's step functions raise
+    ``SystemExit`` for the names in ``crashing``, the module's own set), :meth:`resume`
+    lets the dead owner's lease run out on the logical clock and has another owner run
+    the job."""
+
+    LEASE_SECONDS = 60
+
+    def __init__(self, registry: Registry, crashing: set[str] | None = None) -> None:
+        self.registry = registry
+        self.crashing = set() if crashing is None else crashing
+
+    def runner(
+        self, store: JobStore, owner: str = "w1", event_loops: EventLoops | None = None
+    ) -> Runner:
+        return Runner(
+            store,
+            owner,
+            lease_seconds=self.LEASE_SECONDS,
+            registry=self.registry,
+            event_loops=event_loops,
+        )
+
+    def crash(self, store: JobStore, job_id: str, inside: str, owner: str = "doomed") -> None:
+        """Run ``job_id`` until the function of step ``inside`` dies with its process."""
+        self.crashing.add(inside)
+        with pytest.raises(SystemExit):
+            self.runner(store, owner).run(job_id)
+        assert store.reads.get(job_id).state is State.RUNNING
+
+    def resume(
+        self, store: JobStore, clock: LogicalClock, job_id: str, owner: str = "rescuer"
+    ) -> RunResult:
+        """The crashed owner's lease runs out; another owner claims the job and runs it."""
+        clock.advance(self.LEASE_SECONDS + 1)
+        return self.runner(store, owner).run(job_id)
+
+
+def step_positions(store: JobStore, job_id: str) -> dict[str, int | None]:
+    """Where each of ``job_id``'s recorded steps stands in its handler's calls, by name."""
+    return {step.name: step.position for step in store.reads.steps(job_id)}
+
+
+class AtomicOrmSteps:
+    """What an ORM integration's atomic steps (Django's, Flask-SQLAlchemy's) must do, run
+    in-process. Registers ``kind``, whose one atomic step ``step_name`` calls
+    ``write(customer, fail)`` (an order written through the ORM; then a raise, with
+    ``fail``), or with ``usurped``, ``write_then_lose(customer, job_id)`` (an order, then
+    another owner takes the job). Each check is given ``orders_of``, which counts a
+    customer's orders."""
+
+    def __init__(
+        self,
+        kind: str,
+        step_name: str,
+        write: Callable[[str, bool], int],
+        write_then_lose: Callable[[str, str], int],
+    ) -> None:
+        self.kind = kind
+        self.step_name = step_name
+
+        @jobs.job(kind, max_attempts=1)
+        def atomic_order(
+            ctx: jobs.JobContext, customer: str, fail: bool = False, usurped: bool = False
+        ) -> int:
+            if usurped:
+                return ctx.step(step_name, write_then_lose, customer, ctx.job_id, atomic=True)
+            return ctx.step(step_name, write, customer, fail, atomic=True)
+
+    def commit_with_their_record(self, orders_of: Callable[[str], int]) -> None:
+        job = jobs.testing.perform_job(self.kind, {"customer": "atom"})
+        assert job.state is State.COMPLETED, job.last_error
+        assert orders_of("atom") == 1
+        recorded = [(step.name, step.output) for step in jobs.steps(job.id)]
+        assert recorded == [(self.step_name, job.result)]
+
+    def leave_nothing_when_they_raise(self, orders_of: Callable[[str], int], error: str) -> None:
+        job = jobs.testing.perform_job(self.kind, {"customer": "atom-fail", "fail": True})
+        assert job.state is State.FAILED
+        assert job.last_error == error
+        assert orders_of("atom-fail") == 0
+        assert jobs.steps(job.id) == []
+
+    def roll_back_for_a_stale_owner(self, orders_of: Callable[[str], int]) -> None:
+        """The fenced record, in the ORM's transaction, sees the job taken: refused, and the
+        order goes with it (and the takeover, written in that transaction too: the job is
+        left RUNNING under its first owner)."""
+        job = jobs.testing.perform_job(self.kind, {"customer": "atom-stale", "usurped": True})
+        assert job.state is State.RUNNING, job.last_error
+        assert job.owner != "usurper"
+        assert orders_of("atom-stale") == 0
+        assert jobs.steps(job.id) == []
+
+    def are_refused_with_the_jobs_elsewhere(
+        self,
+        orders_of: Callable[[str], int],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        why: str,
+    ) -> None:
+        """With the jobs in another database than the ORM's, the step fails the job in one
+        line saying ``why``, and writes nothing."""
+        from jobs.application import default_app  # noqa: PLC0415
+
+        monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
+        default_app().reset_settings()
+        jobs.reset()
+        job = jobs.testing.perform_job(self.kind, {"customer": "atom-elsewhere"})
+        assert job.state is State.FAILED
+        assert job.last_error is not None
+        assert "\n" not in job.last_error
+        refused = "StepError: atomic step refused: the jobs' database (sqlite:"
+        assert job.last_error.startswith(refused)
+        assert why in job.last_error
+        assert orders_of("atom-elsewhere") == 0
+
+
+#: The columns of ``jobctl limits``, in order.
+LIMITS_COLUMNS = ["KIND", "RUNNING", "MAX_RUNNING", "PER_KEY", "QUEUED", "MAX_QUEUED", "PAUSED"]
+
+
+def limits_row(listing: str) -> str:
+    """The one row of a ``jobctl limits`` listing of one kind, its header checked."""
+    header, row = listing.strip().splitlines()
+    assert header.split() == LIMITS_COLUMNS
+    return row
 
 
 def snapshot(engine: Engine) -> Snapshot:

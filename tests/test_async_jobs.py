@@ -32,7 +32,8 @@ from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
 from jobs._store.deferred import hold_completions
 from jobs._worker.event_loops import EventLoops
-from jobs._worker.runner import EVENT_LOOPS, Outcome, Runner, RunResult
+from jobs._worker.runner import EVENT_LOOPS, Outcome, RunResult
+from tests.conftest import StoreRuns, step_positions
 from tests.test_api import use_short_lease
 from tests.test_held_completions import _busy
 
@@ -160,25 +161,7 @@ async def async_left_over(ctx: AsyncJobContext) -> str:
     return "left a task running"
 
 
-def runner(store: JobStore, owner: str = "w1", loops: EventLoops | None = None) -> Runner:
-    return Runner(store, owner, lease_seconds=60, registry=KINDS, event_loops=loops)
-
-
-def crash(store: JobStore, job_id: str, inside: str, owner: str = "doomed") -> None:
-    """Run ``job_id`` until the function of step ``inside`` dies with its process."""
-    CRASH.add(inside)
-    with pytest.raises(SystemExit):
-        runner(store, owner).run(job_id)
-    assert store.reads.get(job_id).state is State.RUNNING
-
-
-def resume(store: JobStore, clock: LogicalClock, job_id: str, owner: str = "rescuer") -> RunResult:
-    clock.advance(61)
-    return runner(store, owner).run(job_id)
-
-
-def positions(store: JobStore, job_id: str) -> dict[str, int | None]:
-    return {step.name: step.position for step in store.reads.steps(job_id)}
+RUNS = StoreRuns(KINDS, CRASH)
 
 
 # -- steps, replay, determinism --------------------------------------------------------------
@@ -186,12 +169,12 @@ def positions(store: JobStore, job_id: str) -> dict[str, int | None]:
 
 def test_async_and_sync_steps_run_and_are_recorded(store: JobStore) -> None:
     store.submissions.create("async_steps", {}, job_id="s1", max_attempts=5)
-    result = runner(store).run("s1")
+    result = RUNS.runner(store).run("s1")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.ran_steps == ("a", "b", "c")
     job = store.reads.get("s1")
     assert job.result == [{"name": "a"}, "b", {"name": "c"}]
-    assert positions(store, "s1") == {"a": 0, "b": 1, "c": 2}
+    assert step_positions(store, "s1") == {"a": 0, "b": 1, "c": 2}
     # Async steps run on the loop's thread; the sync one in a thread of its own.
     assert SEEN["async_threads"] == {SEEN["loop_thread"]}
     assert SEEN["loop_thread"] not in SEEN["sync_threads"]
@@ -201,9 +184,9 @@ def test_a_crash_resumes_without_running_a_recorded_step_again(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("async_steps", {}, job_id="s2", max_attempts=5)
-    crash(store, "s2", inside="c")
-    assert positions(store, "s2") == {"a": 0, "b": 1}
-    result = resume(store, clock, "s2")
+    RUNS.crash(store, "s2", inside="c")
+    assert step_positions(store, "s2") == {"a": 0, "b": 1}
+    result = RUNS.resume(store, clock, "s2")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("a", "b")
     assert result.ran_steps == ("c",)
@@ -218,42 +201,42 @@ def test_a_renamed_async_step_fails_the_job_as_non_deterministic(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("async_steps", {}, job_id="s3", max_attempts=5)
-    crash(store, "s3", inside="c")
+    RUNS.crash(store, "s3", inside="c")
     CODE["steps"] = ["a", "b_renamed", "c"]
-    result = resume(store, clock, "s3")
+    result = RUNS.resume(store, clock, "s3")
     assert result.outcome is Outcome.FAILED
     error = store.reads.get("s3").last_error or ""
     assert error.startswith("NonDeterministic: ")
     assert "position 1" in error
     assert "'b_renamed'" in error
     assert RAN["b_renamed"] == 0
-    assert positions(store, "s3") == {"a": 0, "b": 1}
+    assert step_positions(store, "s3") == {"a": 0, "b": 1}
 
 
 def test_gathered_steps_are_recorded_one_after_the_other_in_the_order_asked(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("async_gathered", {}, job_id="g1", max_attempts=5)
-    crash(store, "g1", inside="y")
-    assert positions(store, "g1") == {"x": 0}
-    result = resume(store, clock, "g1")
+    RUNS.crash(store, "g1", inside="y")
+    assert step_positions(store, "g1") == {"x": 0}
+    result = RUNS.resume(store, clock, "g1")
     assert result.outcome is Outcome.COMPLETED, result.error
-    assert positions(store, "g1") == {"x": 0, "y": 1}
+    assert step_positions(store, "g1") == {"x": 0, "y": 1}
     assert store.reads.get("g1").result == [{"name": "x"}, {"name": "y"}]
     assert RAN["x"] == 1
 
 
 def test_a_failing_async_step_is_retried_and_records_nothing(store: JobStore) -> None:
     store.submissions.create("async_failing", {}, job_id="f1", max_attempts=2)
-    result = runner(store).run("f1")
+    result = RUNS.runner(store).run("f1")
     assert result.outcome is Outcome.RETRYING
     assert result.error == "ValueError: provider down"
-    assert positions(store, "f1") == {"fine": 0}
+    assert step_positions(store, "f1") == {"fine": 0}
 
 
 def test_a_context_call_inside_a_step_is_refused(store: JobStore) -> None:
     store.submissions.create("async_nested", {}, job_id="n1", max_attempts=1)
-    result = runner(store).run("n1")
+    result = RUNS.runner(store).run("n1")
     assert result.outcome is Outcome.FAILED
     assert "a context call inside step 'outer'" in (result.error or "")
 
@@ -263,11 +246,11 @@ def test_an_async_step_past_its_timeout_is_cancelled_and_the_attempt_counts(
 ) -> None:
     store.submissions.create("async_timed", {}, job_id="t1", max_attempts=2)
     began = time.monotonic()
-    result = runner(store).run("t1")  # no heartbeat: the step's own time-out stops it
+    result = RUNS.runner(store).run("t1")  # no heartbeat: the step's own time-out stops it
     assert time.monotonic() - began < 5
     assert result.outcome is Outcome.RETRYING
     assert result.error == "step 'slow' passed its timeout of 0.2 s"
-    assert positions(store, "t1") == {}
+    assert step_positions(store, "t1") == {}
 
 
 # -- waits, timers, children -----------------------------------------------------------------
@@ -277,11 +260,11 @@ def test_async_sleep_and_approval_park_the_job_and_resume_past_them(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("async_waits", {}, job_id="w1", max_attempts=5)
-    assert runner(store).run("w1").outcome is Outcome.SLEEPING
+    assert RUNS.runner(store).run("w1").outcome is Outcome.SLEEPING
     clock.advance(31)
-    assert runner(store).run("w1").outcome is Outcome.WAITING_APPROVAL
+    assert RUNS.runner(store).run("w1").outcome is Outcome.WAITING_APPROVAL
     store.operator.approve("w1", by="alice")
-    result = runner(store).run("w1")
+    result = RUNS.runner(store).run("w1")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("before", "nap", "approval-1")
     assert RAN["before"] == 1
@@ -289,16 +272,16 @@ def test_async_sleep_and_approval_park_the_job_and_resume_past_them(
     assert job.result == "alice"
     assert job.progress is not None
     assert job.progress["done"] == 3
-    assert positions(store, "w1") == {"before": 0, "nap": 1, "approval-1": 2, "after": 3}
+    assert step_positions(store, "w1") == {"before": 0, "nap": 1, "approval-1": 2, "after": 3}
 
 
 def test_async_spawn_map_and_wait_for(store: JobStore) -> None:
     store.submissions.create("async_fan_out", {}, job_id="p1", max_attempts=3)
-    assert runner(store).run("p1").outcome is Outcome.WAITING
+    assert RUNS.runner(store).run("p1").outcome is Outcome.WAITING
     children = ["p1.one", "p1.map.0", "p1.map.1"]
     for child in children:
-        assert runner(store).run(child).outcome is Outcome.COMPLETED
-    result = runner(store).run("p1")
+        assert RUNS.runner(store).run(child).outcome is Outcome.COMPLETED
+    result = RUNS.runner(store).run("p1")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert store.reads.get("p1").result == 2 + 4 + 20
 
@@ -310,10 +293,10 @@ def test_one_loop_per_thread_is_reused_and_left_clean(store: JobStore) -> None:
     loops = EventLoops()
     for job_id in ("l1", "l2"):
         store.submissions.create("async_steps", {}, job_id=job_id, max_attempts=5)
-        assert runner(store, loops=loops).run(job_id).outcome is Outcome.COMPLETED
+        assert RUNS.runner(store, event_loops=loops).run(job_id).outcome is Outcome.COMPLETED
     assert SEEN["loops"][0] == SEEN["loops"][1] == id(loops.loop())
     store.submissions.create("async_left_over", {}, job_id="l3", max_attempts=1)
-    assert runner(store, loops=loops).run("l3").outcome is Outcome.COMPLETED
+    assert RUNS.runner(store, event_loops=loops).run("l3").outcome is Outcome.COMPLETED
     assert SEEN["left_over_cancelled"] is True  # not left to run inside the next job
     other: list[int] = []
     thread = threading.Thread(target=lambda: other.append(id(loops.loop())))
@@ -419,12 +402,12 @@ def test_an_async_jobs_completion_is_held_for_the_next_claim(
         _busy(store)
         for job_id in ("h1", "h2"):
             store.submissions.create("async_leaf", {"n": 4}, job_id=job_id, max_attempts=3)
-        assert runner(store).run("h1").outcome is Outcome.COMPLETED
+        assert RUNS.runner(store).run("h1").outcome is Outcome.COMPLETED
         with clean_pg_engine.connect() as conn:
             state = conn.execute(text("SELECT state FROM jobs WHERE id = 'h1'")).scalar_one()
         assert state == "RUNNING"  # held: not committed yet
         assert store.statements.held is not None
-        assert runner(store).run("h2").outcome is Outcome.COMPLETED  # its claim carries h1's
+        assert RUNS.runner(store).run("h2").outcome is Outcome.COMPLETED  # its claim carries h1's
         done = store.reads.get("h1")
         assert done.state is State.COMPLETED
         assert done.result == 8
@@ -441,7 +424,7 @@ def test_the_replay_check_replays_an_async_handler_in_dry_mode(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("async_steps", {}, job_id="r1", max_attempts=5)
-    crash(store, "r1", inside="c")
+    RUNS.crash(store, "r1", inside="c")
     ran = dict(RAN)
     report = replay_check(store, KINDS)
     assert (report.checked, report.ok, report.findings) == (1, 1, [])
@@ -479,7 +462,7 @@ async def async_ticking(ctx: AsyncJobContext) -> int:
 
 def test_a_sync_step_blocks_none_of_the_loops_other_coroutines(store: JobStore) -> None:
     store.submissions.create("async_ticking", {}, job_id="k1", max_attempts=1)
-    result = runner(store).run("k1")
+    result = RUNS.runner(store).run("k1")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert store.reads.get("k1").result >= 10  # ticked all through the half second
 

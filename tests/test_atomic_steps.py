@@ -30,11 +30,11 @@ from jobs._core.errors import StepError
 from jobs._core.heartbeat import LeaseHeartbeat
 from jobs._core.records import StepTransaction
 from jobs._core.registry import Registry
-from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
-from jobs._worker.runner import Outcome, Runner, RunResult
+from jobs._worker.runner import Outcome, Runner
+from tests.conftest import StoreRuns
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -122,8 +122,7 @@ def unstorable_atomic(ctx: JobContext) -> None:
     ctx.step("unstorable", write_then_return_a_set, atomic=True)
 
 
-def runner(store: JobStore, owner: str = "w1") -> Runner:
-    return Runner(store, owner, lease_seconds=60, registry=KINDS)
+RUNS = StoreRuns(KINDS, CRASH)
 
 
 def orders(engine: Engine, job_id: str) -> list[str]:
@@ -135,17 +134,12 @@ def step_names(store: JobStore, job_id: str) -> list[str]:
     return [step.name for step in store.reads.steps(job_id)]
 
 
-def resume(store: JobStore, clock: LogicalClock, job_id: str, owner: str = "rescuer") -> RunResult:
-    clock.advance(61)
-    return runner(store, owner).run(job_id)
-
-
 pytestmark = pytest.mark.usefixtures("app_table")
 
 
 def test_the_apps_row_and_the_step_record_commit_together(store: JobStore, engine: Engine) -> None:
     store.submissions.create("place_order", {}, job_id="o-1", max_attempts=5)
-    result = runner(store).run("o-1")
+    result = RUNS.runner(store).run("o-1")
     assert result.outcome is Outcome.COMPLETED, result
     assert result.ran_steps == ("lookup", "insert", "notify")
     assert orders(engine, "o-1") == ["one"]
@@ -161,14 +155,14 @@ def test_a_function_that_raises_leaves_neither_row_nor_record(
 ) -> None:
     store.submissions.create("place_order", {}, job_id="o-2", max_attempts=5)
     RAISE.add("insert")
-    result = runner(store).run("o-2")
+    result = RUNS.runner(store).run("o-2")
     assert result.outcome is Outcome.RETRYING, result
     assert result.error == "ValueError: insert failed after its write"
     assert orders(engine, "o-2") == []  # its write rolled back with the step
     assert step_names(store, "o-2") == ["lookup"]  # the plain step before it was recorded
 
     clock.advance(3600)  # past the backoff
-    again = runner(store).run("o-2")
+    again = RUNS.runner(store).run("o-2")
     assert again.outcome is Outcome.COMPLETED, again
     assert again.replayed_steps == ("lookup",)
     assert orders(engine, "o-2") == ["one"]
@@ -180,15 +174,12 @@ def test_a_crash_before_the_commit_leaves_neither_and_the_resumed_run_writes_onc
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
     store.submissions.create("place_order", {}, job_id="o-3", max_attempts=5)
-    CRASH.add("insert")
-    with pytest.raises(SystemExit):
-        runner(store, "doomed").run("o-3")
-    assert store.reads.get("o-3").state is State.RUNNING
+    RUNS.crash(store, "o-3", inside="insert")
     assert orders(engine, "o-3") == []
     # The pending plain step was recorded before the atomic step's transaction began.
     assert step_names(store, "o-3") == ["lookup"]
 
-    result = resume(store, clock, "o-3")
+    result = RUNS.resume(store, clock, "o-3")
     assert result.outcome is Outcome.COMPLETED, result
     assert orders(engine, "o-3") == ["one"]  # exactly once, though the function ran twice
     assert RAN["insert"] == 2
@@ -198,12 +189,10 @@ def test_a_replay_returns_the_recorded_output_without_calling_the_function(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
     store.submissions.create("place_order", {}, job_id="o-4", max_attempts=5)
-    CRASH.add("notify")  # dies after the atomic step committed
-    with pytest.raises(SystemExit):
-        runner(store, "doomed").run("o-4")
+    RUNS.crash(store, "o-4", inside="notify")  # dies after the atomic step committed
     assert step_names(store, "o-4") == ["lookup", "insert"]
 
-    result = resume(store, clock, "o-4")
+    result = RUNS.resume(store, clock, "o-4")
     assert result.outcome is Outcome.COMPLETED, result
     assert result.replayed_steps == ("lookup", "insert")
     assert RAN["insert"] == 1
@@ -226,7 +215,7 @@ def test_a_stale_owners_atomic_step_rolls_back_its_write(
             taken.append(store.ownership.claim("o-5", "usurper", 60))
 
     INSIDE["insert"] = lease_runs_out
-    result = runner(store, "stale").run("o-5")
+    result = RUNS.runner(store, "stale").run("o-5")
     assert result.outcome is Outcome.LEASE_LOST, result
     assert orders(engine, "o-5") == []
     assert step_names(store, "o-5") == ["lookup"]
@@ -234,7 +223,7 @@ def test_a_stale_owners_atomic_step_rolls_back_its_write(
         assert taken[0] is not None
         assert store.reads.get("o-5").owner == "usurper"
 
-    after = resume(store, clock, "o-5")
+    after = RUNS.resume(store, clock, "o-5")
     assert after.outcome is Outcome.COMPLETED, after
     assert orders(engine, "o-5") == ["one"]
 
@@ -267,7 +256,7 @@ def test_an_atomic_record_renews_the_lease_so_a_waiting_claim_takes_nothing(
 
     KINDS.step_transactions = commit_while_a_claim_waits
     INSIDE["insert"] = lambda: clock.advance(30)
-    result = runner(store, "owner").run("o-6")
+    result = RUNS.runner(store, "owner").run("o-6")
     assert claims == [None]  # the claim took nothing
     assert result.outcome is Outcome.COMPLETED, result
     assert orders(engine, "o-6") == ["one"]
@@ -278,7 +267,7 @@ def test_an_atomic_step_inside_another_steps_function_is_refused_in_one_line(
     store: JobStore, engine: Engine
 ) -> None:
     store.submissions.create("nested_atomic", {}, job_id="n-1", max_attempts=1)
-    result = runner(store).run("n-1")
+    result = RUNS.runner(store).run("n-1")
     assert result.outcome is Outcome.FAILED, result
     assert result.error == (
         "StepError: job 'n-1': atomic step 'inner' inside step 'outer': an atomic step "
@@ -292,7 +281,7 @@ def test_an_output_that_cannot_be_stored_fails_the_job_and_rolls_back_the_write(
     store: JobStore, engine: Engine
 ) -> None:
     store.submissions.create("unstorable_atomic", {}, job_id="u-1", max_attempts=5)
-    result = runner(store).run("u-1")
+    result = RUNS.runner(store).run("u-1")
     assert result.outcome is Outcome.FAILED, result
     assert "output of step 'unstorable'" in str(result.error)
     assert "\n" not in str(result.error)
@@ -322,7 +311,7 @@ def test_a_function_that_commits_the_steps_transaction_itself_is_refused(
     store: JobStore, engine: Engine
 ) -> None:
     store.submissions.create("self_committing", {}, job_id="c-1", max_attempts=1)
-    result = runner(store).run("c-1")
+    result = RUNS.runner(store).run("c-1")
     assert result.outcome is Outcome.FAILED, result
     assert result.error == (
         "StepError: job 'c-1': atomic step 'committing': its function ended the step's "
@@ -335,13 +324,11 @@ def test_a_renamed_atomic_step_diverges_before_its_function_runs(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
     store.submissions.create("renamed_atomic", {}, job_id="r-1", max_attempts=5)
-    CRASH.add("after")
-    with pytest.raises(SystemExit):
-        runner(store, "doomed").run("r-1")
+    RUNS.crash(store, "r-1", inside="after")
     assert orders(engine, "r-1") == ["first"]
 
     CODE["name"] = "second"  # deployed: the step renamed, no patch
-    result = resume(store, clock, "r-1")
+    result = RUNS.resume(store, clock, "r-1")
     assert result.outcome is Outcome.FAILED, result
     assert str(result.error).startswith("NonDeterministic: "), result.error
     assert RAN["second"] == 0
@@ -360,7 +347,7 @@ def test_a_different_database_is_refused_at_the_step(store: JobStore, engine: En
 
     KINDS.step_transactions = elsewhere
     store.submissions.create("place_order", {}, job_id="d-1", max_attempts=1)
-    result = runner(store).run("d-1")
+    result = RUNS.runner(store).run("d-1")
     assert result.outcome is Outcome.FAILED, result
     assert str(result.error).startswith("StepError: atomic step refused: the jobs' database")
     assert RAN["insert"] == 0
@@ -489,13 +476,10 @@ def test_the_replay_check_replays_an_atomic_step_and_never_calls_an_unrecorded_o
         return replay_job(store, KINDS, recorded)
 
     store.submissions.create("place_order", {}, job_id="rc-1", max_attempts=5)
-    CRASH.add("insert")  # dies inside the atomic step: only "lookup" recorded
-    with pytest.raises(SystemExit):
-        runner(store, "doomed").run("rc-1")
+    # Dies inside the atomic step: only "lookup" recorded.
+    RUNS.crash(store, "rc-1", inside="insert")
     store.submissions.create("place_order", {}, job_id="rc-2", max_attempts=5)
-    CRASH.add("notify")  # dies after the atomic step committed
-    with pytest.raises(SystemExit):
-        runner(store, "doomed").run("rc-2")
+    RUNS.crash(store, "rc-2", inside="notify")  # dies after the atomic step committed
     ran_before = RAN["insert"]
 
     for job_id in ("rc-1", "rc-2"):

@@ -35,7 +35,7 @@ from jobs.application import default_app
 from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
 from tests import racing
-from tests.conftest import snapshot
+from tests.conftest import limits_row, snapshot
 from tests.test_metrics import scrape, value
 
 KIND = "ck"
@@ -322,8 +322,7 @@ def test_jobctl_limits_set_per_key_and_the_listing() -> None:
         new(store, f"cli-{n}", "tenant", kind="ck_cli")
     for n in range(3):
         claimed(store, f"cli-{n}")
-    header, row = jobctl("limits").stdout.strip().splitlines()
-    assert header.split()[:4] == ["KIND", "RUNNING", "MAX_RUNNING", "PER_KEY"]
+    row = limits_row(jobctl("limits").stdout)
     assert "3 (1 keys full, 1 held)" in row
     figures = json.loads(jobctl("limits", "--json").stdout)["ck_cli"]
     assert (figures["max_running_per_key"], figures["keys_at_limit"]) == (3, 1)

@@ -26,6 +26,7 @@ from tests.conftest import (
     PAGE_CHILDREN,
     PAGE_OUTPUT_CHARS,
     AllocationPeak,
+    AtomicOrmSteps,
     assert_children_paged,
     assert_outputs_escaped,
     page_probe_kinds,
@@ -647,54 +648,30 @@ def create_order_then_lose_the_job(customer: str, job_id: str) -> int:
     return order_id
 
 
-@jobs.job("shop_atomic_order", max_attempts=1)
-def shop_atomic_order(
-    ctx: jobs.JobContext, customer: str, fail: bool = False, usurped: bool = False
-) -> int:
-    if usurped:
-        return ctx.step("create", create_order_then_lose_the_job, customer, ctx.job_id, atomic=True)
-    return ctx.step("create", create_order, customer, fail, atomic=True)
+ATOMIC_STEPS = AtomicOrmSteps(
+    "shop_atomic_order", "create", create_order, create_order_then_lose_the_job
+)
 
 
 def test_an_atomic_step_commits_the_orms_write_with_its_record(shop: Doorbell) -> None:
-    job = testing.perform_job("shop_atomic_order", {"customer": "atom"})
-    assert job.state is State.COMPLETED, job.last_error
-    assert orders_of("atom") == 1
-    assert [step.name for step in jobs.steps(job.id)] == ["create"]
-    assert jobs.steps(job.id)[0].output == job.result
+    ATOMIC_STEPS.commit_with_their_record(orders_of)
 
 
 def test_an_atomic_step_that_raises_leaves_neither_the_orms_write_nor_its_record(
     shop: Doorbell,
 ) -> None:
-    job = testing.perform_job("shop_atomic_order", {"customer": "atom-fail", "fail": True})
-    assert job.state is State.FAILED
-    assert job.last_error == "ValueError: failed after the ORM's write"
-    assert orders_of("atom-fail") == 0
-    assert jobs.steps(job.id) == []
+    ATOMIC_STEPS.leave_nothing_when_they_raise(
+        orders_of, "ValueError: failed after the ORM's write"
+    )
 
 
 def test_a_stale_owners_atomic_step_rolls_back_the_orms_write(shop: Doorbell) -> None:
-    """The fenced record, on Django's connection in the same transaction, sees the job
-    taken: refused, and the order goes with it (and the takeover, which was written in
-    that transaction too: the job is left RUNNING under its first owner)."""
-    job = testing.perform_job("shop_atomic_order", {"customer": "atom-stale", "usurped": True})
-    assert job.state is State.RUNNING, job.last_error
-    assert job.owner != "usurper"
-    assert orders_of("atom-stale") == 0
-    assert jobs.steps(job.id) == []
+    ATOMIC_STEPS.roll_back_for_a_stale_owner(orders_of)
 
 
 def test_an_atomic_step_with_the_jobs_in_another_database_is_refused(
     shop: Doorbell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
-    default_app().reset_settings()
-    jobs.reset()
-    job = testing.perform_job("shop_atomic_order", {"customer": "atom-elsewhere"})
-    assert job.state is State.FAILED
-    assert job.last_error is not None
-    assert "\n" not in job.last_error
-    assert job.last_error.startswith("StepError: atomic step refused: the jobs' database (sqlite:")
-    assert "is none of settings.DATABASES" in job.last_error
-    assert orders_of("atom-elsewhere") == 0
+    ATOMIC_STEPS.are_refused_with_the_jobs_elsewhere(
+        orders_of, tmp_path, monkeypatch, "is none of settings.DATABASES"
+    )

@@ -21,7 +21,7 @@ from jobs import testing
 from jobs._core.registry import REGISTRY
 from jobs._core.states import State
 from jobs.application import default_app
-from tests.conftest import peak_rss_mib
+from tests.conftest import AtomicOrmSteps, peak_rss_mib
 
 
 @jobs.job("relative_echo")
@@ -530,52 +530,28 @@ def add_order_then_lose_the_job(customer: str, job_id: str) -> int:
     return order_id
 
 
-@jobs.job("flask_atomic_order", max_attempts=1)
-def flask_atomic_order(
-    ctx: jobs.JobContext, customer: str, fail: bool = False, usurped: bool = False
-) -> int:
-    if usurped:
-        return ctx.step("add", add_order_then_lose_the_job, customer, ctx.job_id, atomic=True)
-    return ctx.step("add", add_order, customer, fail, atomic=True)
+ATOMIC_STEPS = AtomicOrmSteps("flask_atomic_order", "add", add_order, add_order_then_lose_the_job)
 
 
 def test_an_atomic_step_commits_db_sessions_write_with_its_record(shop: Shop) -> None:
-    job = testing.perform_job("flask_atomic_order", {"customer": "atom"})
-    assert job.state is State.COMPLETED, job.last_error
-    assert shop.orders_of("atom") == 1
-    assert [step.output for step in jobs.steps(job.id)] == [job.result]
+    ATOMIC_STEPS.commit_with_their_record(shop.orders_of)
 
 
 def test_an_atomic_step_that_raises_leaves_neither_db_sessions_write_nor_its_record(
     shop: Shop,
 ) -> None:
-    job = testing.perform_job("flask_atomic_order", {"customer": "atom-fail", "fail": True})
-    assert job.state is State.FAILED
-    assert job.last_error == "ValueError: failed after db.session's write"
-    assert shop.orders_of("atom-fail") == 0
-    assert jobs.steps(job.id) == []
+    ATOMIC_STEPS.leave_nothing_when_they_raise(
+        shop.orders_of, "ValueError: failed after db.session's write"
+    )
 
 
 def test_a_stale_owners_atomic_step_rolls_back_db_sessions_write(shop: Shop) -> None:
-    """The fenced record, on the session's connection, sees the job taken: refused, and
-    the order (with the takeover, written in that transaction too) rolls back."""
-    job = testing.perform_job("flask_atomic_order", {"customer": "atom-stale", "usurped": True})
-    assert job.state is State.RUNNING, job.last_error
-    assert job.owner != "usurper"
-    assert shop.orders_of("atom-stale") == 0
-    assert jobs.steps(job.id) == []
+    ATOMIC_STEPS.roll_back_for_a_stale_owner(shop.orders_of)
 
 
 def test_an_atomic_step_with_the_jobs_in_another_database_is_refused(
     shop: Shop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("JOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}")
-    default_app().reset_settings()
-    jobs.reset()
-    job = testing.perform_job("flask_atomic_order", {"customer": "atom-elsewhere"})
-    assert job.state is State.FAILED
-    assert job.last_error is not None
-    assert "\n" not in job.last_error
-    assert job.last_error.startswith("StepError: atomic step refused: the jobs' database (sqlite:")
-    assert "is not the app's" in job.last_error
-    assert shop.orders_of("atom-elsewhere") == 0
+    ATOMIC_STEPS.are_refused_with_the_jobs_elsewhere(
+        shop.orders_of, tmp_path, monkeypatch, "is not the app's"
+    )

@@ -29,8 +29,9 @@ from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.tables import JobsTable, StepsTable
-from jobs._worker.runner import Outcome, Runner, RunResult
+from jobs._worker.runner import Outcome
 from jobs.cli import main
+from tests.conftest import StoreRuns, step_positions
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -129,26 +130,7 @@ def approved_steps(ctx: JobContext) -> str:
     return str(approval["approved_by"])
 
 
-def runner(store: JobStore, owner: str = "w1") -> Runner:
-    return Runner(store, owner, lease_seconds=60, registry=KINDS)
-
-
-def crash(store: JobStore, job_id: str, inside: str, owner: str = "doomed") -> None:
-    """Run ``job_id`` until the function of step ``inside`` dies with its process."""
-    CRASH.add(inside)
-    with pytest.raises(SystemExit):
-        runner(store, owner).run(job_id)
-    assert store.reads.get(job_id).state is State.RUNNING
-
-
-def resume(store: JobStore, clock: LogicalClock, job_id: str, owner: str = "rescuer") -> RunResult:
-    """The crashed owner's lease runs out; another owner claims the job and runs it."""
-    clock.advance(61)
-    return runner(store, owner).run(job_id)
-
-
-def positions(store: JobStore, job_id: str) -> dict[str, int | None]:
-    return {step.name: step.position for step in store.reads.steps(job_id)}
+RUNS = StoreRuns(KINDS, CRASH)
 
 
 # -- idempotency keys ------------------------------------------------------------------------
@@ -158,10 +140,10 @@ def test_a_steps_key_is_the_same_after_a_crash_and_resume(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("payment", {}, job_id="pay-1", max_attempts=5)
-    crash(store, "pay-1", inside="charge")
+    RUNS.crash(store, "pay-1", inside="charge")
     assert [step.name for step in store.reads.steps("pay-1")] == ["lookup"]
 
-    result = resume(store, clock, "pay-1")
+    result = RUNS.resume(store, clock, "pay-1")
     assert result.outcome is Outcome.COMPLETED
     assert result.ran_steps == ("charge", "receipt")
     assert RAN["charge"] == 2  # the crashed run and the resumed one
@@ -183,7 +165,7 @@ def test_a_steps_key_is_the_same_after_a_crash_and_resume(
 def test_keys_differ_between_jobs_steps_and_names(store: JobStore) -> None:
     for job_id in ("pay-1", "pay-2"):
         store.submissions.create("payment", {}, job_id=job_id, max_attempts=5)
-        assert runner(store).run(job_id).outcome is Outcome.COMPLETED
+        assert RUNS.runner(store).run(job_id).outcome is Outcome.COMPLETED
     keys = [
         KEYS[f"{job_id}/{what}"][0]
         for job_id in ("pay-1", "pay-2")
@@ -199,7 +181,7 @@ def test_a_key_name_that_cannot_be_stored_is_refused(store: JobStore) -> None:
         return ctx.idempotency_key("x" * 500)
 
     store.submissions.create("bad_key_name", {}, job_id="bad", max_attempts=5)
-    result = runner(store).run("bad")
+    result = RUNS.runner(store).run("bad")
     assert result.outcome is Outcome.FAILED
     assert "idempotency key name" in (result.error or "")
 
@@ -211,11 +193,11 @@ def test_a_renamed_step_fails_the_job_at_once_and_a_retry_after_the_fix_resumes(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("steps", {}, job_id="j1", max_attempts=5)
-    crash(store, "j1", inside="c")
-    assert positions(store, "j1") == {"a": 0, "b": 1}
+    RUNS.crash(store, "j1", inside="c")
+    assert step_positions(store, "j1") == {"a": 0, "b": 1}
 
     CODE["steps"] = ["a", "b_renamed", "c"]  # the deploy renamed b
-    result = resume(store, clock, "j1")
+    result = RUNS.resume(store, clock, "j1")
     assert result.outcome is Outcome.FAILED
     job = store.reads.get("j1")
     assert job.state is State.FAILED
@@ -227,17 +209,17 @@ def test_a_renamed_step_fails_the_job_at_once_and_a_retry_after_the_fix_resumes(
     assert result.replayed_steps == ("a",)
     assert result.ran_steps == ()
     assert RAN["b_renamed"] == 0  # the mismatched step's function never ran
-    assert positions(store, "j1") == {"a": 0, "b": 1}  # the recorded steps are kept
+    assert step_positions(store, "j1") == {"a": 0, "b": 1}  # the recorded steps are kept
 
     CODE["steps"] = ["a", "b", "c"]  # the fix
     store.operator.retry("j1", by="ops", reason="fixed the rename")
-    result = runner(store).run("j1")
+    result = RUNS.runner(store).run("j1")
     assert result.outcome is Outcome.COMPLETED
     assert result.replayed_steps == ("a", "b")
     assert result.ran_steps == ("c",)
     assert (RAN["a"], RAN["b"]) == (1, 1)
     assert store.reads.get("j1").result == ["a", "b", "c"]
-    assert positions(store, "j1") == {"a": 0, "b": 1, "c": 2}
+    assert step_positions(store, "j1") == {"a": 0, "b": 1, "c": 2}
 
 
 def test_the_error_class_names_the_job_the_place_and_both_steps() -> None:
@@ -268,13 +250,13 @@ def test_reordered_inserted_and_removed_steps_are_reported(
     store: JobStore, clock: LogicalClock, new_code: list[str], what: str
 ) -> None:
     store.submissions.create("steps", {}, job_id="j1", max_attempts=5)
-    crash(store, "j1", inside="c")
+    RUNS.crash(store, "j1", inside="c")
     CODE["steps"] = new_code
-    result = resume(store, clock, "j1")
+    result = RUNS.resume(store, clock, "j1")
     assert result.outcome is Outcome.FAILED
     assert what in (store.reads.get("j1").last_error or "")
     assert RAN["new"] == 0
-    assert positions(store, "j1") == {"a": 0, "b": 1}
+    assert step_positions(store, "j1") == {"a": 0, "b": 1}
 
 
 def test_a_handler_cannot_swallow_the_mismatch(store: JobStore, clock: LogicalClock) -> None:
@@ -289,9 +271,9 @@ def test_a_handler_cannot_swallow_the_mismatch(store: JobStore, clock: LogicalCl
         return "done"
 
     store.submissions.create("swallower", {}, job_id="s1", max_attempts=5)
-    crash(store, "s1", inside="c")
+    RUNS.crash(store, "s1", inside="c")
     CODE["second"] = "other"
-    result = resume(store, clock, "s1")
+    result = RUNS.resume(store, clock, "s1")
     assert result.outcome is Outcome.FAILED
     job = store.reads.get("s1")
     assert job.state is State.FAILED
@@ -317,9 +299,9 @@ def test_the_failed_move_is_fenced(store: JobStore, clock: LogicalClock) -> None
         ctx.step("c", effect, "c")
 
     store.submissions.create("taken_over", {}, job_id="t1", max_attempts=5)
-    crash(store, "t1", inside="c")
+    RUNS.crash(store, "t1", inside="c")
     CODE.update(steal=True, second="b_renamed")
-    result = resume(store, clock, "t1")
+    result = RUNS.resume(store, clock, "t1")
     assert result.outcome is Outcome.LEASE_LOST
     assert RAN["b_renamed"] == 0  # stopped at the mismatch, before its function ran
     job = store.reads.get("t1")
@@ -330,25 +312,25 @@ def test_calls_that_record_nothing_keep_their_place(store: JobStore, clock: Logi
     """A caught step failure and a zero sleep record nothing: the next calls keep their
     places, so the same code replays without a mismatch."""
     store.submissions.create("forgiving_steps", {}, job_id="f1", max_attempts=5)
-    crash(store, "f1", inside="last")
-    assert positions(store, "f1") == {"fallback": 1}  # flaky (0) and no_wait (2) left empty
-    result = resume(store, clock, "f1")
+    RUNS.crash(store, "f1", inside="last")
+    assert step_positions(store, "f1") == {"fallback": 1}  # flaky (0) and no_wait (2) left empty
+    result = RUNS.resume(store, clock, "f1")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("fallback",)
-    assert positions(store, "f1") == {"fallback": 1, "last": 3}
+    assert step_positions(store, "f1") == {"fallback": 1, "last": 3}
     assert RAN["flaky"] == 2  # not recorded, so tried again
 
 
 def test_an_approval_is_recorded_at_the_place_that_asked_for_it(store: JobStore) -> None:
     store.submissions.create("approved_steps", {}, job_id="ap", max_attempts=5)
-    assert runner(store).run("ap").outcome is Outcome.WAITING_APPROVAL
+    assert RUNS.runner(store).run("ap").outcome is Outcome.WAITING_APPROVAL
     store.operator.approve("ap", by="alice")
-    assert positions(store, "ap") == {"a": 0, "approval-1": 1}
+    assert step_positions(store, "ap") == {"a": 0, "approval-1": 1}
     CODE["after"] = "b_renamed"
     store.submissions.create("approved_steps", {}, job_id="ap2", max_attempts=5)
-    result = runner(store).run("ap")
+    result = RUNS.runner(store).run("ap")
     assert result.outcome is Outcome.COMPLETED  # b is new: nothing recorded at its place
-    assert positions(store, "ap") == {"a": 0, "approval-1": 1, "b_renamed": 2}
+    assert step_positions(store, "ap") == {"a": 0, "approval-1": 1, "b_renamed": 2}
 
 
 def test_steps_recorded_before_positions_replay_by_name(
@@ -356,11 +338,11 @@ def test_steps_recorded_before_positions_replay_by_name(
 ) -> None:
     """A job whose steps predate migration 0008 (no position) is not checked."""
     store.submissions.create("steps", {}, job_id="old", max_attempts=5)
-    crash(store, "old", inside="c")
+    RUNS.crash(store, "old", inside="c")
     with store.engine.begin() as conn:
         conn.execute(update(StepsTable).values(position=None))
     CODE["steps"] = ["b", "a", "c"]
-    result = resume(store, clock, "old")
+    result = RUNS.resume(store, clock, "old")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("b", "a")
 
@@ -371,9 +353,9 @@ def test_steps_recorded_before_positions_replay_by_name(
 def test_patched_is_true_on_a_first_run_and_recorded(store: JobStore, clock: LogicalClock) -> None:
     CODE["patch"] = True
     store.submissions.create("patched_order", {}, job_id="new", max_attempts=5)
-    crash(store, "new", inside="c")
-    assert positions(store, "new") == {"a": 0, "patch:b-v2": 1, "b_v2": 2}
-    result = resume(store, clock, "new")  # the marker replays: True again
+    RUNS.crash(store, "new", inside="c")
+    assert step_positions(store, "new") == {"a": 0, "patch:b-v2": 1, "b_v2": 2}
+    result = RUNS.resume(store, clock, "new")  # the marker replays: True again
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("a", "patch:b-v2", "b_v2")
     assert store.reads.get("new").result == ["a", "b_v2", "c"]
@@ -384,25 +366,25 @@ def test_patched_is_false_on_the_replay_of_a_job_past_that_point(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("patched_order", {}, job_id="old", max_attempts=5)
-    crash(store, "old", inside="c")  # before the change: a and b recorded
+    RUNS.crash(store, "old", inside="c")  # before the change: a and b recorded
     CODE["patch"] = True  # the deploy
-    result = resume(store, clock, "old")
+    result = RUNS.resume(store, clock, "old")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert store.reads.get("old").result == ["a", "b", "c"]  # the old code's path
     assert RAN["b_v2"] == 0
-    assert positions(store, "old") == {"a": 0, "b": 1, "c": 2}  # no marker
+    assert step_positions(store, "old") == {"a": 0, "b": 1, "c": 2}  # no marker
 
 
 def test_patched_is_true_for_an_old_job_that_had_not_reached_that_point(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("patched_order", {}, job_id="early", max_attempts=5)
-    crash(store, "early", inside="b")  # before the change, only a recorded
+    RUNS.crash(store, "early", inside="b")  # before the change, only a recorded
     CODE["patch"] = True
-    result = resume(store, clock, "early")
+    result = RUNS.resume(store, clock, "early")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert store.reads.get("early").result == ["a", "b_v2", "c"]
-    assert positions(store, "early") == {"a": 0, "patch:b-v2": 1, "b_v2": 2, "c": 3}
+    assert step_positions(store, "early") == {"a": 0, "patch:b-v2": 1, "b_v2": 2, "c": 3}
 
 
 def test_a_patched_job_without_the_patch_call_is_a_mismatch(
@@ -410,9 +392,9 @@ def test_a_patched_job_without_the_patch_call_is_a_mismatch(
 ) -> None:
     CODE["patch"] = True
     store.submissions.create("patched_order", {}, job_id="new", max_attempts=5)
-    crash(store, "new", inside="c")
+    RUNS.crash(store, "new", inside="c")
     CODE.clear()  # rolled back to the code before the change
-    result = resume(store, clock, "new")
+    result = RUNS.resume(store, clock, "new")
     assert result.outcome is Outcome.FAILED
     error = store.reads.get("new").last_error or ""
     assert "asked for step 'b' where step 'patch:b-v2' is recorded at position 1" in error
@@ -423,14 +405,14 @@ def test_deprecate_patch_walks_past_a_recorded_marker_and_records_none(
 ) -> None:
     CODE["patch"] = True
     store.submissions.create("patched_order", {}, job_id="marked", max_attempts=5)
-    crash(store, "marked", inside="c")
+    RUNS.crash(store, "marked", inside="c")
     CODE.update(patch=False, deprecated=True)  # no old job remains: the old branch is gone
-    result = resume(store, clock, "marked")
+    result = RUNS.resume(store, clock, "marked")
     assert result.outcome is Outcome.COMPLETED, result.error
     assert result.replayed_steps == ("a", "patch:b-v2", "b_v2")
     store.submissions.create("patched_order", {}, job_id="fresh", max_attempts=5)
-    assert runner(store).run("fresh").outcome is Outcome.COMPLETED
-    assert positions(store, "fresh") == {"a": 0, "b_v2": 1, "c": 2}
+    assert RUNS.runner(store).run("fresh").outcome is Outcome.COMPLETED
+    assert step_positions(store, "fresh") == {"a": 0, "b_v2": 1, "c": 2}
 
 
 @KINDS.job("waits", max_attempts=5)
@@ -446,15 +428,15 @@ def test_timers_events_and_deadlines_are_recorded_at_their_places(
     store: JobStore, clock: LogicalClock
 ) -> None:
     store.submissions.create("waits", {}, job_id="w", max_attempts=5)
-    assert runner(store).run("w").outcome is Outcome.SLEEPING
+    assert RUNS.runner(store).run("w").outcome is Outcome.SLEEPING
     clock.advance(6)
-    assert runner(store).run("w").outcome is Outcome.WAITING
+    assert RUNS.runner(store).run("w").outcome is Outcome.WAITING
     store.workflows.send_event("w", "paid", {"cents": 12})  # recorded by the sender
-    assert runner(store).run("w").outcome is Outcome.WAITING
+    assert RUNS.runner(store).run("w").outcome is Outcome.WAITING
     clock.advance(11)
     assert [job.id for job in store.workflows.fire_deadlines()] == ["w"]  # by the sweeper
-    assert positions(store, "w") == {"a": 0, "nap": 1, "event:paid": 2, "event:late": 3}
-    result = runner(store).run("w")
+    assert step_positions(store, "w") == {"a": 0, "nap": 1, "event:paid": 2, "event:late": 3}
+    result = RUNS.runner(store).run("w")
     assert result.outcome is Outcome.RETRYING  # an ordinary error (uncaught), retried
     assert "EventTimedOut" in (result.error or "")
     assert result.replayed_steps == ("a", "nap", "event:paid", "event:late")

@@ -42,7 +42,7 @@ from jobs.contrib.flower_jobs.pages import (
     one_line,
     overview,
 )
-from tests.conftest import snapshot
+from tests.conftest import limits_row, snapshot
 from tests.test_metrics import Samples, scrape, value
 
 LEASE = 10.0
@@ -256,16 +256,7 @@ def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:
     assert "by alice" in again.stdout
 
     listing = jobctl("limits")
-    header, row = listing.stdout.strip().splitlines()
-    assert header.split() == [
-        "KIND",
-        "RUNNING",
-        "MAX_RUNNING",
-        "PER_KEY",
-        "QUEUED",
-        "MAX_QUEUED",
-        "PAUSED",
-    ]
+    row = limits_row(listing.stdout)
     assert row.split()[:6] == [CLI_KIND, "0", "-", "-", "2", "-"]
     assert "since" in row
     assert "by alice" in row

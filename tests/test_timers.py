@@ -363,6 +363,23 @@ def test_submit_options_are_kept_and_reused_and_keywords_win() -> None:
     assert later == jobs.SubmitOptions(delay=600, priority=7, queue="slow", max_attempts=2)
 
 
+def test_submit_options_and_the_submit_keywords_declare_the_same_fields() -> None:
+    """``SubmitOptions`` (a frozen dataclass, for attribute access) and ``SubmitKeywords``
+    (a TypedDict, for ``**keywords`` under mypy) cannot be made one from the other in a way
+    mypy checks, so their fields are held to each other here: the same names, of the same
+    types, beside the keywords' ``options`` and the transaction's keywords."""
+    from jobs._service.options import SubmitKeywords, SubmitOptions  # noqa: PLC0415
+    from jobs._service.unit import JoinKeywords  # noqa: PLC0415
+
+    beside = {"options"} | JoinKeywords.__optional_keys__
+    keywords = {
+        name: hint.__forward_arg__
+        for name, hint in SubmitKeywords.__annotations__.items()
+        if name not in beside
+    }
+    assert keywords == SubmitOptions.__annotations__
+
+
 # -- the public API, jobs.testing, explain and jobctl on the embedded default ---------------
 
 

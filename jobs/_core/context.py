@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobs._core import tracing
 from jobs._core.cancel_signal import CancelSignal
+from jobs._core.deferred_writes import DeferredWrites
 from jobs._core.errors import EventTimedOut, InvalidInput, JobCancelled, LeaseLost, StepError
 from jobs._core.interrupts import (
     HandBack,
@@ -122,10 +123,9 @@ class JobContext(Workflow):
         # rings none (the sweeper rings them once they wait long enough).
         self.ring = ring
         # Steps that ran, waiting to be recorded with the job's next write.
-        self.pending = PendingSteps(store, claim, hold, heartbeat, self.lease_lost)
-        self.progress_reporter = ProgressReporter(
-            store, claim, heartbeat, self.lease_lost, self._lost.is_set
-        )
+        deferred = DeferredWrites(store, claim, hold, heartbeat, self.lease_lost, self._lost.is_set)
+        self.pending = PendingSteps(deferred)
+        self.progress_reporter = ProgressReporter(deferred)
         self.cancel_signal = CancelSignal(claim.job_id)
         # The step whose function runs now, with its place (for idempotency keys).
         self._running: tuple[str, int] | None = None
@@ -322,8 +322,10 @@ class JobContext(Workflow):
             self._check_time()
         self.pending.record_now()
         if atomic:
-            return self._atomic_step(name, place, timeout, fn, args, kwargs)
-        output = self._run_function(name, place, timeout, fn, args, kwargs)
+            return self._atomic_step(
+                name, place, timeout, lambda *leading: fn(*leading, *args, **kwargs)
+            )
+        output = self._run_function(name, place, timeout, lambda: fn(*args, **kwargs))
         self.check_lease()
         pending = self._record_of(name, output, place)
         self.progress_reporter.flush()  # the step ended: the row gets the latest progress
@@ -333,32 +335,28 @@ class JobContext(Workflow):
         return result
 
     def _atomic_step(
-        self,
-        name: str,
-        place: int,
-        timeout: float | None,
-        fn: Callable[..., T],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, name: str, place: int, timeout: float | None, call: Callable[..., T]
     ) -> T:
-        """:meth:`step` with ``atomic=True``, once the earlier steps are recorded: ``fn`` and
-        the step's record in one transaction (:class:`jobs._store.atomic_steps.AtomicSteps`),
-        never held for the job's next write."""
+        """:meth:`step` with ``atomic=True``, once the earlier steps are recorded: ``call``
+        (the step's function with its arguments, taking the transaction's leading ones
+        first) and the step's record in one transaction
+        (:class:`jobs._store.atomic_steps.AtomicSteps`), never held for the job's next
+        write."""
         if self._running is not None:
             raise StepError(
                 f"job {self.job_id!r}: atomic step {name!r} inside step "
                 f"{self._running[0]!r}: an atomic step cannot run inside another step's function"
             )
 
-        def call(leading: tuple[Any, ...]) -> PendingStep:
-            output = self._run_function(name, place, timeout, fn, (*leading, *args), kwargs)
+        def record(leading: tuple[Any, ...]) -> PendingStep:
+            output = self._run_function(name, place, timeout, lambda: call(*leading))
             self.check_lease()  # inside the transaction: a lost lease rolls it back
             return self._record_of(name, output, place)
 
         try:
             pending = self.store.atomic.run(
                 self.claim,
-                call,
+                record,
                 lease_seconds=None if self.hold is None else self.hold.lease_seconds,
                 opener=None if self.registry is None else self.registry.step_transactions,
             )
@@ -381,37 +379,30 @@ class JobContext(Workflow):
             raise Unstorable(str(err)) from None
 
     def _run_function(
-        self,
-        name: str,
-        place: int,
-        timeout: float | None,
-        fn: Callable[..., T],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, name: str, place: int, timeout: float | None, call: Callable[[], T]
     ) -> T:
-        """Call step ``name``'s function (at ``place``), in its span when tracing is on."""
+        """Call step ``name``'s function (at ``place``; ``call``: with its arguments), in
+        its span when tracing is on."""
         self._running = (name, place)
         try:
             if tracing.ENABLED:
                 with tracing.step_span(name):
-                    return self._call_step(name, timeout, fn, *args, **kwargs)
-            return self._call_step(name, timeout, fn, *args, **kwargs)
+                    return self._call_step(name, timeout, call)
+            return self._call_step(name, timeout, call)
         finally:
             self._running = None
 
-    def _call_step(
-        self, name: str, timeout: float | None, fn: Callable[..., T], *args: Any, **kwargs: Any
-    ) -> T:
-        """Run a step's function, under its time limit if it has one: the heartbeat (if
-        any) watches the deadline while it runs; a function that returns late is a
-        time-out too."""
+    def _call_step(self, name: str, timeout: float | None, call: Callable[[], T]) -> T:
+        """Run a step's function (``call``: with its arguments), under its time limit if it
+        has one: the heartbeat (if any) watches the deadline while it runs; a function that
+        returns late is a time-out too."""
         if timeout is None:
-            return fn(*args, **kwargs)
+            return call()
         limit = (time.monotonic() + timeout, f"step {name!r} passed its timeout of {timeout:g} s")
         if self._heartbeat is not None:
             self._heartbeat.step_started(self.claim, name, timeout)
         try:
-            output = fn(*args, **kwargs)
+            output = call()
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.step_ended(self.claim)

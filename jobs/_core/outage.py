@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from jobs._core.records import Claim
 
 T = TypeVar("T")
+# Whether an earlier attempt of a held write did land after all: its value, else None.
+Landed = Callable[[], T | None]
 
 log = logging.getLogger("jobs.outage")
 
@@ -178,7 +180,7 @@ class LeaseHold:
         write: Callable[[], T],
         *,
         renew_after: bool = False,
-        landed: Callable[[], T | None] | None = None,
+        landed: Landed[T] | None = None,
     ) -> T:
         """``write()``, held through an outage while the lease can be live; a held write
         that lands is followed by a renewal when ``renew_after`` (the run goes on). Raises
@@ -199,25 +201,18 @@ class LeaseHold:
             if self.outages.down:
                 self.outages.reachable()
             return result
-        result = self._retry(write, landed=landed)
+        result = self._retry(write, FIRST_RETRY_SECONDS, landed)
         self.outages.reachable()
         if renew_after and self._renew is not None:
             renew = self._renew
             sent = self.monotonic()
-            self._retry(renew, first_try=True)
+            self._retry(renew, 0.0, None)
             self.renewed(sent)
         return result
 
-    def _retry(
-        self,
-        write: Callable[[], T],
-        *,
-        first_try: bool = False,
-        landed: Callable[[], T | None] | None = None,
-    ) -> T:
-        delay = FIRST_RETRY_SECONDS
-        if first_try:
-            delay = 0.0
+    def _retry(self, write: Callable[[], T], delay: float, landed: Landed[T] | None) -> T:
+        """``write()`` until it lands or the lease could have run out, the first try after
+        ``delay`` seconds, then backing off; a refusal ``landed()`` explains is not raised."""
         while True:
             left = self.deadline - self.monotonic()
             if left <= 0:

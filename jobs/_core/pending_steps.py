@@ -9,38 +9,25 @@ begins while an earlier one is unrecorded, and a write the fence refuses stops t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from jobs._core.errors import LeaseLost
 
 if TYPE_CHECKING:
-    from jobs._core.heartbeat import LeaseHeartbeat
+    from jobs._core.deferred_writes import DeferredWrites
     from jobs._core.outage import LeaseHold
-    from jobs._store import Claim, JobStore, PendingStep
+    from jobs._store import PendingStep
 
 
 class PendingSteps:
     """The steps of one run that ran but are not recorded yet.
 
-    Built by the run's context with the store that records them, the claim that fences the
-    write, ``hold`` (which keeps trying through a database outage while the lease can be
-    live; ``None`` writes once), the heartbeat (if any) and ``lost`` (the context's, called
-    when the fence refuses a write)."""
+    Built by the run's context with its :class:`jobs._core.deferred_writes.DeferredWrites`:
+    the store that records them, the claim that fences the write, the hold through an
+    outage, the heartbeat (if any) and the context's lost-lease callback."""
 
-    def __init__(
-        self,
-        store: JobStore,
-        claim: Claim,
-        hold: LeaseHold | None,
-        heartbeat: LeaseHeartbeat | None,
-        lost: Callable[[LeaseLost], None],
-    ) -> None:
-        self.store = store
-        self.claim = claim
-        self.hold = hold
-        self._heartbeat = heartbeat
-        self._lost = lost
+    def __init__(self, writes: DeferredWrites) -> None:
+        self.writes = writes
         self._steps: list[PendingStep] = []
         # Held while pending steps are written, by the handler's thread or the heartbeat's.
         self._lock = threading.Lock()
@@ -54,26 +41,20 @@ class PendingSteps:
         when there is no heartbeat to bound the wait."""
         with self._lock:
             self._steps.append(step)
-        if not record_soon:
-            return
-        if self._heartbeat is not None:
-            self._heartbeat.flush_later(self.key, self.flush)
-        else:
+        if record_soon and not self.writes.flush_later(self.key, self.flush):
             self.flush(held=True)
 
     def take(self) -> list[PendingStep]:
         """The pending steps, handed to the write that records them (a wait, a spawn, the
         run's outcome); forgotten here. Waits for a write of them in flight."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel_flush(self.key)
+        self.writes.cancel_flush(self.key)
         with self._lock:
             steps, self._steps = self._steps, []
         return steps
 
     def record_now(self) -> None:
         """Record the pending steps now, in the handler's thread (the next step's start)."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel_flush(self.key)
+        self.writes.cancel_flush(self.key)
         self.flush(held=True)
 
     def flush(self, *, held: bool = False) -> None:
@@ -85,33 +66,30 @@ class PendingSteps:
                 return
             steps = self._steps
             try:
-                if held and self.hold is not None:
-                    self._record_held(steps)
+                if held and self.writes.hold is not None:
+                    self._record_held(self.writes.hold, steps)
                 else:
-                    self.store.ownership.record_steps(self.claim, steps)
+                    self.writes.store.ownership.record_steps(self.writes.claim, steps)
             except LeaseLost as lost:  # refused by the fence: the handler stops too
-                self._lost(lost)
+                self.writes.lost(lost)
                 raise
             self._steps = []
 
-    def _record_held(self, steps: list[PendingStep]) -> None:
+    def _record_held(self, hold: LeaseHold, steps: list[PendingStep]) -> None:
         """Record ``steps`` through an outage (:meth:`jobs._core.outage.LeaseHold.write`):
         an attempt whose acknowledgement was lost had landed when this claim's owner has
         every one of them recorded."""
-        assert self.hold is not None
-        claim, names = self.claim, [step.name for step in steps]
+        store, claim, names = self.writes.store, self.writes.claim, [step.name for step in steps]
 
         def record() -> bool:
-            self.store.ownership.record_steps(claim, steps)
+            store.ownership.record_steps(claim, steps)
             return True
 
         def landed() -> bool | None:
-            recorded = self.store.reads.steps_recorded_by(
-                claim.job_id, claim.owner, claim.fence, names
-            )
+            recorded = store.reads.steps_recorded_by(claim.job_id, claim.owner, claim.fence, names)
             return True if recorded else None
 
-        self.hold.write(record, renew_after=True, landed=landed)
+        hold.write(record, renew_after=True, landed=landed)
 
 
 __all__ = ["PendingSteps"]

@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jobs._core.errors import LeaseLost
 from jobs._core.progress import PROGRESS_INTERVAL_SECONDS
 
 if TYPE_CHECKING:
-    from jobs._core.heartbeat import LeaseHeartbeat
-    from jobs._store import Claim, JobStore
+    from jobs._core.deferred_writes import DeferredWrites
 
 log = logging.getLogger("jobs.context")
 
@@ -28,24 +26,14 @@ log = logging.getLogger("jobs.context")
 class ProgressReporter:
     """The latest progress of one run and when it was last written.
 
-    Built by the run's context with the claim (whose row's progress, from an earlier run,
-    it starts from), the store that writes it, the heartbeat (if any) that writes a held
-    value later, and ``lost`` (the context's, called when the fence refuses a write)."""
+    Built by the run's context with its :class:`jobs._core.deferred_writes.DeferredWrites`:
+    the claim (whose row's progress, from an earlier run, it starts from), the store that
+    writes it, the heartbeat (if any) that writes a held value later, and the context's
+    lost-lease callback and check."""
 
-    def __init__(
-        self,
-        store: JobStore,
-        claim: Claim,
-        heartbeat: LeaseHeartbeat | None,
-        lost: Callable[[LeaseLost], None],
-        is_lost: Callable[[], bool],
-    ) -> None:
-        self.store = store
-        self.claim = claim
-        self._heartbeat = heartbeat
-        self._lost = lost
-        self._is_lost = is_lost
-        self.latest: dict[str, Any] | None = claim.job.progress
+    def __init__(self, writes: DeferredWrites) -> None:
+        self.writes = writes
+        self.latest: dict[str, Any] | None = writes.claim.job.progress
         self._unwritten = False
         self._written_at: float | None = None
         # Held while written, by the handler's thread or the heartbeat's (a run timed out
@@ -66,13 +54,13 @@ class ProgressReporter:
             due = written is None or time.monotonic() - written >= self.interval
         if due:
             self.flush()
-        elif self._heartbeat is not None:
-            self._heartbeat.flush_later(self.key, self._flush_when_due)
+        else:
+            self.writes.flush_later(self.key, self._flush_when_due)
 
     def _flush_when_due(self) -> None:
         """From the heartbeat's thread: write a held value once :attr:`interval` has passed
         since the last write (until then, ask to be called again)."""
-        if self._is_lost():
+        if self.writes.is_lost():
             return  # the run is over for this owner: its next step (or outcome) says why
         with self._lock:
             if not self._unwritten:
@@ -80,8 +68,7 @@ class ProgressReporter:
             written = self._written_at
             waiting = written is not None and time.monotonic() - written < self.interval
         if waiting:
-            if self._heartbeat is not None:
-                self._heartbeat.flush_later(self.key, self._flush_when_due)
+            self.writes.flush_later(self.key, self._flush_when_due)
             return
         self.flush()
 
@@ -93,14 +80,16 @@ class ProgressReporter:
             if not self._unwritten or self.latest is None:
                 return
             try:
-                self.store.progress.record(self.claim, self.latest)
+                self.writes.store.progress.record(self.writes.claim, self.latest)
             except LeaseLost as lost:
                 self._unwritten = False
-                self._lost(lost)
+                self.writes.lost(lost)
                 raise
             except Exception as err:  # an outage: progress is advisory, never the job's end
                 log.warning(
-                    "job %s: progress not written (%s); will try again", self.claim.job_id, err
+                    "job %s: progress not written (%s); will try again",
+                    self.writes.claim.job_id,
+                    err,
                 )
             else:
                 self._unwritten = False
@@ -108,8 +97,7 @@ class ProgressReporter:
 
     def stop_later_writes(self) -> None:
         """Forget a write the heartbeat was asked to make (the run's outcome writes it)."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel_flush(self.key)
+        self.writes.cancel_flush(self.key)
 
 
 __all__ = ["ProgressReporter"]

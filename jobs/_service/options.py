@@ -55,6 +55,10 @@ class SubmitOptions:
         return (0.0 if self.delay is None else self.delay), None
 
 
+# The fields of SubmitOptions are written again in KindKeywords and SubmitKeywords: mypy
+# reads a TypedDict's keys and a dataclass's fields only as written (neither may be built
+# from the other), and ``**keywords: Unpack[...]`` needs the TypedDict, attribute access the
+# dataclass. tests/test_timers.py holds the two to the same names and types.
 class KindKeywords(JoinKeywords, total=False):
     """The keywords that override a kind's defaults for one submit, declared once for
     ``submit``, ``submit_many`` and ``apply_async``, with the transaction's

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from sqlalchemy import (
     JSON,
@@ -68,6 +68,24 @@ def _json_text(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
+class NewJobKeywords(TypedDict, total=False):
+    """The keywords of one new job beside its kind and inputs, for
+    :meth:`Submissions.create`: the parameters of :meth:`Submissions.new_job_values`, which
+    says what each means (mypy checks the two agree wherever one is passed to the other)."""
+
+    job_id: Required[str]
+    max_attempts: Required[int]
+    delay_seconds: float
+    code_version: str | None
+    run_at: dt.datetime | None
+    priority: int
+    queue: str | None
+    unique_for: float | None
+    unique_key: str | None
+    debounce: float | None
+    concurrency_key: str | None
+
+
 class Submissions:
     """New jobs (:meth:`create`, :meth:`create_many`), admission and the kinds' limits."""
 
@@ -85,8 +103,8 @@ class Submissions:
         *,
         job_id: str,
         max_attempts: int,
-        delay_seconds: float,
-        code_version: str | None,
+        delay_seconds: float = 0,
+        code_version: str | None = None,
         run_at: dt.datetime | None = None,
         priority: int = 0,
         queue: str | None = None,
@@ -170,42 +188,20 @@ class Submissions:
         kind: str,
         inputs: dict[str, Any],
         *,
-        job_id: str,
-        max_attempts: int,
-        delay_seconds: float = 0,
-        code_version: str | None = None,
-        priority: int = 0,
         conn: Connection | None = None,
-        run_at: dt.datetime | None = None,
-        queue: str | None = None,
-        unique_for: float | None = None,
-        unique_key: str | None = None,
-        debounce: float | None = None,
-        concurrency_key: str | None = None,
+        **fields: Unpack[NewJobKeywords],
     ) -> tuple[Job, bool]:
-        """Insert a QUEUED job. Returns ``(job, created)``; an existing ``job_id`` with the
-        same kind and inputs returns that job with ``created=False`` (an idempotent retry
-        of the same request), and with anything else raises :class:`DuplicateJob`.
-        With ``conn`` the job joins the caller's transaction. ``unique_for``/``debounce``
-        (and ``unique_key``) deduplicate it (:class:`jobs._store.dedup_writes.DedupWrites`);
-        ``concurrency_key`` keys it for its kind's ``max_running_per_key``."""
-        values = self.new_job_values(
-            kind,
-            inputs,
-            job_id=job_id,
-            max_attempts=max_attempts,
-            delay_seconds=delay_seconds,
-            code_version=code_version,
-            run_at=run_at,
-            priority=priority,
-            queue=queue,
-            unique_for=unique_for,
-            unique_key=unique_key,
-            debounce=debounce,
-            concurrency_key=concurrency_key,
-        )
+        """Insert a QUEUED job (``fields``: as :meth:`new_job_values` takes them). Returns
+        ``(job, created)``; an existing ``job_id`` with the same kind and inputs returns
+        that job with ``created=False`` (an idempotent retry of the same request), and with
+        anything else raises :class:`DuplicateJob`. With ``conn`` the job joins the
+        caller's transaction. ``unique_for``/``debounce`` (and ``unique_key``) deduplicate
+        it (:class:`jobs._store.dedup_writes.DedupWrites`); ``concurrency_key`` keys it for
+        its kind's ``max_running_per_key``."""
+        values = self.new_job_values(kind, inputs, **fields)
         if "dedup_key" in values:
-            return self.dedup.create(kind, values, debounce=debounce is not None, conn=conn)
+            debounced = fields.get("debounce") is not None
+            return self.dedup.create(kind, values, debounce=debounced, conn=conn)
         [(job, created)] = self.create_many(kind, [values], conn=conn)
         return job, created
 

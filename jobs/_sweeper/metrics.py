@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs._core.errors import SettingsError
 from jobs._core.progress import fraction_of
@@ -56,6 +56,104 @@ TAIL_LIMIT = 20_000
 #: a job ID label is not, so the per-job gauge is capped: at most this many series at any
 #: scrape, gone once the job stops RUNNING (``jobctl show`` has every job's progress).
 PROGRESS_SERIES = 20
+
+
+class ScrapedSeries(NamedTuple):
+    """A series each scrape reads from the tables: its family (a gauge, or a counter of
+    ``job_counters``), help text and labels."""
+
+    family: type[GaugeMetricFamily] | type[CounterMetricFamily]
+    documentation: str
+    labels: list[str]
+
+
+#: The series each scrape reads from the tables, by name (docs/operations/monitoring.md
+#: and the generated reference list them all).
+SCRAPED_SERIES: dict[str, ScrapedSeries] = {
+    "jobs": ScrapedSeries(
+        GaugeMetricFamily, "Jobs in the table by state and kind.", ["state", "kind"]
+    ),
+    "jobs_oldest_due_queued_age_seconds": ScrapedSeries(
+        GaugeMetricFamily,
+        "How long the oldest due QUEUED job has waited (0 when none is due).",
+        [],
+    ),
+    "jobs_queued_by_queue": ScrapedSeries(
+        GaugeMetricFamily,
+        "QUEUED jobs (due or not) by the queue their doorbells go to.",
+        ["queue"],
+    ),
+    "jobs_queued_not_due": ScrapedSeries(
+        GaugeMetricFamily,
+        "QUEUED jobs not due yet: sleeping on a durable timer, delayed, or backing off.",
+        ["kind"],
+    ),
+    "jobs_leases_near_expiry": ScrapedSeries(
+        GaugeMetricFamily,
+        "RUNNING jobs whose lease ends within half a lease (expired: already ended).",
+        ["kind", "expired"],
+    ),
+    "jobs_schedule_last_tick_age_seconds": ScrapedSeries(
+        GaugeMetricFamily,
+        "Seconds since each schedule's last submitted tick (grows if no sweeper fires it).",
+        ["schedule", "kind"],
+    ),
+    "jobs_progress": ScrapedSeries(
+        GaugeMetricFamily,
+        "A RUNNING job's ctx.progress as done/total, 0 to 1 (at most 20 jobs, the "
+        "longest-lived first; jobs reporting no total are left out).",
+        ["kind", "job_id"],
+    ),
+    "jobs_paused": ScrapedSeries(
+        GaugeMetricFamily,
+        "1 for each paused kind or queue (jobctl pause): no worker claims its jobs.",
+        ["scope", "name"],
+    ),
+    "jobs_paused_seconds": ScrapedSeries(
+        GaugeMetricFamily,
+        "Seconds since each pause in force began.",
+        ["scope", "name"],
+    ),
+    "jobs_held_by_pause": ScrapedSeries(
+        GaugeMetricFamily,
+        "QUEUED jobs (due or not) that a paused kind or queue holds, by kind.",
+        ["kind"],
+    ),
+    "jobs_throttled": ScrapedSeries(
+        GaugeMetricFamily,
+        "QUEUED jobs no claim may take now, by kind and reason: concurrency_key (due, "
+        "their key has max_running_per_key RUNNING), max_running (their kind has "
+        "max_running RUNNING), paused (held by a pause).",
+        ["kind", "reason"],
+    ),
+    "jobs_concurrency_keys_at_limit": ScrapedSeries(
+        GaugeMetricFamily,
+        "Concurrency keys with max_running_per_key jobs RUNNING and due jobs waiting.",
+        ["kind"],
+    ),
+    "jobs_queued_by_priority": ScrapedSeries(
+        GaugeMetricFamily,
+        "QUEUED jobs (due or not) by kind and priority (0 to 9, higher goes first).",
+        ["kind", "priority"],
+    ),
+    "jobs_recoveries": ScrapedSeries(
+        CounterMetricFamily,
+        "Jobs a sweeper recovered, by cause (dead owner, expired lease, lost message).",
+        ["cause", "kind"],
+    ),
+    "jobs_admission_refusals": ScrapedSeries(
+        CounterMetricFamily,
+        "Submits refused because the kind's max_queued was reached.",
+        ["kind"],
+    ),
+}
+
+
+def _scraped(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+    """The family :data:`SCRAPED_SERIES` declares as ``name``, empty (with ``value``: the
+    one sample of a series without labels)."""
+    series = SCRAPED_SERIES[name]
+    return series.family(name, series.documentation, value=value, labels=series.labels or None)
 
 
 class TableCollector(Collector):
@@ -109,9 +207,7 @@ class TableCollector(Collector):
 
     def _gauges(self) -> Iterable[Metric]:
         store = self.store
-        by_state = GaugeMetricFamily(
-            "jobs", "Jobs in the table by state and kind.", labels=["state", "kind"]
-        )
+        by_state = _scraped("jobs")
         by_priority = store.depth.counts_by_priority()  # one grouped read for both gauges
         counts = without_priority(by_priority)
         kinds = sorted({kind for kind, _ in counts})
@@ -120,11 +216,7 @@ class TableCollector(Collector):
                 by_state.add_metric([state.value, kind], counts.get((kind, state.value), 0))
         yield by_state
         yield self._queued_by_priority(by_priority)
-        by_queue = GaugeMetricFamily(
-            "jobs_queued_by_queue",
-            "QUEUED jobs (due or not) by the queue their doorbells go to.",
-            labels=["queue"],
-        )
+        by_queue = _scraped("jobs_queued_by_queue")
         totals: dict[str, int] = {}
         for queue, count in store.depth.queued_by_queue().items():
             name = self.default_queue if queue is None else queue
@@ -135,33 +227,17 @@ class TableCollector(Collector):
         yield from self._pauses()
         yield from self._throttled(counts)
         oldest = store.depth.oldest_queued()
-        yield GaugeMetricFamily(
-            "jobs_oldest_due_queued_age_seconds",
-            "How long the oldest due QUEUED job has waited (0 when none is due).",
-            value=0.0 if oldest is None else oldest[1],
-        )
-        waiting = GaugeMetricFamily(
-            "jobs_queued_not_due",
-            "QUEUED jobs not due yet: sleeping on a durable timer, delayed, or backing off.",
-            labels=["kind"],
-        )
+        yield _scraped("jobs_oldest_due_queued_age_seconds", 0.0 if oldest is None else oldest[1])
+        waiting = _scraped("jobs_queued_not_due")
         for kind, count in sorted(store.depth.not_due().items()):
             waiting.add_metric([kind], count)
         yield waiting
-        near = GaugeMetricFamily(
-            "jobs_leases_near_expiry",
-            "RUNNING jobs whose lease ends within half a lease (expired: already ended).",
-            labels=["kind", "expired"],
-        )
+        near = _scraped("jobs_leases_near_expiry")
         rows = store.depth.leases_ending(self.lease_seconds / 2)
         for kind, expired, count in rows:
             near.add_metric([kind, "true" if expired else "false"], count)
         yield near
-        since = GaugeMetricFamily(
-            "jobs_schedule_last_tick_age_seconds",
-            "Seconds since each schedule's last submitted tick (grows if no sweeper fires it).",
-            labels=["schedule", "kind"],
-        )
+        since = _scraped("jobs_schedule_last_tick_age_seconds")
         instant = store.reads.now()
         for schedule in store.reads.schedules():
             anchor = schedule.last_tick or schedule.created_at or instant
@@ -172,12 +248,7 @@ class TableCollector(Collector):
     def _progress(self) -> Metric:
         """``done / total`` of the longest-lived RUNNING jobs that report progress with a
         total (:data:`PROGRESS_SERIES` at most)."""
-        progress = GaugeMetricFamily(
-            "jobs_progress",
-            "A RUNNING job's ctx.progress as done/total, 0 to 1 (at most 20 jobs, the "
-            "longest-lived first; jobs reporting no total are left out).",
-            labels=["kind", "job_id"],
-        )
+        progress = _scraped("jobs_progress")
         for job_id, kind, value in self.store.depth.running_progress(PROGRESS_SERIES):
             fraction = fraction_of(value)
             if fraction is not None:
@@ -187,16 +258,8 @@ class TableCollector(Collector):
     def _pauses(self) -> Iterable[Metric]:
         """Each pause in force (1, with the seconds since it began beside it) and the QUEUED
         jobs they hold, by kind."""
-        paused = GaugeMetricFamily(
-            "jobs_paused",
-            "1 for each paused kind or queue (jobctl pause): no worker claims its jobs.",
-            labels=["scope", "name"],
-        )
-        paused_for = GaugeMetricFamily(
-            "jobs_paused_seconds",
-            "Seconds since each pause in force began.",
-            labels=["scope", "name"],
-        )
+        paused = _scraped("jobs_paused")
+        paused_for = _scraped("jobs_paused_seconds")
         pauses = self.store.reads.pauses()
         instant = self.store.reads.now() if pauses else None
         for pause in pauses:
@@ -206,11 +269,7 @@ class TableCollector(Collector):
                 paused_for.add_metric([pause.scope, pause.name], seconds)
         yield paused
         yield paused_for
-        held = GaugeMetricFamily(
-            "jobs_held_by_pause",
-            "QUEUED jobs (due or not) that a paused kind or queue holds, by kind.",
-            labels=["kind"],
-        )
+        held = _scraped("jobs_held_by_pause")
         for kind, count in sorted(self.store.depth.held_by_pauses().items()):
             held.add_metric([kind], count)
         yield held
@@ -218,18 +277,8 @@ class TableCollector(Collector):
     def _throttled(self, counts: dict[tuple[str, str], int]) -> Iterable[Metric]:
         """QUEUED jobs held back by a limit, by kind and reason, and the concurrency keys
         at their ``max_running_per_key``, by kind."""
-        throttled = GaugeMetricFamily(
-            "jobs_throttled",
-            "QUEUED jobs no claim may take now, by kind and reason: concurrency_key (due, "
-            "their key has max_running_per_key RUNNING), max_running (their kind has "
-            "max_running RUNNING), paused (held by a pause).",
-            labels=["kind", "reason"],
-        )
-        full_keys = GaugeMetricFamily(
-            "jobs_concurrency_keys_at_limit",
-            "Concurrency keys with max_running_per_key jobs RUNNING and due jobs waiting.",
-            labels=["kind"],
-        )
+        throttled = _scraped("jobs_throttled")
+        full_keys = _scraped("jobs_concurrency_keys_at_limit")
         limits = self.store.reads.limits()
         for kind, (keys, held) in sorted(self.store.depth.held_by_keys().items()):
             throttled.add_metric([kind, "concurrency_key"], held)
@@ -248,27 +297,15 @@ class TableCollector(Collector):
     def _queued_by_priority(by_priority: dict[tuple[str, str, int], int]) -> Metric:
         """QUEUED jobs by kind and priority, for each priority a kind's jobs have in the
         table (0 when none of them waits): at most ten series a kind."""
-        queued = GaugeMetricFamily(
-            "jobs_queued_by_priority",
-            "QUEUED jobs (due or not) by kind and priority (0 to 9, higher goes first).",
-            labels=["kind", "priority"],
-        )
+        queued = _scraped("jobs_queued_by_priority")
         for kind, priority in sorted({(kind, priority) for kind, _, priority in by_priority}):
             waiting = by_priority.get((kind, State.QUEUED.value, priority), 0)
             queued.add_metric([kind, str(priority)], waiting)
         return queued
 
     def _counters(self) -> Iterable[Metric]:
-        recoveries = CounterMetricFamily(
-            "jobs_recoveries",
-            "Jobs a sweeper recovered, by cause (dead owner, expired lease, lost message).",
-            labels=["cause", "kind"],
-        )
-        refusals = CounterMetricFamily(
-            "jobs_admission_refusals",
-            "Submits refused because the kind's max_queued was reached.",
-            labels=["kind"],
-        )
+        recoveries = _scraped("jobs_recoveries")
+        refusals = _scraped("jobs_admission_refusals")
         for (name, kind), value in sorted(self.store.depth.counters().items()):
             if name in RECOVERY_CAUSES:
                 recoveries.add_metric([RECOVERY_CAUSES[name], kind], value)

@@ -4,12 +4,13 @@ process (which only consumes and hands messages to the pool) never loads SQLAlch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from jobs._core.errors import UnknownJob
 from jobs._core.outage import OUTAGES, is_disconnect
@@ -54,9 +55,55 @@ def deliver(
     the database cannot be reached; a write held through an outage by the run itself
     (:class:`jobs._core.outage.LeaseHold`) does not end up here. ``kind``: the kind the
     doorbell names, a hint for the claim (a kind with a concurrency key claims per key
-    first)."""
+    first). In a process that runs one job at a time, a plain job's completion is held and
+    carried by the next claim's flight (:mod:`jobs._store.deferred`), or sent alone on a
+    short deadline; where jobs share the process, the claim, the step records and the
+    completion each commit before they return, in flights shared with the writes of the
+    jobs beside them (:mod:`jobs._store.flights`)."""
+    with _requeued_when_unreachable(job_id):
+        settings = runtime.settings
+        if runs_one_job_at_a_time():
+            # Through an outage a held completion is tried again for half a lease: the lease
+            # was renewed at most a third of a lease before the run ended, and the fence decides.
+            hold_completions(
+                runtime.store.statements,
+                settings.hold_completion_seconds,
+                settings.lease_seconds / 2,
+            )
+        else:
+            share_flights(runtime.store.statements)
+        _stores.add(runtime.store)
+        runner = make_runner(runtime, hostname, stopping)
+        result = runner.run(job_id, kind=kind)
+        if result.outcome is Outcome.NOT_CLAIMED:
+            why, held = _why_not_claimed(runner, job_id)
+            if held is not None and not runner.store.doorbells.hold_for_key(job_id):
+                # The key's slot freed meanwhile: its finisher may not have seen this job.
+                runtime.ring_batch(Batch.of(held))
+            log.info("job %s: delivery dropped, %s", job_id, why)
+            return result, f"{job_id}: dropped ({why})"
+        if result.outcome is Outcome.HANDED_BACK:
+            job = result.job
+            runtime.ring_batch(Batch((job_id,)) if job is None else Batch.of(job))
+        _pass_on_slot(runtime, runner, result)
+        log.info(
+            "job %s: %s (ran %s, replayed %s)",
+            job_id,
+            result.outcome.value,
+            list(result.ran_steps),
+            list(result.replayed_steps),
+        )
+        return result, f"{job_id}: {result.outcome.value}"
+
+
+@contextlib.contextmanager
+def _requeued_when_unreachable(job_id: str) -> Iterator[None]:
+    """Around one delivery: an error that says the database cannot be reached
+    (:func:`jobs._core.outage.is_disconnect`) is logged once per outage and raised as
+    :class:`DatabaseUnreachable` after :data:`REQUEUE_PAUSE_SECONDS`; a delivery that
+    reached it ends the outage in the log."""
     try:
-        result, summary = _deliver(runtime, job_id, hostname, stopping, kind)
+        yield
     except Exception as err:
         if not is_disconnect(err):
             raise
@@ -65,53 +112,6 @@ def deliver(
         raise DatabaseUnreachable(f"{job_id}: database unreachable; doorbell requeued") from None
     if OUTAGES.down:
         OUTAGES.reachable()
-    return result, summary
-
-
-def _deliver(
-    runtime: ProcessRuntime,
-    job_id: str,
-    hostname: str | None,
-    stopping: Callable[[], bool],
-    kind: str | None = None,
-) -> tuple[RunResult, str]:
-    """:func:`deliver` itself. In a process that runs one job at a time, a plain job's
-    completion is held and carried by the next claim's flight
-    (:mod:`jobs._store.deferred`), or sent alone on a short deadline; where jobs share
-    the process, the claim, the step records and the completion each commit before they
-    return, in flights shared with the writes of the jobs beside them
-    (:mod:`jobs._store.flights`)."""
-    settings = runtime.settings
-    if runs_one_job_at_a_time():
-        # Through an outage a held completion is tried again for half a lease: the lease
-        # was renewed at most a third of a lease before the run ended, and the fence decides.
-        hold_completions(
-            runtime.store.statements, settings.hold_completion_seconds, settings.lease_seconds / 2
-        )
-    else:
-        share_flights(runtime.store.statements)
-    _stores.add(runtime.store)
-    runner = make_runner(runtime, hostname, stopping)
-    result = runner.run(job_id, kind=kind)
-    if result.outcome is Outcome.NOT_CLAIMED:
-        why, held = _why_not_claimed(runner, job_id)
-        if held is not None and not runner.store.doorbells.hold_for_key(job_id):
-            # The key's slot freed meanwhile: its finisher may not have seen this job.
-            runtime.ring_batch(Batch.of(held))
-        log.info("job %s: delivery dropped, %s", job_id, why)
-        return result, f"{job_id}: dropped ({why})"
-    if result.outcome is Outcome.HANDED_BACK:
-        job = result.job
-        runtime.ring_batch(Batch((job_id,)) if job is None else Batch.of(job))
-    _pass_on_slot(runtime, runner, result)
-    log.info(
-        "job %s: %s (ran %s, replayed %s)",
-        job_id,
-        result.outcome.value,
-        list(result.ran_steps),
-        list(result.replayed_steps),
-    )
-    return result, f"{job_id}: {result.outcome.value}"
 
 
 def runs_one_job_at_a_time() -> bool:

@@ -468,6 +468,16 @@ def cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
 # -- polling ------------------------------------------------------------------------------
 
 
+def dropped_deliveries(workers: list[Proc], why: str) -> list[str]:
+    """The lines of the workers' logs that say a delivery was dropped, and ``why``."""
+    return [
+        line
+        for worker in workers
+        for line in worker.output().splitlines()
+        if "delivery dropped" in line and why in line
+    ]
+
+
 def wait_until(
     check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
 ) -> T:
@@ -754,6 +764,18 @@ class Stack:
 
     def effect_count(self, job_id: str, name: str) -> int:
         return sum(1 for effect, _pid in self.effects(job_id) if effect == name)
+
+    def assert_ran_once(self, job_ids: list[str], steps: tuple[str, ...] = ("sleep-0",)) -> None:
+        """Each job was claimed once and completed (QUEUED, RUNNING, COMPLETED), and the
+        function of each of ``steps`` ran once for it."""
+        for job_id in job_ids:
+            assert [move.to_state for move in self.history(job_id)] == [
+                State.QUEUED,
+                State.RUNNING,
+                State.COMPLETED,
+            ], self.history(job_id)
+            for step in steps:
+                assert self.effect_count(job_id, step) == 1, (job_id, step)
 
     def wait_state(
         self, job_id: str, states: tuple[State, ...] = FINISHED, timeout: float = 60

@@ -17,7 +17,7 @@ import itertools
 import pytest
 
 from jobs._core.states import State
-from tests.acceptance.conftest import PG_RABBITMQ, Stack
+from tests.acceptance.conftest import PG_RABBITMQ, Stack, dropped_deliveries
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -53,14 +53,7 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
     assert all(job.state is State.COMPLETED for job in finished), finished
 
     # Each job was claimed once and ran once: the refused deliveries wrote nothing.
-    for job_id in job_ids:
-        assert [t.to_state for t in stack.history(job_id)] == [
-            State.QUEUED,
-            State.RUNNING,
-            State.COMPLETED,
-        ], stack.history(job_id)
-        assert stack.effect_count(job_id, "sleep-0") == 1
-        assert stack.effect_count(job_id, "sleep-1") == 1
+    stack.assert_ran_once(job_ids, steps=("sleep-0", "sleep-1"))
 
     # At most one RUNNING at any instant, by the database's clock.
     intervals = sorted(i for job_id in job_ids for i in _running_intervals(stack, job_id))
@@ -85,12 +78,7 @@ def test_max_running_one_runs_jobs_one_at_a_time_and_hands_off_the_slot(stack: S
     assert total < RING_AGAIN_AFTER / 2, total
 
     # The deliveries that found the slot taken were dropped and said why.
-    waiting = [
-        line
-        for worker in workers
-        for line in worker.output().splitlines()
-        if "delivery dropped" in line and "waiting for a slot" in line
-    ]
+    waiting = dropped_deliveries(workers, "waiting for a slot")
     assert waiting, "no delivery was refused for a slot"
     assert all("'sleep_steps' allows 1 RUNNING at once" in line for line in waiting), waiting
     assert all(any(job_id in line for job_id in job_ids) for line in waiting), waiting

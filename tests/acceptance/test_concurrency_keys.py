@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from jobs._core.states import State
-from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
+from tests.acceptance.conftest import PG_RABBITMQ, Stack, dropped_deliveries, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -92,12 +92,7 @@ def test_three_keys_on_two_workers_never_run_more_than_two_of_a_key(stack: Stack
         assert stack.effect_count(job.id, "sleep-1") == 1
     most = _assert_per_key(stack, keyed)
     assert most == dict.fromkeys(keyed, PER_KEY), most  # the limit was reached, not just kept
-    dropped = [
-        line
-        for worker in workers
-        for line in worker.output().splitlines()
-        if "delivery dropped" in line and "waiting for a slot of key" in line
-    ]
+    dropped = dropped_deliveries(workers, "waiting for a slot of key")
     assert dropped, "no delivery found its key full"
     print(
         f"\n[concurrency keys] 30 jobs over 3 keys (2 per key) on 2x4 prefork in "

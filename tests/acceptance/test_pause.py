@@ -18,7 +18,7 @@ import time
 import pytest
 
 from jobs._core.states import State
-from tests.acceptance.conftest import BOTH, PG_RABBITMQ, Stack, wait_until
+from tests.acceptance.conftest import BOTH, PG_RABBITMQ, Stack, dropped_deliveries, wait_until
 
 pytestmark = [pytest.mark.acceptance]
 
@@ -42,14 +42,11 @@ def jobctl(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 def dropped_lines(stack: Stack, job_ids: list[str]) -> list[str]:
     """The workers' log lines of deliveries dropped because a pause held the job."""
+    workers = [proc for proc in stack.procs if proc.name.startswith("worker-")]
     return [
         line
-        for proc in stack.procs
-        if proc.name.startswith("worker-")
-        for line in proc.output().splitlines()
-        if "delivery dropped" in line
-        and "held:" in line
-        and any(job_id in line for job_id in job_ids)
+        for line in dropped_deliveries(workers, "held:")
+        if any(job_id in line for job_id in job_ids)
     ]
 
 
@@ -61,16 +58,6 @@ def assert_held(stack: Stack, job_ids: list[str]) -> None:
         assert job.attempts == 0, job
         assert [move.to_state for move in stack.history(job_id)] == [State.QUEUED]
         assert stack.effects(job_id) == []
-
-
-def assert_ran_once(stack: Stack, job_ids: list[str]) -> None:
-    for job_id in job_ids:
-        assert [move.to_state for move in stack.history(job_id)] == [
-            State.QUEUED,
-            State.RUNNING,
-            State.COMPLETED,
-        ], stack.history(job_id)
-        assert stack.effect_count(job_id, "sleep-0") == 1
 
 
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
@@ -111,7 +98,7 @@ def test_a_paused_kind_waits_on_every_worker_and_runs_at_once_on_resume(stack: S
     took = time.monotonic() - started
     assert all(job.state is State.COMPLETED for job in finished), finished
     assert took < 20, f"held jobs took {took:.1f}s after the resume"  # not the 60 s ring-again
-    assert_ran_once(stack, held)
+    stack.assert_ran_once(held)
     print(f"\n[pause] {JOBS} held jobs completed {took:.2f}s after the resume")
 
 
@@ -152,5 +139,5 @@ def test_a_paused_queue_holds_every_kind_on_it_and_the_sweeper_leaves_it_alone(
     took = time.monotonic() - started
     assert all(job.state is State.COMPLETED for job in finished), finished
     assert took < 20, took
-    assert_ran_once(stack, [job_id for job_id in held if stack.job(job_id).kind == "sleep_steps"])
+    stack.assert_ran_once([job_id for job_id in held if stack.job(job_id).kind == "sleep_steps"])
     assert worker.alive()
