@@ -87,6 +87,7 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
         "recovery",
         "fanout",
         "pools",
+        "async",
     )
     with pytest.raises(SystemExit):
         parser().parse_args(["--only", "drains"])
