@@ -75,6 +75,10 @@ NOTES = [
     "call, a 50 ms tool call and a small write, three recorded steps; plain: the same sleeps "
     "in one task; ceiling concurrency / 150 ms) and no-op jobs (one step; plain: a no-op "
     "task), on threads x50, gevent x100 and prefork x20; rate from the 20th completion.",
+    "async: the drain of an async def one-step job vs the sync one-step job's (durable both: "
+    "the durable column is async, plain-celery is sync), on prefork x20 and threads x50, "
+    "each from a filled queue with a fresh worker (bench.async_drain); rate from the 20th "
+    "completion.",
     "ratio = durable / plain-celery, the median of per-repeat ratios (each repeat measures both "
     "sides back to back); durable and plain-celery columns are medians over repeats.",
     "throughput: N jobs submitted one after another through jobs.submit (1-step: one recorded "

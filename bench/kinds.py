@@ -112,3 +112,17 @@ KEYED = "bench_keyed"
 def keyed(ctx: jobs.JobContext, key: str) -> None:
     """No work, one recorded step, keyed by its ``key`` input (bench.per_key)."""
     ctx.step("noop", _noop)
+
+
+ASYNC_STEP = "bench_async_step"
+
+
+async def _noop_async() -> None:
+    return None
+
+
+@jobs.job(ASYNC_STEP)
+async def one_async_step(ctx: jobs.AsyncJobContext) -> None:
+    """:func:`one_step` written ``async def``: no work, one awaited step on the worker's
+    event loop (bench.async_drain)."""
+    await ctx.step("noop", _noop_async)

@@ -73,6 +73,7 @@ class Options:
         "recovery",
         "fanout",
         "pools",
+        "async",
     )
 
 
@@ -556,6 +557,12 @@ class BackendRun:
 
         measure_pools(self, repeat)
 
+    def async_(self, repeat: int) -> None:
+        """The async one-step job's drain against the sync one's (bench.async_drain)."""
+        from bench.async_drain import measure_async  # noqa: PLC0415 - it imports this module
+
+        measure_async(self, repeat)
+
     def latency(self, repeat: int) -> None:
         d_sub: list[float] = []
         d_e2e: list[float] = []
@@ -708,11 +715,11 @@ def run_backend(
         )
         run.start()
         run.warm_up()
-        repeated = ("drain", "peer", "native", "throughput", "latency", "fanout", "pools")
+        repeated = ("drain", "peer", "native", "throughput", "latency", "fanout", "pools", "async")
         for r in range(opts.repeat):
             for scenario in repeated:
                 if scenario in opts.scenarios:
-                    getattr(run, scenario)(r)
+                    getattr(run, "async_" if scenario == "async" else scenario)(r)
         if opts.recovery and "recovery" in opts.scenarios and backend == PG_RABBITMQ:
             for r in range(max(opts.repeat, opts.recovery_samples)):
                 run.recovery(r)

@@ -306,6 +306,46 @@ def test_one_loop_per_thread_is_reused_and_left_clean(store: JobStore) -> None:
     loops.close()
 
 
+def test_the_shared_loop_cancels_what_a_run_left_and_no_other_runs_tasks() -> None:
+    """The gevent pool's path (``run_shared``), from two threads standing in for two
+    greenlets: the run that ends first has its left-over task cancelled, while the task
+    the other run still awaits runs on to its end."""
+    loops = EventLoops()
+    started = threading.Event()
+    outcomes: dict[str, str] = {}
+
+    async def sleeper(name: str, seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+            outcomes[name] = "finished"
+        except asyncio.CancelledError:
+            outcomes[name] = "cancelled"
+            raise
+
+    async def leaves_a_task() -> str:
+        SEEN["task"] = asyncio.ensure_future(sleeper("left", 3600))
+        await asyncio.sleep(0)
+        return "left a task running"
+
+    async def awaits_its_task() -> str:
+        child = asyncio.ensure_future(sleeper("awaited", 0.5))
+        started.set()
+        await child
+        return "awaited its task"
+
+    other = threading.Thread(
+        target=lambda: outcomes.update(other=loops.run_shared(awaits_its_task()))
+    )
+    other.start()
+    assert started.wait(5)
+    assert loops.run_shared(leaves_a_task()) == "left a task running"
+    assert outcomes["left"] == "cancelled"
+    other.join(5)
+    assert outcomes["other"] == "awaited its task"
+    assert outcomes["awaited"] == "finished"
+    loops.close()
+
+
 def test_a_forked_child_builds_a_loop_of_its_own() -> None:
     parent = EVENT_LOOPS.loop()
     read, write = os.pipe()

@@ -12,18 +12,22 @@ and each is also stamped with the process ID that made it: a loop (its selector'
 descriptor, its executor's threads) inherited through a fork is dropped, never run.
 
 Between two jobs a thread's loop is left clean: tasks a handler started and did not
-await are cancelled when its run ends, so nothing of one job runs inside the next. (The
-shared loop of a gevent pool cannot tell whose a task is: such a task runs on.)
+await are cancelled when its run ends, so nothing of one job runs inside the next. On the
+shared loop of a gevent pool, where other jobs' coroutines run at the same time, the loop's
+task factory marks each task with the run whose coroutine created it (a context variable,
+which tasks inherit), and a run's end cancels its own tasks only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import sys
 import threading
-from collections.abc import Coroutine
+import weakref
+from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -31,6 +35,35 @@ T = TypeVar("T")
 #: The executor threads (greenlets) of a gevent pool's shared loop: one per job's call in
 #: a thread, and a job makes one at a time, so at least the pool's concurrency.
 SHARED_EXECUTOR_THREADS = 1024
+#: How long :meth:`EventLoops.close` waits for the shared loop's thread to close it.
+SHARED_LOOP_CLOSE_SECONDS = 5.0
+
+
+class _RunTasks:
+    """The tasks one run's coroutine started on the shared loop (its own and theirs)."""
+
+    def __init__(self) -> None:
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+#: Set inside a run's coroutine on the shared loop; copied into every task it creates.
+_RUN: contextvars.ContextVar[_RunTasks | None] = contextvars.ContextVar(
+    "jobs_shared_loop_run", default=None
+)
+
+
+def _tracking_task_factory(
+    loop: asyncio.AbstractEventLoop,
+    coroutine: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
+    context: contextvars.Context | None = None,
+) -> asyncio.Task[Any]:
+    """The shared loop's task factory: a plain task, added to the tasks of the run whose
+    code creates it (if any)."""
+    task = asyncio.Task(coroutine, loop=loop, context=context)
+    run = (context if context is not None else contextvars.copy_context()).get(_RUN)
+    if run is not None:
+        run.tasks.add(task)
+    return task
 
 
 class EventLoops:
@@ -42,6 +75,7 @@ class EventLoops:
         self._made: list[asyncio.AbstractEventLoop] = []
         self._lock = threading.Lock()
         self._shared: asyncio.AbstractEventLoop | None = None
+        self._shared_thread: threading.Thread | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """This thread's loop, made on first need (and again in a forked child)."""
@@ -57,7 +91,7 @@ class EventLoops:
     def _forget_if_forked(self) -> None:
         if os.getpid() != self._pid:  # inherited through a fork: start over, run none
             self._pid, self._local, self._made = os.getpid(), threading.local(), []
-            self._shared = None
+            self._shared, self._shared_thread = None, None
 
     def shared_loop(self) -> asyncio.AbstractEventLoop:
         """The process's one loop, running in a thread (a greenlet) of its own: made on
@@ -66,15 +100,17 @@ class EventLoops:
             self._forget_if_forked()
             if self._shared is None or self._shared.is_closed():
                 loop = asyncio.new_event_loop()
+                loop.set_task_factory(_tracking_task_factory)
                 loop.set_default_executor(
                     concurrent.futures.ThreadPoolExecutor(
                         SHARED_EXECUTOR_THREADS, thread_name_prefix="jobs-async"
                     )
                 )
-                threading.Thread(
-                    target=loop.run_forever, name="jobs-event-loop", daemon=True
-                ).start()
-                self._shared = loop
+                thread = threading.Thread(
+                    target=_run_until_stopped, args=(loop,), name="jobs-event-loop", daemon=True
+                )
+                thread.start()
+                self._shared, self._shared_thread = loop, thread
                 self._made.append(loop)
             return self._shared
 
@@ -83,32 +119,69 @@ class EventLoops:
         running, so the loop is clean for the next job. Under gevent, on the shared loop
         (this greenlet waits for it, cooperatively)."""
         if _greenlet_threads():
-            return asyncio.run_coroutine_threadsafe(coroutine, self.shared_loop()).result()
+            return self.run_shared(coroutine)
         loop = self.loop()
         try:
             return loop.run_until_complete(coroutine)
         finally:
             _cancel_left_over(loop)
 
+    def run_shared(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the process's shared loop, this thread (greenlet) waiting
+        for it; then cancel the tasks it started and left running, and no other run's."""
+        return asyncio.run_coroutine_threadsafe(
+            _cancelling_its_tasks(coroutine), self.shared_loop()
+        ).result()
+
     def close(self) -> None:
-        """Close the loops this process made (its runtime's close); closing a loop that
+        """Close the loops this process made (its runtime's close). The shared loop is
+        stopped, and its thread closes it (waited for a few seconds); closing a loop that
         another thread runs now is left to that thread's end."""
         with self._lock:
             made, self._made = self._made, []
-            self._shared = None
+            shared, thread = self._shared, self._shared_thread
+            self._shared = self._shared_thread = None
+        if os.getpid() != self._pid:
+            return
         for loop in made:
-            if os.getpid() != self._pid or loop.is_closed():
+            if loop.is_closed():
                 continue
-            if loop.is_running():  # the shared loop: its thread closes nothing; stop it
+            if loop is shared or loop.is_running():
                 loop.call_soon_threadsafe(loop.stop)
             else:
                 loop.close()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(SHARED_LOOP_CLOSE_SECONDS)
+
+
+def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+    """The shared loop's thread: run ``loop`` until it is stopped, then close it (an
+    unclosed loop's finalizer would run, and warn, wherever the collector finds it)."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
 def _greenlet_threads() -> bool:
     """Whether gevent made this process's threads greenlets (a gevent pool)."""
     monkey = sys.modules.get("gevent.monkey")
     return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+async def _cancelling_its_tasks(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Await ``coroutine`` marked as one run (:data:`_RUN`); then cancel what it left."""
+    started = _RunTasks()
+    _RUN.set(started)  # in this task's own context: the tasks it creates copy it
+    try:
+        return await coroutine
+    finally:
+        this = asyncio.current_task()
+        left = [task for task in started.tasks if task is not this and not task.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
 
 
 def _cancel_left_over(loop: asyncio.AbstractEventLoop) -> None:

@@ -720,6 +720,19 @@ class Stack:
         for proc in self.procs:
             proc.kill_group()
 
+    def dump_stacks(self, wait: float = 1.0) -> None:
+        """Ask every live worker for the stacks of all its threads (Celery's SIGUSR1
+        handler prints them to its log), so a failed test's logs show where a stuck
+        worker was; then give them ``wait`` seconds to print."""
+        asked = False
+        for proc in self.procs:
+            if proc.node is not None and proc.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+                    asked = True
+        if asked:
+            time.sleep(wait)
+
     def dump_logs(self) -> None:
         for proc in self.procs:
             print(
@@ -968,8 +981,11 @@ def stack(
         yield world
     finally:
         try:
+            failed = _failed(request.node)
+            if failed:
+                world.dump_stacks()
             world.stop_all()
-            if _failed(request.node):
+            if failed:
                 world.dump_logs()
         finally:
             # Closes the engine and the liveness lock an in-process worker (scenario 11)
