@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable
 
 from jobs._core.errors import UnknownJob
+from jobs._core.kind_versions import KindVersions
 from jobs._core.outage import OUTAGES, is_disconnect
 from jobs._core.records import Batch, Job
 from jobs._core.states import State
@@ -196,6 +197,24 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
         runtime.ring(depth.next_due_doorbells(job.kind, 1))
 
 
+def _other_version(versions: KindVersions, job: Job) -> str:
+    """Why a job of a kind this worker knows is left to another worker's version (its
+    doorbell is dropped; the sweeper rings it again after ``JOBS_RING_AGAIN_AFTER_SECONDS``,
+    as a job of a kind this worker does not know)."""
+    versioned = versions.of(job.kind)
+    runs = "none" if versioned is None else ", ".join(versioned.runs)
+    if job.code_version is None:
+        return (
+            f"QUEUED, not claimed yet, of kind {job.kind!r}, and this worker drains "
+            "(JOBS_DRAIN=on: it takes no new job of a kind with a version); left for another"
+        )
+    return (
+        f"QUEUED, waiting for a worker that runs version {job.code_version} of kind "
+        f"{job.kind!r} (recorded at its first claim; this worker runs {runs}); left for one "
+        "that does, rung again by the sweeper"
+    )
+
+
 def _why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None]:
     """Why a claim took nothing, for the log; and the job, when its concurrency key was
     full (its doorbell is then held for the key: :meth:`Doorbells.hold_for_key`)."""
@@ -213,6 +232,9 @@ def _why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None]:
             f"QUEUED, of kind {job.kind!r}, which this worker does not know "
             f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
         ), None
+    versions = runner.registry.versions(runner.run_versions, runner.drain)
+    if not versions.runs(job.kind, job.code_version):
+        return _other_version(versions, job), None
     pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
     if pause is not None:
         return f"QUEUED, held: {pause.describe()}; its resume rings it again", None
