@@ -25,6 +25,7 @@ from jobs._core.errors import InvalidInput, SettingsError
 from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._service.explain import explain
+from jobs._service.replay_check import replay_check
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.version_clauses import claim_key
@@ -247,3 +248,15 @@ def test_submit_records_no_version_and_show_and_explain_say_the_claims() -> None
     assert "Code version 4, recorded at first claim." in told.output
     as_json = CliRunner().invoke(main, ["show", job_id, "--json"])
     assert json.loads(as_json.output)["code_version"] == "4"
+
+
+def test_replay_check_leaves_a_job_of_a_version_this_code_does_not_run(store: JobStore) -> None:
+    submit(store, "o-9")
+    assert runner(store, deployment("1"), "w-old").run("o-9").outcome is Outcome.WAITING_APPROVAL
+    report = replay_check(store, deployment("2"))
+    assert report.counts() == {"ok": 0, "other version": 1}
+    assert not report.blocks_deploy  # a version-2 worker never resumes it
+    [found] = report.findings
+    assert "only a worker of version 1 resumes it" in found.detail
+    taught = replay_check(store, deployment("2"), run_versions=(("order", ("1",)),))
+    assert taught.counts() == {"ok": 1}  # told to run version 1: replayed, as it would be

@@ -242,7 +242,8 @@ OPTIONS: tuple[Option, ...] = (
         "RUN_VERSIONS",
         "run_versions",
         "the recorded versions of kinds this worker resumes, `kind=1,2;other=3` (replacing "
-        "the kind's `@jobs.job(runs_versions=…)`; its own `version=` is always run): a job is "
+        "the kind's `@jobs.job(runs_versions=…)`; its own `version=` is always run, and a kind "
+        "without a version ignores it): a job is "
         "recorded under its claimer's version at its first claim, and by default only a worker "
         "that runs that version claims it again (see [Changing job code]"
         "(../guides/changing-code.md#versions))",
