@@ -8,7 +8,10 @@ database, the sides taking turns over ``--rounds`` rounds:
 - ``after, versioned``: this code, the kind at ``version="2"`` running versions 1 and 2
   (the ``CASE`` in the claim's ``SET`` and the version clause in its WHERE).
 
-Every side claims with the worker's kinds (``kinds=[…]``), as a worker does.
+Every side claims with the worker's kinds (``kinds=[…]``), as a worker does. Then, less
+exposed to a shared machine's noise, one process of this code claims ``--claims`` jobs with
+each statement in turn (job by job, the order swapped every other job), and reports each
+statement's wall time and the client's CPU time per claim.
 
     python -m bench.versions [--claims 2000] [--rounds 3] [--base 3bf43d4] [--pg-url …]
 """
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.per_key import export_base
 from bench.scenarios import REPO, _base_env
@@ -67,13 +71,53 @@ print(json.dumps({"median_us": times[len(times) // 2] * 1e6,
                   "mean_us": sum(times) / len(times) * 1e6}))
 """
 
+INTERLEAVED_CHILD = r"""
+import json, sys, time, uuid
+from jobs._core.kind_versions import kind_versions
+from jobs._store import JobStore
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
 
-def claim_cost(pg_url: str, code_root: Path, count: int, mode: str) -> dict[str, float]:
-    """Per-claim microseconds (median, mean) of ``count`` claims by the code in
-    ``code_root`` (``mode``: ``plain`` or ``versioned``), on a fresh database."""
+url, count = sys.argv[1], int(sys.argv[2])
+engine = make_engine(url)
+upgrade(engine)
+store = JobStore(engine)
+kind = "claim_cost"
+versions = kind_versions([(kind, "2", ("1",))])
+rows = [
+    store.submissions.new_job_values(
+        kind, {}, job_id=f"{mode}-{n}", max_attempts=1, delay_seconds=0, code_version=None)
+    for mode in ("plain", "versioned") for n in range(count)
+]
+for start in range(0, len(rows), 1000):
+    store.submissions.create_many(kind, rows[start:start + 1000])
+wall = {"plain": [], "versioned": []}
+cpu = {"plain": [], "versioned": []}
+for n in range(count):
+    for mode in (("plain", "versioned") if n % 2 else ("versioned", "plain")):
+        options = {"versions": versions} if mode == "versioned" else {}
+        started, used = time.perf_counter(), time.process_time()
+        claim = store.ownership.claim(f"{mode}-{n}", "bench", 30, kinds=[kind], **options)
+        wall[mode].append(time.perf_counter() - started)
+        cpu[mode].append(time.process_time() - used)
+        assert claim is not None, (mode, n)
+        store.ownership.complete(claim, None)
+engine.dispose()
+found = {}
+for mode in wall:
+    walls, cpus = sorted(wall[mode]), sorted(cpu[mode])
+    found[mode] = {"median_us": walls[len(walls) // 2] * 1e6,
+                   "cpu_median_us": cpus[len(cpus) // 2] * 1e6}
+print(json.dumps(found))
+"""
+
+
+def run_child(pg_url: str, code_root: Path, script: str, *args: str) -> dict[str, Any]:
+    """The JSON a child running ``script`` with the code in ``code_root`` prints last, on a
+    fresh database."""
     with pg_database(pg_url) as url:
         done = subprocess.run(
-            [sys.executable, "-c", CLAIM_CHILD, url, str(count), mode],
+            [sys.executable, "-c", script, url, *args],
             env={**_base_env(), "PYTHONPATH": str(code_root)},
             capture_output=True,
             text=True,
@@ -82,8 +126,14 @@ def claim_cost(pg_url: str, code_root: Path, count: int, mode: str) -> dict[str,
         )
         if done.returncode != 0:
             raise RuntimeError(f"claim child failed:\n{done.stderr[-3000:]}")
-        result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return result
+
+
+def claim_cost(pg_url: str, code_root: Path, count: int, mode: str) -> dict[str, float]:
+    """Per-claim microseconds (median, mean) of ``count`` claims by the code in
+    ``code_root`` (``mode``: ``plain`` or ``versioned``), on a fresh database."""
+    return run_child(pg_url, code_root, CLAIM_CHILD, str(count), mode)
 
 
 def main() -> None:
@@ -119,6 +169,12 @@ def main() -> None:
                 f"claim {side:16s}: median of medians {median(values):7.1f} us "
                 f"({ratio:.3f} x before)"
             )
+    both = run_child(args.pg_url, REPO, INTERLEAVED_CHILD, str(args.claims))
+    for mode, cost in both.items():
+        print(
+            f"interleaved {mode:9s}: {cost['median_us']:7.1f} us median wall, "
+            f"{cost['cpu_median_us']:6.1f} us median client CPU"
+        )
 
 
 if __name__ == "__main__":

@@ -199,13 +199,29 @@ def test_the_refused_claim_says_which_version_the_job_waits_for(
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == ["o-8"]
 
 
-def test_an_unversioned_registrys_claim_is_the_statement_it_was() -> None:
+def test_an_unversioned_registrys_claim_is_the_statement_it_was(store: JobStore) -> None:
     unversioned = Registry(imports=[])
     unversioned.register("plain", lambda ctx: None)
-    versions = unversioned.versions()
-    assert versions.kinds == ()
-    assert claim_key(["plain"], versions) == ("plain",)  # the key before versions
-    assert claim_key(["order"], deployment("1").versions()) != ("order",)
+    assert unversioned.versions().kinds == ()
+    assert claim_key(["plain"], unversioned.versions()) == ("plain",)  # the key before versions
+    submit(store, "p-2", "plain")
+    assert runner(store, unversioned, "w").run("p-2").outcome is Outcome.COMPLETED
+    submit(store, "o-10")
+    assert runner(store, deployment("1"), "w").run("o-10").outcome is Outcome.WAITING_APPROVAL
+    if store.engine.dialect.name != "postgresql":
+        return  # SQLite claims in a locked transaction, built at each claim
+    built = {
+        key: str(statement.compile(dialect=store.engine.dialect))
+        for key, statement in store.statements._statements.items()
+        if key[0] == "claim"
+    }
+    claims = {key[1]: text for key, text in built.items()}
+    plain = claims[("plain",)]  # the SET and WHERE as before (RETURNING reads every column)
+    assert "code_version=" not in plain
+    assert "jobs.code_version IS NULL" not in plain
+    [versioned] = [text for key, text in claims.items() if key != ("plain",)]
+    assert "code_version=coalesce(jobs.code_version, CASE WHEN" in versioned
+    assert "jobs.code_version IS NULL" in versioned
 
 
 def test_the_options_are_checked() -> None:
