@@ -182,8 +182,8 @@ def test_the_refused_claim_says_which_version_the_job_waits_for(
     submit(store, "o-8")
     assert runner(store, old, "w-old").run("o-8").outcome is Outcome.WAITING_APPROVAL
     store.operator.approve("o-8", "ann")
-    why, held = _why_not_claimed(runner(store, new, "w-new"), "o-8")
-    assert held is None
+    why, held, other_version = _why_not_claimed(runner(store, new, "w-new"), "o-8")
+    assert (held, other_version) == (None, True)
     assert "waiting for a worker that runs version 1 of kind 'order'" in why
     assert "this worker runs 2" in why
 
@@ -276,3 +276,16 @@ def test_replay_check_leaves_a_job_of_a_version_this_code_does_not_run(store: Jo
     assert "only a worker of version 1 resumes it" in found.detail
     taught = replay_check(store, deployment("2"), run_versions=(("order", ("1",)),))
     assert taught.counts() == {"ok": 1}  # told to run version 1: replayed, as it would be
+
+
+def test_a_dropped_doorbell_is_rung_again_sooner_by_what_the_worker_drew(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    submit(store, "o-11")
+    assert runner(store, deployment("1"), "w-old").run("o-11").outcome is Outcome.WAITING_APPROVAL
+    store.operator.approve("o-11", "ann")  # rung now
+    clock.advance(1)
+    store.doorbells.ring_again_sooner("o-11", 3)  # as if rung 3 s before this drop
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == []
+    clock.advance(2.5)  # 5.5 s after the counted ring: stale
+    assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == ["o-11"]

@@ -135,6 +135,24 @@ class Doorbells:
             ).first()
         return held is not None
 
+    def ring_again_sooner(self, job_id: str, by_seconds: float) -> None:
+        """A delivery left the job to a worker of another version of its kind: count its
+        doorbell as rung ``by_seconds`` earlier, so the sweeper rings it again that much
+        sooner than ``JOBS_RING_AGAIN_AFTER_SECONDS``. The caller draws ``by_seconds`` at
+        random: doorbells dropped together are then rung again apart, and reach the queue's
+        workers in another order (rung again together, the broker's round robin could hand
+        each to the same wrong worker every time). Not a state move."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(JobsTable)
+                .where(
+                    JobsTable.id == job_id,
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.dispatched_at.is_not(None),
+                )
+                .values(dispatched_at=self.clock.after(-by_seconds))
+            )
+
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells
         again instead of waiting for the messages to count as lost (not a state change)."""

@@ -6,8 +6,8 @@ Kind ``ship`` is ``version="1"`` in module ``ship_v1`` and ``version="2"`` in ``
 alone, jobs are claimed, recorded under version 1, and parked: on an approval or on a
 durable timer. Then the deploy: the old worker is SIGKILLed and a new one starts; an
 approved version-1 job waits for a worker that runs version 1 (``explain`` says so) while the
-new worker drops its doorbells. The old code comes back to drain (``JOBS_DRAIN=on``) beside
-the new one, with a sweeper that rings again what was dropped:
+new worker drops its doorbells and the sweeper rings them again. The old code comes back to
+drain (``JOBS_DRAIN=on``) beside the new one:
 
 - every job first claimed by version 1 resumes and finishes on the version-1 worker;
 - every new job is claimed, recorded and run by version 2;
@@ -97,6 +97,7 @@ def test_old_jobs_drain_on_old_workers_while_new_jobs_run_on_new_ones(
     old = code_env(stack, tmp_path, "1")
     new = code_env(stack, tmp_path, "2")
     first = stack.worker("v1", env=old)
+    stack.sweeper()  # rings again what a worker dropped (or a publish lost)
     approvals = [submit(old, "approval") for _ in range(PARKED_ON_APPROVAL)]
     timers = [submit(old, "timer") for _ in range(PARKED_ON_TIMER)]
     for job_id in approvals:
@@ -113,6 +114,7 @@ def test_old_jobs_drain_on_old_workers_while_new_jobs_run_on_new_ones(
 
     # Only the new code runs: an approved version-1 job waits for a version-1 worker.
     second = stack.worker("v2", env=new)
+    assert "job versions: ship 2 (runs 2)" in second.output()
     approved = jobctl_in_child(new, "approve", approvals[0], "--by", "ops")
     assert approved.returncode == 0, approved.stderr
     settings = default_app().settings
@@ -127,8 +129,8 @@ def test_old_jobs_drain_on_old_workers_while_new_jobs_run_on_new_ones(
     assert (job.state, job.attempts, job.owner) == (State.QUEUED, 0, None)
 
     # The old code drains beside the new one; the sweeper rings again what was dropped.
-    stack.worker("v1-drain", env={**old, "JOBS_DRAIN": "on"})
-    stack.sweeper()
+    draining = stack.worker("v1-drain", env={**old, "JOBS_DRAIN": "on"})
+    assert "job versions: ship 1 (runs 1); draining (JOBS_DRAIN=on)" in draining.output()
     for job_id in approvals[1:]:
         approved = jobctl_in_child(new, "approve", job_id, "--by", "ops")
         assert approved.returncode == 0, approved.stderr
