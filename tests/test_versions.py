@@ -23,12 +23,14 @@ from jobs._config.settings import from_env
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput, SettingsError
 from jobs._core.registry import Registry
+from jobs._core.schedule_ticks import Schedule
 from jobs._core.states import State
 from jobs._service.explain import explain
 from jobs._service.replay_check import replay_check
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.version_clauses import claim_key
+from jobs._sweeper.periodic import fire_due_ticks
 from jobs._worker.delivery import _why_not_claimed
 from jobs._worker.runner import Outcome, Runner
 from jobs.application import default_app
@@ -289,3 +291,16 @@ def test_a_dropped_doorbell_is_rung_again_sooner_by_what_the_worker_drew(
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == []
     clock.advance(2.5)  # 5.5 s after the counted ring: stale
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == ["o-11"]
+
+
+def test_a_periodic_tick_is_recorded_at_its_first_claim(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    kinds = deployment("1")
+    kinds.register("beat", lambda ctx: "beat", max_attempts=3, version="5")
+    store.schedules.put_schedule(Schedule("beat", "beat", "every 10s"))
+    clock.advance(10)
+    [fired] = fire_due_ticks(store, lambda batch: True, default_max_attempts=3, registry=kinds)
+    assert store.reads.get(fired.job_id).code_version is None  # the sweeper's code: none
+    assert runner(store, kinds, "w").run(fired.job_id).outcome is Outcome.COMPLETED
+    assert store.reads.get(fired.job_id).code_version == "5"

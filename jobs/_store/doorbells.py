@@ -1,6 +1,7 @@
 """Doorbell bookkeeping: which due jobs are owed a doorbell (never sent, or sent so long
 ago that the message counts as lost), marked sent in the same statement so concurrent
-sweepers do not both send; and marking unrung a doorbell whose publish failed. None of these
+sweepers do not both send; marking unrung a doorbell whose publish failed; and ringing sooner,
+by a random part of the delay, one a worker dropped for its job's version. None of these
 writes moves a job between states.
 """
 
