@@ -43,6 +43,11 @@ REASON_MEANINGS = {
         "due for longer than `JOBS_RING_AGAIN_AFTER_SECONDS` with nothing running: check "
         "that a sweeper runs and that workers consume its queue and know its kind"
     ),
+    "waiting_for_version": (
+        "recorded under a version of its kind at its first claim, and sent longer than "
+        "`JOBS_RING_AGAIN_AFTER_SECONDS` ago: waiting for a worker that runs that version "
+        "(see [Changing job code](../guides/changing-code.md#versions))"
+    ),
     "message_lost": (
         "sent longer than `JOBS_RING_AGAIN_AFTER_SECONDS` ago: the next sweep re-sends it"
     ),

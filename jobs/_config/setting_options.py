@@ -40,8 +40,9 @@ class Option:
     name: str
     kind: str
     """How the value is read: ``float``, ``int``, ``choice``, ``switch`` (on/off),
-    ``port``, ``modules``, ``module_path``, ``queue``, ``folder``, ``database_url`` or
-    ``broker_url``; ``test`` for a variable only the test-suite and tools read."""
+    ``port``, ``modules``, ``module_path``, ``queue``, ``run_versions``, ``folder``,
+    ``database_url`` or ``broker_url``; ``test`` for a variable only the test-suite and
+    tools read."""
     doc: str
     default: Any = None
     bounds: tuple[float, float] | None = None
@@ -236,6 +237,26 @@ OPTIONS: tuple[Option, ...] = (
         "METRICS_PORT",
         "port",
         "the sweeper serves Prometheus metrics on this port (needs the `metrics` extra)",
+    ),
+    Option(
+        "RUN_VERSIONS",
+        "run_versions",
+        "the recorded versions of kinds this worker resumes, `kind=1,2;other=3` (replacing "
+        "the kind's `@jobs.job(runs_versions=…)`; its own `version=` is always run, and a kind "
+        "without a version ignores it): a job is "
+        "recorded under its claimer's version at its first claim, and by default only a worker "
+        "that runs that version claims it again (see [Changing job code]"
+        "(../guides/changing-code.md#versions))",
+        default=(),
+    ),
+    Option(
+        "DRAIN",
+        "switch",
+        "`on`/`off`: `on` makes this worker claim no new job of a kind that declares a "
+        "version, only those recorded under a version it runs: the old code's workers during "
+        "a rolling deploy, finishing their jobs while the new code's take the new ones",
+        default=False,
+        choices=("off", "on"),
     ),
     Option(
         "CELERY_APP",

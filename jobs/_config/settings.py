@@ -33,6 +33,7 @@ from jobs._config.setting_options import (
     Option,
 )
 from jobs._core.errors import InvalidInput, SettingsError
+from jobs._core.kind_versions import RunVersions, parse_run_versions
 from jobs._core.validate import QUEUE_NAME_LENGTH, check_queue_name
 
 __all__ = [
@@ -90,6 +91,8 @@ class Settings:
     task_events: bool
     retention_days: float | None
     metrics_port: int | None
+    run_versions: RunVersions
+    drain: bool
     celery_app: str | None
 
     @property
@@ -184,7 +187,7 @@ def _choice(env: Mapping[str, str], option: Option) -> str:
 
 
 def _switch(env: Mapping[str, str], option: Option) -> bool:
-    """``on`` (the default) or ``off``."""
+    """``on`` or ``off`` (the first of the option's choices is the default)."""
     return _choice(env, option) == "on"
 
 
@@ -236,6 +239,10 @@ def _module_path(env: Mapping[str, str], option: Option) -> str | None:
     return name
 
 
+def _run_versions(env: Mapping[str, str], option: Option) -> RunVersions:
+    return parse_run_versions(env.get(PREFIX + option.name) or "", PREFIX + option.name)
+
+
 PARSERS: dict[str, Callable[[Mapping[str, str], Option], Any]] = {
     "float": _number,
     "int": _whole_number,
@@ -245,6 +252,7 @@ PARSERS: dict[str, Callable[[Mapping[str, str], Option], Any]] = {
     "modules": _modules,
     "queue": _queue,
     "module_path": _module_path,
+    "run_versions": _run_versions,
 }
 """How each kind of option is read from the environment; the folder and the URLs, which
 depend on each other, are read by :func:`_locations`."""

@@ -20,6 +20,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 from jobs._config.settings import from_env
 from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
+from jobs._core.kind_versions import KindVersions, RunVersions, check_runs_versions, kind_versions
 from jobs._core.records import StepTransactions
 from jobs._core.schedule_ticks import check_schedule
 from jobs._core.validate import (
@@ -69,6 +70,9 @@ class JobKind:
     # max_running/max_queued (jobctl limits set KIND --per-key N changes it live).
     concurrency_key: KeySource | None = None
     max_running_per_key: int | None = None
+    # The recorded versions a worker resumes besides its own ``version`` (None: only its
+    # own; ``JOBS_RUN_VERSIONS`` replaces it): jobs._core.kind_versions.
+    runs_versions: tuple[str, ...] | None = None
 
     def key_of(self, inputs: dict[str, Any]) -> str | None:
         """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
@@ -103,6 +107,7 @@ class KindOptions(TypedDict, total=False):
     queue: str | None
     concurrency_key: KeySource | None
     max_running_per_key: int | None
+    runs_versions: tuple[str, ...] | None
 
 
 class Registry:
@@ -125,6 +130,9 @@ class Registry:
         # a web framework's integration whose ORM must be inside it (Django's connection,
         # Flask-SQLAlchemy's session); None: a connection of the job store's own engine.
         self.step_transactions: StepTransactions | None = None
+        # What :meth:`versions` made last, with what it was made from; kinds added so far.
+        self._added = 0
+        self._versions: tuple[tuple[object, ...], KindVersions] | None = None
 
     def register(
         self,
@@ -143,10 +151,12 @@ class Registry:
         queue: str | None = None,
         concurrency_key: KeySource | None = None,
         max_running_per_key: int | None = None,
+        runs_versions: tuple[str, ...] | None = None,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
         check_name(name, "job kind")
+        runs_versions = check_runs_versions(name, version, runs_versions)
         check_priority(priority, f"job kind {name!r}: priority")
         if timeout is not None:
             check_timeout(timeout, f"job kind {name!r}: timeout")
@@ -190,6 +200,7 @@ class Registry:
             queue,
             concurrency_key,
             max_running_per_key,
+            runs_versions,
         )
         if schedule is not None:
             try:
@@ -215,6 +226,7 @@ class Registry:
                 if not same:
                     raise SettingsError(f"job kind {kind.name!r} is already registered by {qual}")
             self._kinds[kind.name] = kind
+            self._added += 1
             listeners = list(self._listeners) if existing is None else []
         for listener in listeners:
             listener(kind)
@@ -224,6 +236,23 @@ class Registry:
         ``JOBS_IMPORTS``: a hint for the claim, never a check)."""
         kind = self._kinds.get(name)
         return kind is not None and kind.concurrency_key is not None
+
+    def versions(self, run_versions: RunVersions = (), drain: bool = False) -> KindVersions:
+        """The versions this process records and resumes of its kinds that declare one
+        (:mod:`jobs._core.kind_versions`), with ``JOBS_RUN_VERSIONS`` and ``JOBS_DRAIN``
+        applied; made once per set of kinds and settings (every claim asks)."""
+        self._ensure_imported()
+        key = (self._added, run_versions, drain)
+        cached = self._versions
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        found = kind_versions(
+            ((kind.name, kind.version, kind.runs_versions) for kind in self._kinds.values()),
+            run_versions,
+            drain,
+        )
+        self._versions = (key, found)
+        return found
 
     def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
@@ -237,7 +266,11 @@ class Registry:
         (default ``JOBS_QUEUE``): only workers that consume it run the kind, so kinds go to
         the worker pools meant for them. ``concurrency_key`` (an input's name, or a callable
         given the inputs) keys each job, and ``max_running_per_key`` caps the jobs of one key
-        RUNNING at once across all workers (docs/guides/backpressure.md)."""
+        RUNNING at once across all workers (docs/guides/backpressure.md). ``version`` is
+        recorded with each job at its first claim (the claiming worker's), and by default
+        only a worker of that version claims the job again; ``runs_versions`` names the
+        recorded versions this code resumes too (``JOBS_RUN_VERSIONS`` replaces it;
+        docs/guides/changing-code.md, "Versions")."""
 
         def decorate(handler: F) -> F:
             self.register(name, handler, **options)

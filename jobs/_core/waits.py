@@ -132,12 +132,12 @@ class Workflow:
         queue: str | None,
     ) -> dict[str, Any]:
         inputs = {} if inputs is None else inputs
-        version = kind_priority = kind_queue = kind_attempts = None
+        kind_priority = kind_queue = kind_attempts = None
         if self.registry is not None:
             job_kind = self.registry.get(kind)
             if isinstance(inputs, dict):
                 job_kind.check_inputs(inputs)
-            version, kind_priority = job_kind.version, job_kind.priority
+            kind_priority = job_kind.priority
             kind_queue, kind_attempts = job_kind.queue, job_kind.max_attempts
         return self.store.submissions.new_job_values(
             kind,
@@ -145,7 +145,7 @@ class Workflow:
             job_id=child_id,
             max_attempts=max_attempts or kind_attempts or self.default_max_attempts,
             delay_seconds=0,
-            code_version=version,
+            code_version=None,  # recorded at its first claim (jobs._core.kind_versions)
             priority=(kind_priority or 0) if priority is None else priority,
             queue=kind_queue if queue is None else queue,
         )

@@ -215,6 +215,8 @@ def explain(
     progress = progress_text(job.progress)
     if progress is not None:
         done = f"{done} Progress: {progress}."
+    if job.code_version is not None:
+        done = f"{done} Code version {printable(job.code_version)}, recorded at first claim."
     paragraph = f"Job {job.id} ({job.kind}{origin}) is {job.state.value}. {text} {done}"
     return Explanation(job.id, job.state, reason, paragraph, tuple(actions), job.progress)
 
@@ -310,6 +312,23 @@ def _queued(
         f"(database {mask_url(settings.database_url)}); a worker logs its own at start-up "
         "('worker: broker …')"
     )
+    if sent_ago >= settings.ring_again_after_seconds and job.code_version is not None:
+        version = f"version {printable(job.code_version)} of kind {printable(job.kind)!r}"
+        return (
+            "waiting_for_version",
+            f"It is waiting for a worker that runs {version}: it was recorded under that "
+            f"version at its first claim, and its message, sent at {_at(rung_at)} "
+            f"({_span(sent_ago)} ago), was not claimed. A worker that runs another version "
+            "of the kind leaves it QUEUED, and the next sweep sends its message again (if "
+            f"such a worker runs, the message was lost: {on_the_broker}).",
+            (
+                f"keep a worker of {version} running until its jobs are done",
+                f"or let the new code run it: @jobs.job({printable(job.kind)!r}, "
+                f"runs_versions=(…, {printable(job.code_version)!r})) or "
+                f"JOBS_RUN_VERSIONS={kind}={shlex.quote(job.code_version)},… once it "
+                "replays them (jobctl replay-check)",
+            ),
+        )
     if sent_ago >= settings.ring_again_after_seconds:
         return (
             "message_lost",

@@ -26,6 +26,7 @@ from jobs._core.async_context import AsyncJobContext, is_async_handler
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput, NonDeterministic, UnknownKind
 from jobs._core.interrupts import Diverged, JobInterrupt
+from jobs._core.kind_versions import KindVersions, RunVersions
 from jobs._core.progress import check_progress
 from jobs._core.records import Claim
 from jobs._core.registry import Registry
@@ -71,9 +72,11 @@ class ReplayVerdict:
     ``verdict`` is ``ok`` (the replay reached new code, or the handler's end, with every
     recorded step asked for at its place), ``diverged`` (it would end
     :class:`jobs.NonDeterministic`: :attr:`error`), ``raised`` (the handler raised while
-    replaying, as it would on a resume: :attr:`detail`) or ``unknown kind`` (no code for the
-    kind is deployed: it would fail). ``replayed`` counts the recorded steps it walked
-    past."""
+    replaying, as it would on a resume: :attr:`detail`), ``unknown kind`` (no code for the
+    kind is deployed: it would fail) or ``other version`` (recorded at its first claim under
+    a version of its kind this code does not run: only a worker of that version claims it,
+    so this code never meets it; not replayed). ``replayed`` counts the recorded steps it
+    walked past."""
 
     job_id: str
     kind: str
@@ -107,10 +110,24 @@ class ReplayVerdict:
 
 
 def replay_job(
-    store: JobStore, registry: Registry, recorded: RecordedJob, default_max_attempts: int = 5
+    store: JobStore,
+    registry: Registry,
+    recorded: RecordedJob,
+    default_max_attempts: int = 5,
+    versions: KindVersions | None = None,
 ) -> ReplayVerdict:
-    """Replay one job's handler against what it recorded (see the module's docstring)."""
+    """Replay one job's handler against what it recorded (see the module's docstring);
+    with ``versions`` (this code's, :meth:`Registry.versions`), a job recorded under a
+    version this code does not run is ``other version``, not replayed."""
     job = recorded.job
+    if versions is not None and not versions.runs(job.kind, job.code_version):
+        versioned = versions.of(job.kind)
+        runs = "" if versioned is None else ", ".join(versioned.runs)
+        detail = (
+            f"recorded under version {job.code_version} at its first claim; this code runs "
+            f"{runs}, so only a worker of version {job.code_version} resumes it"
+        )
+        return ReplayVerdict(job.id, job.kind, job.state, "other version", 0, detail)
 
     def verdict(
         name: str, detail: str = "", error: NonDeterministic | None = None
@@ -177,13 +194,17 @@ def replay_check(
     *,
     batch: int = 500,
     default_max_attempts: int = 5,
+    run_versions: RunVersions = (),
 ) -> ReplayReport:
-    """Replay every job in ``states`` (of ``kind``, if given), ``batch`` at a time."""
+    """Replay every job in ``states`` (of ``kind``, if given), ``batch`` at a time; a job
+    recorded under a version of its kind this code does not run (with ``run_versions``,
+    ``JOBS_RUN_VERSIONS``) is reported ``other version``, not replayed."""
     if batch < 1:
         raise InvalidInput(f"batch must be at least 1, got {batch}")
     started = time.monotonic()
     report = ReplayReport()
-    for found in _verdicts(store, registry, states, kind, batch, default_max_attempts):
+    versions = registry.versions(run_versions)
+    for found in _verdicts(store, registry, states, kind, batch, default_max_attempts, versions):
         report.checked += 1
         if found.verdict == "ok":
             report.ok += 1
@@ -200,12 +221,13 @@ def _verdicts(
     kind: str | None,
     batch: int,
     default_max_attempts: int,
+    versions: KindVersions,
 ) -> Iterator[ReplayVerdict]:
     after: str | None = None
     while True:
         jobs = store.replays.batch(states, kind, after, batch)
         for recorded in jobs:
-            yield replay_job(store, registry, recorded, default_max_attempts)
+            yield replay_job(store, registry, recorded, default_max_attempts, versions)
         if len(jobs) < batch:
             return
         after = jobs[-1].job.id

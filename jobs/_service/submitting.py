@@ -229,7 +229,9 @@ class JobService:
             job_id=new_job_id() if job_id is None else job_id,
             max_attempts=attempts,
             delay_seconds=delay_seconds,
-            code_version=job_kind.version,
+            # Recorded at the first claim, under the claiming worker's version of the kind
+            # (jobs._core.kind_versions): this process may run other code than the workers.
+            code_version=None,
             run_at=run_at,
             priority=job_kind.priority if options.priority is None else options.priority,
             queue=job_kind.queue if options.queue is None else options.queue,

@@ -1,6 +1,7 @@
 """Doorbell bookkeeping: which due jobs are owed a doorbell (never sent, or sent so long
 ago that the message counts as lost), marked sent in the same statement so concurrent
-sweepers do not both send; and marking unrung a doorbell whose publish failed. None of these
+sweepers do not both send; marking unrung a doorbell whose publish failed; and ringing sooner,
+by a random part of the delay, one a worker dropped for its job's version. None of these
 writes moves a job between states.
 """
 
@@ -134,6 +135,24 @@ class Doorbells:
                 .returning(JobsTable.id)
             ).first()
         return held is not None
+
+    def ring_again_sooner(self, job_id: str, by_seconds: float) -> None:
+        """A delivery left the job to a worker of another version of its kind: count its
+        doorbell as rung ``by_seconds`` earlier, so the sweeper rings it again that much
+        sooner than ``JOBS_RING_AGAIN_AFTER_SECONDS``. The caller draws ``by_seconds`` at
+        random: doorbells dropped together are then rung again apart, and reach the queue's
+        workers in another order (rung again together, the broker's round robin could hand
+        each to the same wrong worker every time). Not a state move."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(JobsTable)
+                .where(
+                    JobsTable.id == job_id,
+                    JobsTable.state == State.QUEUED.value,
+                    JobsTable.dispatched_at.is_not(None),
+                )
+                .values(dispatched_at=self.clock.after(-by_seconds))
+            )
 
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells

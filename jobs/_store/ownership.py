@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 
 from jobs._core.errors import StepError
+from jobs._core.kind_versions import KindVersions
 from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
@@ -51,6 +52,12 @@ from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
+from jobs._store.version_clauses import (
+    claim_key,
+    recording_versions,
+    runs_recorded_version,
+    version_change,
+)
 from jobs._store.workflows import Workflows
 
 
@@ -79,6 +86,7 @@ class Ownership:
         liveness_key: int | None = None,
         kinds: Sequence[str] | None = None,
         keyed_first: bool = False,
+        versions: KindVersions | None = None,
     ) -> Claim | None:
         """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
         that expired or whose owner process is gone (its liveness lock was released).
@@ -89,14 +97,16 @@ class Ownership:
         nothing does a second try lock the job's concurrency key (a kind limited per key
         only: two reusable statements in one transaction) or the kind's limits row, and
         count the running jobs. ``keyed_first`` (the job's kind declares a concurrency key)
-        tries the per-key claim before the one-statement claim."""
+        tries the per-key claim before the one-statement claim. ``versions``: this worker's
+        versions of its kinds (:mod:`jobs._store.version_clauses`): the first claim records
+        the job's, and a job recorded under one this worker does not run is not claimed."""
         statements = self.statements
 
         def claimable() -> list[ColumnElement[bool]]:
             where = [self.claimable()]
             if kinds is not None:
                 where.append(kind_in(kinds))
-            return where
+            return [*where, *runs_recorded_version(versions)]
 
         def claim_statement(limited: Callable[[], ColumnElement[bool]]) -> Callable[[], Executable]:
             """The claim's reusable statement with ``limited()`` in its WHERE (built only
@@ -113,6 +123,7 @@ class Ownership:
                         "lease_until": statements.after_bound("lease"),
                         "attempts": JobsTable.attempts + 1,
                         "liveness_key": bindparam("key", type_=JobsTable.liveness_key.type),
+                        **recording_versions(versions),
                     },
                     owner=lambda: param("p_owner"),
                     reason=literal("claimed", TransitionsTable.reason.type),
@@ -121,7 +132,7 @@ class Ownership:
 
             return build
 
-        kinds_key = None if kinds is None else tuple(kinds)
+        kinds_key = claim_key(kinds, versions)  # one statement per kinds and their versions
         params = {
             "p_job_id": job_id,
             "p_owner": owner,
@@ -209,6 +220,7 @@ class Ownership:
                     lease_until=self.clock.after(lease_seconds),
                     attempts=JobsTable.attempts + 1,
                     liveness_key=liveness_key,
+                    code_version=version_change(versions),
                 ),
                 owner=owner,
                 reason="claimed",

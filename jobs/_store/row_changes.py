@@ -53,6 +53,8 @@ class RowChanges:
     children_pending: int | ColumnElement[Any] | _Keep = KEEP
     wait_event: str | _Keep | None = KEEP
     wait_deadline: dt.datetime | ColumnElement[Any] | _Keep | None = KEEP
+    # The version of the job's kind recorded at its first claim (jobs._store.version_clauses).
+    code_version: ColumnElement[Any] | _Keep = KEEP
 
     @classmethod
     def finished(cls, now: ColumnElement[Any], **changes: Any) -> RowChanges:

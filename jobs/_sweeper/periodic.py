@@ -78,9 +78,9 @@ def _fire(
     try:
         kind = registry.get(schedule.kind)
         max_attempts = kind.max_attempts or default_max_attempts
-        version, priority, queue = kind.version, kind.priority, kind.queue
+        priority, queue = kind.priority, kind.queue
     except UnknownKind:  # a sweeper need not import every kind; a worker will check it
-        max_attempts, version, priority, queue = default_max_attempts, None, 0, None
+        max_attempts, priority, queue = default_max_attempts, 0, None
     fired = []
     for tick in schedule.due_ticks(now):
         job_id = tick_job_id(schedule.name, tick)
@@ -90,7 +90,7 @@ def _fire(
                 tick,
                 job_id=job_id,
                 max_attempts=max_attempts,
-                code_version=version,
+                code_version=None,  # recorded at its first claim (jobs._core.kind_versions)
                 priority=priority,
                 queue=queue,
             )

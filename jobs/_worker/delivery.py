@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 
 from jobs._core.errors import UnknownJob
+from jobs._core.kind_versions import KindVersions
 from jobs._core.outage import OUTAGES, is_disconnect
 from jobs._core.records import Batch, Job
 from jobs._core.states import State
@@ -76,7 +78,11 @@ def deliver(
         runner = make_runner(runtime, hostname, stopping)
         result = runner.run(job_id, kind=kind)
         if result.outcome is Outcome.NOT_CLAIMED:
-            why, held = _why_not_claimed(runner, job_id)
+            why, held, other_version = _why_not_claimed(runner, job_id)
+            if other_version:  # rung again at a random point before the usual delay
+                runner.store.doorbells.ring_again_sooner(
+                    job_id, settings.ring_again_after_seconds * random.uniform(0.0, 0.5)
+                )
             if held is not None and not runner.store.doorbells.hold_for_key(job_id):
                 # The key's slot freed meanwhile: its finisher may not have seen this job.
                 runtime.ring_batch(Batch.of(held))
@@ -196,37 +202,72 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
         runtime.ring(depth.next_due_doorbells(job.kind, 1))
 
 
-def _why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None]:
-    """Why a claim took nothing, for the log; and the job, when its concurrency key was
-    full (its doorbell is then held for the key: :meth:`Doorbells.hold_for_key`)."""
+def _other_version(versions: KindVersions, job: Job) -> str:
+    """Why a job of a kind this worker knows is left to another worker's version (its
+    doorbell is dropped; the sweeper rings it again after ``JOBS_RING_AGAIN_AFTER_SECONDS``,
+    as a job of a kind this worker does not know)."""
+    versioned = versions.of(job.kind)
+    runs = "none" if versioned is None else ", ".join(versioned.runs)
+    if job.code_version is None:
+        return (
+            f"QUEUED, not claimed yet, of kind {job.kind!r}, and this worker drains "
+            "(JOBS_DRAIN=on: it takes no new job of a kind with a version); left for another"
+        )
+    return (
+        f"QUEUED, waiting for a worker that runs version {job.code_version} of kind "
+        f"{job.kind!r} (recorded at its first claim; this worker runs {runs}); left for one "
+        "that does, rung again by the sweeper"
+    )
+
+
+def _why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None, bool]:
+    """Why a claim took nothing, for the log; the job, when its concurrency key was full
+    (its doorbell is then held for the key: :meth:`Doorbells.hold_for_key`); and whether it
+    is left to a worker of another version of its kind (:func:`_other_version`)."""
     try:
         job = runner.store.reads.get(job_id)
     except UnknownJob:
-        return "unknown job", None
+        return "unknown job", None, False
     if job.state is State.RUNNING:
-        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}", None
+        return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}", None, False
     if job.state is not State.QUEUED:
-        return f"already {job.state.value}", None
+        return f"already {job.state.value}", None, False
     known = runner.registry.names()
     if job.kind not in known:
         return (
-            f"QUEUED, of kind {job.kind!r}, which this worker does not know "
-            f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
-        ), None
+            (
+                f"QUEUED, of kind {job.kind!r}, which this worker does not know "
+                f"(it runs {', '.join(known) or 'no kinds'}); left for a worker that does"
+            ),
+            None,
+            False,
+        )
+    versions = runner.registry.versions(runner.run_versions, runner.drain)
+    if not versions.runs(job.kind, job.code_version):
+        return _other_version(versions, job), None, True
     pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
     if pause is not None:
-        return f"QUEUED, held: {pause.describe()}; its resume rings it again", None
+        return f"QUEUED, held: {pause.describe()}; its resume rings it again", None, False
     if job.run_after > runner.store.reads.now():
-        return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}", None
+        return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}", None, False
     limits = runner.store.reads.limits().get(job.kind)
     per_key = None if limits is None else limits.max_running_per_key
     if per_key is not None and job.concurrency_key is not None:
         return (
-            f"QUEUED, waiting for a slot of key {job.concurrency_key!r} ({job.kind!r} "
-            f"allows {per_key} RUNNING per key); a finishing job of the key rings it"
-        ), job
+            (
+                f"QUEUED, waiting for a slot of key {job.concurrency_key!r} ({job.kind!r} "
+                f"allows {per_key} RUNNING per key); a finishing job of the key rings it"
+            ),
+            job,
+            False,
+        )
     if limits is not None and limits.max_running is not None:
         return (
-            f"QUEUED, waiting for a slot ({job.kind!r} allows {limits.max_running} RUNNING at once)"
-        ), None
-    return "QUEUED, claimed by no one yet (try again)", None
+            (
+                f"QUEUED, waiting for a slot ({job.kind!r} allows {limits.max_running} "
+                "RUNNING at once)"
+            ),
+            None,
+            False,
+        )
+    return "QUEUED, claimed by no one yet (try again)", None, False

@@ -40,6 +40,7 @@ from jobs._core.interrupts import (
     WaitingForChildren,
     WaitingForEvent,
 )
+from jobs._core.kind_versions import RunVersions
 from jobs._core.outage import LeaseHold
 from jobs._core.records import Moved, Ring
 from jobs._core.registry import REGISTRY, Registry
@@ -136,6 +137,8 @@ class Runner:
         default_max_attempts: int = 5,
         ring: Ring | None = None,
         event_loops: EventLoops | None = None,
+        run_versions: RunVersions = (),
+        drain: bool = False,
     ) -> None:
         self.store = store
         # Where ``async def`` handlers run: this thread's loop of the process's runtime.
@@ -158,6 +161,9 @@ class Runner:
         # Asked before each step not yet recorded: True hands the job back to the queue
         # (a worker's warm shutdown), so the job moves on elsewhere instead of waiting.
         self.stopping = stopping
+        # JOBS_RUN_VERSIONS and JOBS_DRAIN: which recorded versions of its kinds it claims.
+        self.run_versions = run_versions
+        self.drain = drain
 
     @classmethod
     def from_settings(
@@ -172,6 +178,8 @@ class Runner:
             retry_backoff_seconds=settings.retry_backoff_seconds,
             retry_backoff_max_seconds=settings.retry_backoff_max_seconds,
             default_max_attempts=settings.default_max_attempts,
+            run_versions=settings.run_versions,
+            drain=settings.drain,
             **options,
         )
 
@@ -189,6 +197,7 @@ class Runner:
             liveness_key=self.liveness_key,
             kinds=self.registry.names(),
             keyed_first=kind is not None and self.registry.declares_key(kind),
+            versions=self.registry.versions(self.run_versions, self.drain),
         )
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)

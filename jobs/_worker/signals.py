@@ -34,6 +34,7 @@ from celery.utils.dispatch import Signal
 from jobs._config.database_urls import mask_url
 from jobs._config.settings import Settings
 from jobs._core.errors import SettingsError
+from jobs._core.kind_versions import kind_versions
 from jobs._core.lazy import lazy_module
 from jobs._doorbell.app_queues import add_durable_queues, consume_as_declared
 from jobs._doorbell.queues import queue_names, served_queues, task_queue, with_bands
@@ -209,8 +210,24 @@ def _say_what_the_worker_runs(celery: Any, instance: Any = None, **_: Any) -> No
     installed = _installed_for(celery, getattr(instance, "app", None))
     if installed is None:
         return
-    names = installed.host.registry.registered_names()
+    registry, settings = installed.host.registry, installed.host.settings
+    names = registry.registered_names()
     log.info("job kinds: %s", ", ".join(names) or "(none: set JOBS_IMPORTS)")
+    declared = [registry.get(name) for name in names]  # registered: no import
+    versions = kind_versions(
+        ((kind.name, kind.version, kind.runs_versions) for kind in declared),
+        settings.run_versions,
+        settings.drain,
+    )
+    if versions.kinds:
+        log.info(
+            "job versions: %s%s",
+            "; ".join(
+                f"{each.kind} {each.version} (runs {', '.join(each.runs)})"
+                for each in versions.kinds
+            ),
+            "; draining (JOBS_DRAIN=on): no new job of these kinds" if versions.drain else "",
+        )
     for note in installed.start_notes:
         log.warning(note)
     say_where_the_worker_listens(celery, installed.host.settings)

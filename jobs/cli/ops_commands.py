@@ -228,6 +228,7 @@ def replay_check(kind: str | None, states: tuple[str, ...], as_json: bool) -> No
         chosen,
         kind,
         default_max_attempts=app.settings.default_max_attempts,
+        run_versions=app.settings.run_versions,
     )
     if as_json:
         found = {

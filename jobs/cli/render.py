@@ -42,6 +42,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "priority": job.priority,
+        "code_version": job.code_version,
         "inputs": job.inputs,
         "result": job.result,
         "last_error": job.last_error,

@@ -51,6 +51,12 @@ def show_text(store: JobStore, job: Job, starts: dict[str, int]) -> None:
         ("fence", str(job.fence)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("priority", str(job.priority)),
+        (
+            "version",
+            "- (none recorded: not claimed yet, or its kind declares no version)"
+            if job.code_version is None
+            else f"{shown(job.code_version)} (recorded at first claim)",
+        ),
         ("inputs", clipped(compact(job.inputs))),
         ("result", clipped(compact(job.result))),
         ("last_error", clipped(shown(job.last_error))),
