@@ -32,7 +32,13 @@ from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.schema import upgrade
-from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
+from jobs._store.tables import (
+    JobsTable,
+    KindLimitsTable,
+    RateStartsTable,
+    StepsTable,
+    TransitionsTable,
+)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -134,7 +140,8 @@ def truncate_job_tables(engine: Engine) -> None:
         conn.execute(
             text(
                 "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits, "
-                "job_schedules, job_counters, job_events, job_pauses RESTART IDENTITY CASCADE"
+                "job_schedules, job_counters, job_events, job_pauses, job_rate_starts "
+                "RESTART IDENTITY CASCADE"
             )
         )
 
@@ -168,6 +175,7 @@ STORE_TABLES = (
     StepsTable.__table__,
     TransitionsTable.__table__,
     KindLimitsTable.__table__,
+    RateStartsTable.__table__,
 )
 Snapshot = tuple[list[tuple[Any, ...]], ...]
 

@@ -549,11 +549,12 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
         "RUNNING",
         "MAX_RUNNING",
         "PER_KEY",
+        "RATE",
         "QUEUED",
         "MAX_QUEUED",
         "PAUSED",
     ]
-    assert row.split() == ["bp_cli", "0", "-", "-", "0", "5", "-"]
+    assert row.split() == ["bp_cli", "0", "-", "-", "-", "0", "5", "-"]
 
 
 @pytest.mark.parametrize(
@@ -598,6 +599,9 @@ def test_jobctl_stats_json_has_limits_with_counts() -> None:
             "max_running_per_key": None,
             "keys_at_limit": 0,
             "held_by_keys": 0,
+            "rate_limit": None,
+            "rate_limit_per_key": None,
+            "held_by_rate": 0,
         },
     }
     text = jobctl("stats")

@@ -41,6 +41,7 @@ TABLES = {
     "job_events",
     "job_pauses",
     "job_schema_floor",
+    "job_rate_starts",
 }
 
 

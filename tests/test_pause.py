@@ -262,11 +262,12 @@ def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:
         "RUNNING",
         "MAX_RUNNING",
         "PER_KEY",
+        "RATE",
         "QUEUED",
         "MAX_QUEUED",
         "PAUSED",
     ]
-    assert row.split()[:6] == [CLI_KIND, "0", "-", "-", "2", "-"]
+    assert row.split()[:7] == [CLI_KIND, "0", "-", "-", "-", "2", "-"]
     assert "since" in row
     assert "by alice" in row
     figures = json.loads(jobctl("limits", "--json").stdout)

@@ -20,6 +20,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 from jobs._config.settings import from_env
 from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
+from jobs._core.rate_syntax import check_kind_rates
 from jobs._core.records import StepTransactions
 from jobs._core.schedule_ticks import check_schedule
 from jobs._core.validate import (
@@ -69,6 +70,10 @@ class JobKind:
     # max_running/max_queued (jobctl limits set KIND --per-key N changes it live).
     concurrency_key: KeySource | None = None
     max_running_per_key: int | None = None
+    # At most so many starts across all workers, in Celery's syntax ("60/m"), of the kind
+    # and of each concurrency key (jobs._core.rate_syntax), seeded with the other limits.
+    rate_limit: str | None = None
+    rate_limit_per_key: str | None = None
 
     def key_of(self, inputs: dict[str, Any]) -> str | None:
         """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
@@ -103,6 +108,8 @@ class KindOptions(TypedDict, total=False):
     queue: str | None
     concurrency_key: KeySource | None
     max_running_per_key: int | None
+    rate_limit: str | None
+    rate_limit_per_key: str | None
 
 
 class Registry:
@@ -143,6 +150,8 @@ class Registry:
         queue: str | None = None,
         concurrency_key: KeySource | None = None,
         max_running_per_key: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_per_key: str | None = None,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
@@ -165,6 +174,9 @@ class Registry:
                 f"job kind {name!r}: max_running_per_key needs a concurrency_key "
                 "(an input's name or a callable of the inputs)"
             )
+        rate_limit, rate_limit_per_key = check_kind_rates(
+            name, rate_limit, rate_limit_per_key, keyed=concurrency_key is not None
+        )
         limits = (
             ("max_running", max_running),
             ("max_queued", max_queued),
@@ -190,6 +202,8 @@ class Registry:
             queue,
             concurrency_key,
             max_running_per_key,
+            rate_limit,
+            rate_limit_per_key,
         )
         if schedule is not None:
             try:
@@ -237,7 +251,9 @@ class Registry:
         (default ``JOBS_QUEUE``): only workers that consume it run the kind, so kinds go to
         the worker pools meant for them. ``concurrency_key`` (an input's name, or a callable
         given the inputs) keys each job, and ``max_running_per_key`` caps the jobs of one key
-        RUNNING at once across all workers (docs/guides/backpressure.md)."""
+        RUNNING at once across all workers; ``rate_limit`` (``"60/m"``: N/s, N/m, N/h)
+        caps the kind's starts across all workers and ``rate_limit_per_key`` each key's
+        (docs/guides/backpressure.md)."""
 
         def decorate(handler: F) -> F:
             self.register(name, handler, **options)

@@ -192,6 +192,9 @@ class Runner:
         )
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
+        if claim.rate_limited and self.ring is not None:
+            # The next job its rate holds waits for the next start (jobs._store.rate_limits).
+            self.ring(self.store.doorbells.next_for_rate(claim.job))
         if tracing.ENABLED:
             result = self._run_traced(claim, sent)
         else:
