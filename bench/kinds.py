@@ -101,3 +101,13 @@ KEYED = "bench_keyed"
 def keyed(ctx: jobs.JobContext, key: str) -> None:
     """No work, one recorded step, keyed by its ``key`` input (bench.per_key)."""
     ctx.step("noop", _noop)
+
+
+FAIR = "bench_fair"
+
+
+@jobs.job(FAIR, concurrency_key="key", fair=True)
+def fair(ctx: jobs.JobContext, key: str) -> None:
+    """No work, one recorded step, keyed by ``key``, claims rotating across keys
+    (bench.fairness; :data:`KEYED` is the same kind without fairness)."""
+    ctx.step("noop", _noop)

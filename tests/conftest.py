@@ -140,7 +140,8 @@ def truncate_job_tables(engine: Engine) -> None:
         conn.execute(
             text(
                 "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits, "
-                "job_schedules, job_counters, job_events, job_pauses, job_rate_starts "
+                "job_schedules, job_counters, job_events, job_pauses, job_rate_starts, "
+                "job_key_turns "
                 "RESTART IDENTITY CASCADE"
             )
         )

@@ -42,6 +42,7 @@ TABLES = {
     "job_pauses",
     "job_schema_floor",
     "job_rate_starts",
+    "job_key_turns",
 }
 
 

@@ -18,7 +18,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from jobs._config.settings import from_env
-from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
+from jobs._core.concurrency_keys import (
+    KeySource,
+    check_fair,
+    check_key_source,
+    key_from_inputs,
+)
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs._core.rate_syntax import check_kind_rates
 from jobs._core.records import StepTransactions
@@ -74,6 +79,9 @@ class JobKind:
     # and of each concurrency key (jobs._core.rate_syntax), seeded with the other limits.
     rate_limit: str | None = None
     rate_limit_per_key: str | None = None
+    # Claims rotate across its concurrency keys, the least recently served first
+    # (jobs._store.fair_claims).
+    fair: bool = False
 
     def key_of(self, inputs: dict[str, Any]) -> str | None:
         """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
@@ -110,6 +118,7 @@ class KindOptions(TypedDict, total=False):
     max_running_per_key: int | None
     rate_limit: str | None
     rate_limit_per_key: str | None
+    fair: bool
 
 
 class Registry:
@@ -152,6 +161,7 @@ class Registry:
         max_running_per_key: int | None = None,
         rate_limit: str | None = None,
         rate_limit_per_key: str | None = None,
+        fair: bool = False,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
@@ -174,6 +184,7 @@ class Registry:
                 f"job kind {name!r}: max_running_per_key needs a concurrency_key "
                 "(an input's name or a callable of the inputs)"
             )
+        check_fair(name, fair, keyed=concurrency_key is not None)
         rate_limit, rate_limit_per_key = check_kind_rates(
             name, rate_limit, rate_limit_per_key, keyed=concurrency_key is not None
         )
@@ -204,6 +215,7 @@ class Registry:
             max_running_per_key,
             rate_limit,
             rate_limit_per_key,
+            fair,
         )
         if schedule is not None:
             try:
@@ -239,6 +251,15 @@ class Registry:
         kind = self._kinds.get(name)
         return kind is not None and kind.concurrency_key is not None
 
+    def is_fair(self, name: str) -> bool:
+        """Whether kind ``name`` is registered here with ``fair=True`` (a hint for the
+        claim: a delivery of it claims the next job of the least recently served key).
+        ``JOBS_IMPORTS`` is imported first: a delivery that did not swap while the others
+        do would leave a job without a doorbell."""
+        self._ensure_imported()
+        kind = self._kinds.get(name)
+        return kind is not None and kind.fair
+
     def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
@@ -252,7 +273,8 @@ class Registry:
         the worker pools meant for them. ``concurrency_key`` (an input's name, or a callable
         given the inputs) keys each job, and ``max_running_per_key`` caps the jobs of one key
         RUNNING at once across all workers; ``rate_limit`` (``"60/m"``: N/s, N/m, N/h)
-        caps the kind's starts across all workers and ``rate_limit_per_key`` each key's
+        caps the kind's starts across all workers and ``rate_limit_per_key`` each key's;
+        ``fair=True`` rotates claims across its keys, the least recently served first
         (docs/guides/backpressure.md)."""
 
         def decorate(handler: F) -> F:

@@ -51,7 +51,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0013"
+SCHEMA_REVISION = "0014"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -289,6 +289,21 @@ RateStartsTable = TableColumns(
 """When a rate-limited kind (or key) may start a job next (migration 0013): a claim of it
 locks its row, claims only when ``next_at`` has passed and moves ``next_at`` one interval
 on, in the claim's transaction."""
+
+KeyTurnsTable = TableColumns(
+    Table(
+        "job_key_turns",
+        metadata,
+        Column("kind", String(ID_LENGTH), primary_key=True),
+        # The concurrency key served; "" for the kind's jobs without a key.
+        Column("concurrency_key", String(ID_LENGTH), primary_key=True),
+        # When a claim last took a job of the key (database clock).
+        Column("served_at", UtcDateTime(), nullable=False),
+    )
+)
+"""When each key of a ``fair=True`` kind was last served (migration 0014): a delivery of
+the kind claims the due job of the least recently served key, among the highest
+priority."""
 
 PausesTable = TableColumns(
     Table(
