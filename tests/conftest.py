@@ -32,13 +32,7 @@ from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.schema import upgrade
-from jobs._store.tables import (
-    JobsTable,
-    KindLimitsTable,
-    RateStartsTable,
-    StepsTable,
-    TransitionsTable,
-)
+from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -176,7 +170,6 @@ STORE_TABLES = (
     StepsTable.__table__,
     TransitionsTable.__table__,
     KindLimitsTable.__table__,
-    RateStartsTable.__table__,
 )
 Snapshot = tuple[list[tuple[Any, ...]], ...]
 

@@ -24,7 +24,7 @@ from jobs._core.registry import Registry
 from jobs._service.explain import explain
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
-from jobs._store.tables import JobsTable
+from jobs._store.tables import JobsTable, RateStartsTable
 from jobs._sweeper.metrics import registry_for
 from jobs.application import default_app
 from jobs.cli import main
@@ -56,10 +56,15 @@ def claims(store: JobStore, job_id: str) -> bool:
     return store.ownership.claim(job_id, "A", LEASE) is not None
 
 
+def buckets(engine: Engine) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(select(RateStartsTable.__table__))]
+
+
 def refused_claim(store: JobStore, engine: Engine, job_id: str) -> None:
-    before = snapshot(engine)
+    before = snapshot(engine), buckets(engine)
     assert store.ownership.claim(job_id, "Z", LEASE) is None
-    assert snapshot(engine) == before
+    assert (snapshot(engine), buckets(engine)) == before
 
 
 # -- the syntax --------------------------------------------------------------------------
