@@ -126,3 +126,13 @@ async def one_async_step(ctx: jobs.AsyncJobContext) -> None:
     """:func:`one_step` written ``async def``: no work, one awaited step on the worker's
     event loop (bench.async_drain)."""
     await ctx.step("noop", _noop_async)
+
+
+FAIR = "bench_fair"
+
+
+@jobs.job(FAIR, concurrency_key="key", fair=True)
+def fair(ctx: jobs.JobContext, key: str) -> None:
+    """No work, one recorded step, keyed by ``key``, claims rotating across keys
+    (bench.fairness; :data:`KEYED` is the same kind without fairness)."""
+    ctx.step("noop", _noop)

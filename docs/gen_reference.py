@@ -34,6 +34,10 @@ REASON_MEANINGS = {
     "waiting_for_key_slot": (
         "its kind's `max_running_per_key` is reached for its concurrency key: n of m running"
     ),
+    "waiting_for_rate": (
+        "its kind's `rate_limit` (or its key's `rate_limit_per_key`) allows no start yet: "
+        "when the next start is allowed"
+    ),
     "no_worker_on_queue": "no live worker consumes the job's queue",
     "kind_unknown_to_workers": (
         "the workers on its queue do not know its kind: they leave it QUEUED"

@@ -139,7 +139,9 @@ def truncate_job_tables(engine: Engine) -> None:
         conn.execute(
             text(
                 "TRUNCATE jobs, job_steps, job_transitions, job_kind_limits, "
-                "job_schedules, job_counters, job_events, job_pauses RESTART IDENTITY CASCADE"
+                "job_schedules, job_counters, job_events, job_pauses, job_rate_starts, "
+                "job_key_turns "
+                "RESTART IDENTITY CASCADE"
             )
         )
 
@@ -367,7 +369,16 @@ class AtomicOrmSteps:
 
 
 #: The columns of ``jobctl limits``, in order.
-LIMITS_COLUMNS = ["KIND", "RUNNING", "MAX_RUNNING", "PER_KEY", "QUEUED", "MAX_QUEUED", "PAUSED"]
+LIMITS_COLUMNS = [
+    "KIND",
+    "RUNNING",
+    "MAX_RUNNING",
+    "PER_KEY",
+    "RATE",
+    "QUEUED",
+    "MAX_QUEUED",
+    "PAUSED",
+]
 
 
 def limits_row(listing: str) -> str:

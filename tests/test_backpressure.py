@@ -543,7 +543,7 @@ def test_jobctl_limits_set_prints_and_keeps_what_is_left_out() -> None:
 
     listing = jobctl("limits")
     assert listing.exit_code == 0, listing.output
-    assert limits_row(listing.stdout).split() == ["bp_cli", "0", "-", "-", "0", "5", "-"]
+    assert limits_row(listing.stdout).split() == ["bp_cli", "0", "-", "-", "-", "0", "5", "-"]
 
 
 @pytest.mark.parametrize(
@@ -588,6 +588,9 @@ def test_jobctl_stats_json_has_limits_with_counts() -> None:
             "max_running_per_key": None,
             "keys_at_limit": 0,
             "held_by_keys": 0,
+            "rate_limit": None,
+            "rate_limit_per_key": None,
+            "held_by_rate": 0,
         },
     }
     text = jobctl("stats")

@@ -41,6 +41,8 @@ TABLES = {
     "job_events",
     "job_pauses",
     "job_schema_floor",
+    "job_rate_starts",
+    "job_key_turns",
 }
 
 

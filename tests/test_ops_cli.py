@@ -356,6 +356,9 @@ def test_limits_json_lists_every_limited_kind() -> None:
             "max_running_per_key": None,
             "keys_at_limit": 0,
             "held_by_keys": 0,
+            "rate_limit": None,
+            "rate_limit_per_key": None,
+            "held_by_rate": 0,
         }
     }
 

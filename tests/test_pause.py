@@ -257,7 +257,7 @@ def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:
 
     listing = jobctl("limits")
     row = limits_row(listing.stdout)
-    assert row.split()[:6] == [CLI_KIND, "0", "-", "-", "2", "-"]
+    assert row.split()[:7] == [CLI_KIND, "0", "-", "-", "-", "2", "-"]
     assert "since" in row
     assert "by alice" in row
     figures = json.loads(jobctl("limits", "--json").stdout)

@@ -32,6 +32,19 @@ def check_key_source(kind: str, source: object) -> None:
         )
 
 
+def check_fair(kind: str, fair: object, *, keyed: bool) -> None:
+    """Refuse a ``fair=`` of ``@jobs.job`` that is not a bool, or ``True`` for a kind that
+    declares no concurrency key (fairness rotates across keys)."""
+    if not isinstance(fair, bool):
+        raise InvalidInput(
+            f"job kind {kind!r}: fair must be True or False, not {clip(repr(fair), 40)}"
+        )
+    if fair and not keyed:
+        raise InvalidInput(
+            f"job kind {kind!r}: fair=True needs a concurrency_key (claims rotate across keys)"
+        )
+
+
 def check_concurrency_key(value: object, what: str = "concurrency_key") -> str | None:
     """A key as stored: a string of 1 to 200 printable characters (a whole number is
     written out in decimal); ``None`` stays no key."""
@@ -67,4 +80,10 @@ def key_from_inputs(kind: str, source: KeySource | None, inputs: dict[str, Any])
     return check_concurrency_key(value, f"job kind {kind!r}: concurrency key")
 
 
-__all__ = ["KeySource", "check_concurrency_key", "check_key_source", "key_from_inputs"]
+__all__ = [
+    "KeySource",
+    "check_concurrency_key",
+    "check_fair",
+    "check_key_source",
+    "key_from_inputs",
+]

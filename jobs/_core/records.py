@@ -111,6 +111,9 @@ class Claim:
     # The per-key running limit the claim enforced for the job's concurrency key (None:
     # none), so the run's end rings the next job of that key for the slot it frees.
     max_running_per_key: int | None = None
+    # Whether the claim took a start of a rate limit (the kind's or the key's): the next
+    # job held for the rate is rung to wait for the next start.
+    rate_limited: bool = False
 
     @property
     def job_id(self) -> str:
@@ -124,10 +127,19 @@ class Claim:
         owner: str,
         max_running: int | None = None,
         max_running_per_key: int | None = None,
+        rate_limited: bool = False,
     ) -> Claim:
         """The claim a claiming UPDATE's RETURNING row proves (it carries ``has_steps``)."""
         job = Job.from_row(row)
-        return cls(job, owner, job.fence, max_running, bool(row.has_steps), max_running_per_key)
+        return cls(
+            job,
+            owner,
+            job.fence,
+            max_running,
+            bool(row.has_steps),
+            max_running_per_key,
+            rate_limited,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,12 +177,16 @@ raises :class:`jobs.StepError` when its own database is not the jobs' one
 @dataclasses.dataclass(frozen=True)
 class KindLimits:
     """A kind's backpressure (``jobs.set_limits``): RUNNING and QUEUED caps, and the RUNNING
-    cap per concurrency key (``max_running_per_key``); ``None`` = none."""
+    cap per concurrency key (``max_running_per_key``), and the rate limits of its starts in
+    Celery's syntax (``rate_limit``: the kind's, ``rate_limit_per_key``: each key's);
+    ``None`` = none."""
 
     kind: str
     max_running: int | None
     max_queued: int | None
     max_running_per_key: int | None = None
+    rate_limit: str | None = None
+    rate_limit_per_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

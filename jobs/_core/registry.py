@@ -18,9 +18,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from jobs._config.settings import from_env
-from jobs._core.concurrency_keys import KeySource, check_key_source, key_from_inputs
+from jobs._core.concurrency_keys import (
+    KeySource,
+    check_fair,
+    check_key_source,
+    key_from_inputs,
+)
 from jobs._core.errors import InvalidInput, SettingsError, UnknownKind
 from jobs._core.kind_versions import KindVersions, RunVersions, check_runs_versions, kind_versions
+from jobs._core.rate_syntax import check_kind_rates
 from jobs._core.records import StepTransactions
 from jobs._core.schedule_ticks import check_schedule
 from jobs._core.validate import (
@@ -73,6 +79,13 @@ class JobKind:
     # The recorded versions a worker resumes besides its own ``version`` (None: only its
     # own; ``JOBS_RUN_VERSIONS`` replaces it): jobs._core.kind_versions.
     runs_versions: tuple[str, ...] | None = None
+    # At most so many starts across all workers, in Celery's syntax ("60/m"), of the kind
+    # and of each concurrency key (jobs._core.rate_syntax), seeded with the other limits.
+    rate_limit: str | None = None
+    rate_limit_per_key: str | None = None
+    # Claims rotate across its concurrency keys, the least recently served first
+    # (jobs._store.fair_claims).
+    fair: bool = False
 
     def key_of(self, inputs: dict[str, Any]) -> str | None:
         """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
@@ -108,6 +121,9 @@ class KindOptions(TypedDict, total=False):
     concurrency_key: KeySource | None
     max_running_per_key: int | None
     runs_versions: tuple[str, ...] | None
+    rate_limit: str | None
+    rate_limit_per_key: str | None
+    fair: bool
 
 
 class Registry:
@@ -152,6 +168,9 @@ class Registry:
         concurrency_key: KeySource | None = None,
         max_running_per_key: int | None = None,
         runs_versions: tuple[str, ...] | None = None,
+        rate_limit: str | None = None,
+        rate_limit_per_key: str | None = None,
+        fair: bool = False,
     ) -> JobKind:
         """Register ``handler`` for kind ``name`` (what ``@jobs.job`` does), checking every
         option first; registering the same kind again with another handler is an error."""
@@ -175,6 +194,10 @@ class Registry:
                 f"job kind {name!r}: max_running_per_key needs a concurrency_key "
                 "(an input's name or a callable of the inputs)"
             )
+        check_fair(name, fair, keyed=concurrency_key is not None)
+        rate_limit, rate_limit_per_key = check_kind_rates(
+            name, rate_limit, rate_limit_per_key, keyed=concurrency_key is not None
+        )
         limits = (
             ("max_running", max_running),
             ("max_queued", max_queued),
@@ -201,6 +224,9 @@ class Registry:
             concurrency_key,
             max_running_per_key,
             runs_versions,
+            rate_limit,
+            rate_limit_per_key,
+            fair,
         )
         if schedule is not None:
             try:
@@ -254,6 +280,15 @@ class Registry:
         self._versions = (key, found)
         return found
 
+    def is_fair(self, name: str) -> bool:
+        """Whether kind ``name`` is registered here with ``fair=True`` (a hint for the
+        claim: a delivery of it claims the next job of the least recently served key).
+        ``JOBS_IMPORTS`` is imported first: a delivery that did not swap while the others
+        do would leave a job without a doorbell."""
+        self._ensure_imported()
+        kind = self._kinds.get(name)
+        return kind is not None and kind.fair
+
     def job(self, name: str, **options: Unpack[KindOptions]) -> Callable[[F], F]:
         """Register a handler as job kind ``name``. ``schedule`` (cron such as
         ``"0 * * * *"`` read in ``timezone``, or ``"every 5m"``) makes it periodic: each tick
@@ -266,11 +301,13 @@ class Registry:
         (default ``JOBS_QUEUE``): only workers that consume it run the kind, so kinds go to
         the worker pools meant for them. ``concurrency_key`` (an input's name, or a callable
         given the inputs) keys each job, and ``max_running_per_key`` caps the jobs of one key
-        RUNNING at once across all workers (docs/guides/backpressure.md). ``version`` is
-        recorded with each job at its first claim (the claiming worker's), and by default
-        only a worker of that version claims the job again; ``runs_versions`` names the
-        recorded versions this code resumes too (``JOBS_RUN_VERSIONS`` replaces it;
-        docs/guides/changing-code.md, "Versions")."""
+        RUNNING at once across all workers; ``rate_limit`` (``"60/m"``: N/s, N/m, N/h)
+        caps the kind's starts across all workers and ``rate_limit_per_key`` each key's;
+        ``fair=True`` rotates claims across its keys, the least recently served first
+        (docs/guides/backpressure.md). ``version`` is recorded with each job at its first
+        claim (the claiming worker's), and by default only a worker of that version claims
+        the job again; ``runs_versions`` names the recorded versions this code resumes too
+        (``JOBS_RUN_VERSIONS`` replaces it; docs/guides/changing-code.md, "Versions")."""
 
         def decorate(handler: F) -> F:
             self.register(name, handler, **options)

@@ -275,6 +275,17 @@ def _queued(
             (f"jobctl wake {quoted} to run it now", f"jobctl cancel {quoted} to stop it"),
         )
     limits = store.reads.limits().get(job.kind)
+    rated = limits is not None and (limits.rate_limit or limits.rate_limit_per_key)
+    waiting = store.depth.next_start(job.kind, job.concurrency_key) if rated else None
+    if waiting is not None:
+        rate, seconds = waiting
+        return (
+            "waiting_for_rate",
+            f"It is due but held back by its kind's {printable(rate)}: next start allowed "
+            f"in {seconds:.1f} s. One delivery waits for each start; a start rings the "
+            "next held job.",
+            (f"jobctl limits set {kind} --rate N/m to allow more",),
+        )
     per_key = None if limits is None else limits.max_running_per_key
     if per_key is not None and job.concurrency_key is not None:
         key = job.concurrency_key

@@ -28,17 +28,23 @@ class LimitService:
         max_running: int | None = None,
         max_queued: int | None = None,
         max_running_per_key: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_per_key: str | None = None,
     ) -> KindLimits:
         """Set a kind's limits for every worker at once: at most ``max_running`` RUNNING,
         at most ``max_queued`` QUEUED (a submit past it raises
         :class:`jobs.AdmissionRefused` and writes nothing), and at most
-        ``max_running_per_key`` RUNNING of one concurrency key. ``None`` lifts a limit."""
+        ``max_running_per_key`` RUNNING of one concurrency key; at most ``rate_limit``
+        starts of the kind and ``rate_limit_per_key`` of one key, across all workers, in
+        Celery's syntax (``"60/m"``: N/s, N/m, N/h). ``None`` lifts a limit."""
         submissions = self._runtime().store.submissions
         return submissions.set_limits(
             kind,
             max_running=max_running,
             max_queued=max_queued,
             max_running_per_key=max_running_per_key,
+            rate_limit=rate_limit,
+            rate_limit_per_key=rate_limit_per_key,
         )
 
     def seed(self) -> None:

@@ -21,6 +21,7 @@ part owns one concern, and all share one execution layer (one statement cache, o
 - :mod:`~jobs._store.operations`: what operators and the sweeper do to jobs they do
   not own: approve, cancel, wake, retry (one job, or a selected batch), expire, sweep.
 - :mod:`~jobs._store.doorbells`: which doorbells are due; marking failed ones unrung.
+- :mod:`~jobs._store.fair_claims`: a fair kind's next job, of the least recently served key.
 - :mod:`~jobs._store.pauses`: pausing a kind or a queue, and resuming it.
 - :mod:`~jobs._store.row_changes`: what a state move writes besides the state.
 - :mod:`~jobs._store.schedules`: periodic ticks, retention, counters.
@@ -63,6 +64,7 @@ from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.dedup_writes import DedupWrites
 from jobs._store.depth_reads import DepthReads
 from jobs._store.doorbells import Doorbells
+from jobs._store.fair_claims import FairTurns
 from jobs._store.leases import Leases
 from jobs._store.operations import Operations
 from jobs._store.ownership import Ownership
@@ -122,6 +124,7 @@ class JobStore:
         self.operator = Operations(self.statements, self.workflows)
         self.atomic = AtomicSteps(self.statements)
         self.doorbells = Doorbells(self.statements)
+        self.fairness = FairTurns(self.statements)
         self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
 

@@ -19,6 +19,7 @@ from jobs._core.states import TERMINAL, State
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.key_limits import key_full, running_by_key
 from jobs._store.pause_clauses import not_paused
+from jobs._store.rate_limits import limits_of_kind, next_start_in, throttled_by_rate
 from jobs._store.reader import read_only
 from jobs._store.tables import CountersTable, JobsTable, StepsTable, TransitionsTable
 
@@ -178,6 +179,18 @@ class DepthReads:
                 .group_by(JobsTable.kind)
             ).all()
         return {row.kind: (int(row.keys), int(row.jobs)) for row in rows}
+
+    def held_by_rates(self) -> dict[str, int]:
+        """{kind: due QUEUED jobs whose rate allows no start yet} (``jobctl limits``, the
+        Flower Jobs view and ``jobs_throttled{reason="rate"}``)."""
+        with self._read() as conn:
+            return throttled_by_rate(conn, self.clock)
+
+    def next_start(self, kind: str, key: str | None) -> tuple[str, float] | None:
+        """``(rate, seconds)``: the rate that holds a job of ``kind`` with concurrency key
+        ``key`` back, and in how long its next start is allowed; ``None``: now."""
+        with self._read() as conn:
+            return next_start_in(conn, self.clock, kind, limits_of_kind(conn, kind), key)
 
     def running_with_liveness(self) -> list[tuple[str, str, int, int]]:
         """(job id, owner, fence, liveness key) of RUNNING jobs whose owner took a liveness

@@ -12,10 +12,11 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Row, or_, select, update
 
-from jobs._core.records import Doorbell
+from jobs._core.records import Doorbell, Job
 from jobs._core.states import State
 from jobs._store.key_limits import key_full
 from jobs._store.pause_clauses import not_paused
+from jobs._store.rate_limits import held_doorbells, hold_for_rate, rate_limited, ring_next_held
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable
 
@@ -52,7 +53,9 @@ class Doorbells:
         pass; of stale ones, those sent the longest ago (the likeliest lost). Jobs of a
         paused kind or queue are not taken: their resume rings them; nor jobs whose
         concurrency key has its ``max_running_per_key`` RUNNING (a sweep after a slot of
-        the key frees takes them, if the run that freed it did not ring them already)."""
+        the key frees takes them, if the run that freed it did not ring them already). A
+        job held by a rate (never sent) is rung one per bucket whose next start is allowed
+        (:func:`jobs._store.rate_limits.held_doorbells`), first."""
         now = self.clock.now()
         stale = self.clock.after(-stale_seconds)
         # A paused job is left alone: no claim would take it (its resume rings it); so is
@@ -67,7 +70,8 @@ class Doorbells:
         # the likeliest lost (when the queue is short of only a few, those are the few).
         kinds_of_unsent: list[tuple[ColumnElement[bool], int, tuple[Any, ...]]] = [
             (
-                JobsTable.dispatched_at.is_(None),
+                # A job held by a rate is rung by a start of its bucket, or below.
+                JobsTable.dispatched_at.is_(None) & ~rate_limited(),
                 limit,
                 (JobsTable.priority.desc(), JobsTable.run_after),
             )
@@ -81,6 +85,7 @@ class Doorbells:
                     (JobsTable.dispatched_at, JobsTable.priority.desc()),
                 )
             )
+        rate_rung = held_doorbells(self.engine, self.clock, limit)
         with self.engine.begin() as conn:
             taken: list[Row[Any, Any, Any, Any, Any]] = []
             for unsent, take, order in kinds_of_unsent:
@@ -97,7 +102,7 @@ class Doorbells:
                     .limit(take)
                 ).all()
             if not taken:
-                return []
+                return rate_rung
             marked = set(
                 conn.execute(
                     update(JobsTable)
@@ -111,7 +116,7 @@ class Doorbells:
                 ).scalars()
             )
         ring_order = sorted(taken, key=lambda row: (-row.priority, row.run_after, row.id))
-        return [
+        return rate_rung + [
             Doorbell(row.id, row.priority, row.kind, row.queue)
             for row in ring_order
             if row.id in marked
@@ -153,6 +158,17 @@ class Doorbells:
                 )
                 .values(dispatched_at=self.clock.after(-by_seconds))
             )
+
+    def hold_for_rate(self, job: Job, longest_wait: float) -> tuple[str, float] | None:
+        """A delivery found ``job`` held back by a rate: ``(describe, wait)`` when this
+        delivery waits ``wait`` seconds for the next start and claims again; else its
+        doorbell is held for the rate (:func:`jobs._store.rate_limits.hold_for_rate`)."""
+        return hold_for_rate(self.engine, self.clock, job, longest_wait)
+
+    def next_for_rate(self, job: Job) -> list[Doorbell]:
+        """A claim took a start of ``job``'s rate: the next held job of each of its
+        buckets, marked rung (:func:`jobs._store.rate_limits.ring_next_held`)."""
+        return ring_next_held(self.engine, self.clock, job.kind, job.concurrency_key)
 
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells

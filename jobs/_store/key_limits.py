@@ -36,18 +36,41 @@ LIMIT_COLUMNS = (
     KindLimitsTable.max_running,
     KindLimitsTable.max_queued,
     KindLimitsTable.max_running_per_key,
+    KindLimitsTable.rate_limit,
+    KindLimitsTable.rate_limit_per_key,
 )
 
 
 def limits_of(row: Any) -> KindLimits:
     """The :class:`KindLimits` of a limits row read with :data:`LIMIT_COLUMNS`."""
-    return KindLimits(row.kind, row.max_running, row.max_queued, row.max_running_per_key)
+    return KindLimits(
+        row.kind,
+        row.max_running,
+        row.max_queued,
+        row.max_running_per_key,
+        row.rate_limit,
+        row.rate_limit_per_key,
+    )
 
 
 def per_key_limited() -> ColumnElement[bool]:
     """The job row has a concurrency key and its kind (the limits row in the same select) a
     per-key running limit: the one-statement claim leaves such a job to the locked claim."""
     return JobsTable.concurrency_key.is_not(None) & KindLimitsTable.max_running_per_key.is_not(None)
+
+
+def no_rate_limit() -> ColumnElement[bool]:
+    """The kind (the limits row in the same select) has no rate limit, of its own or per
+    key: a rate-limited kind is claimed by the locked claim, which spaces its starts."""
+    return KindLimitsTable.rate_limit.is_(None) & KindLimitsTable.rate_limit_per_key.is_(None)
+
+
+def rate_holds_row() -> ColumnElement[bool]:
+    """The kind's rates (the limits row in the same select) hold the job row: the kind has
+    a ``rate_limit``, or a ``rate_limit_per_key`` and the job a key."""
+    return KindLimitsTable.rate_limit.is_not(None) | (
+        KindLimitsTable.rate_limit_per_key.is_not(None) & JobsTable.concurrency_key.is_not(None)
+    )
 
 
 def running_of_key(clock: Clock) -> Any:
@@ -99,6 +122,7 @@ def key_lock() -> Executable:
             JobsTable.concurrency_key.is_not(None),
             KindLimitsTable.max_running_per_key.is_not(None),
             KindLimitsTable.max_running.is_(None),
+            no_rate_limit(),
         )
     )
 
@@ -111,6 +135,7 @@ def under_key_limit(clock: Clock) -> ColumnElement[bool]:
         select(KindLimitsTable.kind).where(
             KindLimitsTable.kind == JobsTable.kind,
             KindLimitsTable.max_running.is_(None),
+            no_rate_limit(),
             per_key_limited(),
             running_of_key(clock) < KindLimitsTable.max_running_per_key,
         )
@@ -233,7 +258,9 @@ __all__ = [
     "limits_of",
     "move_freeing_slot",
     "next_held",
+    "no_rate_limit",
     "per_key_limited",
+    "rate_holds_row",
     "running_by_key",
     "running_of_key",
     "under_key_limit",

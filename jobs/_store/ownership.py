@@ -42,12 +42,14 @@ from jobs._store.key_limits import (
     key_lock,
     move_freeing_slot,
     per_key_limited,
+    rate_holds_row,
     running_of_key,
     under_key_limit,
 )
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
 from jobs._store.pause_clauses import not_paused
+from jobs._store.rate_limits import claim_bounds, refused_by_rate
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
@@ -71,6 +73,7 @@ class Ownership:
         self.engine = statements.engine
         self.clock = statements.clock
         self.max_payload_bytes = max_payload_bytes
+        self.on_postgresql = self.engine.dialect.name == "postgresql"
         # A child's end also counts it down in its waiting parent
         # (:meth:`jobs._store.workflows.Workflows.finish_child`).
         self.workflows = workflows
@@ -99,7 +102,9 @@ class Ownership:
         count the running jobs. ``keyed_first`` (the job's kind declares a concurrency key)
         tries the per-key claim before the one-statement claim. ``versions``: this worker's
         versions of its kinds (:mod:`jobs._store.version_clauses`): the first claim records
-        the job's, and a job recorded under one this worker does not run is not claimed."""
+        the job's, and a job recorded under one this worker does not run is not claimed. A
+        rate-limited kind is claimed in the locked transaction, which takes a start of its
+        rates (:func:`jobs._store.rate_limits.take_starts`) or rolls the claim back."""
         statements = self.statements
 
         def claimable() -> list[ColumnElement[bool]]:
@@ -147,7 +152,9 @@ class Ownership:
                 return ~exists(
                     select(KindLimitsTable.kind).where(
                         KindLimitsTable.kind == JobsTable.kind,
-                        KindLimitsTable.max_running.is_not(None) | per_key_limited(),
+                        KindLimitsTable.max_running.is_not(None)
+                        | per_key_limited()
+                        | rate_holds_row(),
                     )
                 )
 
@@ -200,11 +207,9 @@ class Ownership:
             row = retry_on_disconnect(unlimited) if keyed_first else None
             if row is not None:
                 return Claim.from_row(row, owner)
-        with self.engine.begin() as conn:
-            limits, key = locked_limits(conn, job_id)
-            max_running = None if limits is None else limits.max_running
-            per_key = None if limits is None or key is None else limits.max_running_per_key
-            if max_running is None and per_key is None and self.engine.dialect.name == "postgresql":
+        with self.engine.connect() as conn, conn.begin() as transaction:
+            max_running, per_key, rates = claim_bounds(*locked_limits(conn, job_id))
+            if max_running is None and per_key is None and not rates and self.on_postgresql:
                 return None  # the statement above already tried this claim without a limit
             limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
             if per_key is not None:
@@ -225,7 +230,12 @@ class Ownership:
                 owner=owner,
                 reason="claimed",
             )
-        return None if row is None else Claim.from_row(row, owner, max_running, per_key)
+            if row is not None and refused_by_rate(conn, self.clock, row.kind, rates):
+                transaction.rollback()  # the rate allows no start yet: nothing claimed
+                return None
+        return (
+            None if row is None else Claim.from_row(row, owner, max_running, per_key, bool(rates))
+        )
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under

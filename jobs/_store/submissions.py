@@ -35,6 +35,7 @@ from jobs._core import tracing
 from jobs._core.concurrency_keys import check_concurrency_key
 from jobs._core.dedup import check_window, dedup_key
 from jobs._core.errors import DuplicateJob, InvalidInput
+from jobs._core.rate_syntax import check_rate
 from jobs._core.records import Job, KindLimits
 from jobs._core.states import State
 from jobs._core.validate import (
@@ -374,11 +375,18 @@ class Submissions:
         max_running: int | None,
         max_queued: int | None,
         max_running_per_key: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_per_key: str | None = None,
         only_if_absent: bool = False,
         conn: Connection | None = None,
     ) -> KindLimits:
-        """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit."""
+        """Set (or, with ``only_if_absent``, seed) a kind's limits; ``None`` means no limit.
+        ``rate_limit``/``rate_limit_per_key`` are in Celery's syntax (``"60/m"``)."""
         check_name(kind, "job kind")
+        rates = {
+            "rate_limit": check_rate(rate_limit, "rate_limit"),
+            "rate_limit_per_key": check_rate(rate_limit_per_key, "rate_limit_per_key"),
+        }
         given = {
             "max_running": max_running,
             "max_queued": max_queued,
@@ -392,7 +400,8 @@ class Submissions:
                 raise InvalidInput(f"{name} must be a whole number >= 0 or None")
             if value is not None:
                 check_whole(value, name, 0, MAX_KIND_LIMIT)  # PostgreSQL's integer column
-        values = {"kind": kind, **given, "updated_at": self.clock.now()}
+        written: dict[str, int | str | None] = {**given, **rates}
+        values = {"kind": kind, **written, "updated_at": self.clock.now()}
         with self.statements.unit(conn) as unit:
             ins = insert_for(unit, KindLimitsTable).values(values)
             if only_if_absent:
@@ -400,7 +409,7 @@ class Submissions:
             else:
                 ins = ins.on_conflict_do_update(
                     index_elements=[KindLimitsTable.kind],
-                    set_={**given, "updated_at": self.clock.now()},
+                    set_={**written, "updated_at": self.clock.now()},
                 )
             unit.execute(ins)
             row = unit.execute(select(*LIMIT_COLUMNS).where(KindLimitsTable.kind == kind)).one()

@@ -51,7 +51,7 @@ _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # The Alembic revision these models match (jobs/_store/migrations/versions): a process whose
 # database is at it needs no Alembic at all. A test keeps the two in step.
-SCHEMA_REVISION = "0012"
+SCHEMA_REVISION = "0014"
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -256,6 +256,11 @@ KindLimitsTable = TableColumns(
         # At most this many jobs of the kind with one concurrency key RUNNING at once
         # (migration 0012), enforced by the claim statement; jobs without a key ignore it.
         Column("max_running_per_key", Integer),
+        # At most so many starts of the kind, across all workers, in Celery's syntax
+        # ("60/m"), and of each concurrency key of it (migration 0013): the claim spaces
+        # starts apart (job_rate_starts).
+        Column("rate_limit", String(32)),
+        Column("rate_limit_per_key", String(32)),
         Column("updated_at", UtcDateTime(), nullable=False),
         CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
         CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
@@ -266,6 +271,39 @@ KindLimitsTable = TableColumns(
 )
 """Backpressure per job kind, held in the database so every worker and every submitting
 process enforces the same numbers, and an operator can change them without a deploy."""
+
+RateStartsTable = TableColumns(
+    Table(
+        "job_rate_starts",
+        metadata,
+        Column("kind", String(ID_LENGTH), primary_key=True),
+        # The concurrency key a rate_limit_per_key spaces; "" for the kind's rate_limit.
+        Column("rate_key", String(ID_LENGTH), primary_key=True),
+        # The earliest instant the next start is allowed (database clock).
+        Column("next_at", UtcDateTime(), nullable=False),
+        # The next_at a held job's delivery waits for (one waiter per next_at): the others
+        # are held (dispatched_at NULL) and a start rings the next of them.
+        Column("waited_for", UtcDateTime()),
+    )
+)
+"""When a rate-limited kind (or key) may start a job next (migration 0013): a claim of it
+locks its row, claims only when ``next_at`` has passed and moves ``next_at`` one interval
+on, in the claim's transaction."""
+
+KeyTurnsTable = TableColumns(
+    Table(
+        "job_key_turns",
+        metadata,
+        Column("kind", String(ID_LENGTH), primary_key=True),
+        # The concurrency key served; "" for the kind's jobs without a key.
+        Column("concurrency_key", String(ID_LENGTH), primary_key=True),
+        # When a claim last took a job of the key (database clock).
+        Column("served_at", UtcDateTime(), nullable=False),
+    )
+)
+"""When each key of a ``fair=True`` kind was last served (migration 0014): a delivery of
+the kind claims the due job of the least recently served key, among the highest
+priority."""
 
 PausesTable = TableColumns(
     Table(

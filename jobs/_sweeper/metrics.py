@@ -123,7 +123,8 @@ SCRAPED_SERIES: dict[str, ScrapedSeries] = {
         GaugeMetricFamily,
         "QUEUED jobs no claim may take now, by kind and reason: concurrency_key (due, "
         "their key has max_running_per_key RUNNING), max_running (their kind has "
-        "max_running RUNNING), paused (held by a pause).",
+        "max_running RUNNING), rate (due, their kind's or key's rate limit allows "
+        "no start yet), paused (held by a pause).",
         ["kind", "reason"],
     ),
     "jobs_concurrency_keys_at_limit": ScrapedSeries(
@@ -288,6 +289,8 @@ class TableCollector(Collector):
             queued = counts.get((kind, State.QUEUED.value), 0)
             if limit.max_running is not None and running >= limit.max_running and queued:
                 throttled.add_metric([kind, "max_running"], queued)
+        for kind, count in sorted(self.store.depth.held_by_rates().items()):
+            throttled.add_metric([kind, "rate"], count)
         for kind, count in sorted(self.store.depth.held_by_pauses().items()):
             throttled.add_metric([kind, "paused"], count)
         yield throttled

@@ -32,6 +32,13 @@ log = logging.getLogger("jobs.worker")
 REQUEUE_PAUSE_SECONDS = 1.0
 
 
+# A delivery whose job a rate holds back waits in the worker for the next start when it
+# is this near (one delivery per rate: jobs._store.rate_limits); a later one is left to the
+# start before it, or the sweeper. It claims again at most this many times.
+RATE_WAIT_SECONDS = 2.0
+RATE_WAITS = 3
+
+
 class DatabaseUnreachable(Exception):
     """A delivery could not reach the database (:func:`jobs._core.outage.is_disconnect`):
     nothing was claimed or written, and the doorbell must go back to the queue, not be
@@ -77,6 +84,13 @@ def deliver(
         _stores.add(runtime.store)
         runner = make_runner(runtime, hostname, stopping)
         result = runner.run(job_id, kind=kind)
+        waits = 0
+        while result.outcome is Outcome.NOT_CLAIMED and _wait_for_rate(runner, job_id, stopping):
+            if waits == RATE_WAITS:  # other deliveries took the starts: held for the rate
+                runner.store.doorbells.mark_unrung([job_id])
+                break
+            waits += 1
+            result = runner.run(job_id, kind=kind)
         if result.outcome is Outcome.NOT_CLAIMED:
             why, held, other_version = _why_not_claimed(runner, job_id)
             if other_version:  # rung again at a random point before the usual delay
@@ -200,6 +214,36 @@ def _pass_on_slot(runtime: ProcessRuntime, runner: Runner, result: RunResult) ->
         runtime.ring(depth.next_due_doorbells(job.kind, 1, concurrency_key=job.concurrency_key))
     if result.max_running is not None:
         runtime.ring(depth.next_due_doorbells(job.kind, 1))
+
+
+def _wait_for_rate(runner: Runner, job_id: str, stopping: Callable[[], bool]) -> bool:
+    """The claim took nothing: when a rate held the job back (QUEUED, due, unpaused) and
+    this delivery is its rate's waiter for the next start, wait for it and say so (the
+    caller claims again); otherwise the job's doorbell is held for the rate, or it was
+    not the rate: ``False``."""
+    if stopping():
+        return False
+    reads = runner.store.reads
+    try:
+        job = reads.get(job_id)
+    except UnknownJob:
+        return False
+    if job.state is not State.QUEUED or job.kind not in runner.registry.names():
+        return False
+    limits = reads.limits().get(job.kind)
+    if limits is None or (limits.rate_limit is None and limits.rate_limit_per_key is None):
+        return False
+    if holding(reads.pauses(), job.kind, job.queue) is not None or job.run_after > reads.now():
+        return False
+    waiting = runner.store.doorbells.hold_for_rate(job, RATE_WAIT_SECONDS)
+    if waiting is None:
+        log.info("job %s: held by its rate limit; a start of its rate rings it", job_id)
+        return False
+    describe, wait = waiting
+    if wait > 0:
+        log.info("job %s: %s: waiting %.3f s for the next start", job_id, describe, wait)
+        time.sleep(wait)
+    return True
 
 
 def _other_version(versions: KindVersions, job: Job) -> str:

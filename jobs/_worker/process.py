@@ -178,13 +178,21 @@ class ProcessRuntime:
         for kind in self.registry.kinds() if kinds is None else kinds:
             if kind.name in self._seeded_kinds:
                 continue
-            declared = (kind.max_running, kind.max_queued, kind.max_running_per_key)
+            declared = (
+                kind.max_running,
+                kind.max_queued,
+                kind.max_running_per_key,
+                kind.rate_limit,
+                kind.rate_limit_per_key,
+            )
             if any(limit is not None for limit in declared):
                 self.store.submissions.set_limits(
                     kind.name,
                     max_running=kind.max_running,
                     max_queued=kind.max_queued,
                     max_running_per_key=kind.max_running_per_key,
+                    rate_limit=kind.rate_limit,
+                    rate_limit_per_key=kind.rate_limit_per_key,
                     only_if_absent=True,
                     conn=conn,
                 )

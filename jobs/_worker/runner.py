@@ -188,19 +188,30 @@ class Runner:
         is not due, not QUEUED, held under a live lease, or of a kind this process does not
         know (the doorbell is then dropped; a job of an unknown kind stays QUEUED for a
         process that knows it). ``kind``: the kind the doorbell names, if known: one that
-        declares a concurrency key is claimed per key first (one round trip fewer)."""
+        declares a concurrency key is claimed per key first (one round trip fewer); one
+        that is ``fair`` claims the next job of its least recently served key instead of
+        ``job_id`` (:mod:`jobs._store.fair_claims`)."""
         sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
-        claim = self.store.ownership.claim(
-            job_id,
-            self.owner,
-            self.lease_seconds,
-            liveness_key=self.liveness_key,
-            kinds=self.registry.names(),
-            keyed_first=kind is not None and self.registry.declares_key(kind),
-            versions=self.registry.versions(self.run_versions, self.drain),
-        )
+
+        def take(target: str) -> Claim | None:
+            return self.store.ownership.claim(
+                target,
+                self.owner,
+                self.lease_seconds,
+                liveness_key=self.liveness_key,
+                kinds=self.registry.names(),
+                keyed_first=kind is not None and self.registry.declares_key(kind),
+                versions=self.registry.versions(self.run_versions, self.drain),
+            )
+
+        fair = kind is not None and self.registry.is_fair(kind)  # claims the fair pick
+        fairness = self.store.fairness
+        claim = fairness.claim(job_id, kind, take, self.ring) if fair and kind else take(job_id)
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
+        if claim.rate_limited and self.ring is not None:
+            # The next job its rate holds waits for the next start (jobs._store.rate_limits).
+            self.ring(self.store.doorbells.next_for_rate(claim.job))
         if tracing.ENABLED:
             result = self._run_traced(claim, sent)
         else:

@@ -45,6 +45,7 @@ def stats_dict() -> dict[str, Any]:
     held = store.depth.held_by_pauses()
     kind_limits = store.reads.limits()
     by_keys = store.depth.held_by_keys()
+    by_rates = store.depth.held_by_rates()
     limits = {
         kind: {
             "max_running": None if limit is None else limit.max_running,
@@ -54,6 +55,9 @@ def stats_dict() -> dict[str, Any]:
             "max_running_per_key": None if limit is None else limit.max_running_per_key,
             "keys_at_limit": by_keys.get(kind, (0, 0))[0],
             "held_by_keys": by_keys.get(kind, (0, 0))[1],
+            "rate_limit": None if limit is None else limit.rate_limit,
+            "rate_limit_per_key": None if limit is None else limit.rate_limit_per_key,
+            "held_by_rate": by_rates.get(kind, 0),
             "paused": pause_dict(kind_pauses.get(kind)),
             "held_by_pause": held.get(kind, 0),
         }
@@ -132,14 +136,22 @@ def _limitstable(limits: dict[str, dict[str, Any]]) -> None:
         held = f" ({full} keys full, {value['held_by_keys']} held)" if full else ""
         return f"{value['max_running_per_key']}{held}"
 
+    def rate(value: dict[str, Any]) -> str:
+        rates = [value["rate_limit"] or "-"]
+        if value["rate_limit_per_key"] is not None:
+            rates.append(f"{value['rate_limit_per_key']} per key")
+        held = f" ({value['held_by_rate']} held)" if value["held_by_rate"] else ""
+        return ", ".join(rates) + held
+
     table(
-        ("KIND", "RUNNING", "MAX_RUNNING", "PER_KEY", "QUEUED", "MAX_QUEUED", "PAUSED"),
+        ("KIND", "RUNNING", "MAX_RUNNING", "PER_KEY", "RATE", "QUEUED", "MAX_QUEUED", "PAUSED"),
         [
             (
                 kind,
                 str(v["running"]),
                 show(v["max_running"]),
                 per_key(v),
+                rate(v),
                 str(v["queued"]),
                 show(v["max_queued"]),
                 paused(v["paused"]),
@@ -213,12 +225,29 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     "--per-key",
     help="At most N RUNNING per concurrency key, all workers together; 'none' lifts it.",
 )
+@click.option(
+    "--rate", help="At most N starts per s, m or h (60/m), all workers together; 'none' lifts it."
+)
+@click.option(
+    "--rate-per-key", help="At most N starts per s, m or h of each key (10/m); 'none' lifts it."
+)
 def set_limits(
-    kind: str, max_running: str | None, max_queued: str | None, per_key: str | None
+    kind: str,
+    max_running: str | None,
+    max_queued: str | None,
+    per_key: str | None,
+    rate: str | None,
+    rate_per_key: str | None,
 ) -> None:
     """Set a kind's limits; an option left out keeps its current value."""
     store = runtime().store
     current = store.reads.limits().get(kind)
+    kind_rate = (current.rate_limit if current else None) if rate is None else _rate(rate)
+    key_rate = (
+        (current.rate_limit_per_key if current else None)
+        if rate_per_key is None
+        else _rate(rate_per_key)
+    )
     keyed = (
         (current.max_running_per_key if current else None)
         if per_key is None
@@ -235,15 +264,29 @@ def set_limits(
         else (_limit_value(max_queued, "--max-queued"))
     )
     result = store.submissions.set_limits(
-        kind, max_running=running, max_queued=queued, max_running_per_key=keyed
+        kind,
+        max_running=running,
+        max_queued=queued,
+        max_running_per_key=keyed,
+        rate_limit=kind_rate,
+        rate_limit_per_key=key_rate,
     )
     per_key_text = (
         "" if result.max_running_per_key is None else f" per_key={result.max_running_per_key}"
     )
+    rate_text = "" if result.rate_limit is None else f" rate={result.rate_limit}"
+    if result.rate_limit_per_key is not None:
+        rate_text += f" rate_per_key={result.rate_limit_per_key}"
     click.echo(
         f"{result.kind}: max_running={result.max_running} max_queued={result.max_queued}"
         + per_key_text
+        + rate_text
     )
+
+
+def _rate(raw: str) -> str | None:
+    """A ``--rate`` option's value: ``none`` lifts the rate, else N/s, N/m or N/h."""
+    return None if raw.strip().lower() == "none" else raw
 
 
 # -- pause and resume ----------------------------------------------------------------------

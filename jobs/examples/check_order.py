@@ -133,6 +133,14 @@ def sleep_steps(ctx: jobs.JobContext, steps: int, seconds: float) -> dict[str, A
     return {"steps": steps}
 
 
+@jobs.job("fair_steps", max_attempts=3, concurrency_key="tenant", fair=True)
+def fair_steps(ctx: jobs.JobContext, tenant: str, seconds: float = 0.01) -> dict[str, Any]:
+    """A short job of one tenant, of a kind whose claims rotate across tenants (for the
+    fairness test)."""
+    ctx.step("sleep-0", _sleep_effect, ctx.job_id, 0, seconds)
+    return {"tenant": tenant}
+
+
 def _sleep_effect(job_id: str, n: int, seconds: float) -> int:
     _effect(f"sleep-{n}", job_id)
     time.sleep(seconds)

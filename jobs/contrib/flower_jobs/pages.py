@@ -67,6 +67,8 @@ class LimitRow:
     # Concurrency keys at their max_running_per_key, and the due jobs they hold back.
     keys_at_limit: int = 0
     held_by_keys: int = 0
+    # Due jobs a rate limit (the kind's or a key's) holds back now.
+    held_by_rate: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,12 +174,14 @@ def overview(app: JobsApp, where: JobFilter, limit: int) -> Overview:
         ScheduleRow(schedule, _next_tick(schedule, now)) for schedule in store.reads.schedules()
     ]
     by_keys = store.depth.held_by_keys()
+    by_rates = store.depth.held_by_rates()
     limits = [
         LimitRow(
             limit_row,
             by_kind_state.get((kind, State.RUNNING.value), 0),
             by_kind_state.get((kind, State.QUEUED.value), 0),
             *by_keys.get(kind, (0, 0)),
+            by_rates.get(kind, 0),
         )
         for kind, limit_row in sorted(store.reads.limits().items())
     ]
