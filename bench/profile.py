@@ -29,7 +29,8 @@ from jobs._store.db import make_engine
 from jobs._store.deferred import hold_completions
 from jobs._store.ownership import Ownership
 from jobs._worker.liveness import LivenessLock
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from jobs.application import default_app
 
 TIMED = ("claim", "steps", "record_steps", "complete")

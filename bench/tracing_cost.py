@@ -25,7 +25,8 @@ from jobs._core import tracing
 from jobs._store import JobStore
 from jobs._store.db import make_engine
 from jobs._store.schema import upgrade
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from jobs.application import default_app
 
 REQUEST = trace.get_tracer("bench.request")

@@ -37,7 +37,8 @@ from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.schema import upgrade
 from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
 from jobs._worker.event_loops import EventLoops
-from jobs._worker.runner import Runner, RunResult
+from jobs._worker.run_results import RunResult
+from jobs._worker.runner import Runner
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(

@@ -22,7 +22,7 @@ from jobs import testing
 from jobs._config.settings import Settings, as_env, from_env
 from jobs._core.context import JobContext
 from jobs._core.registry import REGISTRY
-from jobs._worker.runner import Outcome
+from jobs._worker.run_results import Outcome
 from jobs.application import default_app
 
 CALLS: Counter[str] = Counter()

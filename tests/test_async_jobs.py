@@ -32,7 +32,8 @@ from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
 from jobs._store.deferred import hold_completions
 from jobs._worker.event_loops import EventLoops
-from jobs._worker.runner import EVENT_LOOPS, Outcome, RunResult
+from jobs._worker.run_results import Outcome, RunResult
+from jobs._worker.runner import EVENT_LOOPS
 from tests.conftest import StoreRuns, step_positions
 from tests.test_api import use_short_lease
 from tests.test_held_completions import _busy

@@ -33,7 +33,8 @@ from jobs._core.registry import Registry
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from tests.conftest import StoreRuns
 
 KINDS = Registry(imports=[])

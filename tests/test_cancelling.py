@@ -26,7 +26,7 @@ from jobs._core.heartbeat import LeaseHeartbeat
 from jobs._core.records import Claim
 from jobs._core.states import State
 from jobs._store import JobStore
-from jobs._worker.runner import Outcome, RunResult
+from jobs._worker.run_results import Outcome, RunResult
 from tests.test_api import use_short_lease
 
 SEEN: dict[str, Any] = {}

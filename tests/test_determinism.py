@@ -29,7 +29,7 @@ from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.tables import JobsTable, StepsTable
-from jobs._worker.runner import Outcome
+from jobs._worker.run_results import Outcome
 from jobs.cli import main
 from tests.conftest import StoreRuns, step_positions
 

@@ -23,7 +23,8 @@ from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.db import make_engine
 from jobs._store.ownership import Ownership
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 
 pytestmark = pytest.mark.postgres
 

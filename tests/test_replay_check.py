@@ -27,7 +27,8 @@ from jobs._core.states import State
 from jobs._service.replay_check import replay_check
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from jobs.cli import main
 from tests.conftest import snapshot
 

@@ -22,7 +22,8 @@ from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
-from jobs._worker.runner import Outcome, Runner, RunResult
+from jobs._worker.run_results import Outcome, RunResult
+from jobs._worker.runner import Runner
 
 LEASE = 30.0
 

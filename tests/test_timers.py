@@ -25,7 +25,8 @@ from jobs._core.validate import MAX_DELAY_SECONDS
 from jobs._service import explain
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from jobs.application import default_app
 from jobs.cli import main
 

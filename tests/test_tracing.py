@@ -22,7 +22,7 @@ from jobs._core import tracing
 from jobs._core.context import JobContext
 from jobs._store import JobStore
 from jobs._sweeper.sweeper import sweep_once
-from jobs._worker.runner import Outcome
+from jobs._worker.run_results import Outcome
 from jobs.application import default_app
 from tests.spans import SpanRecord, finished, hex_ids, memory_exporter
 

@@ -21,7 +21,7 @@ from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput
 from jobs._core.states import State
 from jobs._core.validate import ERROR_LENGTH, MAX_DEPTH, TEXT_LENGTH
-from jobs._worker.runner import Outcome
+from jobs._worker.run_results import Outcome
 from jobs.application import default_app
 
 CALLS: Counter[str] = Counter()

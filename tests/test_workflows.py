@@ -23,7 +23,8 @@ from jobs._service import explain
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.tables import EventsTable, JobsTable, StepsTable
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from jobs.application import default_app
 from jobs.cli import main
 

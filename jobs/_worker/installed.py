@@ -23,12 +23,12 @@ from jobs._worker.outcome_events import ended_elsewhere, revoked_delivery
 from jobs._worker.shared_flag import SharedFlag
 
 if TYPE_CHECKING:  # the store and SQLAlchemy: loaded by the pool children that run jobs
-    from jobs._worker import delivery, runner
+    from jobs._worker import delivery, run_results
     from jobs._worker.process import ProcessRuntime
-    from jobs._worker.runner import RunResult
+    from jobs._worker.run_results import RunResult
 else:
     delivery = lazy_module("jobs._worker.delivery")
-    runner = lazy_module("jobs._worker.runner")
+    run_results = lazy_module("jobs._worker.run_results")
 
 log = logging.getLogger("jobs.worker")
 
@@ -207,10 +207,10 @@ def outcome_for_celery(result: RunResult, summary: str) -> str:
     (:class:`JobFailed`) when the job ended FAILED."""
 
     job = result.job
-    if result.outcome is runner.Outcome.FAILED:
+    if result.outcome is run_results.Outcome.FAILED:
         error = result.error or (job.last_error if job is not None else None) or "failed"
         raise JobFailed(f"job {result.job_id} FAILED: {error}")
-    if result.outcome is runner.Outcome.RETRYING:
+    if result.outcome is run_results.Outcome.RETRYING:
         error = result.error or (job.last_error if job is not None else None) or "failed"
         when = None if job is None else job.run_after
         raise Retry(

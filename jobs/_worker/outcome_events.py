@@ -34,10 +34,10 @@ from jobs._doorbell.queues import kind_task_name
 if TYPE_CHECKING:  # a worker's main process loads no SQLAlchemy
     from jobs._core.records import Job
     from jobs._store import JobStore
-    from jobs._worker import runner
-    from jobs._worker.runner import RunResult
+    from jobs._worker import run_results
+    from jobs._worker.run_results import RunResult
 else:
-    runner = lazy_module("jobs._worker.runner")
+    run_results = lazy_module("jobs._worker.run_results")
 
 log = logging.getLogger("jobs")
 
@@ -111,7 +111,7 @@ def ended_elsewhere(store: JobStore, result: RunResult) -> Job | None:
     (an operator, a revoke, the sweeper): Flower then shows the delivery as what became of
     the job (REVOKED, FAILURE), not as a success. One read, for those two outcomes only."""
 
-    if result.outcome not in (runner.Outcome.NOT_CLAIMED, runner.Outcome.LEASE_LOST):
+    if result.outcome not in (run_results.Outcome.NOT_CLAIMED, run_results.Outcome.LEASE_LOST):
         return None
     try:
         job = store.reads.get(result.job_id)

@@ -15,12 +15,10 @@ start of the next step, or the outcome.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -48,67 +46,12 @@ from jobs._core.states import State
 from jobs._core.validate import check_loaded, clip
 from jobs._store import Claim, Job, JobStore, PendingStep
 from jobs._worker.event_loops import EventLoops
+from jobs._worker.run_results import Outcome, RunResult, trace_outcome
 
 log = logging.getLogger("jobs.runner")
 
 #: The loops of a runner given none (``jobs.testing``): one per thread of this process.
 EVENT_LOOPS = EventLoops()
-
-
-class Outcome(enum.StrEnum):
-    """How one delivery of a job ended, as the runner reports it (logs, tests, metrics)."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    RETRYING = "retrying"
-    WAITING_APPROVAL = "waiting_approval"
-    SLEEPING = "sleeping"
-    HANDED_BACK = "handed_back"
-    WAITING = "waiting"  # parked WAITING for children or an event
-    NOT_CLAIMED = "not_claimed"
-    LEASE_LOST = "lease_lost"
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One delivery's result: its outcome, the job as it was written, and which steps ran
-    and which were replayed from their records (what ``jobs.testing`` returns)."""
-
-    job_id: str
-    outcome: Outcome
-    job: Job | None = None
-    ran_steps: tuple[str, ...] = ()
-    replayed_steps: tuple[str, ...] = ()
-    error: str | None = None
-    # The kind's running limit seen by the claim: a finished run freed one of its slots.
-    max_running: int | None = None
-    # The per-key limit the claim enforced for the job's concurrency key: a finished run
-    # freed a slot of that key.
-    max_running_per_key: int | None = None
-
-
-def _trace_outcome(span: Any, result: RunResult) -> None:
-    """Put ``result`` on the run's span: an event for the wait, sleep or retry the run
-    ended in (with when it is due again), then the outcome and any error."""
-    job = result.job
-    if job is not None:
-        due = job.run_after.isoformat()
-        if result.outcome is Outcome.RETRYING:
-            tracing.event("jobs.retry", attempt=job.attempts, due_at=due, error=result.error)
-        elif result.outcome is Outcome.SLEEPING:
-            tracing.event("jobs.sleep", wake_at=due)
-        elif result.outcome is Outcome.WAITING_APPROVAL:
-            tracing.event("jobs.wait.approval", step=job.waiting_for)
-        elif result.outcome is Outcome.WAITING:
-            tracing.event(
-                "jobs.wait",
-                event=job.wait_event,
-                children_pending=job.children_pending,
-                step=job.waiting_for,
-            )
-        elif result.outcome is Outcome.HANDED_BACK:
-            tracing.event("jobs.hand_back")
-    tracing.outcome(span, result.outcome.value, result.error)
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -245,7 +188,7 @@ class Runner:
             fence=claim.fence,
         ) as span:
             result = self._run_guarded(claim, sent)
-            _trace_outcome(span, result)
+            trace_outcome(span, result)
         return result
 
     def _run_claimed(self, claim: Claim, sent: float) -> RunResult:

@@ -19,7 +19,8 @@ import jobs
 from jobs._service.replay_check import ReplayVerdict, replay_job
 from jobs._store import Job, JobStore
 from jobs._store.replay_reads import RecordedJob
-from jobs._worker.runner import Outcome, Runner, RunResult
+from jobs._worker.run_results import Outcome, RunResult
+from jobs._worker.runner import Runner
 from jobs.application import default_app
 
 

@@ -27,7 +27,8 @@ from jobs._core.states import State
 from jobs._store import JobStore
 from jobs._store.db import make_engine
 from jobs._store.schema import upgrade
-from jobs._worker.runner import Outcome, Runner
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
 from tests.acceptance.conftest import (
     PRIVATE_PG_RABBITMQ,
     PrivatePostgres,
