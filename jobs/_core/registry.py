@@ -87,6 +87,17 @@ class JobKind:
     # (jobs._store.fair_claims).
     fair: bool = False
 
+    def declared_limits(self) -> DeclaredLimits:
+        """The limits ``@jobs.job`` declares for the kind, as the keywords of
+        ``store.submissions.set_limits`` (which seeds them once per kind)."""
+        return DeclaredLimits(
+            max_running=self.max_running,
+            max_queued=self.max_queued,
+            max_running_per_key=self.max_running_per_key,
+            rate_limit=self.rate_limit,
+            rate_limit_per_key=self.rate_limit_per_key,
+        )
+
     def key_of(self, inputs: dict[str, Any]) -> str | None:
         """The concurrency key of a job of this kind with ``inputs`` (``None``: no key)."""
         return key_from_inputs(self.name, self.concurrency_key, inputs)
@@ -102,6 +113,16 @@ class JobKind:
             self.signature.bind(None, **inputs)
         except TypeError as err:
             raise InvalidInput(f"inputs do not match job kind {self.name!r}: {err}") from None
+
+
+class DeclaredLimits(TypedDict):
+    """A kind's declared limits (:meth:`JobKind.declared_limits`); ``None``: no limit."""
+
+    max_running: int | None
+    max_queued: int | None
+    max_running_per_key: int | None
+    rate_limit: str | None
+    rate_limit_per_key: str | None
 
 
 class KindOptions(TypedDict, total=False):

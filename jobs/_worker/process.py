@@ -169,32 +169,18 @@ class ProcessRuntime:
     def seed_limits(
         self, kinds: Sequence[JobKind] | None = None, conn: Connection | None = None
     ) -> None:
-        """Write the ``max_running``/``max_queued``/``max_running_per_key`` a kind declares in
-        ``@jobs.job`` for kinds
-        that have no limits row yet (once per process and kind; the database's numbers then
-        rule, and ``jobs.set_limits`` changes them for every process). With ``conn`` the
-        seed joins the caller's transaction: on the caller's own connection, a SQLite
-        file shared with the caller is not locked against itself."""
+        """Write the limits a kind declares in ``@jobs.job`` (:meth:`JobKind.declared_limits`)
+        for kinds that have no limits row yet (once per process and kind; the database's
+        numbers then rule, and ``jobs.set_limits`` changes them for every process). With
+        ``conn`` the seed joins the caller's transaction: on the caller's own connection, a
+        SQLite file shared with the caller is not locked against itself."""
         for kind in self.registry.kinds() if kinds is None else kinds:
             if kind.name in self._seeded_kinds:
                 continue
-            declared = (
-                kind.max_running,
-                kind.max_queued,
-                kind.max_running_per_key,
-                kind.rate_limit,
-                kind.rate_limit_per_key,
-            )
-            if any(limit is not None for limit in declared):
+            declared = kind.declared_limits()
+            if any(limit is not None for limit in declared.values()):
                 self.store.submissions.set_limits(
-                    kind.name,
-                    max_running=kind.max_running,
-                    max_queued=kind.max_queued,
-                    max_running_per_key=kind.max_running_per_key,
-                    rate_limit=kind.rate_limit,
-                    rate_limit_per_key=kind.rate_limit_per_key,
-                    only_if_absent=True,
-                    conn=conn,
+                    kind.name, **declared, only_if_absent=True, conn=conn
                 )
                 if conn is not None:
                     # Seeded in the caller's transaction, which may yet roll back: seed
