@@ -8,9 +8,11 @@ doorbell is still out (``dispatched_at`` set: in the broker, or counted lost and
 by the sweeper), and that doorbell, when it comes, claims the next fair pick (the job
 swapped out, or another). Every delivery of a fair kind claims some due job while one is
 claimable; and the job swapped out is rung again at once (a surplus doorbell finds nothing
-and is dropped), so no job waits for a doorbell that a delivery dropped before it came
-(measured with real workers: without that ring, about one run in three left a job QUEUED
-until the sweeper's lost-message rule). A pick another claim took first falls back
+and is dropped), so every QUEUED job of the kind has a doorbell of its own out, or is held
+for its key. Without that ring a swap spends the swapped-out job's doorbell: when the
+doorbell of the job that ran arrives and every waiting job's key is full, it is dropped as
+"already COMPLETED" and holds nothing for the key's finisher to ring, so the job waited for
+the sweeper's lost-message rule (about one run in three with real workers). A pick another claim took first falls back
 to the next pick (a concurrent claim took the first), then to the doorbell's own job.
 ``job_key_turns`` keeps when each key was last served, written
 after each fair claim."""
