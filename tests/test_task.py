@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 import jobs
+from jobs._worker import delivery
+from jobs.application import default_app
 from jobs.celery_app import app
 
 run_job = app.tasks["jobs.run"]
@@ -16,6 +18,11 @@ run_job = app.tasks["jobs.run"]
 @jobs.job("task_probe", max_attempts=2)
 def task_probe(ctx: jobs.JobContext, n: int) -> dict[str, Any]:
     return {"n": ctx.step("double", lambda: n * 2)}
+
+
+@jobs.job("task_fair_probe", concurrency_key="tenant", fair=True)
+def task_fair_probe(ctx: jobs.JobContext, tenant: str) -> str:
+    return ctx.step("echo", lambda: tenant)
 
 
 def deliver(*args: Any, **kwargs: Any) -> str:
@@ -48,6 +55,24 @@ def test_delivery_runs_the_job_and_a_duplicate_is_dropped() -> None:
     assert jobs.get(job_id).result == {"n": 42}
     assert deliver(job_id) == f"{job_id}: dropped (already COMPLETED)"
     assert [s.name for s in jobs.steps(job_id)] == ["double"]
+
+
+def test_a_fair_swap_names_the_job_it_ran_and_the_doorbell_it_came_by() -> None:
+    """A delivery of a fair kind that claims another key's job instead of its doorbell's
+    says so: the job it ran first, then whose doorbell it came by."""
+
+    def deliver_fair(job_id: str) -> str:  # its task named after the kind: a hint
+        return delivery.deliver(
+            default_app().runtime, job_id, None, lambda: False, kind="task_fair_probe"
+        )[1]
+
+    served = jobs.submit("task_fair_probe", {"tenant": "a"})
+    assert deliver_fair(served) == f"{served}: completed"
+    doorbell = jobs.submit("task_fair_probe", {"tenant": "a"})
+    other = jobs.submit("task_fair_probe", {"tenant": "b"})  # its key never served: picked
+    assert deliver_fair(doorbell) == f"{other}: completed (for the doorbell of {doorbell})"
+    assert jobs.get(other).result == "b"
+    assert jobs.get(doorbell).state is jobs.State.QUEUED
 
 
 def test_a_job_not_due_yet_is_left_alone() -> None:

@@ -93,18 +93,21 @@ def deliver(
                 runtime.ring_batch(Batch.of(held))
             log.info("job %s: delivery dropped, %s", job_id, why)
             return result, f"{job_id}: dropped ({why})"
+        ran = result.job_id  # a fair kind's claim may take another job than the doorbell's
         if result.outcome is Outcome.HANDED_BACK:
             job = result.job
-            runtime.ring_batch(Batch((job_id,)) if job is None else Batch.of(job))
+            runtime.ring_batch(Batch((ran,)) if job is None else Batch.of(job))
         _pass_on_slot(runtime, runner, result)
+        swapped = "" if ran == job_id else f"for the doorbell of {job_id}"
         log.info(
-            "job %s: %s (ran %s, replayed %s)",
-            job_id,
+            "job %s: %s (ran %s, replayed %s%s)",
+            ran,
             result.outcome.value,
             list(result.ran_steps),
             list(result.replayed_steps),
+            f", {swapped}" if swapped else "",
         )
-        return result, f"{job_id}: {result.outcome.value}"
+        return result, f"{ran}: {result.outcome.value}" + (f" ({swapped})" if swapped else "")
 
 
 @contextlib.contextmanager

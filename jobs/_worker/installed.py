@@ -111,9 +111,9 @@ class Installed:
             raise Reject(str(unreachable), requeue=True) from None
         ended = ended_elsewhere(self.host.runtime.store, result)
         if ended is not None and ended.state is State.CANCELLED:
-            revoked_delivery(task, job_id, self._task_events(task))
+            revoked_delivery(task, ended.id, self._task_events(task))
         if ended is not None and ended.state is State.FAILED:
-            raise JobFailed(f"job {job_id} FAILED: {ended.last_error or 'failed'}")
+            raise JobFailed(f"job {ended.id} FAILED: {ended.last_error or 'failed'}")
         return outcome_for_celery(result, summary)
 
     @property
