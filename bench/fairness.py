@@ -2,10 +2,14 @@
 jobs queued, real prefork workers draining it, and another tenant's 10 jobs submitted once
 a tenth of the backlog ran; the claim position of the late tenant's jobs after their
 submission (read from the history, on the database's clock), with ``fair=True``
-(``bench_fair``) and without (``bench_keyed``, the same kind first in, first out).
+(``bench_fair``) and without (``bench_keyed``, the same kind first in, first out); then
+what the fair pick costs: the drain of the same backlog (``--jobs`` one-step jobs over
+``--keys`` keys, interleaved) by fresh real prefork workers, ``fair=True`` against the same
+kind without fairness, back to back on one database, the sides taking turns over
+``--rounds`` rounds; the ratio of the medians.
 
     python -m bench.fairness [--backlog 1000] [--late 10] [--workers 2] [--concurrency 2]
-        [--pg-url …] [--amqp-url …]
+        [--jobs 2000] [--keys 50] [--rounds 3] [--only late|drain] [--pg-url …] [--amqp-url …]
 
 A server is needed (PostgreSQL and RabbitMQ; each database made here is dropped at the end).
 """
@@ -22,9 +26,11 @@ from sqlalchemy import func, select
 
 import jobs
 from bench import kinds
+from bench.per_key import KeyedDrain
 from bench.procs import Child, Processes
 from bench.scenarios import REPO, _base_env, _environ, _wait
 from bench.services import pg_database
+from bench.stats import median
 from jobs._core.states import State
 from jobs._store.db import make_engine
 from jobs._store.schema import upgrade
@@ -114,12 +120,44 @@ def late_positions(
         return sorted(after.index(job_id) + 1 for job_id in late), waiting
 
 
+def drain_cost(procs: Processes, root: Path, args: argparse.Namespace) -> None:
+    """Print each round's drain rate of ``fair=True`` and of the same kind without
+    fairness, then the medians and their ratio."""
+    sides = {"fair=True": kinds.FAIR, "without": kinds.KEYED}
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    with pg_database(args.pg_url) as url:
+        drain = KeyedDrain(procs, url, args.amqp_url, root)
+        with _environ(drain.env):
+            upgrade(make_engine(url))
+            default_app().reset_settings()
+            jobs.reset()
+            for round_ in range(args.rounds):
+                order = list(sides.items()) if round_ % 2 == 0 else list(sides.items())[::-1]
+                for side, kind in order:
+                    rate = drain.drain(
+                        args.jobs, args.keys, None, args.workers, args.concurrency, kind=kind
+                    )
+                    rates[side].append(rate)
+                    print(f"drain round {round_ + 1} {side:9s}: {rate:7.1f} jobs/s", flush=True)
+    fair, plain = median(rates["fair=True"]), median(rates["without"])
+    print(
+        f"drain of {args.jobs} jobs over {args.keys} keys, {args.workers} workers x "
+        f"{args.concurrency}, median of {args.rounds} rounds: fair=True {fair:.1f} jobs/s, "
+        f"without {plain:.1f} jobs/s ({fair / plain:.3f} x)",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backlog", type=int, default=1000)
     parser.add_argument("--late", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--keys", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=("late", "drain"))
     parser.add_argument(
         "--pg-url",
         default=os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
@@ -134,6 +172,8 @@ def main() -> None:
         procs = Processes(root / "logs", REPO)
         try:
             for label, kind in (("fair=True", kinds.FAIR), ("first in, first out", kinds.KEYED)):
+                if args.only == "drain":
+                    break
                 with pg_database(args.pg_url) as url:
                     positions, waiting = late_positions(procs, url, args.amqp_url, root, kind, args)
                 print(
@@ -143,6 +183,8 @@ def main() -> None:
                     f"<= {slots + 1})",
                     flush=True,
                 )
+            if args.only != "late":
+                drain_cost(procs, root, args)
         finally:
             procs.stop_all()
 

@@ -117,17 +117,26 @@ class KeyedDrain:
         self.env = kinds.worker_env(database_url, amqp_url, root / "durable", self.queue)
         self.started = 0
 
-    def drain(self, n: int, keys: int, per_key: int | None, workers: int, conc: int) -> float:
-        """Jobs/s of a fresh set of workers draining ``n`` queued jobs over ``keys`` keys."""
+    def drain(
+        self,
+        n: int,
+        keys: int,
+        per_key: int | None,
+        workers: int,
+        conc: int,
+        kind: str = kinds.KEYED,
+    ) -> float:
+        """Jobs/s of a fresh set of workers draining ``n`` queued jobs of ``kind`` over
+        ``keys`` keys."""
         store = default_app().runtime.store
         store.submissions.set_limits(
-            kinds.KEYED, max_running=None, max_queued=None, max_running_per_key=per_key
+            kind, max_running=None, max_queued=None, max_running_per_key=per_key
         )
         tag = f"pk{uuid.uuid4().hex[:8]}"
         for start in range(0, n, 1000):
             batch = range(start, min(n, start + 1000))
             jobs.submit_many(
-                kinds.KEYED,
+                kind,
                 [{"key": f"key-{i % keys}"} for i in batch],
                 job_ids=[f"{tag}-{i:06d}" for i in batch],
             )
