@@ -18,9 +18,9 @@ then to the doorbell's own job. ``job_key_turns`` keeps when each key was last s
 written after each fair claim.
 
 The pick is a read that sorts the kind's due jobs by their key's turn, once or more per
-delivery: its cost grows with the queue (about 20-50 ms with 1,000-1,500 jobs queued over
-50 keys on the shared test machine), so a fair kind drains about a tenth as fast as the
-same kind without fairness (``python -m bench.fairness --only drain``)."""
+delivery (20-90 ms mid-drain with 950-1,440 jobs queued over 50 keys on the shared test
+machine). A fair kind drains about a tenth as fast as the same kind without fairness
+(``python -m bench.fairness --only drain``; docs/benchmarks.md says what is known of why)."""
 
 from __future__ import annotations
 
