@@ -20,7 +20,8 @@ written after each fair claim.
 The pick is a read that sorts the kind's due jobs by their key's turn, once or more per
 delivery (20-90 ms mid-drain with 950-1,440 jobs queued over 50 keys on the shared test
 machine). A fair kind drains about a tenth as fast as the same kind without fairness
-(``python -m bench.fairness --only drain``; docs/benchmarks.md says what is known of why)."""
+(``python -m bench.fairness --only drain``): concurrent deliveries pick the same job, so a
+claim picks 2.6 times on average (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
