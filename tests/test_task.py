@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -122,3 +123,41 @@ def test_a_worker_on_the_solo_pool_is_warned_at_start_up(
             SimpleNamespace(pool_cls=get_implementation(pool)), default_app().settings
         )
     assert (SOLO_POOL_WARNING in caplog.text) is warned
+
+
+def test_a_doorbell_requeued_through_an_outage_is_logged_on_one_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery logs every Reject with its traceback (a worker logged six in a failover): the
+    requeue of a delivery that could not reach the database is one line, and any other
+    Reject keeps its traceback. Traced by Celery's own tracer, as a worker traces a task."""
+    from celery import Celery  # noqa: PLC0415
+    from celery.exceptions import Reject  # noqa: PLC0415
+
+    from jobs._worker.installed import (  # noqa: PLC0415
+        RequeuedThroughOutage,
+        quiet_requeue_tracebacks,
+    )
+
+    celery = Celery("requeue_probe", broker="memory://", set_as_current=False)
+
+    @celery.task(name="requeued")
+    def requeued() -> None:
+        raise RequeuedThroughOutage("j1: database unreachable; doorbell requeued", requeue=True)
+
+    @celery.task(name="rejected")
+    def rejected() -> None:
+        raise Reject("other", requeue=False)
+
+    quiet_requeue_tracebacks()
+    quiet_requeue_tracebacks()  # once per process, however often installed
+    trace_log = logging.getLogger("celery.app.trace")
+    assert sum(type(each).__name__ == "_NoRequeueTraceback" for each in trace_log.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="celery.app.trace"):
+        requeued.apply()
+        rejected.apply()
+    lines = {record.getMessage(): record for record in caplog.records}
+    (requeue_line,) = [line for line in lines if "doorbell requeued" in line]
+    assert lines[requeue_line].exc_info is None
+    (other_line,) = [line for line in lines if "reject requeue=False: other" in line]
+    assert lines[other_line].exc_info is not None  # only the requeue loses its traceback

@@ -59,6 +59,32 @@ class JobsHost(Protocol):
         ...
 
 
+class RequeuedThroughOutage(Reject):  # type: ignore[misc]  # Celery ships no type hints
+    """The Reject of a doorbell whose delivery could not reach the database: back to the
+    queue (``acks_late``). Celery logs it on one line and, as for every Reject, with a
+    traceback: :class:`_NoRequeueTraceback` drops the traceback, which says nothing
+    the line does not (the outage itself is logged once per process)."""
+
+
+class _NoRequeueTraceback(logging.Filter):
+    """On Celery's task-trace logger: a :class:`RequeuedThroughOutage` is logged without
+    its traceback; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], RequeuedThroughOutage):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_requeue_tracebacks() -> None:
+    """Put :class:`_NoRequeueTraceback` on Celery's task-trace logger, once per process
+    (at install time, before a prefork pool forks: the children inherit it)."""
+    trace_log = logging.getLogger("celery.app.trace")
+    if not any(isinstance(existing, _NoRequeueTraceback) for existing in trace_log.filters):
+        trace_log.addFilter(_NoRequeueTraceback())
+
+
 class Installed:
     """What :func:`install_runner` put on one Celery app: the application whose jobs its
     workers run, and the flag a warm shutdown sets. The flag is made at install time, in
@@ -85,6 +111,7 @@ class Installed:
             return self.run_job(task, *args, **kwargs)
 
         self.task_body = run_job  # a plain function: Celery binds the task to it
+        quiet_requeue_tracebacks()
 
     def run_job(self, task: Any, *args: Any, **kwargs: Any) -> str:
         """The body of every job task: claim the job the doorbell names through the core,
@@ -108,7 +135,7 @@ class Installed:
             )
         except delivery.DatabaseUnreachable as unreachable:
             # Not done: back to the queue (acks_late), after the pause deliver() took.
-            raise Reject(str(unreachable), requeue=True) from None
+            raise RequeuedThroughOutage(str(unreachable), requeue=True) from None
         ended = ended_elsewhere(self.host.runtime.store, result)
         if ended is not None and ended.state is State.CANCELLED:
             revoked_delivery(task, ended.id, self._task_events(task))
@@ -227,7 +254,9 @@ __all__ = [
     "Installed",
     "JobFailed",
     "JobsHost",
+    "RequeuedThroughOutage",
     "installed_on",
     "outcome_for_celery",
+    "quiet_requeue_tracebacks",
     "register_kind_tasks",
 ]
