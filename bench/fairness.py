@@ -49,13 +49,7 @@ def late_positions(
     """The late tenant's claim positions after its first submission, and how many of the
     backlog were still QUEUED then."""
     queue = f"bench-fair-{uuid.uuid4().hex[:8]}"
-    env = {
-        "JOBS_DATABASE_URL": database_url,
-        "JOBS_BROKER_URL": amqp_url,
-        "JOBS_DATA_DIR": str(root / "durable"),
-        "JOBS_QUEUE": queue,
-        "JOBS_IMPORTS": kinds.__name__,
-    }
+    env = kinds.worker_env(database_url, amqp_url, root / "durable", queue)
     with _environ(env):
         upgrade(make_engine(database_url))
         default_app().reset_settings()

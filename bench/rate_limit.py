@@ -61,13 +61,7 @@ def rated_drain(
     """The starts (seconds, database clock) of ``args.jobs`` one-step jobs of a kind with
     ``rate_limit=args.rate`` drained by fresh prefork workers."""
     queue = f"bench-rate-{uuid.uuid4().hex[:8]}"
-    env = {
-        "JOBS_DATABASE_URL": database_url,
-        "JOBS_BROKER_URL": amqp_url,
-        "JOBS_DATA_DIR": str(root / "durable"),
-        "JOBS_QUEUE": queue,
-        "JOBS_IMPORTS": kinds.__name__,
-    }
+    env = kinds.worker_env(database_url, amqp_url, root / "durable", queue)
     with _environ(env):
         upgrade(make_engine(database_url))
         default_app().reset_settings()
