@@ -46,7 +46,14 @@ def imported_names(path: Path, name: str) -> Iterator[str]:
         if node in skipped:
             continue
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_module":
-            yield node.args[0].value  # type: ignore[attr-defined]  # a module imported on use
+            if isinstance(node.args[0], ast.Constant):
+                yield node.args[0].value  # a module imported on use
+            else:  # built from a table of paths: every module path the file spells counts
+                yield from (
+                    string.value
+                    for string in ast.walk(tree)
+                    if isinstance(string, ast.Constant) and isinstance(string.value, str)
+                )
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

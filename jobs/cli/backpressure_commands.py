@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from jobs._core.errors import InvalidInput
-from jobs._core.lazy import lazy_module
 from jobs._core.states import State
 from jobs._core.validate import (
     MAX_KIND_LIMIT,
@@ -18,13 +17,11 @@ from jobs._core.validate import (
 )
 from jobs.application import default_app
 from jobs.cli.bulk_commands import _operator
+from jobs.cli.command_modules import pause_clauses as pausing
 from jobs.cli.group import main
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs._core.records import Pause
-    from jobs._store import pause_clauses as pausing
-else:
-    pausing = lazy_module("jobs._store.pause_clauses")
 from jobs.cli.render import echo_json, iso, runtime, table
 
 # -- stats ---------------------------------------------------------------------------------

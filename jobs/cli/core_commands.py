@@ -21,7 +21,6 @@ import click
 import jobs
 from jobs._core import reasons
 from jobs._core.errors import AdmissionRefused, IllegalTransition, InvalidInput
-from jobs._core.lazy import lazy_module
 from jobs._core.states import TERMINAL, State
 from jobs._core.validate import (
     MAX_ATTEMPTS,
@@ -44,6 +43,8 @@ from jobs.cli.bulk_commands import (
     filter_options,
     job_filter,
 )
+from jobs.cli.command_modules import schema, show_text
+from jobs.cli.command_modules import simulate as replaying
 from jobs.cli.group import Finite, main
 from jobs.cli.render import (
     echo_json,
@@ -57,13 +58,6 @@ from jobs.cli.render import (
 
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs._core.records import Job, Step
-    from jobs._store import schema
-    from jobs.cli import show_text
-    from jobs.cli import simulate as replaying
-else:  # Alembic, and the store's reads: only when the command runs, never for --help
-    schema = lazy_module("jobs._store.schema")
-    replaying = lazy_module("jobs.cli.simulate")
-    show_text = lazy_module("jobs.cli.show_text")
 
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75

@@ -16,27 +16,20 @@ from typing import TYPE_CHECKING, Any
 import click
 
 import jobs
-from jobs._core.lazy import lazy_module
 from jobs._core.states import State
 from jobs._core.validate import MAX_RETENTION_DAYS, check_lookup_id, printable
 from jobs.application import default_app
+from jobs.cli.command_modules import explain as diagnosis
+from jobs.cli.command_modules import live_workers as workers
+from jobs.cli.command_modules import metrics as prometheus
+from jobs.cli.command_modules import replay_check as replays
+from jobs.cli.command_modules import sweeper
 from jobs.cli.core_commands import parse_inputs
 from jobs.cli.group import Finite, main
 
 if TYPE_CHECKING:
     from jobs._core.schedule_ticks import Schedule
-    from jobs._service import explain as diagnosis
-    from jobs._service import replay_check as replays
     from jobs._store import JobStore
-    from jobs._sweeper import metrics as prometheus
-    from jobs._sweeper import sweeper
-    from jobs._worker import live_workers as workers
-else:
-    diagnosis = lazy_module("jobs._service.explain")
-    replays = lazy_module("jobs._service.replay_check")
-    prometheus = lazy_module("jobs._sweeper.metrics")
-    sweeper = lazy_module("jobs._sweeper.sweeper")
-    workers = lazy_module("jobs._worker.live_workers")
 
 
 def _store() -> JobStore:

@@ -9,31 +9,19 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import click
 
 from jobs._config.settings import Settings
-from jobs._core.lazy import lazy_module
 from jobs._core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
 from jobs._worker.frameworks import set_up_for_job_modules
 from jobs.application import default_app
+from jobs.cli.command_modules import demo as demos
+from jobs.cli.command_modules import metrics as prometheus
+from jobs.cli.command_modules import outcome_events, queue_watch
+from jobs.cli.command_modules import queues as queue_routes
+from jobs.cli.command_modules import sweeper as sweeping
 from jobs.cli.group import Finite, main
-
-if TYPE_CHECKING:
-    from jobs._doorbell import queues as queue_routes
-    from jobs._sweeper import metrics as prometheus
-    from jobs._sweeper import queue_watch
-    from jobs._sweeper import sweeper as sweeping
-    from jobs._worker import outcome_events
-    from jobs.cli import demo as demos
-else:  # kombu, SQLAlchemy and the metrics library: only when the command runs
-    demos = lazy_module("jobs.cli.demo")
-    prometheus = lazy_module("jobs._sweeper.metrics")
-    outcome_events = lazy_module("jobs._worker.outcome_events")
-    queue_watch = lazy_module("jobs._sweeper.queue_watch")
-    queue_routes = lazy_module("jobs._doorbell.queues")
-    sweeping = lazy_module("jobs._sweeper.sweeper")
 
 
 def settings_after_the_job_modules() -> Settings:
