@@ -59,6 +59,12 @@ from jobs.cli.render import (
 if TYPE_CHECKING:  # the store and the runtime load SQLAlchemy: only when a command runs
     from jobs._core.records import Job, Step
 
+#: The types of submit's bounded options (click refuses a value outside them, naming them).
+ATTEMPTS = click.IntRange(min=1, max=MAX_ATTEMPTS)
+PRIORITY = click.IntRange(min=0, max=MAX_PRIORITY)
+DELAY = click.FloatRange(min=0, max=MAX_DELAY_SECONDS)  # NaN: the store refuses it in one line
+SECONDS = Finite(0, MAX_DELAY_SECONDS)
+
 #: sysexits.h EX_TEMPFAIL: "try again later", for a submit refused by backpressure.
 EX_TEMPFAIL = 75
 
@@ -134,37 +140,24 @@ def read_inputs_file(source: TextIO, limit: int) -> list[dict[str, Any]]:
     help="The job's inputs as a JSON object.",
 )
 @click.option("--id", "job_id", help="Choose the ID; the same ID and inputs again is a no-op.")
-@click.option(
-    "--max-attempts",
-    type=click.IntRange(min=1, max=MAX_ATTEMPTS),
-    help="Override the kind's limit.",
-)
-@click.option(
-    "--delay",
-    # NaN passes click's range; the store refuses it in one line naming the bounds.
-    type=click.FloatRange(min=0, max=MAX_DELAY_SECONDS),
-    help="Seconds before the job is due (on the database's clock).",
-)
+@click.option("--max-attempts", type=ATTEMPTS, help="Override the kind's limit.")
+@click.option("--delay", type=DELAY, help="Seconds before the job is due (database clock).")
 @click.option(
     "--run-at",
     "run_at",
     metavar="ISO8601",
     help="The instant the job is due, with its offset (2026-12-01T09:00:00+01:00).",
 )
-@click.option(
-    "--priority",
-    type=click.IntRange(min=0, max=MAX_PRIORITY),
-    help="0 to 9, higher first among due jobs (default: the kind's, else 0).",
-)
+@click.option("--priority", type=PRIORITY, help="0 to 9, higher first (default: the kind's).")
 @click.option(
     "--unique-for",
-    type=Finite(0, MAX_DELAY_SECONDS),
+    type=SECONDS,
     help="For S seconds, the same kind and inputs (or --unique-key) print the first job's ID.",
 )
 @click.option("--unique-key", help="Deduplicate by this key instead of the inputs.")
 @click.option(
     "--debounce",
-    type=Finite(0, MAX_DELAY_SECONDS),
+    type=SECONDS,
     help="Run S seconds after the last submit of the same key, once, with its inputs.",
 )
 @click.option("--wait", is_flag=True, help="Follow the job until it ends or waits for approval.")
@@ -468,21 +461,15 @@ def current(as_json: bool) -> None:
 
 # -- simulate ------------------------------------------------------------------------------
 
+SIMULATED_STEPS = click.IntRange(min=1, max=MAX_SIMULATED_STEPS)
 
-@main.command()
+
+@main.command(context_settings={"show_default": True})
 @click.option(
-    "--lease-steps",
-    type=click.IntRange(min=1, max=MAX_SIMULATED_STEPS),
-    default=2,
-    show_default=True,
-    help="Lease length, in steps, both workers claim with.",
+    "--lease-steps", type=SIMULATED_STEPS, default=2, help="Each claim's lease, in steps."
 )
 @click.option(
-    "--steps",
-    type=click.IntRange(min=1, max=MAX_SIMULATED_STEPS),
-    default=4,
-    show_default=True,
-    help="Worker B tries to take over at steps 1 … STEPS-1.",
+    "--steps", type=SIMULATED_STEPS, default=4, help="B tries to take over at 1 … STEPS-1."
 )
 def simulate(lease_steps: int, steps: int) -> None:
     """Replay the crash-and-recover story on a private in-memory database, deterministically."""
