@@ -469,7 +469,7 @@ SIMULATED_STEPS = click.IntRange(min=1, max=MAX_SIMULATED_STEPS)
     "--lease-steps", type=SIMULATED_STEPS, default=2, help="Each claim's lease, in steps."
 )
 @click.option(
-    "--steps", type=SIMULATED_STEPS, default=4, help="B tries to take over at 1 … STEPS-1."
+    "--steps", type=SIMULATED_STEPS, default=4, help="Worker B takes over at step 1 … STEPS-1."
 )
 def simulate(lease_steps: int, steps: int) -> None:
     """Replay the crash-and-recover story on a private in-memory database, deterministically."""
