@@ -12,6 +12,7 @@ its WHERE: claims of one key wait on each other, claims of other keys do not. SQ
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,27 +31,16 @@ from jobs._store.tables import JobsTable, KindLimitsTable
 if TYPE_CHECKING:  # the execution layer imports the readers, which import these columns
     from jobs._store.statements import Statements
 
+#: The fields of a :class:`KindLimits`, each a column of the limits row of the same name.
+LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(KindLimits))
+
 #: The columns a :class:`KindLimits` is read from (:func:`limits_of` builds it).
-LIMIT_COLUMNS = (
-    KindLimitsTable.kind,
-    KindLimitsTable.max_running,
-    KindLimitsTable.max_queued,
-    KindLimitsTable.max_running_per_key,
-    KindLimitsTable.rate_limit,
-    KindLimitsTable.rate_limit_per_key,
-)
+LIMIT_COLUMNS = tuple(getattr(KindLimitsTable, name) for name in LIMIT_FIELDS)
 
 
 def limits_of(row: Any) -> KindLimits:
     """The :class:`KindLimits` of a limits row read with :data:`LIMIT_COLUMNS`."""
-    return KindLimits(
-        row.kind,
-        row.max_running,
-        row.max_queued,
-        row.max_running_per_key,
-        row.rate_limit,
-        row.rate_limit_per_key,
-    )
+    return KindLimits(**{name: getattr(row, name) for name in LIMIT_FIELDS})
 
 
 def per_key_limited() -> ColumnElement[bool]:
