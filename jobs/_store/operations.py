@@ -60,18 +60,16 @@ class Operations:
     ) -> Job:
         """WAITING_APPROVAL -> QUEUED, recording who approved (and why) as the job's
         approval step so the handler's re-run continues past the wait."""
-        self._check_approval(by, note)
-        with self.statements.unit(conn) as unit:
-            job = self._approve(unit, job_id, by, note, APPROVABLE, [])
-            if job is None:
-                raise self.statements.explain(unit, job_id, State.QUEUED)
-            return job
+        return self._on_one(job_id, State.QUEUED, APPROVABLE, self._approving(by, note), conn)
 
-    @staticmethod
-    def _check_approval(by: str, note: str | None) -> None:
+    def _approving(self, by: str, note: str | None) -> Write:
+        """The write that approves one job as ``by`` (checked here), for one or a batch."""
         check_person(by, "approver")
         if note is not None:
             check_text(note, "approval note")
+        return lambda unit, job_id, sources, where: self._approve(
+            unit, job_id, by, note, sources, where
+        )
 
     def _approve(
         self,
@@ -131,12 +129,14 @@ class Operations:
         """Cancel a job that has not finished; a running owner's heartbeat finds out at its
         next renewal (refused; ``ctx.cancelled``, ``ctx.on_cancel``), or the owner at its
         next fenced write, and writes nothing more."""
+        return self._on_one(job_id, State.CANCELLED, CANCELLABLE, self._cancelling(reason), conn)
+
+    def _cancelling(self, reason: str) -> Write:
+        """The write that cancels one job for ``reason`` (checked here)."""
         check_text(reason, "cancel reason")
-        with self.statements.unit(conn) as unit:
-            job = self._cancel(unit, job_id, reason, CANCELLABLE, [])
-            if job is None:
-                raise self.statements.explain(unit, job_id, State.CANCELLED)
-            return job
+        return lambda unit, job_id, sources, where: self._cancel(
+            unit, job_id, reason, sources, where
+        )
 
     def _cancel(
         self,
@@ -180,17 +180,16 @@ class Operations:
         who, why, and which of the two. Marked rung: the caller rings the doorbell
         after the commit. Any other state raises :class:`IllegalTransition` (or
         :class:`UnknownJob`) and nothing changes."""
-        self._check_retry(by, reason)
-        with self.statements.unit(conn) as unit:
-            job = self._retry(unit, job_id, by, reason, from_start, RETRYABLE, [])
-            if job is None:
-                raise self.statements.explain(unit, job_id, State.QUEUED)
-            return job
+        retrying = self._retrying(by, reason, from_start)
+        return self._on_one(job_id, State.QUEUED, RETRYABLE, retrying, conn)
 
-    @staticmethod
-    def _check_retry(by: str, reason: str) -> None:
+    def _retrying(self, by: str, reason: str, from_start: bool) -> Write:
+        """The write that retries one job as ``by`` (checked here)."""
         check_person(by, "retrier")
         check_text(reason, "retry reason")
+        return lambda unit, job_id, sources, where: self._retry(
+            unit, job_id, by, reason, from_start, sources, where
+        )
 
     def _retry(
         self,
@@ -241,38 +240,35 @@ class Operations:
     ) -> BulkOutcome:
         """:meth:`retry` for one batch of selected jobs, in one transaction: each only while
         still in the state and under the fence it was selected with."""
-        self._check_retry(by, reason)
-        return self._on_selected(
-            selected,
-            RETRYABLE,
-            lambda unit, job_id, sources, where: self._retry(
-                unit, job_id, by, reason, from_start, sources, where
-            ),
-        )
+        return self._on_selected(selected, RETRYABLE, self._retrying(by, reason, from_start))
 
     def cancel_selected(
         self, selected: Sequence[Selected], reason: str = reasons.CANCELLED
     ) -> BulkOutcome:
         """:meth:`cancel` for one batch of selected jobs, as :meth:`retry_selected`."""
-        check_text(reason, "cancel reason")
-        return self._on_selected(
-            selected,
-            CANCELLABLE,
-            lambda unit, job_id, sources, where: self._cancel(unit, job_id, reason, sources, where),
-        )
+        return self._on_selected(selected, CANCELLABLE, self._cancelling(reason))
 
     def approve_selected(
         self, selected: Sequence[Selected], by: str, note: str | None = None
     ) -> BulkOutcome:
         """:meth:`approve` for one batch of selected jobs, as :meth:`retry_selected`."""
-        self._check_approval(by, note)
-        return self._on_selected(
-            selected,
-            APPROVABLE,
-            lambda unit, job_id, sources, where: self._approve(
-                unit, job_id, by, note, sources, where
-            ),
-        )
+        return self._on_selected(selected, APPROVABLE, self._approving(by, note))
+
+    def _on_one(
+        self,
+        job_id: str,
+        target: State,
+        sources: Sequence[State],
+        write: Write,
+        conn: Connection | None,
+    ) -> Job:
+        """``write`` one job, from ``sources`` to ``target``, in its own transaction (or
+        ``conn``'s); a job it did not move raises why (:meth:`Statements.explain`)."""
+        with self.statements.unit(conn) as unit:
+            job = write(unit, job_id, sources, [])
+            if job is None:
+                raise self.statements.explain(unit, job_id, target)
+            return job
 
     def _on_selected(
         self, selected: Sequence[Selected], sources: Sequence[State], write: Write

@@ -277,18 +277,9 @@ class Runner:
                 else:  # on this thread's loop, reused by the thread's next async job
                     result = self.event_loops.run(awaited.run(handler, job.inputs))
         except WaitingForApproval as wait:
-            parked = self._held(
-                ctx,
-                partial(
-                    self.store.ownership.wait_for_approval,
-                    claim,
-                    wait.reason,
-                    wait.step_name,
-                    timeout=wait.timeout,
-                    position=wait.position,
-                ),
-            )
-            return self._result(parked, Outcome.WAITING_APPROVAL, ctx)
+            approval = partial(self.store.ownership.wait_for_approval, claim, wait.reason)
+            waits = partial(approval, wait.step_name, timeout=wait.timeout, position=wait.position)
+            return self._held_as(Outcome.WAITING_APPROVAL, ctx, waits)
         except WaitingForChildren as children:
             parked = self.store.workflows.wait_for_children(
                 claim, children.child_ids, children.step_name, steps=ctx.take_pending()
@@ -305,20 +296,11 @@ class Runner:
             )
             return self._result(parked, self._parked_or_back(parked), ctx)
         except Sleeping as sleep:
-            slept = self._held(
-                ctx,
-                partial(
-                    self.store.ownership.sleep,
-                    claim,
-                    sleep.name,
-                    sleep.wake_at,
-                    position=sleep.position,
-                ),
-            )
-            return self._result(slept, Outcome.SLEEPING, ctx)
+            timer = partial(self.store.ownership.sleep, claim, sleep.name, sleep.wake_at)
+            return self._held_as(Outcome.SLEEPING, ctx, partial(timer, position=sleep.position))
         except HandBack as hand_back:
-            released = self._held(ctx, partial(self.store.ownership.release, claim, str(hand_back)))
-            return self._result(released, Outcome.HANDED_BACK, ctx)
+            release = partial(self.store.ownership.release, claim, str(hand_back))
+            return self._held_as(Outcome.HANDED_BACK, ctx, release)
         except Diverged as diverged:
             return self._diverged(claim, ctx, diverged.error)
         except Unstorable as unstorable:
@@ -437,6 +419,12 @@ class Runner:
             )
         )
         return self._rung(written) if isinstance(written, Moved) else written
+
+    def _held_as(
+        self, outcome: Outcome, ctx: JobContext, write: Callable[..., Job | Moved]
+    ) -> RunResult:
+        """The run's result as ``outcome``, once ``write`` is written (:meth:`_held`)."""
+        return self._result(self._held(ctx, write), outcome, ctx)
 
     @staticmethod
     def _parked_or_back(job: Job) -> Outcome:
