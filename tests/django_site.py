@@ -152,7 +152,7 @@ def django_world(
     default_app().set_defaults_source(settings_env)
     # What the app's ready() does (once per process), for this test only.
     default_app().transactions.join_from(joining_django_transactions(database_url))
-    default_app().registry.step_transactions = django_step_transactions(database_url)
+    default_app().registry.open_steps_with(django_step_transactions(database_url))
     try:
         yield
     finally:
@@ -166,4 +166,4 @@ def django_world(
         ROUTER.alias = "default"
         default_app().set_defaults_source(None)
         default_app().transactions.join_from(None)
-        default_app().registry.step_transactions = None
+        default_app().registry.open_steps_with(None)

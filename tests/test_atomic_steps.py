@@ -63,7 +63,7 @@ def fresh() -> Iterator[None]:
     yield
     for state in (RAN, CRASH, RAISE, INSIDE, CODE):
         state.clear()
-    KINDS.step_transactions = None
+    KINDS.open_steps_with(None)
 
 
 @pytest.fixture
@@ -255,7 +255,7 @@ def test_an_atomic_record_renews_the_lease_so_a_waiting_claim_takes_nothing(
             time.sleep(0.5)  # the claim is waiting on the row's lock
         claimer.join(30)
 
-    KINDS.step_transactions = commit_while_a_claim_waits
+    KINDS.open_steps_with(commit_while_a_claim_waits)
     INSIDE["insert"] = lambda: clock.advance(30)
     result = RUNS.runner(store, "owner").run("o-6")
     assert claims == [None]  # the claim took nothing
@@ -346,7 +346,7 @@ def test_a_different_database_is_refused_at_the_step(store: JobStore, engine: En
         raise StepError(f"atomic step refused: the jobs' database ({jobs_url}) is not the app's")
         yield  # pragma: no cover
 
-    KINDS.step_transactions = elsewhere
+    KINDS.open_steps_with(elsewhere)
     store.submissions.create("place_order", {}, job_id="d-1", max_attempts=1)
     result = RUNS.runner(store).run("d-1")
     assert result.outcome is Outcome.FAILED, result

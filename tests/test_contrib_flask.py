@@ -73,7 +73,7 @@ def shop(request: pytest.FixtureRequest, jobs_isolated: Path) -> Iterator[Shop]:
         with app.app_context():
             shop_flask.db.engine.dispose()
         REGISTRY.remove_job_scope(app.app_context)
-        REGISTRY.step_transactions = None
+        REGISTRY.open_steps_with(None)
         default_app().set_defaults_source(None)
 
 

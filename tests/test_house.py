@@ -1,7 +1,8 @@
 """The house's layout, checked: a handful of public modules at the top of ``jobs/``, the
 internals in ``_``-prefixed packages, no basename used twice, no method that only passes a
-call on under its own name, no Celery signal connected at import time, and a module map in
-the docs that lists every module. Each check is also run on a made-up case it must catch."""
+call on under its own name, no attribute set on an object from outside it, few imports inside
+functions, no Celery signal connected at import time, and a module map in the docs that
+lists every module. Each check is also run on a made-up case it must catch."""
 
 from __future__ import annotations
 
@@ -24,6 +25,22 @@ FORWARDS_ON_PURPOSE = {
     "jobs/_service/operator.py:cancel_selected",  # the service's default reason for a batch
     "jobs/testing/__init__.py:run",  # a runner made per call, with the test's settings
 }
+#: Where ``jobs/`` sets an attribute of an object not its own (``file:object``): each is
+#: another library's object that the library means to be configured so. A jobs object takes
+#: what it needs through its constructor or a method, never an attribute set from outside.
+SET_FROM_OUTSIDE_ON_PURPOSE = {
+    "jobs/_doorbell/amqp.py:transport",  # py-amqp's frame writer, coalesced for one batch
+    "jobs/_doorbell/app_queues.py:celery",  # install(app) configures the user's Celery app
+    "jobs/contrib/celery.py:app",  # install(app): the gated consumer, kinds before finalize
+    "jobs/contrib/celery_control.py:celery",  # send_task, AsyncResult, revoke for job IDs
+    "jobs/_store/db.py:dbapi_connection",  # a driver connection, in SQLAlchemy's connect hook
+    "jobs/contrib/django/orm_unit.py:engine",  # SQLite's datetimes as Django stores them
+    "jobs/_worker/gate.py:message",  # a doorbell's headers made Celery's before it reads them
+    "jobs/_worker/installed.py:record",  # a logging filter drops a requeue's traceback
+}
+#: At most this many imports inside function bodies (a module declares what it loads late
+#: with ``lazy_module`` at its top instead, where readers and the layer test see it).
+MOST_FUNCTION_LOCAL_IMPORTS = 25
 
 
 def source_files() -> list[Path]:
@@ -77,6 +94,41 @@ def forwarders(path: str, tree: ast.Module) -> list[str]:
         ):
             found.append(f"{path}:{node.name}")
     return found
+
+
+def set_from_outside(path: str, tree: ast.Module) -> set[str]:
+    """``file:object`` for each attribute assignment on an object other than ``self`` or
+    ``cls`` (their own attributes, however deep), function metadata (``f.__doc__``) aside."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for part in ast.walk(target):
+                if not isinstance(part, ast.Attribute) or not isinstance(part.ctx, ast.Store):
+                    continue
+                root = part.value
+                while isinstance(root, ast.Attribute | ast.Call | ast.Subscript):
+                    root = root.func if isinstance(root, ast.Call) else root.value
+                name = root.id if isinstance(root, ast.Name) else ast.unparse(root)
+                if name not in ("self", "cls") and not part.attr.startswith("__"):
+                    found.add(f"{path}:{name}")
+    return found
+
+
+def function_local_imports(path: str, tree: ast.Module) -> set[str]:
+    """``file:line`` of each import statement inside a function's body."""
+    return {
+        f"{path}:{node.lineno}"
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
 
 
 def connects_at_import(path: str, tree: ast.Module) -> list[str]:
@@ -136,6 +188,44 @@ def test_the_forwarder_check_finds_one() -> None:
         "        return self._part.approve(job_id, by='ops')\n"
     )
     assert forwarders("x.py", tree) == ["x.py:cancel"]
+
+
+def test_no_attribute_is_set_from_outside_its_object() -> None:
+    found = {
+        name
+        for path in source_files()
+        for name in set_from_outside(relative(path), ast.parse(path.read_text()))
+    }
+    assert found - SET_FROM_OUTSIDE_ON_PURPOSE == set()
+    assert SET_FROM_OUTSIDE_ON_PURPOSE - found == set(), "an allowed one is gone: drop it here"
+
+
+def test_the_outside_attribute_check_finds_one() -> None:
+    tree = ast.parse(
+        "class Registry:\n"
+        "    def __init__(self):\n"
+        "        self.scopes = []\n"
+        "        self._lock.owner = None\n"
+        "def ready(app):\n"
+        "    app.registry.step_transactions = open_steps\n"
+        "    default_app().settings.queue = 'jobs'\n"
+        "    ready.__doc__ = 'Ready.'\n"
+    )
+    assert set_from_outside("x.py", tree) == {"x.py:app", "x.py:default_app"}
+
+
+def test_few_imports_stand_inside_functions() -> None:
+    found = {
+        line
+        for path in source_files()
+        for line in function_local_imports(relative(path), ast.parse(path.read_text()))
+    }
+    assert len(found) <= MOST_FUNCTION_LOCAL_IMPORTS, sorted(found)
+
+
+def test_the_local_import_check_finds_one() -> None:
+    tree = ast.parse("import os\ndef later():\n    import json\n    from x import y\n")
+    assert function_local_imports("x.py", tree) == {"x.py:3", "x.py:4"}
 
 
 def test_no_signal_is_connected_at_import() -> None:

@@ -83,6 +83,10 @@ class _Watched:
     run_deadline: tuple[float, str] | None = None
     step_deadline: tuple[float, str] | None = None
 
+    def running_step(self, deadline: float | None, why: str = "") -> None:
+        """A step with ``deadline`` (monotonic) runs now; ``None``: no step runs."""
+        self.step_deadline = None if deadline is None else (deadline, why)
+
     def overdue(self, now: float) -> str | None:
         """Why this run is past a deadline at ``now`` (the earlier one), or None."""
         passed = [limit for limit in (self.run_deadline, self.step_deadline) if limit]
@@ -158,12 +162,13 @@ class LeaseHeartbeat:
         """Renew ``claim``'s lease until :meth:`unwatch`; past ``timeout`` seconds (the
         run's time limit) stop renewing it and call ``on_timeout`` with the reason.
         ``renewed`` is told when each successful renewal was sent (monotonic seconds)."""
-        entry = _Watched(claim, on_lost, on_timeout, renewed)
+        run_deadline = None
         if timeout is not None:
-            entry.run_deadline = (
+            run_deadline = (
                 self.monotonic() + timeout,
                 f"the job passed its timeout of {timeout:g} s",
             )
+        entry = _Watched(claim, on_lost, on_timeout, renewed, run_deadline)
         with self._lock:
             self._watched[(claim.job_id, claim.fence)] = entry
             self._start()
@@ -175,9 +180,8 @@ class LeaseHeartbeat:
         with self._lock:
             entry = self._watched.get((claim.job_id, claim.fence))
             if entry is not None:
-                entry.step_deadline = (
-                    self.monotonic() + timeout,
-                    f"step {name!r} passed its timeout of {timeout:g} s",
+                entry.running_step(
+                    self.monotonic() + timeout, f"step {name!r} passed its timeout of {timeout:g} s"
                 )
                 self._arm_backstop()
 
@@ -186,7 +190,7 @@ class LeaseHeartbeat:
         with self._lock:
             entry = self._watched.get((claim.job_id, claim.fence))
             if entry is not None:
-                entry.step_deadline = None
+                entry.running_step(None)
                 self._arm_backstop()
 
     def _start(self) -> None:

@@ -166,7 +166,7 @@ class Registry:
         # How an atomic step (``ctx.step(..., atomic=True)``) opens its transaction, set by
         # a web framework's integration whose ORM must be inside it (Django's connection,
         # Flask-SQLAlchemy's session); None: a connection of the job store's own engine.
-        self.step_transactions: StepTransactions | None = None
+        self._step_transactions: StepTransactions | None = None
         # What :meth:`versions` made last, with what it was made from; kinds added so far.
         self._added = 0
         self._versions: tuple[tuple[object, ...], KindVersions] | None = None
@@ -418,6 +418,18 @@ class Registry:
         """Every registered kind's name, sorted."""
         self._ensure_imported()
         return sorted(self._kinds)
+
+    @property
+    def step_transactions(self) -> StepTransactions | None:
+        """How an atomic step opens its transaction (:meth:`open_steps_with`); ``None``: on
+        a connection of the job store's own engine."""
+        return self._step_transactions
+
+    def open_steps_with(self, opener: StepTransactions | None) -> None:
+        """Open every atomic step's transaction (``ctx.step(..., atomic=True)``) with
+        ``opener``: how a web framework whose ORM must run inside it hands it over (Django's
+        connection, Flask-SQLAlchemy's session); ``None`` goes back to the store's engine."""
+        self._step_transactions = opener
 
     def add_job_scope(self, scope: JobScope) -> None:
         """Run every handler inside ``scope()``, a context manager made afresh for each run:

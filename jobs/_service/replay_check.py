@@ -202,16 +202,16 @@ def replay_check(
     if batch < 1:
         raise InvalidInput(f"batch must be at least 1, got {batch}")
     started = time.monotonic()
-    report = ReplayReport()
     versions = registry.versions(run_versions)
+    checked = ok = 0
+    findings: list[ReplayVerdict] = []
     for found in _verdicts(store, registry, states, kind, batch, default_max_attempts, versions):
-        report.checked += 1
+        checked += 1
         if found.verdict == "ok":
-            report.ok += 1
+            ok += 1
         else:
-            report.findings.append(found)
-    report.seconds = time.monotonic() - started
-    return report
+            findings.append(found)
+    return ReplayReport(checked, ok, findings, time.monotonic() - started)
 
 
 def _verdicts(

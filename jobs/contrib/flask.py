@@ -276,7 +276,7 @@ class Jobs:
         if self.db is not None:
             os.register_at_fork(after_in_child=self._abandon_pools)
             # An atomic step runs in db.session's transaction, its record on its connection.
-            default_app().registry.step_transactions = session_step_transactions(self.db)
+            default_app().registry.open_steps_with(session_step_transactions(self.db))
         app.register_error_handler(AdmissionRefused, refused_response)
         app.register_error_handler(BodyTooLarge, too_large_response)
         app.cli.add_command(jobctl_commands(self))

@@ -91,7 +91,7 @@ class JobsConfig(AppConfig):
         # A plain jobs.submit (or .delay()) inside atomic() on the jobs' database joins it.
         default_app().transactions.join_from(joining_django_transactions(database_url))
         # An atomic step runs in atomic() on the jobs' database, its record on that connection.
-        default_app().registry.step_transactions = django_step_transactions(database_url)
+        default_app().registry.open_steps_with(django_step_transactions(database_url))
         post_migrate.connect(upgrade_job_tables, sender=self)
 
 
