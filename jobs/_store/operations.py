@@ -120,11 +120,7 @@ class Operations:
         return job
 
     def cancel(
-        self,
-        job_id: str,
-        reason: str = reasons.CANCELLED,
-        *,
-        conn: Connection | None = None,
+        self, job_id: str, reason: str = reasons.CANCELLED, *, conn: Connection | None = None
     ) -> Job:
         """Cancel a job that has not finished; a running owner's heartbeat finds out at its
         next renewal (refused; ``ctx.cancelled``, ``ctx.on_cancel``), or the owner at its
@@ -291,11 +287,7 @@ class Operations:
         return BulkOutcome(done, skipped)
 
     def wake_job(
-        self,
-        job_id: str,
-        reason: str = reasons.WOKEN,
-        *,
-        conn: Connection | None = None,
+        self, job_id: str, reason: str = reasons.WOKEN, *, conn: Connection | None = None
     ) -> Job:
         """An operator's wake: a QUEUED job waiting on a timer (``ctx.sleep``, a submit's
         ``delay``/``run_at``, a retry's backoff) made due now. A compare-and-set on QUEUED
