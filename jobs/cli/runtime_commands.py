@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import click
 
 from jobs._config.settings import Settings
+from jobs._core.kind_versions import parse_run_versions
 from jobs._core.validate import MAX_CONCURRENCY, MAX_WAIT_SECONDS
 from jobs._worker.frameworks import set_up_for_job_modules
 from jobs.application import default_app
@@ -69,6 +70,14 @@ def export_for_the_worker() -> None:
 @click.option("--pool", "-P", help="Celery pool: prefork (default), threads, solo.")
 @click.option("--hostname", "-n", help="Node name, e.g. A@%h.")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option(
+    "--run-versions",
+    metavar="KIND=V,V;…",
+    help="The versions of each kind this worker runs, besides its own (JOBS_RUN_VERSIONS).",
+)
+@click.option(
+    "--drain", is_flag=True, help="Claim no new job of a kind with a version (JOBS_DRAIN)."
+)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker(
     concurrency: int | None,
@@ -76,12 +85,21 @@ def worker(
     pool: str | None,
     hostname: str | None,
     loglevel: str,
+    run_versions: str | None,
+    drain: bool,
     celery_args: tuple[str, ...],
 ) -> None:
     """Run a Celery worker daemon in the foreground (exec: signals reach Celery itself).
 
     Extra arguments are passed to Celery's `worker` command unchanged.
     """
+    # The worker reads its settings from the environment it is exec'd with: a flag wins
+    # over the variable, and a bad one stops here, in one line, before anything starts.
+    if run_versions is not None:
+        parse_run_versions(run_versions, "--run-versions")
+        os.environ["JOBS_RUN_VERSIONS"] = run_versions
+    if drain:
+        os.environ["JOBS_DRAIN"] = "on"
     settings = settings_after_the_job_modules()
     export_for_the_worker()
     kinds = default_app().registry.kinds()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ import pytest
 from jobs._core.states import State
 from jobs._service.explain import explain
 from jobs.application import default_app
-from tests.acceptance.conftest import PG_RABBITMQ, Stack, wait_until
+from tests.acceptance.conftest import EMBEDDED, PG_RABBITMQ, Stack, wait_until
 from tests.conftest import jobctl_in_child
 
 pytestmark = pytest.mark.acceptance
@@ -149,3 +150,22 @@ def test_old_jobs_drain_on_old_workers_while_new_jobs_run_on_new_ones(
         assert (job.result, job.code_version) == ("2", "2")
     # The new worker was rung for a version-1 job and left it (the first approval, at least).
     assert "waiting for a worker that runs version 1 of kind 'ship'" in second.output()
+
+
+@pytest.mark.parametrize("stack", [EMBEDDED], indirect=True)
+def test_jobctl_worker_takes_the_versions_it_runs_and_drain_as_flags(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """``jobctl worker --run-versions … --drain`` is ``JOBS_RUN_VERSIONS`` and
+    ``JOBS_DRAIN=on`` for the worker it execs (the flag wins over the variable); a bad value
+    stops it in one line before anything starts."""
+    env = code_env(stack, tmp_path, "2", JOBS_RUN_VERSIONS="ship=3")
+    launcher = [sys.executable, "-m", "jobs", "worker", "--run-versions", "ship=1,2", "--drain"]
+    worker = stack.worker("flags", env=env, launcher=launcher)
+    assert "job versions: ship 2 (runs 2, 1); draining (JOBS_DRAIN=on)" in worker.output()
+    refused = jobctl_in_child(env, "worker", "--run-versions", "ship")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        "Error: --run-versions='ship': expected kind=version,version;kind=version "
+        "(e.g. 'ship_order=1,2')"
+    ]
