@@ -25,12 +25,14 @@ from jobs._core.errors import InvalidInput, SettingsError
 from jobs._core.registry import Registry
 from jobs._core.schedule_ticks import Schedule
 from jobs._core.states import State
+from jobs._doorbell.queues import queue_for
 from jobs._service.explain import explain
 from jobs._service.replay_check import replay_check
 from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.version_clauses import claim_key
 from jobs._sweeper.periodic import fire_due_ticks
+from jobs._worker.live_workers import WorkerSeen, registered_task
 from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
 from jobs._worker.unclaimed import why_not_claimed
@@ -198,8 +200,44 @@ def test_the_refused_claim_says_which_version_the_job_waits_for(
     assert told.reason == "waiting_for_version"
     assert "waiting for a worker that runs version 1 of kind 'order'" in told.paragraph
     assert "JOBS_RUN_VERSIONS=order=1" in " ".join(told.actions)
+    assert "if such a worker runs, the message was lost" in told.paragraph  # none asked
+    # What the live workers answered (celery inspect registered jobs_versions):
+    queue = queue_for(settings, 0, None)
+    new_only = WorkerSeen("new@h", frozenset({queue}), TASKS, {"jobs.order": frozenset({"2"})})
+    elsewhere = WorkerSeen("old@h", frozenset({"other"}), TASKS, {"jobs.order": frozenset({"1"})})
+    older = WorkerSeen("older@h", frozenset({queue}), TASKS)  # says no versions
+    said = explain(store, settings, "o-8", [new_only, elsewhere, older]).paragraph
+    assert f"No live worker of queue {queue!r} runs that version (new@h runs 2)" in said
+    both = WorkerSeen("both@h", frozenset({queue}), TASKS, {"jobs.order": frozenset({"2", "1"})})
+    said = explain(store, settings, "o-8", [new_only, both]).paragraph
+    assert "Live workers that run it: both@h" in said
+    said = explain(store, settings, "o-8", [older]).paragraph
+    assert "if such a worker runs, the message was lost" in said
     # The sweeper rings it again, as a job of a kind a worker does not know: not lost.
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=5) == ["o-8"]
+
+
+TASKS = frozenset({"jobs.order"})
+
+
+def test_a_workers_answer_says_the_versions_of_each_kind_it_runs() -> None:
+    """``celery inspect registered jobs_versions`` answers ``jobs.ship [jobs_versions=2,1]``
+    for a kind with a version, ``*`` for one without, and an older worker nothing."""
+    assert registered_task("jobs.ship [jobs_versions=2,1]") == ("jobs.ship", frozenset({"1", "2"}))
+    assert registered_task("jobs.plain [jobs_versions=*]") == ("jobs.plain", frozenset({"*"}))
+    assert registered_task("jobs.ship") == ("jobs.ship", None)
+    assert registered_task("jobs.ship [rate_limit=1/s]") == ("jobs.ship", None)
+    seen = WorkerSeen(
+        "w@h",
+        frozenset({"jobs"}),
+        frozenset({"jobs.ship", "jobs.plain"}),
+        {
+            "jobs.ship": frozenset({"2", "1"}),
+            "jobs.plain": frozenset({"*"}),
+        },
+    )
+    assert (seen.runs("jobs.ship", "1"), seen.runs("jobs.ship", "3")) == (True, False)
+    assert (seen.runs("jobs.plain", "7"), seen.runs("jobs.other", "1")) == (True, None)
 
 
 def test_an_unversioned_registrys_claim_is_the_statement_it_was(store: JobStore) -> None:

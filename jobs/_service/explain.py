@@ -330,8 +330,8 @@ def _queued(
             f"It is waiting for a worker that runs {version}: it was recorded under that "
             f"version at its first claim, and its message, sent at {_at(rung_at)} "
             f"({_span(sent_ago)} ago), was not claimed. A worker that runs another version "
-            "of the kind leaves it QUEUED, and the next sweep sends its message again (if "
-            f"such a worker runs, the message was lost: {on_the_broker}).",
+            "of the kind leaves it QUEUED, and the next sweep sends its message again"
+            f"{_who_runs(job, queue, workers, on_the_broker)}",
             (
                 f"keep a worker of {version} running until its jobs are done",
                 f"or let the new code run it: @jobs.job({printable(job.kind)!r}, "
@@ -375,6 +375,35 @@ def _queued(
         f"{_at(rung_at)} ({_span(sent_ago)} ago) and waits for a free worker on queue "
         f"{queue!r}, behind any of higher priority.{backlog}",
         (f"add workers on queue {queue!r} if the queue keeps growing (jobctl stats)",),
+    )
+
+
+def _who_runs(
+    job: Job, queue: str, workers: Sequence[WorkerSeen] | None, on_the_broker: str
+) -> str:
+    """The end of ``waiting_for_version``'s paragraph: which live workers of the job's queue
+    run its recorded version, as they answered (the workers not asked, or none telling: if
+    such a worker runs, the message was lost)."""
+    task, version = kind_task_name(job.kind), job.code_version or ""
+    told = [
+        worker
+        for worker in workers or ()
+        if queue in worker.queues and worker.runs(task, version) is not None
+    ]
+    if not told:
+        return f" (if such a worker runs, the message was lost: {on_the_broker})."
+    running = [worker.name for worker in told if worker.runs(task, version)]
+    if running:
+        return (
+            f". Live workers that run it: {printable(', '.join(running[:5]))}; each message "
+            "reaches one worker of the queue, so it may take a few sends to reach one."
+        )
+    others = "; ".join(
+        f"{worker.name} runs {', '.join(sorted(worker.versions[task]))}" for worker in told[:5]
+    )
+    return (
+        f". No live worker of queue {queue!r} runs that version ({printable(others)}): it "
+        "waits until one starts."
     )
 
 

@@ -211,17 +211,40 @@ claim does not swallow the doorbell), rejection when the pool child is lost (the
 not acked and lost), JSON."""
 
 
+#: The task attribute that tells ``celery inspect registered`` the versions of its kind a
+#: worker runs (``inspect.registered(VERSIONS_FIELD)``: ``jobs.ship [jobs_versions=2,1]``).
+VERSIONS_FIELD = "jobs_versions"
+
+
+class VersionsRun:
+    """The versions of one kind this worker runs, read when Celery's remote control asks
+    (``str()``): its own first, then those it resumes (``JOBS_RUN_VERSIONS``, else the kind's
+    ``runs_versions``); ``*`` for a kind without a version, whose jobs any worker claims."""
+
+    def __init__(self, installed: Installed, kind: str) -> None:
+        self._installed = installed
+        self._kind = kind
+
+    def __str__(self) -> str:
+        host = self._installed.host
+        settings = host.settings
+        versioned = host.registry.versions(settings.run_versions, settings.drain).of(self._kind)
+        return "*" if versioned is None else ",".join(versioned.runs)
+
+
 def register_kind_tasks(celery: Celery, installed: Installed, kinds: Iterable[str]) -> list[str]:
     """One Celery task per job kind, named ``jobs.<kind>`` and running the same runner, so
-    ``celery inspect registered`` lists the kinds and Flower shows each delivery by its
-    kind. Returns the names added. The app is not finalized for it: on an app that is not
+    ``celery inspect registered`` lists the kinds (and, asked for :data:`VERSIONS_FIELD`,
+    the versions of each this worker runs) and Flower shows each delivery by its kind.
+    Returns the names added. The app is not finalized for it: on an app that is not
     yet, the tasks are registered when it is (the first look at ``app.tasks``)."""
     added = []
     with installed.kind_tasks_lock:
         for kind in kinds:
             name = kind_task_name(kind)
             if name not in installed.kind_tasks:
-                celery.task(name=name, **JOB_TASK_OPTIONS)(installed.task_body)
+                versions = {VERSIONS_FIELD: VersionsRun(installed, kind)}
+                celery.task(name=name, **JOB_TASK_OPTIONS, **versions)(installed.task_body)
                 installed.kind_tasks.add(name)
                 added.append(name)
     return added
@@ -250,11 +273,13 @@ def outcome_for_celery(result: RunResult, summary: str) -> str:
 
 __all__ = [
     "JOB_TASK_OPTIONS",
+    "VERSIONS_FIELD",
     "AttemptFailed",
     "Installed",
     "JobFailed",
     "JobsHost",
     "RequeuedThroughOutage",
+    "VersionsRun",
     "installed_on",
     "outcome_for_celery",
     "quiet_requeue_tracebacks",

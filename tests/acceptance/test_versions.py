@@ -25,6 +25,7 @@ import pytest
 
 from jobs._core.states import State
 from jobs._service.explain import explain
+from jobs._worker.live_workers import live_workers
 from jobs.application import default_app
 from tests.acceptance.conftest import EMBEDDED, PG_RABBITMQ, Stack, wait_until
 from tests.conftest import jobctl_in_child
@@ -120,12 +121,21 @@ def test_old_jobs_drain_on_old_workers_while_new_jobs_run_on_new_ones(
     assert approved.returncode == 0, approved.stderr
     settings = default_app().settings
 
+    # The live workers say which versions they run (celery inspect registered jobs_versions).
+    seen = live_workers(default_app().celery) or []
+    assert [worker.versions for worker in seen if second.owns(worker.name)] == [
+        {"jobs.ship": frozenset({"2"})}
+    ]
+
     def told() -> str | None:
-        said = explain(stack.store, settings, approvals[0])
+        said = explain(stack.store, settings, approvals[0], seen)
         return said.paragraph if said.reason == "waiting_for_version" else None
 
     paragraph = wait_until(told, timeout=30, what="explain: waiting for a version-1 worker")
     assert "waiting for a worker that runs version 1 of kind 'ship'" in str(paragraph)
+    assert "No live worker of queue" in str(paragraph)
+    assert f"{second.node}" in str(paragraph)
+    assert "runs 2)" in str(paragraph)
     job = stack.job(approvals[0])
     assert (job.state, job.attempts, job.owner) == (State.QUEUED, 0, None)
 
