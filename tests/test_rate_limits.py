@@ -56,6 +56,12 @@ def claims(store: JobStore, job_id: str) -> bool:
     return store.ownership.claim(job_id, "A", LEASE) is not None
 
 
+def held(store: JobStore, job_id: str) -> tuple[str, float] | None:
+    """A delivery of ``job_id`` the rate held back: its wait, or held (``None``)."""
+    job = store.reads.get(job_id)
+    return store.doorbells.hold_for_rate(job, store.reads.limits().get(job.kind), 2.0)
+
+
 def buckets(engine: Engine) -> list[tuple[object, ...]]:
     with engine.connect() as conn:
         return [tuple(row) for row in conn.execute(select(RateStartsTable.__table__))]
@@ -192,33 +198,32 @@ def test_one_delivery_per_start_waits_the_others_are_held_and_a_start_rings_the_
     for n in range(4):
         new(store, f"j{n}")
     assert claims(store, "j0")
-    reads = store.reads
-    waiting = store.doorbells.hold_for_rate(reads.get("j1"), 2.0)
+    waiting = held(store, "j1")
     assert waiting == ("rate limit 2/s", pytest.approx(0.05))
     assert dispatched(engine, "j1") is not None  # the waiter keeps its doorbell
     # A second delivery waits for the start after it; a third is held: its doorbell is
     # used up.
-    assert store.doorbells.hold_for_rate(reads.get("j2"), 2.0) == ("rate limit 2/s", 0.55)
-    assert store.doorbells.hold_for_rate(reads.get("j3"), 2.0) is None
+    assert held(store, "j2") == ("rate limit 2/s", 0.55)
+    assert held(store, "j3") is None
     assert dispatched(engine, "j2") is not None
     assert dispatched(engine, "j3") is None
     # The sweeper rings no held job while the rate allows no start.
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=60) == []
     clock.advance(0.05)
-    assert claims(store, "j1")
+    first = store.ownership.claim("j1", "A", LEASE)
+    assert first is not None
     # Two deliveries wait at most, each for its own start: j2 for 0.55, j4 for 1.05.
     new(store, "j4")
-    assert store.doorbells.hold_for_rate(reads.get("j4"), 2.0) == ("rate limit 2/s", 1.0)
+    assert held(store, "j4") == ("rate limit 2/s", 1.0)
     # The start rings the next held job, j3; two wait already, so it is held again.
-    rung = store.doorbells.next_for_rate(reads.get("j1"))
+    rung = store.doorbells.next_for_rate(first)
     assert [doorbell.job_id for doorbell in rung] == ["j3"]
-    assert store.doorbells.hold_for_rate(reads.get("j3"), 2.0) is None
+    assert held(store, "j3") is None
     clock.advance(0.5)
-    assert claims(store, "j2")
-    assert [doorbell.job_id for doorbell in store.doorbells.next_for_rate(reads.get("j2"))] == [
-        "j3"
-    ]
-    assert store.doorbells.hold_for_rate(reads.get("j3"), 2.0) == ("rate limit 2/s", 1.0)
+    second = store.ownership.claim("j2", "A", LEASE)
+    assert second is not None
+    assert [doorbell.job_id for doorbell in store.doorbells.next_for_rate(second)] == ["j3"]
+    assert held(store, "j3") == ("rate limit 2/s", 1.0)
     # Once a start is allowed and nobody took it, the sweeper rings one held job.
     new(store, "j5")
     with engine.begin() as conn:
@@ -236,7 +241,7 @@ def test_a_wait_longer_than_a_worker_waits_is_held_for_the_sweeper(
     new(store, "j0")
     new(store, "j1")
     assert claims(store, "j0")
-    assert store.doorbells.hold_for_rate(store.reads.get("j1"), 2.0) is None
+    assert held(store, "j1") is None
     assert dispatched(engine, "j1") is None
     assert store.doorbells.take_due_doorbell_ids(stale_seconds=600) == []
     clock.advance(60)

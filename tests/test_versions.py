@@ -35,7 +35,7 @@ from jobs._sweeper.periodic import fire_due_ticks
 from jobs._worker.live_workers import WorkerSeen, registered_task
 from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
-from jobs._worker.unclaimed import why_not_claimed
+from jobs._worker.unclaimed import Unclaimed, why_not_claimed
 from jobs.application import default_app
 from jobs.cli import main
 
@@ -187,7 +187,9 @@ def test_the_refused_claim_says_which_version_the_job_waits_for(
     submit(store, "o-8")
     assert runner(store, old, "w-old").run("o-8").outcome is Outcome.WAITING_APPROVAL
     store.operator.approve("o-8", "ann")
-    why, held, other_version = why_not_claimed(runner(store, new, "w-new"), "o-8")
+    why, held, other_version = why_not_claimed(
+        runner(store, new, "w-new"), Unclaimed(store.reads, "o-8")
+    )
     assert (held, other_version) == (None, True)
     assert "waiting for a worker that runs version 1 of kind 'order'" in why
     assert "this worker runs 2" in why

@@ -21,6 +21,8 @@ from jobs._core.validate import (
 if TYPE_CHECKING:  # annotations only: the records load no database library
     from sqlalchemy import Row
 
+    from jobs._core.rate_syntax import RateLimit
+
 
 @dataclasses.dataclass(frozen=True)
 class Job:
@@ -111,9 +113,11 @@ class Claim:
     # The per-key running limit the claim enforced for the job's concurrency key (None:
     # none), so the run's end rings the next job of that key for the slot it frees.
     max_running_per_key: int | None = None
-    # Whether the claim took a start of a rate limit (the kind's or the key's): the next
-    # job held for the rate is rung to wait for the next start.
-    rate_limited: bool = False
+    # The rate buckets the claim took a start of, as it read them under its lock: (its key
+    # in job_rate_starts, "" for the kind's own rate or the job's concurrency key for the
+    # per-key rate; the rate). Empty: no rate. The next job each holds is rung to wait for
+    # the next start, without reading the limits again.
+    rate_buckets: tuple[tuple[str, RateLimit], ...] = ()
 
     @property
     def job_id(self) -> str:
@@ -127,7 +131,7 @@ class Claim:
         owner: str,
         max_running: int | None = None,
         max_running_per_key: int | None = None,
-        rate_limited: bool = False,
+        rate_buckets: Sequence[tuple[str, RateLimit]] = (),
     ) -> Claim:
         """The claim a claiming UPDATE's RETURNING row proves (it carries ``has_steps``)."""
         job = Job.from_row(row)
@@ -138,7 +142,7 @@ class Claim:
             max_running,
             bool(row.has_steps),
             max_running_per_key,
-            rate_limited,
+            tuple(rate_buckets),
         )
 
 

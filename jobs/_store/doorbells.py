@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Row, or_, select, update
 
-from jobs._core.records import Doorbell, Job
+from jobs._core.records import Claim, Doorbell, Job, KindLimits
 from jobs._core.states import State
 from jobs._store.key_limits import key_full
 from jobs._store.pause_clauses import not_paused
@@ -159,16 +159,20 @@ class Doorbells:
                 .values(dispatched_at=self.clock.after(-by_seconds))
             )
 
-    def hold_for_rate(self, job: Job, longest_wait: float) -> tuple[str, float] | None:
-        """A delivery found ``job`` held back by a rate: ``(describe, wait)`` when this
-        delivery waits ``wait`` seconds for the next start and claims again; else its
-        doorbell is held for the rate (:func:`jobs._store.rate_limits.hold_for_rate`)."""
-        return hold_for_rate(self.engine, self.clock, job, longest_wait)
+    def hold_for_rate(
+        self, job: Job, limits: KindLimits | None, longest_wait: float
+    ) -> tuple[str, float] | None:
+        """A delivery found ``job`` held back by a rate of its kind's ``limits`` (as the
+        delivery read them): ``(describe, wait)`` when this delivery waits ``wait`` seconds
+        for the next start and claims again; else its doorbell is held for the rate
+        (:func:`jobs._store.rate_limits.hold_for_rate`)."""
+        return hold_for_rate(self.engine, self.clock, job, limits, longest_wait)
 
-    def next_for_rate(self, job: Job) -> list[Doorbell]:
-        """A claim took a start of ``job``'s rate: the next held job of each of its
-        buckets, marked rung (:func:`jobs._store.rate_limits.ring_next_held`)."""
-        return ring_next_held(self.engine, self.clock, job.kind, job.concurrency_key)
+    def next_for_rate(self, claim: Claim) -> list[Doorbell]:
+        """A claim took a start of each of its rate buckets (``claim.rate_buckets``): the
+        next held job of each, marked rung (:func:`jobs._store.rate_limits.ring_next_held`),
+        with no read of the limits."""
+        return ring_next_held(self.engine, self.clock, claim.job.kind, claim.rate_buckets)
 
     def mark_unrung(self, job_ids: Sequence[str]) -> None:
         """A publish failed: clear ``dispatched_at`` so the next sweep sends the doorbells

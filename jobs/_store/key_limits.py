@@ -1,7 +1,8 @@
 """Concurrency keys (``@jobs.job(concurrency_key=…, max_running_per_key=…)``): the SQL that
 counts a key's RUNNING jobs for the claim's compare-and-set, the per-key lock that makes
-that count exact under concurrent claims on PostgreSQL, and the kinds' limits rows as the
-claim, the reads and the CLI see them.
+that count exact under concurrent claims on PostgreSQL, the kinds' limits rows as the
+claim, the reads and the CLI see them, and the one read of the next held job (of a full key,
+or of a rate's bucket: :func:`held_job`).
 
 A claim of a job with a key, of a kind with ``max_running_per_key``, runs in a transaction
 that first takes a transaction-scoped advisory lock named by the kind and the key
@@ -16,7 +17,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Executable, bindparam, exists, func, select
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Executable,
+    Select,
+    bindparam,
+    exists,
+    func,
+    select,
+)
 
 from jobs._core.records import Doorbell, Job, KindLimits
 from jobs._core.states import State
@@ -154,25 +165,41 @@ def claim_limits(conn: Connection, job_id: str) -> tuple[KindLimits | None, str 
     return limits, key
 
 
+def held_job(
+    clock: Clock, kind: str | BindParameter[str], key: str | BindParameter[str] | None
+) -> Select[Any]:
+    """The read of the next due QUEUED job of ``kind`` whose doorbell a delivery used up
+    (``dispatched_at`` NULL), not paused, the highest priority first: of concurrency key
+    ``key``, or of any key (``None``). ``kind`` and ``key`` are values or bind parameters:
+    the one query behind a full key's next job (:func:`next_held`) and a rate's
+    (:func:`jobs._store.rate_limits.ring_next_held`)."""
+    where = [
+        JobsTable.kind == kind,
+        JobsTable.state == State.QUEUED.value,
+        JobsTable.dispatched_at.is_(None),
+        JobsTable.run_after <= clock.now(),
+        not_paused(),
+    ]
+    if key is not None:
+        where.append(JobsTable.concurrency_key == key)
+    return (
+        select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
+        .where(*where)
+        .order_by(
+            JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at, JobsTable.id
+        )
+        .limit(1)
+    )
+
+
 def next_held(clock: Clock) -> Callable[[], Executable]:
-    """Builds the reusable read of the next due QUEUED job of a kind (``p_kind``) and key
-    (``p_key``) whose doorbell a delivery used up on the full key (``dispatched_at`` NULL:
-    :meth:`jobs._store.doorbells.Doorbells.hold_for_key`), the highest priority first."""
+    """Builds the reusable read of the next held job (:func:`held_job`) of a kind
+    (``p_kind``) and key (``p_key``) whose doorbell a delivery used up on the full key
+    (:meth:`jobs._store.doorbells.Doorbells.hold_for_key`)."""
 
     def build() -> Executable:
-        return (
-            select(JobsTable.id, JobsTable.priority, JobsTable.kind, JobsTable.queue)
-            .where(
-                JobsTable.concurrency_key == bindparam("p_key", type_=JobsTable.kind.type),
-                JobsTable.kind == bindparam("p_kind", type_=JobsTable.kind.type),
-                JobsTable.state == State.QUEUED.value,
-                JobsTable.dispatched_at.is_(None),
-                JobsTable.run_after <= clock.now(),
-                not_paused(),
-            )
-            .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
-            .limit(1)
-        )
+        kind = bindparam("p_kind", type_=JobsTable.kind.type)
+        return held_job(clock, kind, bindparam("p_key", type_=JobsTable.kind.type))
 
     return build
 
@@ -243,6 +270,7 @@ def running_by_key(conn: Connection, clock: Clock, kind: str, keys: list[str]) -
 __all__ = [
     "LIMIT_COLUMNS",
     "claim_limits",
+    "held_job",
     "key_full",
     "key_lock",
     "limits_of",

@@ -233,9 +233,7 @@ class Ownership:
             if row is not None and refused_by_rate(conn, self.clock, row.kind, rates):
                 transaction.rollback()  # the rate allows no start yet: nothing claimed
                 return None
-        return (
-            None if row is None else Claim.from_row(row, owner, max_running, per_key, bool(rates))
-        )
+        return None if row is None else Claim.from_row(row, owner, max_running, per_key, rates)
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under

@@ -33,8 +33,7 @@ from jobs._core.records import Doorbell, KindLimits
 from jobs._core.states import State
 from jobs._store.clauses import insert_for
 from jobs._store.clock import Clock
-from jobs._store.key_limits import LIMIT_COLUMNS, limits_of, rate_holds_row
-from jobs._store.pause_clauses import not_paused
+from jobs._store.key_limits import LIMIT_COLUMNS, held_job, limits_of, rate_holds_row
 from jobs._store.tables import JobsTable, KindLimitsTable, RateStartsTable
 
 #: A bucket: its key in ``job_rate_starts`` (``""``: the kind's own rate) and its rate.
@@ -140,18 +139,19 @@ def refused_by_rate(conn: Connection, clock: Clock, kind: str, buckets: Sequence
 
 
 def hold_for_rate(
-    engine: Engine, clock: Clock, job: Any, longest_wait: float
+    engine: Engine, clock: Clock, job: Any, limits: KindLimits | None, longest_wait: float
 ) -> tuple[str, float] | None:
-    """A delivery found ``job`` held back by a rate. Returns ``(describe, wait)`` when this
-    delivery is to wait ``wait`` seconds (at most ``longest_wait``) and claim again: the
-    first to ask for the bucket's ``next_at``. Otherwise its ``dispatched_at`` is cleared
-    (held: a start of its bucket rings it, or the sweeper) and ``None`` returned; and
-    ``("", 0.0)`` when the rate allows a start now (claim again at once). ``None`` too
-    when the kind has no rate limit for the job."""
+    """A delivery found ``job`` held back by a rate (its kind's ``limits``, as the
+    delivery read them). Returns ``(describe, wait)`` when this delivery is to wait
+    ``wait`` seconds (at most ``longest_wait``) and claim again: the first to ask for the
+    bucket's ``next_at``. Otherwise its ``dispatched_at`` is cleared (held: a start of its
+    bucket rings it, or the sweeper) and ``None`` returned; and ``("", 0.0)`` when the rate
+    allows a start now (claim again at once). ``None`` too when the kind has no rate limit
+    for the job."""
+    buckets = buckets_of(limits, job.concurrency_key)
+    if not buckets:
+        return None
     with engine.begin() as conn:
-        buckets = buckets_of(limits_of_kind(conn, job.kind), job.concurrency_key)
-        if not buckets:
-            return None
         rows = conn.execute(
             select(
                 RateStartsTable.rate_key,
@@ -200,32 +200,12 @@ def hold_for_rate(
     return None
 
 
-def _held_of(clock: Clock, kind: str, rate_key: str) -> Any:
-    """The next held job of a bucket: QUEUED, due, its doorbell used up on the rate
-    (``dispatched_at`` NULL), not paused, the highest priority first."""
-    where = [
-        JobsTable.kind == kind,
-        JobsTable.state == State.QUEUED.value,
-        JobsTable.dispatched_at.is_(None),
-        JobsTable.run_after <= clock.now(),
-        not_paused(),
-    ]
-    if rate_key:
-        where.append(JobsTable.concurrency_key == rate_key)
-    return (
-        select(JobsTable.id)
-        .where(*where)
-        .order_by(
-            JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at, JobsTable.id
-        )
-        .limit(1)
-    )
-
-
 def _mark_rung(conn: Connection, clock: Clock, kind: str, rate_key: str) -> Doorbell | None:
     """Mark the bucket's next held job rung (``dispatched_at`` now) and return its
     doorbell; ``None``: none is held."""
-    held = conn.execute(_held_of(clock, kind, rate_key).with_for_update(skip_locked=True)).first()
+    # The kind's bucket holds every job of the kind; a key's, the jobs of that key.
+    next_of_bucket = held_job(clock, kind, rate_key or None)
+    held = conn.execute(next_of_bucket.with_for_update(skip_locked=True)).first()
     if held is None:
         return None
     row = conn.execute(
@@ -237,12 +217,14 @@ def _mark_rung(conn: Connection, clock: Clock, kind: str, rate_key: str) -> Door
     return None if row is None else Doorbell(row.id, row.priority, row.kind, row.queue)
 
 
-def ring_next_held(engine: Engine, clock: Clock, kind: str, key: str | None) -> list[Doorbell]:
-    """A claim took a start of the rate: the doorbells of the next held job of each of
-    its buckets, marked rung (ring them after this returns): each becomes its bucket's
-    waiter for the next start."""
+def ring_next_held(
+    engine: Engine, clock: Clock, kind: str, buckets: Sequence[Bucket]
+) -> list[Doorbell]:
+    """A claim of a job of ``kind`` took a start of each of ``buckets`` (those it carries:
+    :attr:`jobs._core.records.Claim.rate_buckets`, so the limits are not read again): the
+    doorbells of the next held job of each, marked rung (ring them after this returns):
+    each becomes its bucket's waiter for the next start."""
     with engine.begin() as conn:
-        buckets = buckets_of(limits_of_kind(conn, kind), key)
         rung = [_mark_rung(conn, clock, kind, rate_key) for rate_key, _ in buckets]
     return [doorbell for doorbell in rung if doorbell is not None]
 

@@ -21,7 +21,7 @@ from jobs._store.flights import share_flights
 from jobs._worker.process import ProcessRuntime
 from jobs._worker.run_results import Outcome, RunResult
 from jobs._worker.runner import Runner
-from jobs._worker.unclaimed import RATE_WAITS, wait_for_rate, why_not_claimed
+from jobs._worker.unclaimed import RATE_WAITS, Unclaimed, wait_for_rate, why_not_claimed
 
 log = logging.getLogger("jobs.worker")
 
@@ -75,15 +75,19 @@ def deliver(
         _stores.add(runtime.store)
         runner = make_runner(runtime, hostname, stopping)
         result = runner.run(job_id, kind=kind)
+        # What a claim that took nothing reads of the job, once, when first asked (after
+        # the claim): the rate's wait and the log line's reason share it.
+        seen = Unclaimed(runner.store.reads, job_id)
         waits = 0
-        while result.outcome is Outcome.NOT_CLAIMED and wait_for_rate(runner, job_id, stopping):
+        while result.outcome is Outcome.NOT_CLAIMED and wait_for_rate(runner, seen, stopping):
+            seen = Unclaimed(runner.store.reads, job_id)  # the wait moved on: read anew
             if waits == RATE_WAITS:  # other deliveries took the starts: held for the rate
                 runner.store.doorbells.mark_unrung([job_id])
                 break
             waits += 1
             result = runner.run(job_id, kind=kind)
         if result.outcome is Outcome.NOT_CLAIMED:
-            why, held, other_version = why_not_claimed(runner, job_id)
+            why, held, other_version = why_not_claimed(runner, seen)
             if other_version:  # rung again at a random point before the usual delay
                 runner.store.doorbells.ring_again_sooner(
                     job_id, settings.ring_again_after_seconds * random.uniform(0.0, 0.5)

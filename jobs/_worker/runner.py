@@ -152,9 +152,9 @@ class Runner:
         claim = fairness.claim(job_id, kind, take, self.ring) if fair and kind else take(job_id)
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
-        if claim.rate_limited and self.ring is not None:
+        if claim.rate_buckets and self.ring is not None:
             # The next job its rate holds waits for the next start (jobs._store.rate_limits).
-            self.ring(self.store.doorbells.next_for_rate(claim.job))
+            self.ring(self.store.doorbells.next_for_rate(claim))
         if tracing.ENABLED:
             result = self._run_traced(claim, sent)
         else:

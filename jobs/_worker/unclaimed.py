@@ -1,19 +1,26 @@
 """What a delivery does when its claim took nothing: say why, in the log line (unknown
 job, someone else's lease, another version of the kind, a pause, not due, a full key or
 kind), and, when a global rate limit held the job back, wait in the worker for the next
-start if this delivery is the rate's waiter (:mod:`jobs._store.rate_limits`)."""
+start if this delivery is the rate's waiter (:mod:`jobs._store.rate_limits`).
+
+Both answers come from one :class:`Unclaimed`: the job, its kind's limits, the pauses and
+the database's now (whether the job is due), each read once, when first asked for, after
+the claim; the rate's wait and then the log line's reason read nothing again (and the
+rate's hold is handed the limits read)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 
 from jobs._core.errors import UnknownJob
 from jobs._core.kind_versions import KindVersions
-from jobs._core.records import Job
+from jobs._core.records import Job, KindLimits, Pause
 from jobs._core.states import State
 from jobs._store.pause_clauses import holding
+from jobs._store.reader import JobReader
 from jobs._worker.runner import Runner
 
 log = logging.getLogger("jobs.worker")
@@ -26,32 +33,63 @@ RATE_WAIT_SECONDS = 2.0
 RATE_WAITS = 3
 
 
-def wait_for_rate(runner: Runner, job_id: str, stopping: Callable[[], bool]) -> bool:
+class Unclaimed:
+    """What a delivery whose claim took nothing reads of ``job_id`` to decide whether to
+    wait for its rate (:func:`wait_for_rate`) and to say why (:func:`why_not_claimed`):
+    each read runs once, when first asked for, so it follows the claim and serves both.
+    Make a new one after anything that may have moved the job (a wait, a claim)."""
+
+    def __init__(self, reads: JobReader, job_id: str) -> None:
+        self.reads = reads
+        self.job_id = job_id
+
+    @functools.cached_property
+    def job(self) -> Job | None:
+        """The job (``None``: no such job)."""
+        try:
+            return self.reads.get(self.job_id)
+        except UnknownJob:
+            return None
+
+    @functools.cached_property
+    def limits(self) -> KindLimits | None:
+        """The limits of the job's kind (``None``: none, or no such job)."""
+        return None if self.job is None else self.reads.limits().get(self.job.kind)
+
+    @functools.cached_property
+    def pause(self) -> Pause | None:
+        """The pause that holds the job (``None``: none, or no such job)."""
+        job = self.job
+        return None if job is None else holding(self.reads.pauses(), job.kind, job.queue)
+
+    @functools.cached_property
+    def due(self) -> bool:
+        """Whether the job is due on the database's clock (``False``: no such job)."""
+        return self.job is not None and self.job.run_after <= self.reads.now()
+
+
+def wait_for_rate(runner: Runner, seen: Unclaimed, stopping: Callable[[], bool]) -> bool:
     """The claim took nothing: when a rate held the job back (QUEUED, due, unpaused) and
     this delivery is its rate's waiter for the next start, wait for it and say so (the
-    caller claims again); otherwise the job's doorbell is held for the rate, or it was
-    not the rate: ``False``."""
+    caller claims again, and reads anew); otherwise the job's doorbell is held for the
+    rate, or it was not the rate: ``False``. ``seen``: what was read after the claim."""
     if stopping():
         return False
-    reads = runner.store.reads
-    try:
-        job = reads.get(job_id)
-    except UnknownJob:
+    job = seen.job
+    if job is None or job.state is not State.QUEUED or job.kind not in runner.registry.names():
         return False
-    if job.state is not State.QUEUED or job.kind not in runner.registry.names():
-        return False
-    limits = reads.limits().get(job.kind)
+    limits = seen.limits
     if limits is None or (limits.rate_limit is None and limits.rate_limit_per_key is None):
         return False
-    if holding(reads.pauses(), job.kind, job.queue) is not None or job.run_after > reads.now():
+    if seen.pause is not None or not seen.due:
         return False
-    waiting = runner.store.doorbells.hold_for_rate(job, RATE_WAIT_SECONDS)
+    waiting = runner.store.doorbells.hold_for_rate(job, limits, RATE_WAIT_SECONDS)
     if waiting is None:
-        log.info("job %s: held by its rate limit; a start of its rate rings it", job_id)
+        log.info("job %s: held by its rate limit; a start of its rate rings it", job.id)
         return False
     describe, wait = waiting
     if wait > 0:
-        log.info("job %s: %s: waiting %.3f s for the next start", job_id, describe, wait)
+        log.info("job %s: %s: waiting %.3f s for the next start", job.id, describe, wait)
         time.sleep(wait)
     return True
 
@@ -74,13 +112,13 @@ def _other_version(versions: KindVersions, job: Job) -> str:
     )
 
 
-def why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None, bool]:
-    """Why a claim took nothing, for the log; the job, when its concurrency key was full
-    (its doorbell is then held for the key: :meth:`Doorbells.hold_for_key`); and whether it
-    is left to a worker of another version of its kind (:func:`_other_version`)."""
-    try:
-        job = runner.store.reads.get(job_id)
-    except UnknownJob:
+def why_not_claimed(runner: Runner, seen: Unclaimed) -> tuple[str, Job | None, bool]:
+    """Why a claim took nothing, for the log, from what ``seen`` read (or reads now); the
+    job, when its concurrency key was full (its doorbell is then held for the key:
+    :meth:`Doorbells.hold_for_key`); and whether it is left to a worker of another version
+    of its kind (:func:`_other_version`)."""
+    job = seen.job
+    if job is None:
         return "unknown job", None, False
     if job.state is State.RUNNING:
         return f"RUNNING under {job.owner}'s lease until {job.lease_until:%H:%M:%S.%f}", None, False
@@ -99,12 +137,12 @@ def why_not_claimed(runner: Runner, job_id: str) -> tuple[str, Job | None, bool]
     versions = runner.registry.versions(runner.run_versions, runner.drain)
     if not versions.runs(job.kind, job.code_version):
         return _other_version(versions, job), None, True
-    pause = holding(runner.store.reads.pauses(), job.kind, job.queue)
+    pause = seen.pause
     if pause is not None:
         return f"QUEUED, held: {pause.describe()}; its resume rings it again", None, False
-    if job.run_after > runner.store.reads.now():
+    if not seen.due:
         return f"QUEUED but not due until {job.run_after:%H:%M:%S.%f}", None, False
-    limits = runner.store.reads.limits().get(job.kind)
+    limits = seen.limits
     per_key = None if limits is None else limits.max_running_per_key
     if per_key is not None and job.concurrency_key is not None:
         return (
