@@ -221,16 +221,29 @@ def bench_app(database_url: str, env: dict[str, str]) -> Iterator[JobStore]:
 
 
 def start_workers(
-    procs: Processes, names: list[str], queue: str, concurrency: int, env: dict[str, str]
+    procs: Processes,
+    queue: str,
+    count: int,
+    concurrency: int,
+    env: dict[str, str],
+    first: int = 1,
 ) -> list[Child]:
-    """A real prefork worker for each of ``names`` (``-c concurrency``, on ``queue``, with the
-    settings ``env``), all started before the first is waited for, returned once every one
-    is ready."""
+    """``count`` real prefork workers (``-c concurrency``, on ``queue``, with the settings
+    ``env``), all started before the first is waited for, returned once every one is ready.
+    Each is named after its queue (``<queue>-<first>``, ``<queue>-<first + 1>``…): the
+    queue's name is random, and two bench runs at once on one broker must not give two
+    workers one name (the second's pidbox queue is refused as locked, and it never gets
+    ready)."""
     started = [
         procs.start_worker(
-            name, "jobs.celery_app", queue, concurrency, {**_base_env(), **env}, "INFO"
+            f"{queue}-{number}",
+            "jobs.celery_app",
+            queue,
+            concurrency,
+            {**_base_env(), **env},
+            "INFO",
         )
-        for name in names
+        for number in range(first, first + count)
     ]
     for worker in started:
         procs.wait_ready(worker)
@@ -269,9 +282,10 @@ class KeyedDrain:
                 [{"key": f"key-{i % keys}"} for i in batch],
                 job_ids=[f"{tag}-{i:06d}" for i in batch],
             )
-        names = [f"bench-perkey-{self.started + number + 1}" for number in range(workers)]
+        started = start_workers(
+            self.procs, self.queue, workers, conc, self.env, first=self.started + 1
+        )
         self.started += workers
-        started = start_workers(self.procs, names, self.queue, conc, self.env)
         finished = JobsTable.finished_at
         mine = JobsTable.id.like(f"{tag}-%")
 

@@ -54,8 +54,7 @@ def late_positions(
             [{"key": "big"} for _ in range(args.backlog)],
             job_ids=[f"{tag}-big-{n:06d}" for n in range(args.backlog)],
         )
-        names = [f"bench-fair-{n}" for n in range(args.workers)]
-        started = start_workers(procs, names, queue, args.concurrency, env)
+        started = start_workers(procs, queue, args.workers, args.concurrency, env)
         mine = JobsTable.id.like(f"{tag}-%")
 
         def count(state: State) -> int:

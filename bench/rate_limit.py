@@ -71,8 +71,7 @@ def rated_drain(
         store.submissions.set_limits(
             kinds.STEP, max_running=None, max_queued=None, rate_limit=args.rate
         )
-        names = [f"bench-rate-{n}" for n in range(args.workers)]
-        started = start_workers(procs, names, queue, args.concurrency, env)
+        started = start_workers(procs, queue, args.workers, args.concurrency, env)
         tag = f"rl{uuid.uuid4().hex[:8]}"
         jobs.submit_many(
             kinds.STEP,
