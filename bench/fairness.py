@@ -12,12 +12,12 @@ kind without fairness, back to back on one database, the sides taking turns over
         [--jobs 2000] [--keys 50] [--rounds 3] [--only late|drain] [--pg-url …] [--amqp-url …]
 
 A server is needed (PostgreSQL and RabbitMQ; each database made here is dropped at the end).
+The command line, the workers and the drain's rounds are :mod:`bench.claim_cost`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -26,16 +26,13 @@ from sqlalchemy import func, select
 
 import jobs
 from bench import kinds
-from bench.per_key import KeyedDrain
-from bench.procs import Child, Processes
-from bench.scenarios import REPO, _base_env, _environ, _wait
+from bench.claim_cost import bench_app, bench_parser, drain_rounds, start_workers
+from bench.procs import Processes
+from bench.scenarios import REPO, _wait
 from bench.services import pg_database
 from bench.stats import median
 from jobs._core.states import State
-from jobs._store.db import make_engine
-from jobs._store.schema import upgrade
 from jobs._store.tables import JobsTable, TransitionsTable
-from jobs.application import default_app
 
 
 def late_positions(
@@ -50,30 +47,14 @@ def late_positions(
     backlog were still QUEUED then."""
     queue = f"bench-fair-{uuid.uuid4().hex[:8]}"
     env = kinds.worker_env(database_url, amqp_url, root / "durable", queue)
-    with _environ(env):
-        upgrade(make_engine(database_url))
-        default_app().reset_settings()
-        jobs.reset()
-        store = default_app().runtime.store
+    with bench_app(database_url, env) as store:
         tag = f"f{uuid.uuid4().hex[:8]}"
         jobs.submit_many(
             kind,
             [{"key": "big"} for _ in range(args.backlog)],
             job_ids=[f"{tag}-big-{n:06d}" for n in range(args.backlog)],
         )
-        started: list[Child] = [
-            procs.start_worker(
-                f"bench-fair-{n}",
-                "jobs.celery_app",
-                queue,
-                args.concurrency,
-                {**_base_env(), **env},
-                "INFO",
-            )
-            for n in range(args.workers)
-        ]
-        for worker in started:
-            procs.wait_ready(worker)
+        started = start_workers(procs, queue, args.workers, args.concurrency, env)
         mine = JobsTable.id.like(f"{tag}-%")
 
         def count(state: State) -> int:
@@ -117,22 +98,8 @@ def late_positions(
 def drain_cost(procs: Processes, root: Path, args: argparse.Namespace) -> None:
     """Print each round's drain rate of ``fair=True`` and of the same kind without
     fairness, then the medians and their ratio."""
-    sides = {"fair=True": kinds.FAIR, "without": kinds.KEYED}
-    rates: dict[str, list[float]] = {side: [] for side in sides}
-    with pg_database(args.pg_url) as url:
-        drain = KeyedDrain(procs, url, args.amqp_url, root)
-        with _environ(drain.env):
-            upgrade(make_engine(url))
-            default_app().reset_settings()
-            jobs.reset()
-            for round_ in range(args.rounds):
-                order = list(sides.items()) if round_ % 2 == 0 else list(sides.items())[::-1]
-                for side, kind in order:
-                    rate = drain.drain(
-                        args.jobs, args.keys, None, args.workers, args.concurrency, kind=kind
-                    )
-                    rates[side].append(rate)
-                    print(f"drain round {round_ + 1} {side:9s}: {rate:7.1f} jobs/s", flush=True)
+    sides = {"fair=True": (kinds.FAIR, None), "without": (kinds.KEYED, None)}
+    rates = drain_rounds(procs, root, args, sides, alternate=True)
     fair, plain = median(rates["fair=True"]), median(rates["without"])
     print(
         f"drain of {args.jobs} jobs over {args.keys} keys, {args.workers} workers x "
@@ -143,22 +110,10 @@ def drain_cost(procs: Processes, root: Path, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, concurrency=2, keyed_drain=True)
     parser.add_argument("--backlog", type=int, default=1000)
     parser.add_argument("--late", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--keys", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=("late", "drain"))
-    parser.add_argument(
-        "--pg-url",
-        default=os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )
-    parser.add_argument(
-        "--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1//")
-    )
     args = parser.parse_args()
     slots = args.workers * args.concurrency
     with tempfile.TemporaryDirectory(prefix="bench-fair-") as scratch:

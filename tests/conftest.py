@@ -20,9 +20,10 @@ import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
@@ -31,7 +32,7 @@ import jobs.testing
 from jobs._config.database_urls import normalize_database_url
 from jobs._core.registry import Registry
 from jobs._core.states import State
-from jobs._store import JobStore
+from jobs._store import Claim, JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.schema import upgrade
@@ -39,6 +40,9 @@ from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, Transitio
 from jobs._worker.event_loops import EventLoops
 from jobs._worker.run_results import RunResult
 from jobs._worker.runner import Runner
+
+if TYPE_CHECKING:
+    from jobs._doorbell.ringer import CeleryRinger
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = normalize_database_url(
@@ -398,6 +402,74 @@ def snapshot(engine: Engine) -> Snapshot:
         )
 
 
+# -- claims, committed states and doorbells, as the tests read them ---------------------------
+
+#: The lease of a test's claim (seconds): a test that lets it lapse advances its clock past it.
+LEASE = 10.0
+
+
+def claimed(
+    store: JobStore, job_id: str = "j1", owner: str = "A", lease: float = LEASE, **options: Any
+) -> Claim:
+    """``owner``'s claim of ``job_id`` (``options`` as the claim takes them), which must
+    succeed."""
+    claim = store.ownership.claim(job_id, owner, lease, **options)
+    assert claim is not None, f"{job_id} should have been claimable"
+    return claim
+
+
+def refused_claim(store: JobStore, engine: Engine, job_id: str, owner: str = "Z") -> None:
+    """The claim returns None and writes nothing."""
+    before = snapshot(engine)
+    assert store.ownership.claim(job_id, owner, LEASE) is None
+    assert snapshot(engine) == before
+
+
+def committed_state(engine: Engine, job_id: str) -> str:
+    """The job's committed state, read on a connection of its own."""
+    with engine.connect() as conn:
+        return str(
+            conn.execute(text("SELECT state FROM jobs WHERE id = :id"), {"id": job_id}).scalar_one()
+        )
+
+
+def take_all(publisher: CeleryRinger) -> list[Any]:
+    """What a consumer of the publisher's queue receives: every message on it, taken off."""
+    messages = []
+    with publisher.app.connection_for_write() as connection:
+        channel = connection.default_channel
+        while (message := channel.basic_get(publisher.settings.queue, no_ack=True)) is not None:
+            messages.append(message)
+    return messages
+
+
+# -- jobctl in this process -------------------------------------------------------------------
+
+
+def jobctl(*args: str, stdin: str | None = None) -> Result:
+    """``jobctl <args>`` run in this process on its settings (``stdin`` its input). An
+    unexpected exception fails the test instead of hiding in ``Result.exception``
+    (``catch_exceptions=False``), so "no traceback" is really checked."""
+    from jobs.cli import main  # noqa: PLC0415 - the CLI only for the tests that run it
+
+    return CliRunner(catch_exceptions=False).invoke(main, list(args), input=stdin)
+
+
+def one_line_error(result: Result, *fragments: str, code: int = 1) -> str:
+    """The one line a refused ``jobctl`` printed: it exited ``code`` with nothing on stdout,
+    one line on stderr starting ``Error: `` and naming each of ``fragments``, and no
+    traceback."""
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
 # -- jobctl and its worker in child processes (start-up checks, an operator's low cases) -----
 
 
@@ -414,12 +486,16 @@ def jobctl_in_child(env: dict[str, str], *args: str) -> subprocess.CompletedProc
     )
 
 
-def error_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The one line a refused command printed: it exited 1, with no traceback."""
+def error_line(done: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """The one line a refused command printed: it exited 1, with no traceback, naming each
+    of ``fragments``."""
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    [line] = done.stderr.strip().splitlines()
-    return line
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
 
 
 def start_worker(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[int | None, str]:

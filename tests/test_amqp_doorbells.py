@@ -13,7 +13,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,7 @@ from jobs._doorbell.queues import DOORBELL_HEADER, TASK_NAME
 from jobs._doorbell.ringer import CeleryRinger
 from jobs._worker.celery_setup import make_app
 from jobs.application import default_app
-from tests.conftest import AMQP_URL, service_unavailable
+from tests.conftest import AMQP_URL, service_unavailable, take_all
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -56,15 +55,6 @@ def publisher(
     publisher.close()
     with publisher.app.connection_for_write() as connection:
         connection.default_channel.queue_delete(queue)
-
-
-def take_all(publisher: CeleryRinger) -> list[Any]:
-    messages = []
-    with publisher.app.connection_for_write() as connection:
-        channel = connection.default_channel
-        while (message := channel.basic_get(publisher.settings.queue, no_ack=True)) is not None:
-            messages.append(message)
-    return messages
 
 
 def test_a_doorbell_is_the_message_celery_send_task_builds(publisher: CeleryRinger) -> None:

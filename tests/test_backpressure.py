@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, select
 
 import jobs
@@ -25,16 +24,14 @@ from jobs._core.context import JobContext
 from jobs._core.errors import AdmissionRefused, DuplicateJob, InvalidInput, UnknownJob
 from jobs._core.registry import REGISTRY
 from jobs._core.states import State
-from jobs._store import Claim, JobStore, KindLimits
+from jobs._store import JobStore, KindLimits
 from jobs._store.clock import LogicalClock
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.tables import JobsTable, TransitionsTable
 from jobs.application import default_app
-from jobs.cli import main
 from tests import racing
-from tests.conftest import limits_row, snapshot
+from tests.conftest import claimed, jobctl, limits_row, refused_claim, snapshot
 
-LEASE = 10.0
 KIND = "bp"
 OTHER = "bp_other"
 
@@ -51,21 +48,6 @@ def new(store: JobStore, job_id: str, kind: str = KIND, **kw: Any) -> str:
     job, created = store.submissions.create(kind, {"n": 1}, job_id=job_id, max_attempts=3, **kw)
     assert created
     return job.id
-
-
-def claimed(
-    store: JobStore, job_id: str, owner: str = "A", lease: float = LEASE, **kw: Any
-) -> Claim:
-    claim = store.ownership.claim(job_id, owner, lease, **kw)
-    assert claim is not None, f"{job_id} should have been claimable"
-    return claim
-
-
-def refused_claim(store: JobStore, engine: Engine, job_id: str, owner: str = "Z") -> None:
-    """The claim returns None and writes nothing."""
-    before = snapshot(engine)
-    assert store.ownership.claim(job_id, owner, LEASE) is None
-    assert snapshot(engine) == before
 
 
 def running(store: JobStore, kind: str = KIND) -> list[str]:
@@ -515,10 +497,6 @@ def test_submit_past_max_queued_raises_and_rings_no_doorbell() -> None:
 
 
 # -- jobctl limits -----------------------------------------------------------------------------
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def test_jobctl_limits_with_none_set() -> None:

@@ -86,3 +86,22 @@ def test_only_runs_the_named_scenarios_and_refuses_an_unknown_one(
         "unknown scenario 'drains'; choose from drain, peer, native, throughput"
         in capsys.readouterr().err
     )
+
+
+def test_a_rated_drain_shorter_than_one_window_says_so_instead_of_failing() -> None:
+    """40 starts at 20/s span 2 s, less than the 5 s window bench.rate_limit reads its
+    accuracy over: the line says there is no window rate and how many jobs make one (it
+    failed on ``min()`` of no windows), and a drain long enough still reads its windows."""
+    from bench.rate_limit import accuracy  # noqa: PLC0415
+
+    short = [100.0 + n / 20 for n in range(40)]
+    assert accuracy(short, "20/s", 2, 4) == (
+        "rate_limit=20/s on 2 workers x 4: 40 starts over 1.95 s, shorter than one 5 s "
+        "window: no window rates (at 20/s, --jobs 101 or more makes one)"
+    )
+    assert "no window rates" in accuracy([], "20/s", 2, 4)
+    steady = [100.0 + n / 20 for n in range(150)]
+    assert accuracy(steady, "20/s", 2, 4) == (
+        "rate_limit=20/s on 2 workers x 4: 150 starts over 7.45 s (20.00/s); over 5 5 s "
+        "windows: min 20.00/s, median 20.00/s, max 20.00/s (target 20 ± 2)"
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 import jobs
 from jobs._core.context import JobContext
@@ -16,8 +16,9 @@ from jobs._core.records import Batch, JobFilter, Selected
 from jobs._core.states import State
 from jobs._service.submitting import JobService
 from jobs.application import default_app
-from jobs.cli import bulk_commands, main
+from jobs.cli import bulk_commands
 from jobs.testing import run
+from tests.conftest import jobctl
 
 SIDE_EFFECTS: list[str] = []
 FIXED: dict[str, bool] = {"mailer": False}
@@ -55,10 +56,6 @@ def bulk_approval(ctx: JobContext, amount: int) -> int:
 def broken_mailer() -> None:
     SIDE_EFFECTS.clear()
     FIXED["mailer"] = False
-
-
-def jobctl(*args: str, stdin: str | None = None) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args), input=stdin)
 
 
 def one_line_error(result: Result, *fragments: str, code: int = 1) -> None:

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory
-from click.testing import CliRunner, Result
 
 import jobs
 from jobs._core.context import JobContext
 from jobs._store.schema import MIGRATIONS
 from jobs.application import default_app
-from jobs.cli import core_commands, main
+from jobs.cli import core_commands
 from jobs.testing import run
+from tests.conftest import jobctl, one_line_error
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -43,23 +43,6 @@ def cli_approval(ctx: JobContext, amount: int) -> int:
 @jobs.job("cli_boom", max_attempts=1)
 def cli_boom(ctx: JobContext) -> None:
     raise ValueError("the order service is down")
-
-
-def jobctl(*args: str) -> Result:
-    # catch_exceptions=False: an unexpected exception fails the test instead of hiding in
-    # Result.exception, so "no traceback" is really checked.
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def submit(kind: str = "cli_lookup", inputs: dict[str, Any] | None = None, *extra: str) -> str:
@@ -114,20 +97,20 @@ def test_submit_with_the_same_id_again_is_idempotent() -> None:
 def test_submit_refuses_bad_input_json_in_one_line(given: str, fragment: str) -> None:
     result = jobctl("submit", "cli_lookup", "--input", given)
 
-    assert_one_line_error(result, "--input", fragment)
+    one_line_error(result, "--input", fragment)
     assert jobs.list_jobs() == []
 
 
 def test_submit_refuses_unknown_kind_and_wrong_inputs() -> None:
-    assert_one_line_error(jobctl("submit", "no_such_kind"), "unknown job kind")
-    assert_one_line_error(jobctl("submit", "cli_lookup", "--input", '{"x": 1}'), "order_id")
+    one_line_error(jobctl("submit", "no_such_kind"), "unknown job kind")
+    one_line_error(jobctl("submit", "cli_lookup", "--input", '{"x": 1}'), "order_id")
     assert jobs.list_jobs() == []
 
 
 def test_submit_reuse_of_an_id_with_other_inputs_is_one_line() -> None:
     submit("cli_lookup", {"order_id": 1}, "--id", "T-1")
 
-    assert_one_line_error(
+    one_line_error(
         jobctl("submit", "cli_lookup", "--input", '{"order_id": 2}', "--id", "T-1"),
         "already exists",
     )
@@ -163,11 +146,11 @@ def test_submit_from_file_queues_one_job_per_line_in_one_go(tmp_path: Path) -> N
 def test_submit_from_file_names_the_bad_line_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "orders.jsonl"
     path.write_text('{"order_id": 1}\n[1, 2]\n')
-    assert_one_line_error(
+    one_line_error(
         jobctl("submit", "cli_lookup", "--from-file", str(path)), "line 2", "JSON object"
     )
     path.write_text('{"order_id": 1}\n{"wrong": 1}\n')
-    assert_one_line_error(jobctl("submit", "cli_lookup", "--from-file", str(path)), "job 2 of 2")
+    one_line_error(jobctl("submit", "cli_lookup", "--from-file", str(path)), "job 2 of 2")
     assert jobs.list_jobs() == []
 
 
@@ -343,8 +326,8 @@ def test_show_text_lists_record_steps_and_history() -> None:
 
 def test_show_of_an_unknown_id_is_one_line() -> None:
     jobctl("db", "upgrade")
-    assert_one_line_error(jobctl("show", "nope"), "unknown job id 'nope'")
-    assert_one_line_error(jobctl("show", "nope", "--json"), "unknown job id 'nope'")
+    one_line_error(jobctl("show", "nope"), "unknown job id 'nope'")
+    one_line_error(jobctl("show", "nope", "--json"), "unknown job id 'nope'")
 
 
 # -- list ----------------------------------------------------------------------------------
@@ -414,11 +397,11 @@ def test_approve_a_waiting_job_prints_its_new_state_and_records_who() -> None:
 def test_approve_a_job_that_is_not_waiting_is_an_illegal_transition() -> None:
     job_id = submit()
 
-    assert_one_line_error(
+    one_line_error(
         jobctl("approve", job_id, "--by", "alice"), "illegal transition", "WAITING_APPROVAL"
     )
     assert jobs.get(job_id).state is jobs.State.QUEUED
-    assert_one_line_error(jobctl("approve", "nope", "--by", "alice"), "unknown job id")
+    one_line_error(jobctl("approve", "nope", "--by", "alice"), "unknown job id")
 
 
 def test_approve_needs_an_approver() -> None:
@@ -435,8 +418,8 @@ def test_cancel_prints_the_new_state_and_refuses_a_second_time() -> None:
 
     assert result.stdout == f"{job_id} CANCELLED\n"
     assert jobs.history(job_id)[-1].reason == "duplicate order"
-    assert_one_line_error(jobctl("cancel", job_id), "illegal transition CANCELLED -> CANCELLED")
-    assert_one_line_error(jobctl("cancel", "nope"), "unknown job id")
+    one_line_error(jobctl("cancel", job_id), "illegal transition CANCELLED -> CANCELLED")
+    one_line_error(jobctl("cancel", "nope"), "unknown job id")
 
 
 # -- stats ---------------------------------------------------------------------------------
@@ -513,15 +496,15 @@ def test_a_bad_setting_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_LEASE_SECONDS", "soon")
     default_app().reset_settings()
 
-    assert_one_line_error(jobctl("list"), "JOBS_LEASE_SECONDS")
+    one_line_error(jobctl("list"), "JOBS_LEASE_SECONDS")
 
 
 def test_an_unreachable_database_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/jobs")
     default_app().reset_settings()
 
-    assert_one_line_error(jobctl("stats"), "database error")
-    assert_one_line_error(jobctl("db", "upgrade"), "database error")
+    one_line_error(jobctl("stats"), "database error")
+    one_line_error(jobctl("db", "upgrade"), "database error")
 
 
 def test_an_unreachable_host_list_names_every_host_tried(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -532,7 +515,7 @@ def test_an_unreachable_host_list_names_every_host_tried(monkeypatch: pytest.Mon
     default_app().reset_settings()
 
     result = jobctl("stats")
-    assert_one_line_error(result, "every host tried", "127.0.0.1:1:", "127.0.0.1:2:")
+    one_line_error(result, "every host tried", "127.0.0.1:1:", "127.0.0.1:2:")
     assert "s3cret" not in result.output
 
 
@@ -606,7 +589,7 @@ def test_python_dash_m_jobs_reports_mistakes_in_one_line(cli_env: dict[str, str]
     ],
 )
 def test_submit_mistakes_are_one_line(args: list[str], fragment: str) -> None:
-    assert_one_line_error(jobctl("submit", "cli_lookup", *args), fragment)
+    one_line_error(jobctl("submit", "cli_lookup", *args), fragment)
     assert jobs.list_jobs() == []
 
 
@@ -667,11 +650,11 @@ def test_show_escapes_notes_and_reasons() -> None:
 def test_notes_and_reasons_are_bounded() -> None:
     job_id = submit("cli_approval", {"amount": 5})
     run(job_id)
-    assert_one_line_error(
+    one_line_error(
         jobctl("approve", job_id, "--by", "alice", "--note", "n" * 5000),
         "approval note is 5000 characters",
     )
-    assert_one_line_error(
+    one_line_error(
         jobctl("cancel", job_id, "--reason", "r" * 5000), "cancel reason is 5000 characters"
     )
     assert jobs.get(job_id).state is jobs.State.WAITING_APPROVAL
@@ -694,7 +677,7 @@ def test_setting_mistakes_are_one_line(
         monkeypatch.setenv(key, value)
     default_app().reset_settings()
     result = jobctl("submit", "cli_lookup", "--input", '{"order_id": 1}')
-    assert_one_line_error(result, fragment)
+    one_line_error(result, fragment)
     assert "s3cret" not in result.output
 
 
@@ -704,7 +687,7 @@ def test_a_data_dir_that_is_a_file_is_one_line(
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("JOBS_DATA_DIR", str(tmp_path / "a-file"))
     default_app().reset_settings()
-    assert_one_line_error(jobctl("list"), "is a file, not a folder")
+    one_line_error(jobctl("list"), "is a file, not a folder")
 
 
 BROKEN_MODULE = "import jobs\n\n@jobs.job('half')\ndef half(ctx):\n    return 1\n\n{}\n"
@@ -773,7 +756,7 @@ def test_flower_refuses_to_start_without_credentials(
 ) -> None:
     """Issue 8: Flower lists every job ID and can shut workers down; it must not start open."""
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
-    assert_one_line_error(jobctl("flower", *args), fragment)
+    one_line_error(jobctl("flower", *args), fragment)
 
 
 def test_jobctl_imports_job_modules_from_the_working_folder(tmp_path: Path) -> None:

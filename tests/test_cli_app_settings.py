@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AMQP_URL, private_pg_database
+from tests.conftest import AMQP_URL, error_line, private_pg_database
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -58,15 +58,6 @@ class Project:
     def own_database(self) -> Path:
         """Where jobctl made a database of its own when it ignored the app's settings."""
         return self.folder / "jobs-data" / "jobs.sqlite3"
-
-
-def assert_one_line_error(out: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert out.returncode == 1, (out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, out.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def plain_env() -> dict[str, str]:
@@ -157,9 +148,7 @@ def test_manage_py_jobs_runs_every_jobctl_command(django_project: Project) -> No
     assert state_of(django_project, *manage, "jobs", job_id=job_id) == "CANCELLED"
     assert "jobs: 1" in django_project.ok(*manage, "jobs_stats")  # the old commands stay
     assert "list" in django_project.ok(*manage, "jobs", "--help")
-    assert_one_line_error(
-        django_project.run(*manage, "jobs", "show", "nope"), "unknown job id 'nope'"
-    )
+    error_line(django_project.run(*manage, "jobs", "show", "nope"), "unknown job id 'nope'")
     assert not django_project.own_database.exists()
 
 
@@ -219,7 +208,7 @@ def test_flask_jobs_runs_every_jobctl_command(flask_project: Project) -> None:
     flask_project.ok(*flask, "cancel", job_id)
     assert state_of(flask_project, *flask, job_id=job_id) == "CANCELLED"
     assert "sweeper" in flask_project.ok(*flask, "--help")
-    assert_one_line_error(flask_project.run(*flask, "show", "nope"), "unknown job id 'nope'")
+    error_line(flask_project.run(*flask, "show", "nope"), "unknown job id 'nope'")
     assert not flask_project.own_database.exists()
     assert not (flask_project.folder / "shop-data" / "jobs.sqlite3").exists()
 
@@ -236,7 +225,7 @@ def test_jobctl_with_flask_app_reads_the_apps_config(flask_project: Project) -> 
     assert shown["state"] == "CANCELLED"
     assert not (flask_project.folder / "shop-data" / "jobs.sqlite3").exists()
     missing = flask_project.run(JOBCTL, "list", FLASK_APP="no_such_app")
-    assert_one_line_error(missing, "FLASK_APP='no_such_app': cannot load it")
+    error_line(missing, "FLASK_APP='no_such_app': cannot load it")
 
 
 KINDS = """
@@ -260,7 +249,7 @@ def test_reading_jobs_on_a_sqlite_database_that_does_not_exist_says_so(
 ) -> None:
     """``jobctl list`` used to create ``./jobs-data/jobs.sqlite3`` and answer ``no jobs``."""
     for command in (["list"], ["show", "a1"], ["explain", "a1"], ["stats"], ["retry", "a1"]):
-        assert_one_line_error(
+        error_line(
             plain_project.run(JOBCTL, *command),
             f"no jobs database at {plain_project.own_database}",
         )
@@ -286,7 +275,7 @@ def test_a_postgresql_database_with_the_filesystem_broker_is_refused(
         job_id = plain_project.ok(sys.executable, "-c", code, **env).strip()
 
         for command in (["retry", job_id], ["submit", "cli_echo"], ["list"]):
-            assert_one_line_error(
+            error_line(
                 plain_project.run(JOBCTL, *command, **env),
                 "JOBS_BROKER_URL is not set",
                 "127.0.0.1:5432",
@@ -294,7 +283,7 @@ def test_a_postgresql_database_with_the_filesystem_broker_is_refused(
         explicit = plain_project.run(
             JOBCTL, "retry", job_id, **env, JOBS_BROKER_URL="filesystem://"
         )
-        assert_one_line_error(explicit, "JOBS_BROKER_URL is filesystem://")
+        error_line(explicit, "JOBS_BROKER_URL is filesystem://")
         assert not (plain_project.folder / "jobs-data" / "broker").exists()
         assert "CANCELLED" in plain_project.ok(
             JOBCTL, "show", job_id, **env, JOBS_BROKER_URL=AMQP_URL
@@ -309,11 +298,11 @@ def test_django_settings_that_give_jobs_no_database_are_refused(plain_project: P
     )
     env = {"DJANGO_SETTINGS_MODULE": "bare_settings"}
     for command in (["list"], ["submit", "cli_echo"]):
-        assert_one_line_error(
+        error_line(
             plain_project.run(JOBCTL, *command, **env),
             "DJANGO_SETTINGS_MODULE='bare_settings' gives durable jobs no settings",
             "INSTALLED_APPS",
         )
     assert not plain_project.own_database.exists()
     missing = plain_project.run(JOBCTL, "list", DJANGO_SETTINGS_MODULE="no_such_settings")
-    assert_one_line_error(missing, "DJANGO_SETTINGS_MODULE='no_such_settings': cannot load it")
+    error_line(missing, "DJANGO_SETTINGS_MODULE='no_such_settings': cannot load it")

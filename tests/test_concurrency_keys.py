@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
 import jobs
@@ -27,20 +26,18 @@ from jobs._core.errors import InvalidInput
 from jobs._core.registry import Registry
 from jobs._core.states import State
 from jobs._service.explain import explain
-from jobs._store import Claim, JobStore
+from jobs._store import JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
 from jobs._sweeper.metrics import registry_for
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
 from tests import racing
-from tests.conftest import limits_row, snapshot
+from tests.conftest import LEASE, claimed, jobctl, limits_row, refused_claim
 from tests.test_metrics import scrape, value
 
 KIND = "ck"
 OTHER = "ck_other"
-LEASE = 10.0
 
 
 def new(store: JobStore, job_id: str, key: str | None, kind: str = KIND) -> str:
@@ -50,19 +47,6 @@ def new(store: JobStore, job_id: str, key: str | None, kind: str = KIND) -> str:
     assert created
     assert job.concurrency_key == key
     return job.id
-
-
-def claimed(store: JobStore, job_id: str, owner: str = "A", lease: float = LEASE) -> Claim:
-    claim = store.ownership.claim(job_id, owner, lease)
-    assert claim is not None, f"{job_id} should have been claimable"
-    return claim
-
-
-def refused_claim(store: JobStore, engine: Engine, job_id: str, owner: str = "Z") -> None:
-    """The claim returns None and writes nothing."""
-    before = snapshot(engine)
-    assert store.ownership.claim(job_id, owner, LEASE) is None
-    assert snapshot(engine) == before
 
 
 def per_key(store: JobStore, limit: int | None, *, max_running: int | None = None) -> None:
@@ -286,10 +270,6 @@ def test_the_decorator_refuses_a_bad_key_source_or_a_limit_without_a_key() -> No
 
 
 # -- explain, jobctl limits, the Flower page ---------------------------------------------
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def test_explain_says_which_key_is_full_and_how_many_run() -> None:

@@ -12,7 +12,6 @@ import multiprocessing
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, select
 
 import jobs
@@ -24,8 +23,7 @@ from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
 from jobs._store.tables import JobsTable
 from jobs.application import default_app
-from jobs.cli import main
-from tests.conftest import snapshot
+from tests.conftest import jobctl, snapshot
 
 KIND = "dd"
 LEASE = 10.0
@@ -236,10 +234,6 @@ def test_a_full_queue_still_answers_a_duplicate_with_the_existing_job(store: Job
     assert submit(store, {"n": 1}, unique_for=60) == (first, False)
     with pytest.raises(AdmissionRefused):
         submit(store, {"n": 2}, unique_for=60)
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def test_jobctl_submit_deduplicates_and_refuses_bad_options_in_one_line() -> None:

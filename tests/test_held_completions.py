@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from jobs._core.states import State
 from jobs._store import JobStore
@@ -21,6 +21,7 @@ from jobs._store.clauses import ReusableStatement
 from jobs._store.db import make_engine
 from jobs._store.deferred import hold_completions
 from jobs._store.driver import forget_pipeline_verdict, pipeline_sync_problem
+from tests.conftest import committed_state
 
 pytestmark = pytest.mark.postgres
 
@@ -32,14 +33,6 @@ def engine(pg_url: str, clean_pg_engine: Engine) -> Iterator[Engine]:
     engine = make_engine(pg_url)
     yield engine
     engine.dispose()
-
-
-def _state(engine: Engine, job_id: str) -> str:
-    """The job's committed state, read on a connection of its own."""
-    with engine.connect() as conn:
-        return str(
-            conn.execute(text("SELECT state FROM jobs WHERE id = :id"), {"id": job_id}).scalar_one()
-        )
 
 
 def _busy(store: JobStore, warm_up: str = "warm-up") -> None:
@@ -70,7 +63,7 @@ def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it
     ).job
     # The run is over for the runner, but nothing says COMPLETED before the commit.
     assert returned.state is State.RUNNING
-    assert _state(clean_pg_engine, "a") == "RUNNING"
+    assert committed_state(clean_pg_engine, "a") == "RUNNING"
     assert store.reads.get("a").state is State.RUNNING
     assert store.reads.steps("a") == []
     assert (
@@ -80,7 +73,7 @@ def test_a_held_completion_is_not_seen_completed_until_the_next_claim_carries_it
     assert done.state is State.COMPLETED
     assert done.result == {"n": 1}
     assert [(step.name, step.output) for step in store.reads.steps("a")] == [("only", 7)]
-    assert _state(clean_pg_engine, "b") == "RUNNING"
+    assert committed_state(clean_pg_engine, "b") == "RUNNING"
 
 
 def test_the_next_claim_and_the_held_completion_are_one_round_trip(

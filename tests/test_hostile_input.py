@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from sqlalchemy import Engine
 
 import jobs
@@ -36,28 +36,12 @@ from jobs._core.states import State
 from jobs._core.validate import MAX_SUBMIT_MANY
 from jobs._sweeper.sweeper import sweep_once
 from jobs.application import default_app
+from tests.conftest import jobctl, one_line_error
 
 
 @jobs.job("hostile_echo")
 def hostile_echo(ctx: JobContext, x: Any = None) -> Any:
     return x
-
-
-def jobctl(*args: str) -> Result:
-    from jobs.cli import main  # noqa: PLC0415
-
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
-
-
-def one_line_error(result: Result, *fragments: str, code: int = 1) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def usage_error(result: Result, *fragments: str) -> None:

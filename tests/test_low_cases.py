@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -27,31 +26,18 @@ from jobs._store.db import make_engine
 from jobs._store.schema import upgrade
 from jobs._sweeper.sweeper import run_forever
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.testing import perform_job
 from tests.conftest import (
     AMQP_URL,
     PG_ADMIN_URL,
     error_line,
+    jobctl,
     jobctl_in_child,
+    one_line_error,
     private_pg_database,
     refused,
     start_worker,
 )
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
-
-
-def one_line_error(result: Result, *fragments: str) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @jobs.job("low_child")

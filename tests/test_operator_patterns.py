@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
 import jobs
@@ -18,9 +17,8 @@ from jobs._core.records import JobFilter
 from jobs._service.job_pages import full_value
 from jobs._store import JobStore
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
-from tests.conftest import AMQP_URL
+from tests.conftest import AMQP_URL, jobctl
 
 ERRORS = {
     "percent": "refund of 50% refused",
@@ -98,10 +96,6 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     store = default_app().store
     _failed_with_errors(store, store.engine)
     return store
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 @pytest.mark.parametrize(("pattern", "expected"), FINDS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import update
 
 import jobs
@@ -16,8 +15,8 @@ from jobs._core.context import JobContext
 from jobs._core.states import TERMINAL, State
 from jobs._store.tables import JobsTable
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.testing import run
+from tests.conftest import jobctl
 
 ACTIONS = {
     "cancel": ([], State.CANCELLED),
@@ -44,10 +43,6 @@ def reach_parent(ctx: JobContext) -> list[int]:
 @jobs.job("reach_child")
 def reach_child(ctx: JobContext, n: int) -> int:
     return n
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def in_state(state: State) -> str:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
 import jobs
 from jobs._core.context import JobContext
@@ -21,6 +20,7 @@ from jobs._store import JobStore
 from jobs._store.tables import SCHEMA_REVISION
 from jobs._worker.liveness import pid_key
 from jobs.application import default_app
+from tests.conftest import jobctl, one_line_error
 
 
 @jobs.job("ops_lookup")
@@ -38,23 +38,6 @@ def the_store() -> JobStore:
     return default_app().runtime.store
 
 
-def jobctl(*args: str) -> Result:
-    from jobs.cli import main  # noqa: PLC0415
-
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
-
-
-def one_line_error(result: Result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    return lines[0]
-
-
 # -- exit codes and start-up time -------------------------------------------------------------
 
 
@@ -62,7 +45,7 @@ def test_submit_exits_75_on_admission_refusal_with_the_retry_after() -> None:
     jobs.set_limits("ops_lookup", max_queued=1)
     assert jobctl("submit", "ops_lookup", "--input", '{"order_id": 1}').exit_code == 0
     refused = jobctl("submit", "ops_lookup", "--input", '{"order_id": 2}', "--id", "second")
-    one_line_error(refused, 75, "max_queued=1", "nothing was written; retry in 30s")
+    one_line_error(refused, "max_queued=1", "nothing was written; retry in 30s", code=75)
     assert len(jobs.list_jobs(kind="ops_lookup")) == 1  # nothing was written
     store = the_store()
     assert store.depth.counters() == {("admission_refused", "ops_lookup"): 1}
@@ -109,7 +92,7 @@ def test_schedules_add_list_json_and_remove() -> None:
     assert found[0]["next_tick"].endswith(("T02:00:00+00:00", "T01:00:00+00:00"))
     assert found[0]["overdue"] is False
     assert jobctl("schedules", "remove", "nightly").exit_code == 0
-    one_line_error(jobctl("schedules", "remove", "nightly"), 1, "unknown schedule")
+    one_line_error(jobctl("schedules", "remove", "nightly"), "unknown schedule")
 
 
 @pytest.mark.parametrize(
@@ -126,7 +109,7 @@ def test_schedules_add_list_json_and_remove() -> None:
 def test_bad_schedules_are_one_line_and_write_nothing(args: list[str], fragment: str) -> None:
     if "--input" not in args:
         args = [*args, "--input", '{"order_id": 1}']
-    one_line_error(jobctl("schedules", "add", *args), 1, fragment)
+    one_line_error(jobctl("schedules", "add", *args), fragment)
     assert jobs.schedules() == []
 
 
@@ -164,7 +147,7 @@ def test_prune_dry_run_counts_and_prune_deletes_only_old_finished_jobs(
     assert [job.id for job in jobs.list_jobs()] == [kept]
     monkeypatch.setenv("JOBS_RETENTION_DAYS", "none")
     default_app().reset_settings()
-    one_line_error(jobctl("prune"), 1, "JOBS_RETENTION_DAYS=none")
+    one_line_error(jobctl("prune"), "JOBS_RETENTION_DAYS=none")
 
 
 @pytest.mark.parametrize(("raw", "days"), [("none", None), ("", 14.0), ("0.5", 0.5)])
@@ -312,7 +295,7 @@ def test_explain_names_the_schedule_behind_a_periodic_job() -> None:
 
 def test_explain_of_an_unknown_id_is_one_line() -> None:
     jobctl("db", "upgrade")
-    one_line_error(jobctl("explain", "nope"), 1, "unknown job id 'nope'")
+    one_line_error(jobctl("explain", "nope"), "unknown job id 'nope'")
 
 
 @pytest.mark.postgres
@@ -367,7 +350,7 @@ def test_submit_from_file_exits_75_too_and_writes_none_of_the_batch(tmp_path: Pa
     jobs.set_limits("ops_lookup", max_queued=1)
     batch = tmp_path / "batch.jsonl"
     batch.write_text('{"order_id": 1}\n{"order_id": 2}\n')
-    one_line_error(jobctl("submit", "ops_lookup", "--from-file", str(batch)), 75, "retry in")
+    one_line_error(jobctl("submit", "ops_lookup", "--from-file", str(batch)), "retry in", code=75)
     assert jobs.list_jobs(kind="ops_lookup") == []
 
 

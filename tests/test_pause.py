@@ -17,7 +17,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, select, update
 from tornado import template
 
@@ -33,7 +32,6 @@ from jobs._store.clock import LogicalClock
 from jobs._store.tables import JobsTable
 from jobs._sweeper.metrics import registry_for
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import (
     Filters,
     Overview,
@@ -42,10 +40,9 @@ from jobs.contrib.flower_jobs.pages import (
     one_line,
     overview,
 )
-from tests.conftest import limits_row, snapshot
+from tests.conftest import LEASE, jobctl, limits_row, refused_claim, snapshot
 from tests.test_metrics import Samples, scrape, value
 
-LEASE = 10.0
 KIND = "pz"
 OTHER = "pz_other"
 
@@ -56,13 +53,6 @@ def new(store: JobStore, job_id: str, kind: str = KIND, **options: Any) -> str:
     )
     assert created
     return job.id
-
-
-def refused_claim(store: JobStore, engine: Engine, job_id: str) -> None:
-    """The claim returns None and writes nothing."""
-    before = snapshot(engine)
-    assert store.ownership.claim(job_id, "Z", LEASE) is None
-    assert snapshot(engine) == before
 
 
 def dispatched_at(engine: Engine, job_id: str) -> Any:
@@ -235,10 +225,6 @@ CLI_KIND = "pz_cli"
 @jobs.job(CLI_KIND)
 def pz_cli(ctx: JobContext, n: int = 0) -> int:
     return n
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def test_jobctl_pause_and_resume_a_kind_with_its_jobs_held_and_rung() -> None:

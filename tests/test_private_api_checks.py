@@ -30,7 +30,7 @@ from jobs._doorbell.queues import DOORBELL_HEADER, TASK_NAME
 from jobs._doorbell.ringer import CeleryRinger
 from jobs._worker.celery_setup import make_app
 from jobs.application import default_app
-from tests.conftest import AMQP_URL, service_unavailable
+from tests.conftest import AMQP_URL, service_unavailable, take_all
 
 
 def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -98,16 +98,6 @@ def publisher_for(lost: list[str], confirms: str, monkeypatch: pytest.MonkeyPatc
     default_app().reset_settings()
     settings = default_app().settings
     return CeleryRinger(settings, on_lost=lost.extend, celery=lambda: make_app(settings))
-
-
-def take_all(publisher: CeleryRinger) -> list[Any]:
-    """What a consumer of the queue receives."""
-    messages = []
-    with publisher.app.connection_for_write() as connection:
-        channel = connection.default_channel
-        while (message := channel.basic_get(publisher.settings.queue, no_ack=True)) is not None:
-            messages.append(message)
-    return messages
 
 
 def count_fast_encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:

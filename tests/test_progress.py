@@ -28,14 +28,7 @@ from jobs._store import Claim, JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.tables import JobsTable
 from jobs._sweeper.metrics import PROGRESS_SERIES, registry_for
-
-LEASE = 10.0
-
-
-def claimed(store: JobStore, job_id: str, owner: str) -> Claim:
-    claim = store.ownership.claim(job_id, owner, LEASE)
-    assert claim is not None
-    return claim
+from tests.conftest import LEASE, claimed
 
 
 def row_progress(engine: Engine, job_id: str) -> Any:

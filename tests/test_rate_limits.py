@@ -13,7 +13,6 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, select, update
 
 import jobs
@@ -27,13 +26,11 @@ from jobs._store.clock import LogicalClock
 from jobs._store.tables import JobsTable, RateStartsTable
 from jobs._sweeper.metrics import registry_for
 from jobs.application import default_app
-from jobs.cli import main
 from jobs.contrib.flower_jobs.pages import Filters, job_filter, overview
-from tests.conftest import snapshot
+from tests.conftest import LEASE, jobctl, snapshot
 from tests.test_metrics import scrape, value
 
 KIND = "rl"
-LEASE = 10.0
 
 
 def new(store: JobStore, job_id: str, key: str | None = None, kind: str = KIND) -> str:
@@ -267,10 +264,6 @@ def test_the_metrics_count_the_due_jobs_a_rate_holds(store: JobStore, clock: Log
 @jobs.job("rl_explained", rate_limit="1/h")
 def rl_explained(ctx: JobContext) -> None:
     return None
-
-
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
 
 
 def test_explain_says_when_the_next_start_is_allowed() -> None:

@@ -19,9 +19,7 @@ from jobs._core.states import State
 from jobs._store import Claim, JobStore
 from jobs._store.clock import LogicalClock
 from jobs._store.operations import retry_reason
-from tests.conftest import snapshot
-
-LEASE = 10.0
+from tests.conftest import LEASE, claimed, snapshot
 
 
 def new(store: JobStore, job_id: str = "j1", kind: str = "kind", max_attempts: int = 3) -> str:
@@ -30,12 +28,6 @@ def new(store: JobStore, job_id: str = "j1", kind: str = "kind", max_attempts: i
     )
     assert created
     return job.id
-
-
-def claimed(store: JobStore, job_id: str = "j1", owner: str = "A") -> Claim:
-    claim = store.ownership.claim(job_id, owner, LEASE)
-    assert claim is not None
-    return claim
 
 
 def failed_at_third_step(store: JobStore, job_id: str = "j1") -> Claim:

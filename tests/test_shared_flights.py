@@ -24,6 +24,7 @@ from jobs._store.driver import run_together
 from jobs._store.flights import share_flights
 from jobs._store.row_changes import OwnerMove
 from jobs._worker.delivery import runs_one_job_at_a_time
+from tests.conftest import committed_state
 
 pytestmark = pytest.mark.postgres
 
@@ -33,14 +34,6 @@ def engine(pg_url: str, clean_pg_engine: Engine) -> Iterator[Engine]:
     engine = make_engine(pg_url)
     yield engine
     engine.dispose()
-
-
-def _committed_state(engine: Engine, job_id: str) -> str:
-    """The job's committed state, read on a connection of its own."""
-    with engine.connect() as conn:
-        return str(
-            conn.execute(text("SELECT state FROM jobs WHERE id = :id"), {"id": job_id}).scalar_one()
-        )
 
 
 def _claimed(store: JobStore, job_ids: Sequence[str]) -> list[Claim]:
@@ -84,7 +77,7 @@ def _complete_at_once(
     def complete(claim: Claim) -> None:
         try:
             outcomes[claim.job_id] = store.ownership.complete(claim, {"n": claim.job_id}).job
-            seen[claim.job_id] = _committed_state(engine, claim.job_id)
+            seen[claim.job_id] = committed_state(engine, claim.job_id)
         except BaseException as err:
             outcomes[claim.job_id] = err
 
@@ -178,9 +171,9 @@ def test_a_refused_completion_raises_and_the_others_in_its_flight_commit(
     took_off = _slow_first_flight(store, 0.5)
     outcomes = _complete_at_once(store, claims, took_off, clean_pg_engine)
     assert isinstance(outcomes["cancelled"], LeaseLost)
-    assert _committed_state(clean_pg_engine, "cancelled") == "CANCELLED"
+    assert committed_state(clean_pg_engine, "cancelled") == "CANCELLED"
     for job_id in ("first", "a", "b"):
-        assert _committed_state(clean_pg_engine, job_id) == "COMPLETED"
+        assert committed_state(clean_pg_engine, job_id) == "COMPLETED"
     flights = store.statements.flights
     assert flights is not None
     assert (flights.flights, flights.largest) == (2, 3)
@@ -214,9 +207,9 @@ def test_an_error_in_one_completion_is_its_own_and_the_others_commit(
     for thread in [first, *others]:
         thread.join(30)
     assert isinstance(outcomes["twice"], StepError), outcomes
-    assert _committed_state(clean_pg_engine, "twice") == "RUNNING"
+    assert committed_state(clean_pg_engine, "twice") == "RUNNING"
     for job_id in ("first", "a", "b"):
-        assert _committed_state(clean_pg_engine, job_id) == "COMPLETED"
+        assert committed_state(clean_pg_engine, job_id) == "COMPLETED"
 
 
 def test_a_lone_completion_in_a_shared_process_is_committed_when_it_returns(
@@ -226,7 +219,7 @@ def test_a_lone_completion_in_a_shared_process_is_committed_when_it_returns(
     share_flights(store.statements)
     (claim,) = _claimed(store, ["alone"])
     assert store.ownership.complete(claim, "ok").job.state is State.COMPLETED
-    assert _committed_state(clean_pg_engine, "alone") == "COMPLETED"
+    assert committed_state(clean_pg_engine, "alone") == "COMPLETED"
 
 
 def test_only_a_delivery_on_the_main_thread_runs_one_job_at_a_time() -> None:
@@ -291,7 +284,7 @@ def test_concurrent_claims_and_step_records_share_flights_too(
             assert took_off.wait(10)
         claim = store.ownership.claim(job_id, "W", 30)
         assert claim is not None
-        state = _committed_state(clean_pg_engine, job_id)
+        state = committed_state(clean_pg_engine, job_id)
         store.ownership.record_step(claim, "step", job_id)
         recorded = [step.name for step in JobStore(clean_pg_engine).reads.steps(job_id)]
         seen[job_id] = (state, recorded)
@@ -323,6 +316,6 @@ def test_the_next_flight_boards_while_one_is_in_the_air(
     assert took_off.wait(10)
     store.ownership.complete(claims[1], None)  # not behind the first: the second flight is free
     assert time.monotonic() - started < 1.0
-    assert _committed_state(clean_pg_engine, claims[0].job_id) == "RUNNING"
+    assert committed_state(clean_pg_engine, claims[0].job_id) == "RUNNING"
     threads[0].join(30)
-    assert _committed_state(clean_pg_engine, claims[0].job_id) == "COMPLETED"
+    assert committed_state(clean_pg_engine, claims[0].job_id) == "COMPLETED"

@@ -31,9 +31,8 @@ from jobs._store import Claim, JobStore
 from jobs._store.clock import UTC, DatabaseClock, LogicalClock, db_now_plus
 from jobs._store.db import READ_ONLY, make_engine
 from jobs._store.tables import JobsTable
-from tests.conftest import EXECUTORS, STORE_TABLES, empty_database, snapshot
+from tests.conftest import EXECUTORS, LEASE, STORE_TABLES, claimed, empty_database, snapshot
 
-LEASE = 10.0
 INSTANT_SLACK = dt.timedelta(seconds=0.5)
 
 
@@ -125,12 +124,6 @@ def new(store: JobStore, job_id: str = "j1", max_attempts: int = 3, **kw: Any) -
     )
     assert created
     return job.id
-
-
-def claimed(store: JobStore, job_id: str = "j1", owner: str = "A", **kw: Any) -> Claim:
-    claim = store.ownership.claim(job_id, owner, LEASE, **kw)
-    assert claim is not None
-    return claim
 
 
 # -- create ------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
 import jobs
@@ -28,7 +27,7 @@ from jobs._store.clock import LogicalClock
 from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
 from jobs.application import default_app
-from jobs.cli import main
+from tests.conftest import jobctl, one_line_error
 
 RAN: Counter[str] = Counter()
 KINDS = Registry(imports=[])
@@ -483,19 +482,6 @@ def test_explain_offers_the_wake_for_a_job_waiting_on_a_timer() -> None:
         assert f"jobctl wake {job_id} to run it now" in found.actions
 
 
-def jobctl(*args: str) -> Result:
-    return CliRunner(catch_exceptions=False).invoke(main, list(args))
-
-
-def assert_one_line_error(result: Result, fragment: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    assert fragment in lines[0]
-
-
 def test_jobctl_wake_a_sleeping_job_then_refuses_what_is_not_waiting() -> None:
     job = testing.perform_job("timer_follow_up", {"hours": 24})
 
@@ -505,14 +491,14 @@ def test_jobctl_wake_a_sleeping_job_then_refuses_what_is_not_waiting() -> None:
     assert result.stdout == f"{job.id} QUEUED, due now\n"
     assert jobs.history(job.id)[-1].reason == "customer on the phone"
     history = jobs.history(job.id)
-    assert_one_line_error(jobctl("wake", job.id), f"job {job.id!r} is QUEUED and due already")
+    one_line_error(jobctl("wake", job.id), f"job {job.id!r} is QUEUED and due already")
     assert jobs.history(job.id) == history
     testing.drain()
-    assert_one_line_error(
+    one_line_error(
         jobctl("wake", job.id),
         f"job {job.id!r} is COMPLETED: only a QUEUED job waiting on a timer can be woken",
     )
-    assert_one_line_error(jobctl("wake", "nope"), "unknown job id 'nope'")
+    one_line_error(jobctl("wake", "nope"), "unknown job id 'nope'")
 
 
 def test_jobctl_submit_run_at() -> None:

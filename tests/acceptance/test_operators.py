@@ -4,26 +4,13 @@ its first two steps running again (counted in ``effects.log``)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from jobs._core.states import State
 from tests.acceptance.conftest import KINDS, PG_RABBITMQ, Stack
+from tests.conftest import jobctl_in_child
 
 IMPORTS = f"{KINDS},jobs.examples.ship_order"
-
-
-def jobctl(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jobs", *args],
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
@@ -36,12 +23,14 @@ def test_a_job_failed_at_its_third_step_completes_after_a_fix_and_a_retry(stack:
     assert [step.name for step in stack.steps(job_id)] == ["charge", "ship"]
     assert [effect for effect, _pid in stack.effects(job_id)] == ["charge", "ship", "email"]
 
-    refused = jobctl(stack, "retry", "no-such-job")
+    refused = jobctl_in_child(stack.env, "retry", "no-such-job")
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == ["Error: unknown job id 'no-such-job'"]
 
     (stack.data_dir / "mailer.fixed").write_text("deployed\n")  # the fix ships
-    retried = jobctl(stack, "retry", job_id, "--by", "oncall", "--reason", "mailer fixed")
+    retried = jobctl_in_child(
+        stack.env, "retry", job_id, "--by", "oncall", "--reason", "mailer fixed"
+    )
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout == f"{job_id} QUEUED, runs again from the step that failed\n"
 
@@ -55,7 +44,7 @@ def test_a_job_failed_at_its_third_step_completes_after_a_fix_and_a_retry(stack:
     [retry] = [move for move in stack.history(job_id) if move.from_state is State.FAILED]
     assert "retried by oncall: mailer fixed" in (retry.reason or "")
 
-    again = jobctl(stack, "retry", job_id)
+    again = jobctl_in_child(stack.env, "retry", job_id)
     assert again.returncode == 1
     assert "COMPLETED -> QUEUED" in again.stderr
     assert "only a FAILED or CANCELLED job can be retried" in again.stderr

@@ -12,13 +12,13 @@ neither rung again (each delivery was dropped once) nor counted as lost messages
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import pytest
 
 from jobs._core.states import State
 from tests.acceptance.conftest import BOTH, PG_RABBITMQ, Stack, dropped_deliveries, wait_until
+from tests.conftest import jobctl_in_child
 
 pytestmark = [pytest.mark.acceptance]
 
@@ -28,14 +28,7 @@ HELD_SECONDS = 4.0
 
 def jobctl(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     """``jobctl <args>`` in a child process on the stack's settings; it must succeed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "jobs", *args],
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = jobctl_in_child(stack.env, *args)
     assert done.returncode == 0, done.stderr
     return done
 
