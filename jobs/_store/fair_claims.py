@@ -17,16 +17,21 @@ is claimable the delivery claims the doorbell's own job. ``job_key_turns`` keeps
 key was last served.
 
 The pick, the claim of the job picked, the record of its key served and the read of the
-swapped-out job's doorbell are one transaction (:meth:`jobs._store.claiming.Claims.
-claim_first`): on PostgreSQL the pick locks the job it returns and skips the jobs other
-claims hold (``FOR UPDATE OF jobs SKIP LOCKED``), so concurrent deliveries take different
-jobs, one pick each; SQLite's single writer serializes them. The swapped-out job is rung
-after the commit. A pick is tried again (up to :data:`PICKS` times) only when its job was
-not claimable after all (its key's lock held by another claim, or the key filled up).
+swapped-out job's doorbell are one transaction
+(:meth:`jobs._store.claiming.Claims.claim_first`): on PostgreSQL the pick locks the job it
+returns and skips the jobs other claims hold (``FOR UPDATE OF jobs SKIP LOCKED``), so
+concurrent deliveries take different jobs, one pick each; SQLite's single writer
+serializes them. The swapped-out job is rung after the commit. A pick is tried again (up
+to :data:`PICKS` times) only when its job was not claimable after all (its key filled up
+since the pick read it). A fair claim that the kind's rate refuses picks nothing and
+claims nothing: falling back to its doorbell's own job would give the next start to a job
+out of turn.
+
 Picked apart (pick, claim, served and the re-read each on a connection of its own, the
-picks racing for the same job: 2.6 picks a claim), a fair kind drained at 0.09 x the rate
-of the same kind without fairness (``python -m bench.fairness --only drain``;
-docs/benchmarks.md)."""
+picks racing for the same job: 2.6 picks a claim), a fair kind drained at 0.09-0.10 x the
+rate of the same kind without fairness; in one transaction at 0.26-0.30 x, the pick's own
+read now most of a fair claim (10 ms of 16 with 1,500 jobs queued over 50 keys): ``python -m
+bench.fairness --only drain --rounds 3`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -119,8 +124,9 @@ class FairTurns:
         of the fair pick, in the pick's transaction with the record of its key served
         (picked again while the job picked is not claimable after all, up to
         :data:`PICKS` times: a delivery that claims nothing while a job waits would leave
-        that job without a doorbell), else of ``job_id`` itself. The job swapped out is
-        rung again through ``ring`` once the claim committed."""
+        that job without a doorbell), else of ``job_id`` itself; nothing while the kind's
+        rate allows no start. The job swapped out is rung again through ``ring`` once the
+        claim committed."""
 
         def then(conn: Connection, claim: Claim) -> list[Doorbell]:
             self.served(conn, claim.job)
