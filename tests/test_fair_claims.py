@@ -2,8 +2,8 @@
 of the least recently served key, among the highest priority, on SQLite and PostgreSQL (both
 executors); the doorbell's own job keeps waiting and the picked job's doorbell, still out,
 claims it later; a pick another claim holds is skipped, in one pick (PostgreSQL); the
-kind's rate and running limit hold for the fair claim; a job whose doorbell
-is not out, or whose key is full, is not picked; ``fair=`` checked in one line."""
+kind's rate and running limit hold for the fair claim; a job whose key is full is not
+picked, a held one is; ``fair=`` checked in one line."""
 
 from __future__ import annotations
 
@@ -188,18 +188,27 @@ def test_a_full_kind_is_not_claimed_by_a_fair_pick(store: JobStore, clock: Logic
     assert store.reads.get("b0").state is State.QUEUED
 
 
-def test_a_job_without_a_doorbell_out_or_of_a_full_key_is_not_picked(
+def test_a_job_of_a_full_key_is_not_picked_and_a_held_one_is(
     store: JobStore, clock: LogicalClock
 ) -> None:
+    """A held job (no doorbell out: held for its key or its rate) keeps its turn: the
+    delivery that claims it instead of its own rings its own job's doorbell again."""
     store.submissions.set_limits(KIND, max_running=None, max_queued=None, max_running_per_key=1)
     new(store, "a0", "A")
     new(store, "a1", "A")
     new(store, "b0", "B")
     assert deliver(store, clock, "a0") == "a0"
-    # A is full: the pick is B's, and B held (no doorbell out) is not picked.
+    # A is full: the pick is B's, held (no doorbell out) or not.
     assert store.fairness.pick(KIND) == "b0"
     store.doorbells.mark_unrung(["b0"])
-    assert store.fairness.pick(KIND) is None
+    assert store.fairness.pick(KIND) == "b0"
+    rung: list[str] = []
+    claim = store.fairness.claim(
+        "a1", KIND, TERMS, lambda doorbells: rung.extend(doorbell.job_id for doorbell in doorbells)
+    )
+    assert claim is not None
+    assert claim.job_id == "b0"
+    assert rung == ["a1"]
 
 
 def fair_handler(ctx: JobContext, tenant: str = "") -> None:

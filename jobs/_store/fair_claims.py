@@ -3,18 +3,21 @@ fair kind claims, instead of the job its doorbell names, the due job of the key 
 least recently (never served first), among the kind's highest priority; the job it
 named keeps waiting.
 
-Doorbells are per job, so the claim swaps doorbells: the picked job is one whose own
-doorbell is still out (``dispatched_at`` set: in the broker, or counted lost and rung again
-by the sweeper), and that doorbell, when it comes, claims the next fair pick (the job
-swapped out, or another). Every delivery of a fair kind claims some due job while one is
-claimable; and the job swapped out is rung again at once (a surplus doorbell finds nothing
-and is dropped), so every QUEUED job of the kind has a doorbell of its own out, or is held
-for its key. Without that ring a swap spends the swapped-out job's doorbell: when the
-doorbell of the job that ran arrives and every waiting job's key is full, it is dropped as
-"already COMPLETED" and holds nothing for the key's finisher to ring, so the job waited for
-the sweeper's lost-message rule (about one run in three with real workers). When no pick
-is claimable the delivery claims the doorbell's own job. ``job_key_turns`` keeps when each
-key was last served.
+Doorbells are per job, so the claim swaps doorbells: the job picked may have its own
+doorbell out (``dispatched_at`` set: in the broker, or counted lost and rung again by the
+sweeper), and that doorbell, when it comes, claims the next fair pick (the job swapped out,
+or another); and the job swapped out is rung again at once (a surplus doorbell finds
+nothing and is dropped). So every delivery of a fair kind claims some due job while one is
+claimable, and every QUEUED job of the kind has a doorbell of its own out, or is held for
+its key or its rate. Without that ring a swap spends the swapped-out job's doorbell: when
+the doorbell of the job that ran arrives and every waiting job's key is full, it is dropped
+as "already COMPLETED" and holds nothing for the key's finisher to ring, so the job waited
+for the sweeper's lost-message rule (about one run in three with real workers). With it, a
+held job (no doorbell out) is picked too and keeps its turn: under a rate most deliveries
+are refused and hold their own job, and a held job is rung again only in the order it was
+queued, so a late key's held jobs waited behind the backlog (claim 145 of 170 in
+tests/acceptance/test_fair_claims.py). When no pick is claimable the delivery claims the
+doorbell's own job. ``job_key_turns`` keeps when each key was last served.
 
 The pick, the claim of the job picked, the record of its key served and the read of the
 swapped-out job's doorbell are one transaction
@@ -65,7 +68,8 @@ class FairTurns:
         """The fair pick's select (``id`` and ``concurrency_key``): the due QUEUED jobs of
         ``kind``, the highest priority first, then of the key served least recently (a key
         never served first; jobs without a key count as one key), then the longest due.
-        Only jobs whose doorbell is out (``dispatched_at`` set) and whose key has room."""
+        Only jobs whose key has room; a job whose doorbell is not out (held for its key or
+        its rate) is picked as well (see the module's docstring)."""
         turns = KeyTurnsTable.__table__
         key = func.coalesce(JobsTable.concurrency_key, "")
         joined = JobsTable.__table__.outerjoin(
@@ -78,7 +82,6 @@ class FairTurns:
                 JobsTable.kind == kind,
                 JobsTable.state == State.QUEUED.value,
                 JobsTable.run_after <= self.clock.now(),
-                JobsTable.dispatched_at.is_not(None),
                 not_paused(),
                 ~key_full(self.clock),
             )
