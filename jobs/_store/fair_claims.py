@@ -31,8 +31,8 @@ claims nothing: falling back to its doorbell's own job would give the next start
 out of turn.
 
 Picked apart (pick, claim, served and the re-read each on a connection of its own, the
-picks racing for the same job: 2.6 picks a claim), a fair kind drained at 0.09-0.10 x the
-rate of the same kind without fairness; in one transaction at 0.26-0.30 x, the pick's own
+picks racing for the same job: 2.6 picks a claim), a fair kind drained at 0.08-0.10 x the
+rate of the same kind without fairness; in one transaction at 0.23-0.30 x, the pick's own
 read now most of a fair claim (10 ms of 16 with 1,500 jobs queued over 50 keys): ``python -m
 bench.fairness --only drain --rounds 3`` (docs/benchmarks.md)."""
 
