@@ -194,6 +194,14 @@ EXECUTORS = [
 """Every way the store runs its statements: the store contract runs over each (as River
 runs one conformance suite against every driver)."""
 
+POSTGRES_EXECUTORS = [executor for executor in EXECUTORS if executor.values[0] != "sqlite"]
+"""For a test of what only PostgreSQL does (concurrent transactions, row locks), over both of
+its executors: ``@pytest.mark.parametrize("database", POSTGRES_EXECUTORS, indirect=True)``
+runs it there instead of skipping it on SQLite."""
+
+ON_THE_DRIVER = [executor for executor in EXECUTORS if executor.values[0] == "postgres-driver"]
+"""For a test of what a worker sends on the wire (round trips): the driver's executor only."""
+
 
 @pytest.fixture(params=EXECUTORS)
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:

@@ -35,7 +35,7 @@ from jobs._store.clock import LogicalClock
 from jobs._store.db import make_engine
 from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
-from tests.conftest import StoreRuns
+from tests.conftest import ON_THE_DRIVER, POSTGRES_EXECUTORS, StoreRuns
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -229,6 +229,8 @@ def test_a_stale_owners_atomic_step_rolls_back_its_write(
     assert orders(engine, "o-5") == ["one"]
 
 
+# PostgreSQL only: SQLite serializes writers, so a claim never overlaps the transaction.
+@pytest.mark.parametrize("database", POSTGRES_EXECUTORS, indirect=True)
 def test_an_atomic_record_renews_the_lease_so_a_waiting_claim_takes_nothing(
     store: JobStore, engine: Engine, clock: LogicalClock
 ) -> None:
@@ -236,8 +238,6 @@ def test_an_atomic_record_renews_the_lease_so_a_waiting_claim_takes_nothing(
     for the commit, then re-checks the row. Had the record left the lease as it was, the
     claim would take the job with the steps it read before the commit (none) and run the
     step again; the renewed lease makes it take nothing."""
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite serializes writers: a claim never overlaps the transaction")
     store.submissions.create("place_order", {}, job_id="o-6", max_attempts=5)
     claims: list[Any] = []
 
@@ -422,6 +422,8 @@ def write_atomic(ctx: JobContext, then: bool) -> Any:
     return ctx.step("then", effect, "then") if then else written
 
 
+# The driver only: round trips are counted on the path a worker takes.
+@pytest.mark.parametrize("database", ON_THE_DRIVER, indirect=True)
 def test_an_atomic_step_costs_no_round_trip_more_than_a_plain_one(
     store: JobStore, engine: Engine
 ) -> None:
@@ -429,8 +431,6 @@ def test_an_atomic_step_costs_no_round_trip_more_than_a_plain_one(
     in the same run, each job run by a runner with its heartbeat as on a worker: an atomic
     step's record and its COMMIT go in one flight, as a plain step's record goes alone (or
     with the job's completion)."""
-    if not (engine.dialect.name == "postgresql" and store.statements.on_driver):
-        pytest.skip("round trips are counted on PostgreSQL's driver path, as on a worker")
     proxy = CountingProxy(("127.0.0.1", engine.url.port or 5432))
     url = engine.url.set(host="127.0.0.1", port=proxy.port)
     measured = make_engine(url.render_as_string(hide_password=False))

@@ -1,19 +1,27 @@
 """Fairness across keys (issue 27 part 3): a ``fair=True`` kind's deliveries claim the due job
 of the least recently served key, among the highest priority, on SQLite and PostgreSQL (both
 executors); the doorbell's own job keeps waiting and the picked job's doorbell, still out,
-claims it later; a pick taken first falls back to the doorbell's job; a job whose doorbell
-is not out, or whose key is full, is not picked; ``fair=`` checked in one line."""
+claims it later; a pick another claim holds is skipped, in one pick (PostgreSQL); the
+kind's rate and running limit hold for the fair claim; a job whose key is full is not
+picked, a held one is; ``fair=`` checked in one line."""
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
+from sqlalchemy import event, func, select, update
 
 from jobs._core.context import JobContext
 from jobs._core.errors import InvalidInput
 from jobs._core.registry import Registry
 from jobs._core.states import State
-from jobs._store import Claim, JobStore
+from jobs._store import Claim, ClaimTerms, JobStore
 from jobs._store.clock import LogicalClock
+from jobs._store.tables import JobsTable
+from tests.conftest import POSTGRES_EXECUTORS
 
 KIND = "fair"
 LEASE = 10.0
@@ -27,17 +35,13 @@ def new(store: JobStore, job_id: str, key: str | None, priority: int = 0) -> str
     return job.id
 
 
-def take(store: JobStore, owner: str = "A") -> object:
-    def claim(job_id: str) -> Claim | None:
-        return store.ownership.claim(job_id, owner, LEASE)
-
-    return claim
+TERMS = ClaimTerms("A", LEASE)
 
 
 def deliver(store: JobStore, clock: LogicalClock, job_id: str) -> str:
     """One delivery of ``job_id``'s doorbell: the job it claimed."""
     clock.advance(1)
-    claim = store.fairness.claim(job_id, KIND, take(store))  # type: ignore[arg-type]
+    claim = store.fairness.claim(job_id, KIND, TERMS)
     assert claim is not None
     return claim.job_id
 
@@ -67,8 +71,8 @@ def test_the_job_swapped_out_is_rung_again(store: JobStore, clock: LogicalClock)
     claim = store.fairness.claim(
         "a1",
         KIND,
-        take(store),
-        lambda doorbells: rung.extend(d.job_id for d in doorbells),  # type: ignore[arg-type]
+        TERMS,
+        lambda doorbells: rung.extend(doorbell.job_id for doorbell in doorbells),
     )
     assert claim is not None
     assert claim.job_id == "b0"
@@ -83,35 +87,129 @@ def test_priority_comes_before_the_turns(store: JobStore, clock: LogicalClock) -
     assert deliver(store, clock, "b0") == "a1"
 
 
-def test_a_pick_taken_first_is_picked_again(store: JobStore, clock: LogicalClock) -> None:
+# PostgreSQL only: SQLite's single writer serializes claims, none is mid-transaction.
+@pytest.mark.parametrize("database", POSTGRES_EXECUTORS, indirect=True)
+def test_a_pick_another_claim_holds_is_skipped_in_one_pick(
+    request: pytest.FixtureRequest, store: JobStore, clock: LogicalClock
+) -> None:
+    """PostgreSQL: another fair claim, mid-transaction, holds the first pick's row locked;
+    this claim takes the next pick at once, in one pick (picked apart, it read the same
+    job and waited on its row, then picked again)."""
     new(store, "a0", "A")
     new(store, "b0", "B")
-    assert store.fairness.pick(KIND) == "a0"
     new(store, "c0", "C")
+    picks: list[str] = []
 
-    def first_taken(job_id: str) -> Claim | None:
-        if job_id == "a0":  # another worker takes it between the pick and the claim
-            assert store.ownership.claim(job_id, "other", LEASE) is not None
-        return store.ownership.claim(job_id, "A", LEASE)
+    def count_picks(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "job_key_turns" in statement and statement.lstrip().upper().startswith("SELECT"):
+            picks.append(statement)
 
-    claim = store.fairness.claim("c0", KIND, first_taken)
-    assert claim is not None
-    assert claim.job_id == "b0"  # picked again: the next key's
+    event.listen(store.engine, "before_cursor_execute", count_picks)
+    request.addfinalizer(lambda: event.remove(store.engine, "before_cursor_execute", count_picks))
+    claimed: list[Claim | None] = []
+    with store.engine.connect() as other, other.begin() as holding:
+        locked = other.execute(
+            select(JobsTable.id).where(JobsTable.id == "a0").with_for_update()
+        ).scalar_one()
+        assert locked == "a0"
+        picks.clear()
+        claiming = threading.Thread(
+            target=lambda: claimed.append(store.fairness.claim("c0", KIND, TERMS))
+        )
+        claiming.start()
+        claiming.join(timeout=10)
+        waited = claiming.is_alive()
+        holding.rollback()  # a claim that waited on the row goes on now
+    claiming.join()
+    assert not waited, "the claim waited on the row another claim holds"
+    assert [claim.job_id for claim in claimed if claim is not None] == ["b0"]
+    assert len(picks) == 1, picks
+    assert store.reads.get("a0").state is State.QUEUED
     assert store.reads.get("c0").state is State.QUEUED
 
 
-def test_a_job_without_a_doorbell_out_or_of_a_full_key_is_not_picked(
+# PostgreSQL only: SQLite's single writer serializes claims, none is mid-transaction.
+@pytest.mark.parametrize("database", POSTGRES_EXECUTORS, indirect=True)
+def test_a_pick_whose_key_another_claim_holds_waits_for_the_key_without_the_row(
     store: JobStore, clock: LogicalClock
 ) -> None:
+    """PostgreSQL, a kind limited per key: another claim holds the pick's key's lock and
+    then claims the picked row (as the per-key claim does: key first, then row). The fair
+    claim lets the row go while it waits for the key (holding the row would deadlock),
+    then picks again: both go through, and the fair claim takes the next pick."""
+    store.submissions.set_limits(KIND, max_running=None, max_queued=None, max_running_per_key=1)
+    new(store, "a0", "A")
+    new(store, "b0", "B")
+    claimed: list[Claim | None] = []
+    failed: list[BaseException] = []
+
+    def fair_claim() -> None:
+        try:
+            claimed.append(store.fairness.claim("b0", KIND, TERMS))
+        except BaseException as error:
+            failed.append(error)
+
+    key_lock = select(func.pg_advisory_xact_lock(func.hashtext(KIND), func.hashtext("A")))
+    with store.engine.connect() as other, other.begin():
+        other.execute(key_lock)
+        claiming = threading.Thread(target=fair_claim)
+        claiming.start()
+        time.sleep(0.5)  # the fair claim has picked a0 and found its key's lock taken
+        other.execute(  # the other claim takes a0's row, under its key's lock
+            update(JobsTable).where(JobsTable.id == "a0").values(state=State.RUNNING.value)
+        )
+    claiming.join(timeout=30)
+    assert not claiming.is_alive()
+    assert failed == []
+    assert [claim.job_id for claim in claimed if claim is not None] == ["b0"]
+
+
+def test_a_picked_job_held_by_a_rate_is_not_claimed(store: JobStore, clock: LogicalClock) -> None:
+    """The fair claim keeps the kind's rate: the second start within the interval is not
+    taken (nothing claimed, no key served), on either backend."""
+    store.submissions.set_limits(KIND, max_running=None, max_queued=None, rate_limit="1/m")
+    new(store, "a0", "A")
+    new(store, "b0", "B")
+    assert deliver(store, clock, "a0") == "a0"
+    clock.advance(1)
+    assert store.fairness.claim("b0", KIND, TERMS) is None
+    assert store.reads.get("b0").state is State.QUEUED
+    clock.advance(61)
+    assert deliver(store, clock, "b0") == "b0"
+
+
+def test_a_full_kind_is_not_claimed_by_a_fair_pick(store: JobStore, clock: LogicalClock) -> None:
+    """``max_running`` holds for the fair claim as for any claim."""
+    store.submissions.set_limits(KIND, max_running=1, max_queued=None)
+    new(store, "a0", "A")
+    new(store, "b0", "B")
+    assert deliver(store, clock, "a0") == "a0"
+    clock.advance(1)
+    assert store.fairness.claim("b0", KIND, TERMS) is None
+    assert store.reads.get("b0").state is State.QUEUED
+
+
+def test_a_job_of_a_full_key_is_not_picked_and_a_held_one_is(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """A held job (no doorbell out: held for its key or its rate) keeps its turn: the
+    delivery that claims it instead of its own rings its own job's doorbell again."""
     store.submissions.set_limits(KIND, max_running=None, max_queued=None, max_running_per_key=1)
     new(store, "a0", "A")
     new(store, "a1", "A")
     new(store, "b0", "B")
     assert deliver(store, clock, "a0") == "a0"
-    # A is full: the pick is B's, and B held (no doorbell out) is not picked.
+    # A is full: the pick is B's, held (no doorbell out) or not.
     assert store.fairness.pick(KIND) == "b0"
     store.doorbells.mark_unrung(["b0"])
-    assert store.fairness.pick(KIND) is None
+    assert store.fairness.pick(KIND) == "b0"
+    rung: list[str] = []
+    claim = store.fairness.claim(
+        "a1", KIND, TERMS, lambda doorbells: rung.extend(doorbell.job_id for doorbell in doorbells)
+    )
+    assert claim is not None
+    assert claim.job_id == "b0"
+    assert rung == ["a1"]
 
 
 def fair_handler(ctx: JobContext, tenant: str = "") -> None:

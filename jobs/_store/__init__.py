@@ -12,7 +12,8 @@ part owns one concern, and all share one execution layer (one statement cache, o
   history.
 - :mod:`~jobs._store.dedup_writes`: submits with a deduplication key (``store.dedup``).
 - :mod:`~jobs._store.ownership`: an owner's life, claim to outcome: steps, complete,
-  fail, retry, hand-back, sleep, waiting for approval;
+  fail, retry, hand-back, sleep, waiting for approval; :mod:`~jobs._store.claiming`:
+  the claim itself, and a fair kind's pick claimed in the pick's transaction;
   :mod:`~jobs._store.progress_writes`: the progress it reports (``store.progress``);
   :mod:`~jobs._store.leases`: lease renewals (``store.leases``), one claim's or a
   process's all at once, and why a refused claim was lost.
@@ -60,6 +61,7 @@ from jobs._core.records import (
     Transition,
 )
 from jobs._store.atomic_steps import AtomicSteps
+from jobs._store.claiming import ClaimTerms
 from jobs._store.clock import Clock, DatabaseClock
 from jobs._store.dedup_writes import DedupWrites
 from jobs._store.depth_reads import DepthReads
@@ -124,7 +126,7 @@ class JobStore:
         self.operator = Operations(self.statements, self.workflows)
         self.atomic = AtomicSteps(self.statements)
         self.doorbells = Doorbells(self.statements)
-        self.fairness = FairTurns(self.statements)
+        self.fairness = FairTurns(self.statements, self.ownership)
         self.pauses = Pauses(self.statements)
         self.schedules = Schedules(self.statements, self.submissions, self.reads)
 
@@ -137,6 +139,7 @@ class JobStore:
 __all__ = [
     "BulkOutcome",
     "Claim",
+    "ClaimTerms",
     "Job",
     "JobReader",
     "JobStore",

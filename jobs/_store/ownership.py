@@ -1,11 +1,12 @@
-"""An owner's life with a job, from claim to outcome: the claim, steps recorded mid-run,
+"""An owner's life with a job, from claim to outcome: the claim (its SQL is
+:mod:`jobs._store.claiming`'s, which :class:`Ownership` extends), steps recorded mid-run,
 and the moves that end the run (complete, fail, retry) or pause it (release, sleep, wait
 for approval). Its lease is renewed by :mod:`jobs._store.leases`, its progress written by
 :mod:`jobs._store.progress_writes`.
 
 Every write after the claim is fenced (:meth:`Statements.fenced`): it matches the row only
 while the claim still owns it under an unexpired lease, so a stale owner writes nothing
-and learns why (:class:`LeaseLost`). On PostgreSQL the claim and each owner's move is one
+and learns why (:class:`LeaseLost`). On PostgreSQL each owner's move is one
 reusable statement sent in autocommit mode, on the driver's cursor (the hot path).
 """
 
@@ -13,58 +14,37 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Executable,
-    Row,
-    bindparam,
-    exists,
-    literal,
-    or_,
     select,
 )
 
 from jobs._core.errors import StepError
-from jobs._core.kind_versions import KindVersions
 from jobs._core.records import Claim, Job, Moved, PendingStep
 from jobs._core.states import State
 from jobs._core.validate import check_name, encode_json
-from jobs._store.admission import locked_limits, running_of_kind
-from jobs._store.clauses import ReusableStatement, kind_in, param
+from jobs._store.claiming import Claims
+from jobs._store.clauses import ReusableStatement, param
 from jobs._store.db import retry_on_disconnect
 from jobs._store.deferred import completion_ended, hold, holds_now
-from jobs._store.driver import run_together
-from jobs._store.flights import first_in_flight, flies, move_in_flight, owner_write_in_flight
+from jobs._store.flights import flies, move_in_flight, owner_write_in_flight
 from jobs._store.key_limits import (
-    key_lock,
     move_freeing_slot,
-    per_key_limited,
-    rate_holds_row,
-    running_of_key,
-    under_key_limit,
 )
-from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.moves import step_params
-from jobs._store.pause_clauses import not_paused
-from jobs._store.rate_limits import claim_bounds, refused_by_rate
 from jobs._store.requeue import requeue_or_fail
 from jobs._store.row_changes import OwnerMove, RowChanges
 from jobs._store.statements import Statements
-from jobs._store.tables import JobsTable, KindLimitsTable, StepsTable, TransitionsTable
-from jobs._store.version_clauses import (
-    claim_key,
-    recording_versions,
-    runs_recorded_version,
-    version_change,
-)
+from jobs._store.tables import JobsTable, StepsTable
 from jobs._store.workflows import Workflows
 
 
-class Ownership:
-    """What the owner of a claim does (see the module's docstring)."""
+class Ownership(Claims):
+    """What the owner of a claim does (see the module's docstring); the claim itself is
+    :class:`jobs._store.claiming.Claims`'s."""
 
     def __init__(
         self, statements: Statements, workflows: Workflows, max_payload_bytes: int
@@ -77,193 +57,6 @@ class Ownership:
         # A child's end also counts it down in its waiting parent
         # (:meth:`jobs._store.workflows.Workflows.finish_child`).
         self.workflows = workflows
-
-    # -- the claim -------------------------------------------------------------------------
-
-    def claim(
-        self,
-        job_id: str,
-        owner: str,
-        lease_seconds: float,
-        *,
-        liveness_key: int | None = None,
-        kinds: Sequence[str] | None = None,
-        keyed_first: bool = False,
-        versions: KindVersions | None = None,
-    ) -> Claim | None:
-        """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
-        that expired or whose owner process is gone (its liveness lock was released).
-        ``None`` means someone else owns it or it is not claimable now.
-
-        On PostgreSQL a kind without a running limit is claimed by one autocommit statement
-        (the claim, its history row, and whether recorded steps exist); only when that finds
-        nothing does a second try lock the job's concurrency key (a kind limited per key
-        only: two reusable statements in one transaction) or the kind's limits row, and
-        count the running jobs. ``keyed_first`` (the job's kind declares a concurrency key)
-        tries the per-key claim before the one-statement claim. ``versions``: this worker's
-        versions of its kinds (:mod:`jobs._store.version_clauses`): the first claim records
-        the job's, and a job recorded under one this worker does not run is not claimed. A
-        rate-limited kind is claimed in the locked transaction, which takes a start of its
-        rates (:func:`jobs._store.rate_limits.take_starts`) or rolls the claim back."""
-        statements = self.statements
-
-        def claimable() -> list[ColumnElement[bool]]:
-            where = [self.claimable()]
-            if kinds is not None:
-                where.append(kind_in(kinds))
-            return [*where, *runs_recorded_version(versions)]
-
-        def claim_statement(limited: Callable[[], ColumnElement[bool]]) -> Callable[[], Executable]:
-            """The claim's reusable statement with ``limited()`` in its WHERE (built only
-            when the statement is: a clause is more Python than running the statement)."""
-
-            def build() -> Executable:
-                return statements.transition_statement(
-                    param("p_job_id"),
-                    State.RUNNING,
-                    where=[*claimable(), limited()],
-                    values={
-                        "owner": param("p_owner"),
-                        "fence": JobsTable.fence + 1,
-                        "lease_until": statements.after_bound("lease"),
-                        "attempts": JobsTable.attempts + 1,
-                        "liveness_key": bindparam("key", type_=JobsTable.liveness_key.type),
-                        **recording_versions(versions),
-                    },
-                    owner=lambda: param("p_owner"),
-                    reason=literal("claimed", TransitionsTable.reason.type),
-                    approved_by=literal(None, TransitionsTable.approved_by.type),
-                )
-
-            return build
-
-        kinds_key = claim_key(kinds, versions)  # one statement per kinds and their versions
-        params = {
-            "p_job_id": job_id,
-            "p_owner": owner,
-            "lease": float(lease_seconds),
-            "key": liveness_key,
-        }
-
-        def unlimited() -> Row[Any] | None:
-            """PostgreSQL: the claim of a kind without a running limit, one statement."""
-
-            def no_running_limit() -> ColumnElement[bool]:
-                return ~exists(
-                    select(KindLimitsTable.kind).where(
-                        KindLimitsTable.kind == JobsTable.kind,
-                        KindLimitsTable.max_running.is_not(None)
-                        | per_key_limited()
-                        | rate_holds_row(),
-                    )
-                )
-
-            build = claim_statement(no_running_limit)
-            statement = ReusableStatement(("claim", kinds_key), build, params)
-            if flies(statements):  # jobs share this process: the claim joins a flight
-                return first_in_flight(statements, statement, job_id, "claim")  # type: ignore[no-any-return]
-            with statements.unit(None, one_statement=True) as conn:
-                row: Row[Any] | None = statements.one_reusable(conn, statement)
-                return row
-
-        def keyed() -> tuple[int | None, Row[Any] | None]:
-            """PostgreSQL: the claim of a job with a key, of a kind limited per key only:
-            the key's lock, then the claim counting the key's RUNNING jobs, two reusable
-            statements in one transaction (one flight on the driver). ``(None, None)``:
-            not such a job (neither statement found its row)."""
-            lock_values = {"p_job_id": job_id}  # no instant in it: no clock values
-            values = {**params, **self.clock.values()}
-            build = claim_statement(lambda: under_key_limit(self.clock))
-            claim_key = ("claim", "key", kinds_key)
-            if statements.on_driver:
-                with statements.unit(None, one_statement=True) as conn:
-                    lock, found = run_together(
-                        conn,
-                        [
-                            (
-                                statements.driver_statement(("key lock",), key_lock, lock_values),
-                                lock_values,
-                            ),
-                            (statements.driver_statement(claim_key, build, values), values),
-                        ],
-                    )
-            else:
-                with self.engine.begin() as conn:
-                    lock = conn.execute(
-                        statements.reusable(("key lock",), key_lock), lock_values
-                    ).first()
-                    found = conn.execute(statements.reusable(claim_key, build), values).first()
-            return (None if lock is None else lock.max_running_per_key), found
-
-        if self.engine.dialect.name == "postgresql":
-            row = None if keyed_first else retry_on_disconnect(unlimited)
-            if row is not None:
-                return Claim.from_row(row, owner)
-            per_key, row = retry_on_disconnect(keyed)
-            if row is not None:
-                return Claim.from_row(row, owner, None, per_key)
-            if per_key is not None:
-                return None  # the key is full
-            row = retry_on_disconnect(unlimited) if keyed_first else None
-            if row is not None:
-                return Claim.from_row(row, owner)
-        with self.engine.connect() as conn, conn.begin() as transaction:
-            max_running, per_key, rates = claim_bounds(*locked_limits(conn, job_id))
-            if max_running is None and per_key is None and not rates and self.on_postgresql:
-                return None  # the statement above already tried this claim without a limit
-            limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
-            if per_key is not None:
-                limited.append(running_of_key(self.clock) < per_key)
-            row = statements.transition(
-                conn,
-                job_id,
-                State.RUNNING,
-                where=[*claimable(), *limited],
-                changes=RowChanges(
-                    owner=owner,
-                    fence=JobsTable.fence + 1,
-                    lease_until=self.clock.after(lease_seconds),
-                    attempts=JobsTable.attempts + 1,
-                    liveness_key=liveness_key,
-                    code_version=version_change(versions),
-                ),
-                owner=owner,
-                reason="claimed",
-            )
-            if row is not None and refused_by_rate(conn, self.clock, row.kind, rates):
-                transaction.rollback()  # the rate allows no start yet: nothing claimed
-                return None
-        return None if row is None else Claim.from_row(row, owner, max_running, per_key, rates)
-
-    def claimable(self) -> ColumnElement[bool]:
-        """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
-        a lease that ran out or an owner whose process is gone; and in either case of no
-        paused kind and on no paused queue (``jobctl pause``), read in the claim's own
-        compare-and-set, so every worker honours a pause from its commit on."""
-        now = self.clock.now()
-        return (
-            or_(
-                (JobsTable.state == State.QUEUED.value) & (JobsTable.run_after <= now),
-                (JobsTable.state == State.RUNNING.value)
-                & (JobsTable.attempts < JobsTable.max_attempts)
-                & or_(JobsTable.lease_until <= now, owner_lock_released(JobsTable.liveness_key)),
-            )
-            & not_paused()
-        )
-
-    def next_claimable(self, kinds: Sequence[str] | None = None, limit: int = 10) -> list[str]:
-        """IDs of jobs a claim would take now, the highest priority first, then the longest
-        due (for in-process draining)."""
-        stmt = (
-            select(JobsTable.id)
-            .where(self.claimable())
-            .order_by(JobsTable.priority.desc(), JobsTable.run_after, JobsTable.created_at)
-            .limit(limit)
-        )
-        if kinds is not None:
-            stmt = stmt.where(JobsTable.kind.in_(list(kinds)))
-        with self.statements.read() as conn:
-            return list(conn.execute(stmt).scalars())
 
     # -- steps -----------------------------------------------------------------------------
 

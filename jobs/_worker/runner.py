@@ -44,7 +44,7 @@ from jobs._core.records import Moved, Ring
 from jobs._core.registry import REGISTRY, Registry
 from jobs._core.states import State
 from jobs._core.validate import check_loaded, clip
-from jobs._store import Claim, Job, JobStore, PendingStep
+from jobs._store import Claim, ClaimTerms, Job, JobStore, PendingStep
 from jobs._worker.event_loops import EventLoops
 from jobs._worker.run_results import Outcome, RunResult, trace_outcome
 
@@ -136,20 +136,27 @@ class Runner:
         ``job_id`` (:mod:`jobs._store.fair_claims`)."""
         sent = time.monotonic()  # the lease runs from no earlier than this, on any clock
 
-        def take(target: str) -> Claim | None:
-            return self.store.ownership.claim(
-                target,
-                self.owner,
-                self.lease_seconds,
-                liveness_key=self.liveness_key,
-                kinds=self.registry.names(),
-                keyed_first=kind is not None and self.registry.declares_key(kind),
-                versions=self.registry.versions(self.run_versions, self.drain),
+        terms = ClaimTerms(
+            self.owner,
+            self.lease_seconds,
+            liveness_key=self.liveness_key,
+            kinds=self.registry.names(),
+            keyed_first=kind is not None and self.registry.declares_key(kind),
+            versions=self.registry.versions(self.run_versions, self.drain),
+        )
+        claim: Claim | None
+        if kind is not None and self.registry.is_fair(kind):  # claims the fair pick
+            claim = self.store.fairness.claim(job_id, kind, terms, self.ring)
+        else:
+            claim = self.store.ownership.claim(
+                job_id,
+                terms.owner,
+                terms.lease_seconds,
+                liveness_key=terms.liveness_key,
+                kinds=terms.kinds,
+                keyed_first=terms.keyed_first,
+                versions=terms.versions,
             )
-
-        fair = kind is not None and self.registry.is_fair(kind)  # claims the fair pick
-        fairness = self.store.fairness
-        claim = fairness.claim(job_id, kind, take, self.ring) if fair and kind else take(job_id)
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
         if claim.rate_buckets and self.ring is not None:
