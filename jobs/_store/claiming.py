@@ -289,6 +289,18 @@ class Claims:
                 return None
         return None if row is None else Claim.from_row(row, owner, max_running, per_key, rates)
 
+    def claim_on(self, job_id: str, terms: ClaimTerms) -> Claim | None:
+        """:meth:`claim` of ``job_id`` on ``terms`` (what a worker's runner holds)."""
+        return self.claim(
+            job_id,
+            terms.owner,
+            terms.lease_seconds,
+            liveness_key=terms.liveness_key,
+            kinds=terms.kinds,
+            keyed_first=terms.keyed_first,
+            versions=terms.versions,
+        )
+
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
         a lease that ran out or an owner whose process is gone; and in either case of no

@@ -151,15 +151,7 @@ class FairTurns:
         if isinstance(taken, tuple):
             claim, swapped = taken
         else:
-            claim = self.claims.claim(
-                job_id,
-                terms.owner,
-                terms.lease_seconds,
-                liveness_key=terms.liveness_key,
-                kinds=terms.kinds,
-                keyed_first=terms.keyed_first,
-                versions=terms.versions,
-            )
+            claim = self.claims.claim_on(job_id, terms)
             if claim is not None:
                 with self.engine.begin() as conn:
                     self.served(conn, claim.job)

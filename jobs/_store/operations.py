@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Row, delete, insert, select, update
@@ -24,9 +25,14 @@ from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, StepsTable
 from jobs._store.workflows import Workflows, settle_parent
 
-Write = Callable[[Connection, str, Sequence[State], list[ColumnElement[bool]]], Job | None]
-"""One job's operator move inside a unit of work: (connection, job id, the states it may
-move from, extra WHERE conditions) -> the job as it is now, or ``None`` if nothing matched."""
+Move = Callable[..., "Row[Any] | None"]
+"""One job's state move, bound to its unit of work, its ID, the states it may leave and (for
+a batch) the fence it was selected with: ``move(target, changes=…, reason=…)`` is
+:meth:`Statements.transition` of that job; ``None``: nothing matched."""
+
+Write = Callable[[Connection, str, Move], Job | None]
+"""One job's operator move inside a unit of work: (connection, job id, its bound
+:data:`Move`) -> the job as it is now, or ``None`` if nothing matched."""
 
 
 def retry_reason(by: str, reason: str, *, from_start: bool) -> str:
@@ -67,9 +73,7 @@ class Operations:
         check_person(by, "approver")
         if note is not None:
             check_text(note, "approval note")
-        return lambda unit, job_id, sources, where: self._approve(
-            unit, job_id, by, note, sources, where
-        )
+        return lambda unit, job_id, move: self._approve(unit, job_id, by, note, move)
 
     def _approve(
         self,
@@ -77,16 +81,11 @@ class Operations:
         job_id: str,
         by: str,
         note: str | None,
-        sources: Sequence[State],
-        where: list[ColumnElement[bool]],
+        move: Move,
     ) -> Job | None:
         now = self.clock.now()
-        row = self.statements.transition(
-            unit,
-            job_id,
+        row = move(
             State.QUEUED,
-            only_from=sources,
-            where=where,
             changes=RowChanges(run_after=now, dispatched_at=now, wait_deadline=None),
             reason=note or "approved",
             approved_by=by,
@@ -130,27 +129,16 @@ class Operations:
     def _cancelling(self, reason: str) -> Write:
         """The write that cancels one job for ``reason`` (checked here)."""
         check_text(reason, "cancel reason")
-        return lambda unit, job_id, sources, where: self._cancel(
-            unit, job_id, reason, sources, where
-        )
+        return lambda unit, job_id, move: self._cancel(unit, job_id, reason, move)
 
     def _cancel(
         self,
         unit: Connection,
         job_id: str,
         reason: str,
-        sources: Sequence[State],
-        where: list[ColumnElement[bool]],
+        move: Move,
     ) -> Job | None:
-        row = self.statements.transition(
-            unit,
-            job_id,
-            State.CANCELLED,
-            only_from=sources,
-            where=where,
-            changes=RowChanges.finished(self.clock.now()),
-            reason=reason,
-        )
+        row = move(State.CANCELLED, changes=RowChanges.finished(self.clock.now()), reason=reason)
         if row is None:
             return None
         # Workflows: its unfinished children are cancelled with it, and a child counts
@@ -183,9 +171,7 @@ class Operations:
         """The write that retries one job as ``by`` (checked here)."""
         check_person(by, "retrier")
         check_text(reason, "retry reason")
-        return lambda unit, job_id, sources, where: self._retry(
-            unit, job_id, by, reason, from_start, sources, where
-        )
+        return lambda unit, job_id, move: self._retry(unit, job_id, by, reason, from_start, move)
 
     def _retry(
         self,
@@ -194,16 +180,11 @@ class Operations:
         by: str,
         reason: str,
         from_start: bool,
-        sources: Sequence[State],
-        where: list[ColumnElement[bool]],
+        move: Move,
     ) -> Job | None:
         now = self.clock.now()
-        row: Row[Any] | None = self.statements.transition(
-            unit,
-            job_id,
+        row: Row[Any] | None = move(
             State.QUEUED,
-            only_from=sources,
-            where=where,
             changes=RowChanges(
                 owner=None,
                 fence=JobsTable.fence + 1,
@@ -261,7 +242,8 @@ class Operations:
         """``write`` one job, from ``sources`` to ``target``, in its own transaction (or
         ``conn``'s); a job it did not move raises why (:meth:`Statements.explain`)."""
         with self.statements.unit(conn) as unit:
-            job = write(unit, job_id, sources, [])
+            move = partial(self.statements.transition, unit, job_id, only_from=sources)
+            job = write(unit, job_id, move)
             if job is None:
                 raise self.statements.explain(unit, job_id, target)
             return job
@@ -279,7 +261,14 @@ class Operations:
                 if seen.state not in sources:
                     skipped.append(seen.id)
                     continue
-                job = write(unit, seen.id, [seen.state], [JobsTable.fence == seen.fence])
+                move = partial(
+                    self.statements.transition,
+                    unit,
+                    seen.id,
+                    only_from=[seen.state],
+                    where=[JobsTable.fence == seen.fence],
+                )
+                job = write(unit, seen.id, move)
                 if job is None:
                     skipped.append(seen.id)
                 else:

@@ -148,15 +148,7 @@ class Runner:
         if kind is not None and self.registry.is_fair(kind):  # claims the fair pick
             claim = self.store.fairness.claim(job_id, kind, terms, self.ring)
         else:
-            claim = self.store.ownership.claim(
-                job_id,
-                terms.owner,
-                terms.lease_seconds,
-                liveness_key=terms.liveness_key,
-                kinds=terms.kinds,
-                keyed_first=terms.keyed_first,
-                versions=terms.versions,
-            )
+            claim = self.store.ownership.claim_on(job_id, terms)
         if claim is None:
             return RunResult(job_id, Outcome.NOT_CLAIMED)
         if claim.rate_buckets and self.ring is not None:
