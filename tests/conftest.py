@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 
 import jobs
@@ -399,6 +399,22 @@ def limits_row(listing: str) -> str:
     header, row = listing.strip().splitlines()
     assert header.split() == LIMITS_COLUMNS
     return row
+
+
+@contextlib.contextmanager
+def sent(engine: Engine) -> Iterator[list[str]]:
+    """The SQL of every statement sent through ``engine`` inside the block (SQLAlchemy's
+    ``before_cursor_execute`` event): for tests that count a write's round trips."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
 
 
 def snapshot(engine: Engine) -> Snapshot:

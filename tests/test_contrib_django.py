@@ -529,7 +529,7 @@ def test_each_admin_action_needs_a_permission_of_its_own(shop: Doorbell) -> None
 
 
 def test_the_admin_change_page_pages_and_clips_with_memory_flat(
-    shop: Doorbell, monkeypatch: pytest.MonkeyPatch
+    shop: Doorbell, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """A parent with 20,000 children and a job with sixty 1 MiB outputs: the change page
     shows a page of each table (links to the next), outputs clipped with a link to the
@@ -542,6 +542,9 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     jobs.reset()
     page_probe_kinds()
     parent = testing.perform_job("page_many_children", {"count": PAGE_CHILDREN})
+    # The shop is shared: its 20,000 claimable children would make every later drain in
+    # this process run 1,000 of them (30 s a test); cancelling the parent cancels them.
+    request.addfinalizer(lambda: jobs.cancel(parent.id))
     big = testing.perform_job("page_big_outputs", {"steps": PAGE_BIG_STEPS})
     assert parent.state is State.WAITING, parent.last_error
     assert big.state is State.COMPLETED, big.last_error
@@ -581,14 +584,17 @@ def test_the_admin_change_page_pages_and_clips_with_memory_flat(
     assert client.get(value, {"step": "big-07"}).status_code == 403
 
 
-def test_the_admin_list_reads_no_inputs_or_results(shop: Doorbell) -> None:
+def test_the_admin_list_reads_no_inputs_or_results(
+    shop: Doorbell, request: pytest.FixtureRequest
+) -> None:
     """Thirty jobs with inputs of almost 1 MiB each: the list page (100 to a page) reads
     none of them, so rendering it allocates little."""
     from django.test import Client  # noqa: PLC0415
 
     page_probe_kinds()
     for _ in range(30):
-        jobs.submit("page_padded", {"pad": "p" * PAGE_OUTPUT_CHARS})
+        padded = jobs.submit("page_padded", {"pad": "p" * PAGE_OUTPUT_CHARS})
+        request.addfinalizer(lambda job_id=padded: jobs.cancel(job_id))  # the shop is shared
     client = Client()
     client.force_login(staff_user("viewer", "view_jobrow"))
     client.get("/admin/durable_jobs/jobrow/")  # warm

@@ -13,11 +13,7 @@ sends its own ``BEGIN``)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
-from sqlalchemy import Engine, event, select, update
+from sqlalchemy import Engine, select, update
 
 from jobs._core.context import JobContext
 from jobs._core.rate_syntax import parse_rate
@@ -26,24 +22,10 @@ from jobs._store import JobStore
 from jobs._store.tables import JobsTable, KindLimitsTable
 from jobs._worker.runner import Runner
 from jobs._worker.unclaimed import Unclaimed, wait_for_rate, why_not_claimed
+from tests.conftest import sent
 
 KIND = "rl"
 LEASE = 10.0
-
-
-@contextlib.contextmanager
-def sent(engine: Engine) -> Iterator[list[str]]:
-    """The SQL of every statement sent through ``engine`` inside the block."""
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
 
 
 def begins(engine: Engine, transactions: int) -> int:

@@ -27,6 +27,7 @@ from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
 from jobs.application import default_app
 from jobs.cli import main
+from tests.conftest import sent
 
 KINDS = Registry(imports=[])
 RAN: Counter[str] = Counter()
@@ -286,6 +287,55 @@ def test_cancelling_a_parent_cancels_its_unfinished_children(store: JobStore) ->
         "p.map.2": State.CANCELLED,
     }
     assert store.reads.get("p").state is State.CANCELLED
+
+
+def family(store: JobStore, parent: str, width: int) -> None:
+    """``parent`` with ``width`` children, each with two children of its own; the first
+    child already COMPLETED (the cancel leaves it and its children alone)."""
+    store.submissions.create("square", {"n": 0}, job_id=parent, max_attempts=1)
+    for index in range(width):
+        child = f"{parent}.c{index}"
+        store.submissions.create("square", {"n": index}, job_id=child, max_attempts=1)
+        for grandchild in (f"{child}.g0", f"{child}.g1"):
+            store.submissions.create("square", {"n": 0}, job_id=grandchild, max_attempts=1)
+            with store.engine.begin() as conn:
+                conn.execute(
+                    update(JobsTable).where(JobsTable.id == grandchild).values(parent_id=child)
+                )
+        with store.engine.begin() as conn:
+            conn.execute(update(JobsTable).where(JobsTable.id == child).values(parent_id=parent))
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(JobsTable).where(JobsTable.id == f"{parent}.c0").values(state="COMPLETED")
+        )
+
+
+def test_a_cancel_cascades_a_generation_at_a_time_however_wide_the_fan_out(
+    store: JobStore,
+) -> None:
+    """Cancelling a parent cancels its unfinished children and theirs, each with a history
+    row that names its parent, in a number of statements that does not grow with the fan-out
+    (one UPDATE and one INSERT a generation; a statement a child, it took 75 s to cancel a
+    parent of 20,000 on PostgreSQL)."""
+    family(store, "narrow", 3)
+    family(store, "wide", 30)
+
+    with sent(store.engine) as narrow:
+        store.operator.cancel("narrow", "not needed")
+    with sent(store.engine) as wide:
+        store.operator.cancel("wide", "not needed")
+
+    assert len(wide) == len(narrow)
+    states = {job.id: job.state for job in store.reads.children("wide")}
+    assert states["wide.c0"] is State.COMPLETED
+    assert {states[f"wide.c{index}"] for index in range(1, 30)} == {State.CANCELLED}
+    assert {job.state for job in store.reads.children("wide.c0")} == {State.QUEUED}
+    grandchildren = store.reads.children("wide.c7")
+    assert {job.state for job in grandchildren} == {State.CANCELLED}
+    [*_, last] = store.reads.history("wide.c7.g1")
+    assert (last.from_state, last.to_state) == (State.QUEUED, State.CANCELLED)
+    assert last.reason == "not needed (its parent 'wide.c7' was cancelled)"
+    assert store.reads.get("wide.c7").finished_at is not None
 
 
 def test_cancelling_a_child_wakes_its_parent_which_sees_child_failed(store: JobStore) -> None:

@@ -131,6 +131,59 @@ class StateMoves:
                 )
         return row
 
+    def transition_children(
+        self,
+        conn: Connection,
+        parent_ids: Sequence[str],
+        target: State,
+        *,
+        changes: RowChanges,
+        reason: str,
+    ) -> list[Row[Any]]:
+        """Move every child of ``parent_ids`` that may move to ``target`` (a cancel's
+        cascade): one compare-and-set UPDATE and one INSERT of their history rows per
+        thousand parents, however many children, in the caller's transaction. Each history
+        row's reason is ``reason`` with its parent named. Returns the moved rows' ``id``,
+        ``parent_id``, ``previous_state``, ``owner`` and ``fence``."""
+        moved: list[Row[Any]] = []
+        for start in range(0, len(parent_ids), 1000):  # within SQLite's bound parameters
+            some = parent_ids[start : start + 1000]
+            rows = conn.execute(
+                update(JobsTable)
+                .where(JobsTable.parent_id.in_(some), state_in(states.sources_of(target)))
+                .values(
+                    previous_state=JobsTable.state,
+                    state=target.value,
+                    updated_at=self.clock.now(),
+                    **changes.columns(),
+                )
+                .returning(
+                    JobsTable.id,
+                    JobsTable.parent_id,
+                    JobsTable.previous_state,
+                    JobsTable.owner,
+                    JobsTable.fence,
+                )
+            ).all()
+            if rows:
+                conn.execute(
+                    insert(TransitionsTable).values(at=self.clock.now()),
+                    [
+                        {
+                            "job_id": row.id,
+                            "from_state": row.previous_state,
+                            "to_state": target.value,
+                            "owner": row.owner,
+                            "fence": row.fence,
+                            "reason": f"{reason} (its parent {row.parent_id!r} was cancelled)",
+                            "approved_by": None,
+                        }
+                        for row in rows
+                    ],
+                )
+            moved.extend(rows)
+        return moved
+
     def move(
         self,
         job_id: Any,
