@@ -51,6 +51,27 @@ PG_ADMIN_URL = normalize_database_url(
 AMQP_URL = os.environ.get("JOBS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
+def _file_order(item: pytest.Item) -> tuple[int, float]:
+    """Where an item's test file goes in the run: files of slow tests first (longest first,
+    by their ``slow`` mark's ``minutes=``), then those that start real workers, then the
+    rest. With ``--dist loadfile --no-loadscope-reorder`` (the Makefile's ``test``) xdist
+    hands files out in this order, so the long ones run while the short ones fill in (xdist's
+    own reorder, most tests first, left Celery's six-minute suite to the end)."""
+    slow = item.get_closest_marker("slow")
+    if slow is not None:
+        return (0, -float(slow.kwargs.get("minutes", 0)))
+    return (1 if item.get_closest_marker("acceptance") is not None else 2, 0.0)
+
+
+@pytest.hookimpl(trylast=True)  # after any other plugin's reordering (kept within a tier)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (:func:`_file_order`), each file's items kept together."""
+    order: dict[Path, tuple[int, float]] = {}
+    for item in items:
+        order[item.path] = min(order.get(item.path, (3, 0.0)), _file_order(item))
+    items.sort(key=lambda item: order[item.path])
+
+
 def service_unavailable(name: str, err: Exception) -> None:
     message = f"{name} unreachable: {err}"
     if IN_CI:

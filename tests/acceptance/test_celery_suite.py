@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.acceptance,
     pytest.mark.postgres,
     pytest.mark.rabbitmq,
-    pytest.mark.slow,
+    pytest.mark.slow(minutes=6),
     pytest.mark.timeout(3600),
 ]
 
