@@ -22,6 +22,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    RootTransaction,
     Row,
     Select,
     bindparam,
@@ -33,7 +34,7 @@ from sqlalchemy import (
 )
 
 from jobs._core.kind_versions import KindVersions
-from jobs._core.records import Claim
+from jobs._core.records import Claim, KindLimits
 from jobs._core.states import State
 from jobs._store.admission import lock_limits, locked_limits, running_of_kind
 from jobs._store.clauses import ReusableStatement, kind_in, param
@@ -145,9 +146,17 @@ class Claims:
         keyed_first: bool = False,
         versions: KindVersions | None = None,
     ) -> Claim | None:
-        """Take the job if it is QUEUED and due, or RUNNING with attempts left under a lease
-        that expired or whose owner process is gone (its liveness lock was released).
-        ``None`` means someone else owns it or it is not claimable now.
+        """:meth:`claim_on` with the terms spelled out (:class:`ClaimTerms` says what each
+        means): the form tests and one-off callers use."""
+        return self.claim_on(
+            job_id,
+            ClaimTerms(owner, lease_seconds, liveness_key, kinds, keyed_first, versions),
+        )
+
+    def claim_on(self, job_id: str, terms: ClaimTerms) -> Claim | None:
+        """Take the job on ``terms`` if it is QUEUED and due, or RUNNING with attempts left
+        under a lease that expired or whose owner process is gone (its liveness lock was
+        released). ``None`` means someone else owns it or it is not claimable now.
 
         On PostgreSQL a kind without a running limit is claimed by one autocommit statement
         (the claim, its history row, and whether recorded steps exist); only when that finds
@@ -157,15 +166,10 @@ class Claims:
         tries the per-key claim before the one-statement claim. ``versions``: this worker's
         versions of its kinds (:mod:`jobs._store.version_clauses`): the first claim records
         the job's, and a job recorded under one this worker does not run is not claimed. A
-        rate-limited kind is claimed in the locked transaction, which takes a start of its
-        rates (:func:`jobs._store.rate_limits.take_starts`) or rolls the claim back."""
+        rate-limited kind is claimed in the locked transaction (:meth:`_claim_locked`),
+        which takes a start of its rates or rolls the claim back."""
+        owner, versions = terms.owner, terms.versions
         statements = self.statements
-
-        def claimable() -> list[ColumnElement[bool]]:
-            where = [self.claimable()]
-            if kinds is not None:
-                where.append(kind_in(kinds))
-            return [*where, *runs_recorded_version(versions)]
 
         def claim_statement(limited: Callable[[], ColumnElement[bool]]) -> Callable[[], Executable]:
             """The claim's reusable statement with ``limited()`` in its WHERE (built only
@@ -175,7 +179,7 @@ class Claims:
                 return statements.transition_statement(
                     param("p_job_id"),
                     State.RUNNING,
-                    where=[*claimable(), limited()],
+                    where=[*self._claimable_on(terms), limited()],
                     values={
                         "owner": param("p_owner"),
                         "fence": JobsTable.fence + 1,
@@ -191,12 +195,12 @@ class Claims:
 
             return build
 
-        kinds_key = claim_key(kinds, versions)  # one statement per kinds and their versions
+        kinds_key = claim_key(terms.kinds, versions)  # one statement per kinds and their versions
         params = {
             "p_job_id": job_id,
             "p_owner": owner,
-            "lease": float(lease_seconds),
-            "key": liveness_key,
+            "lease": float(terms.lease_seconds),
+            "key": terms.liveness_key,
         }
 
         def unlimited() -> Row[Any] | None:
@@ -250,7 +254,7 @@ class Claims:
             return (None if lock is None else lock.max_running_per_key), found
 
         if self.engine.dialect.name == "postgresql":
-            row = None if keyed_first else retry_on_disconnect(unlimited)
+            row = None if terms.keyed_first else retry_on_disconnect(unlimited)
             if row is not None:
                 return Claim.from_row(row, owner)
             per_key, row = retry_on_disconnect(keyed)
@@ -258,48 +262,67 @@ class Claims:
                 return Claim.from_row(row, owner, None, per_key)
             if per_key is not None:
                 return None  # the key is full
-            row = retry_on_disconnect(unlimited) if keyed_first else None
+            row = retry_on_disconnect(unlimited) if terms.keyed_first else None
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.connect() as conn, conn.begin() as transaction:
-            max_running, per_key, rates = claim_bounds(*locked_limits(conn, job_id))
-            if max_running is None and per_key is None and not rates and self.on_postgresql:
+            limits, key = locked_limits(conn, job_id)
+            if self.on_postgresql and claim_bounds(limits, key) == (None, None, []):
                 return None  # the statement above already tried this claim without a limit
-            limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
-            if per_key is not None:
-                limited.append(running_of_key(self.clock) < per_key)
-            row = statements.transition(
-                conn,
-                job_id,
-                State.RUNNING,
-                where=[*claimable(), *limited],
-                changes=RowChanges(
-                    owner=owner,
-                    fence=JobsTable.fence + 1,
-                    lease_until=self.clock.after(lease_seconds),
-                    attempts=JobsTable.attempts + 1,
-                    liveness_key=liveness_key,
-                    code_version=version_change(versions),
-                ),
-                owner=owner,
-                reason="claimed",
-            )
-            if row is not None and refused_by_rate(conn, self.clock, row.kind, rates):
-                transaction.rollback()  # the rate allows no start yet: nothing claimed
-                return None
-        return None if row is None else Claim.from_row(row, owner, max_running, per_key, rates)
+            claimed = self._claim_locked(conn, transaction, job_id, terms, limits, key)
+        return claimed if isinstance(claimed, Claim) else None
 
-    def claim_on(self, job_id: str, terms: ClaimTerms) -> Claim | None:
-        """:meth:`claim` of ``job_id`` on ``terms`` (what a worker's runner holds)."""
-        return self.claim(
+    def _claimable_on(self, terms: ClaimTerms) -> list[ColumnElement[bool]]:
+        """What every claim on ``terms`` requires of the job: :meth:`claimable`, of one of
+        ``terms``' kinds, and recorded under a version of it this worker runs."""
+        where = [self.claimable(), *runs_recorded_version(terms.versions)]
+        if terms.kinds is not None:
+            where.append(kind_in(terms.kinds))
+        return where
+
+    def _claim_locked(
+        self,
+        conn: Connection,
+        transaction: RootTransaction,
+        job_id: str,
+        terms: ClaimTerms,
+        limits: KindLimits | None,
+        key: str | None,
+    ) -> Claim | Untaken:
+        """The compare-and-set of a claim whose kind's ``limits`` (and the job's key
+        ``key``'s lock) the caller's transaction holds, counting the running jobs of the
+        kind and of the key in its WHERE, then the start of its rates
+        (:func:`jobs._store.rate_limits.take_starts`). Not taken, the transaction is rolled
+        back: :attr:`Untaken.PICK_AGAIN` when the WHERE matched nothing (the job is not
+        claimable, or its kind or key is full), :attr:`Untaken.RATE_HOLDS` when a rate
+        allows no start yet."""
+        max_running, per_key, rates = claim_bounds(limits, key)
+        limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
+        if per_key is not None:
+            limited.append(running_of_key(self.clock) < per_key)
+        row = self.statements.transition(
+            conn,
             job_id,
-            terms.owner,
-            terms.lease_seconds,
-            liveness_key=terms.liveness_key,
-            kinds=terms.kinds,
-            keyed_first=terms.keyed_first,
-            versions=terms.versions,
+            State.RUNNING,
+            where=[*self._claimable_on(terms), *limited],
+            changes=RowChanges(
+                owner=terms.owner,
+                fence=JobsTable.fence + 1,
+                lease_until=self.clock.after(terms.lease_seconds),
+                attempts=JobsTable.attempts + 1,
+                liveness_key=terms.liveness_key,
+                code_version=version_change(terms.versions),
+            ),
+            owner=terms.owner,
+            reason="claimed",
         )
+        if row is None:
+            transaction.rollback()
+            return Untaken.PICK_AGAIN
+        if refused_by_rate(conn, self.clock, row.kind, rates):
+            transaction.rollback()  # the rate allows no start yet: nothing claimed
+            return Untaken.RATE_HOLDS
+        return Claim.from_row(row, terms.owner, max_running, per_key, rates)
 
     def claimable(self) -> ColumnElement[bool]:
         """A job a claim may take now: QUEUED and due, or RUNNING with attempts left under
@@ -390,36 +413,13 @@ class Claims:
             if isinstance(picked, Untaken):
                 transaction.rollback()
                 return picked
-            max_running, per_key, rates = claim_bounds(limits, picked.concurrency_key)
-            limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
-            if per_key is not None:
-                limited.append(running_of_key(self.clock) < per_key)
-            where = [self.claimable(), *runs_recorded_version(versions), *limited]
-            if terms.kinds is not None:
-                where.append(kind_in(terms.kinds))
-            row = self.statements.transition(
-                conn,
-                picked.id,
-                State.RUNNING,
-                where=where,
-                changes=RowChanges(
-                    owner=terms.owner,
-                    fence=JobsTable.fence + 1,
-                    lease_until=self.clock.after(terms.lease_seconds),
-                    attempts=JobsTable.attempts + 1,
-                    liveness_key=terms.liveness_key,
-                    code_version=version_change(versions),
-                ),
-                owner=terms.owner,
-                reason="claimed",
+            claim = self._claim_locked(
+                conn, transaction, picked.id, terms, limits, picked.concurrency_key
             )
-            if row is None:
-                transaction.rollback()  # the key filled up since the pick read it
-                return Untaken.PICK_AGAIN
-            if refused_by_rate(conn, self.clock, kind, rates):
-                transaction.rollback()  # the key's rate allows no start yet
-                return Untaken.NONE_PICKED
-            claim = Claim.from_row(row, terms.owner, max_running, per_key, rates)
+            if claim is Untaken.RATE_HOLDS:
+                return Untaken.NONE_PICKED  # the key's rate (the kind's was read above)
+            if isinstance(claim, Untaken):
+                return claim  # the key filled up since the pick read it
             return claim, then(conn, claim)
 
 

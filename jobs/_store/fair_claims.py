@@ -60,7 +60,6 @@ class FairTurns:
     """The fair pick of a kind's next job and the record of the keys served."""
 
     def __init__(self, statements: Statements, claims: Claims) -> None:
-        self.engine = statements.engine
         self.clock = statements.clock
         self.claims = claims
 
@@ -95,15 +94,6 @@ class FairTurns:
             .limit(1)
         )
 
-    def pick(self, kind: str) -> str | None:
-        """The job of ``kind`` the next fair claim would take (:meth:`pick_statement`),
-        read without claiming it; ``None``: none."""
-        with self.engine.connect() as conn:
-            picked: str | None = conn.execute(
-                self.pick_statement(kind).with_only_columns(JobsTable.id)
-            ).scalar_one_or_none()
-        return picked
-
     def served(self, conn: Connection, job: Job) -> None:
         """A claim took ``job``: its key was served now (in the claim's transaction)."""
         key = job.concurrency_key or ""
@@ -127,9 +117,9 @@ class FairTurns:
         of the fair pick, in the pick's transaction with the record of its key served
         (picked again while the job picked is not claimable after all, up to
         :data:`PICKS` times: a delivery that claims nothing while a job waits would leave
-        that job without a doorbell), else of ``job_id`` itself; nothing while the kind's
-        rate allows no start. The job swapped out is rung again through ``ring`` once the
-        claim committed."""
+        that job without a doorbell), else of ``job_id`` itself (its key served in the same
+        transaction too); nothing while the kind's rate allows no start. The job swapped
+        out is rung again through ``ring`` once the claim committed."""
 
         def then(conn: Connection, claim: Claim) -> list[Doorbell]:
             self.served(conn, claim.job)
@@ -150,11 +140,12 @@ class FairTurns:
                 break
         if isinstance(taken, tuple):
             claim, swapped = taken
-        else:
-            claim = self.claims.claim_on(job_id, terms)
-            if claim is not None:
-                with self.engine.begin() as conn:
-                    self.served(conn, claim.job)
+        else:  # no pick is claimable: the doorbell's own job, its key served with its claim
+            own = select(JobsTable.id, JobsTable.concurrency_key).where(JobsTable.id == job_id)
+            mine = self.claims.claim_first(
+                kind, own, terms, lambda conn, claim: self.served(conn, claim.job)
+            )
+            claim = mine[0] if isinstance(mine, tuple) else None
         if swapped and ring is not None:
             ring(swapped)
         return claim
