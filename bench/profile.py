@@ -50,8 +50,8 @@ class TimedOwnership(Ownership):
         finally:
             self.spent[name] += time.perf_counter() - started
 
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed("claim", lambda: super(TimedOwnership, self).claim(*args, **kwargs))
+    def claim_on(self, *args: Any, **kwargs: Any) -> Any:  # what the runner calls
+        return self._timed("claim", lambda: super(TimedOwnership, self).claim_on(*args, **kwargs))
 
     def record_steps(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(

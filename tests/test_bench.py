@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from jobs._core.context import JobContext
+from jobs._core.registry import Registry
+from jobs._store.db import make_engine
+from jobs._store.schema import upgrade
+from jobs._worker.run_results import Outcome
+from jobs._worker.runner import Runner
+
 REPO = Path(__file__).resolve().parent.parent
 ROW = re.compile(
     r"^embedded\s+(?P<metric>.+?)\s+(?P<durable>\S+)\s+(?P<plain>\S+)\s+(?P<ratio>\d+\.\d+|n/a)$"
@@ -59,6 +66,30 @@ def test_bench_runs_and_prints_ratios() -> None:
     ):
         assert metric in rows, done.stdout
         assert rows[metric]["ratio"] != "n/a", done.stdout
+
+
+KINDS = Registry(imports=[])
+
+
+@KINDS.job("profiled", max_attempts=1)
+def profiled(ctx: JobContext) -> int:
+    return ctx.step("one", lambda: 1)
+
+
+def test_the_profile_times_the_store_calls_a_run_makes(tmp_path: Path) -> None:
+    """``bench.profile``'s store times each owner's write the runner makes: once the runner
+    claimed through ``claim_on``, the claim went untimed and its milliseconds were counted
+    as the runner's own Python (``per job: claim 0.00``)."""
+    from bench.profile import TIMED, TimedStore  # noqa: PLC0415
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'profile.db'}")
+    upgrade(engine)
+    store = TimedStore(engine, max_payload_bytes=1_000_000)
+    store.submissions.create("profiled", {}, job_id="p1", max_attempts=1)
+    runner = Runner(store, "bench-test", lease_seconds=30, registry=KINDS)
+    assert runner.run("p1").outcome is Outcome.COMPLETED
+    assert {name for name in TIMED if store.spent[name] > 0} >= {"claim", "complete"}
+    engine.dispose()
 
 
 def test_the_drain_rate_counts_from_the_twentieth_completion_to_the_last() -> None:
