@@ -249,6 +249,17 @@ def test_the_signal_check_finds_one() -> None:
     assert connects_at_import("x.py", tree) == ["x.py:3", "x.py:4"]
 
 
+def test_every_module_opens_by_saying_what_it_owns() -> None:
+    """Each module with code in it opens with a docstring (an empty ``__init__.py`` that only
+    marks a package, as Django's ``management/commands`` needs, has nothing to say)."""
+    silent = [
+        relative(path)
+        for path in source_files()
+        if path.read_text().strip() and not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert silent == []
+
+
 def test_the_module_map_lists_every_module() -> None:
     text = MODULE_MAP.read_text()
     missing = [
