@@ -31,8 +31,7 @@ lint: install
 # Two test processes (pytest-xdist; one test file stays in one process), then the tests that
 # must run alone: they stop or reconfigure the shared RabbitMQ every other test uses.
 test: lint docs
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=30
-	$(PY) -m pytest -m serial
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-fast: install
 	$(PY) -m pytest -m "not acceptance and not slow"

@@ -1,48 +1,43 @@
 """RabbitMQ misbehaves under running jobs (scenarios 8 and 9).
 
-Both tests change the shared RabbitMQ node (stop_app/start_app, the consumer timeout),
-always restore it in ``finally`` and wait until it accepts connections again.
+Each test has a one-node RabbitMQ of its own (``PRIVATE_PG_PRIVATE_RABBITMQ``: a real
+``rabbitmq-server`` on ports of its own), so it may stop the broker's app and change its
+consumer timeout while the rest of the suite runs on the shared node beside it; the node
+is destroyed after the test, whatever the test did to it.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from jobs._core.states import State
 from tests.acceptance.conftest import (
-    PG_RABBITMQ,
+    PRIVATE_PG_PRIVATE_RABBITMQ,
     Stack,
     assert_recorded_steps_ran_once,
     owner_pid,
-    rabbitmqctl,
     wait_for_amqp,
     wait_until,
 )
 
-# serial: these tests stop the shared RabbitMQ and change its consumer_timeout.
-pytestmark = [pytest.mark.acceptance, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
 
-@pytest.fixture
-def rabbit_restartable(stack: Stack) -> Iterator[None]:
-    """Make sure the node is running again whatever the test did to it."""
-    try:
-        yield
-    finally:
-        rabbitmqctl("start_app")  # a no-op when it is running
-        wait_for_amqp(stack.env["JOBS_BROKER_URL"], 60)
+def broker_ctl(stack: Stack, *args: str) -> str:
+    """``rabbitmqctl`` against the test's own node."""
+    assert stack.cluster is not None
+    return stack.cluster.ctl(stack.cluster.nodes[0], *args)
 
 
 def recorded(stack: Stack, job_id: str) -> int:
     return len(stack.steps(job_id))
 
 
-@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
-def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> None:
+@pytest.mark.parametrize("stack", [PRIVATE_PG_PRIVATE_RABBITMQ], indirect=True)
+def test_rabbitmq_restart_during_run(stack: Stack) -> None:
     """Scenario 8: ``rabbitmqctl stop_app``/``start_app`` while one job runs on a prefork
     worker and one on a solo worker, one is submitted while the broker is down and one
     after it is back: all complete, and no recorded step runs again."""
@@ -64,7 +59,7 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
     outage_started = time.monotonic()
     outage_started_at = time.time()
     try:
-        rabbitmqctl("stop_app")
+        broker_ctl(stack, "stop_app")
         during = stack.submit("sleep_steps", {"steps": 3, "seconds": 0.5})
         job = stack.job(during)
         # The publish failed and said so; the job is committed and waits for the sweeper.
@@ -72,7 +67,7 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
         assert job.dispatched_at is None, job
         time.sleep(2)  # keep the broker down a little while the jobs run on
     finally:
-        rabbitmqctl("start_app")
+        broker_ctl(stack, "start_app")
         wait_for_amqp(stack.env["JOBS_BROKER_URL"], 60)
     outage = time.monotonic() - outage_started
     after = stack.submit("sleep_steps", {"steps": 3, "seconds": 0.5})
@@ -121,29 +116,17 @@ def test_rabbitmq_restart_during_run(stack: Stack, rabbit_restartable: None) -> 
     stack.wait_queue_empty(timeout=30)
 
 
-def _consumer_timeout() -> str:
-    return rabbitmqctl("eval", "application:get_env(rabbit, consumer_timeout).").strip()
-
-
 @pytest.fixture
-def short_consumer_timeout() -> Iterator[int]:
-    """RabbitMQ's consumer_timeout at 5 s for channels opened meanwhile, restored after."""
-    previous = _consumer_timeout()
-    assert previous == "undefined" or re.fullmatch(r"\{ok,\d+\}", previous), previous
-    rabbitmqctl("eval", "application:set_env(rabbit, consumer_timeout, 5000).")
-    try:
-        assert _consumer_timeout() == "{ok,5000}"
-        yield 5
-    finally:
-        if previous == "undefined":
-            rabbitmqctl("eval", "application:unset_env(rabbit, consumer_timeout).")
-        else:
-            value = previous.removeprefix("{ok,").removesuffix("}")
-            rabbitmqctl("eval", f"application:set_env(rabbit, consumer_timeout, {value}).")
-        assert _consumer_timeout() == previous
+def short_consumer_timeout(stack: Stack) -> int:
+    """The test's node's consumer_timeout at 5 s, for channels opened from now on."""
+    broker_ctl(stack, "eval", "application:set_env(rabbit, consumer_timeout, 5000).")
+    assert broker_ctl(stack, "eval", "application:get_env(rabbit, consumer_timeout).").strip() == (
+        "{ok,5000}"
+    )
+    return 5
 
 
-@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+@pytest.mark.parametrize("stack", [PRIVATE_PG_PRIVATE_RABBITMQ], indirect=True)
 def test_long_job_hands_back_before_consumer_timeout(
     stack: Stack, short_consumer_timeout: int
 ) -> None:
@@ -189,7 +172,7 @@ def test_long_job_hands_back_before_consumer_timeout(
     stack.wait_queue_empty(timeout=30)
 
 
-@pytest.mark.parametrize("stack", [PG_RABBITMQ], indirect=True)
+@pytest.mark.parametrize("stack", [PRIVATE_PG_PRIVATE_RABBITMQ], indirect=True)
 def test_without_the_hand_back_rabbitmq_closes_the_channel(
     stack: Stack, short_consumer_timeout: int
 ) -> None:
