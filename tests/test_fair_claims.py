@@ -164,6 +164,31 @@ def test_a_pick_whose_key_another_claim_holds_waits_for_the_key_without_the_row(
     assert [claim.job_id for claim in claimed if claim is not None] == ["b0"]
 
 
+# PostgreSQL only: SQLite's single writer serializes claims, none is mid-transaction.
+@pytest.mark.parametrize("database", POSTGRES_EXECUTORS, indirect=True)
+def test_a_delivery_whose_own_job_another_claim_holds_waits_for_it(
+    store: JobStore, clock: LogicalClock
+) -> None:
+    """PostgreSQL: no fair pick is claimable (the one job is held locked by another claim,
+    mid-transaction, that then lets it go), so the delivery falls back to its own job: it
+    waits for the row as any claim of a named job does, and claims it once let go (skipping
+    the row, it claimed nothing and its doorbell was spent)."""
+    new(store, "a0", "A")
+    claimed: list[Claim | None] = []
+    with store.engine.connect() as other, other.begin() as holding:
+        other.execute(select(JobsTable.id).where(JobsTable.id == "a0").with_for_update())
+        claiming = threading.Thread(
+            target=lambda: claimed.append(store.fairness.claim("a0", KIND, TERMS))
+        )
+        claiming.start()
+        time.sleep(0.5)  # the fair pick skipped a0; the fallback is on a0's row
+        holding.rollback()  # the other claim took nothing
+    claiming.join(timeout=30)
+    assert not claiming.is_alive()
+    assert [claim.job_id for claim in claimed if claim is not None] == ["a0"]
+    assert store.reads.get("a0").state is State.RUNNING
+
+
 @pytest.mark.parametrize(
     "limits", [{"rate_limit": "1/m"}, {"max_running": 1}], ids=["rate", "max_running"]
 )

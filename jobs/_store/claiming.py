@@ -371,6 +371,8 @@ class Claims:
         pick: Select[Any],
         terms: ClaimTerms,
         then: Callable[[Connection, Claim], Then],
+        *,
+        skip_locked: bool = True,
     ) -> tuple[Claim, Then] | Untaken:
         """Claim the first job ``pick`` (a select of ``id`` and ``concurrency_key`` over
         jobs of ``kind``, in the order to claim them) finds, and run ``then`` on the claim,
@@ -379,17 +381,18 @@ class Claims:
 
         On PostgreSQL the pick locks the row it returns and skips rows other claims hold
         locked (``FOR UPDATE OF jobs SKIP LOCKED``), so concurrent claims take different
-        jobs in one pick each; SQLite's ``BEGIN IMMEDIATE`` serializes them. The claim
-        itself is :meth:`claim`'s compare-and-set, with the same WHERE (the state machine,
-        pauses, ``terms``' kinds and versions) and limits: the kind's ``max_running``
-        (its limits row locked before the pick, as every limited claim locks it before
-        the job's row), its ``max_running_per_key`` (the key's lock, tried without waiting
-        while the job's row is held: a claim that holds the key waits for that row) and
-        its rates (:func:`jobs._store.rate_limits.take_starts`, after the compare-and-set
-        as in :meth:`claim`). The kind's own rate's row is locked and read before the
-        pick, so the claim that gets the next start is the one that picks, and one the
-        rate refuses picks nothing (it would hold the best pick locked while a concurrent
-        claim took the start with a later one)."""
+        jobs in one pick each; without ``skip_locked`` (a pick of one named job) it waits
+        for the row, as :meth:`claim_on` does. SQLite's ``BEGIN IMMEDIATE`` serializes them.
+        The claim itself is :meth:`claim_on`'s compare-and-set, with the same WHERE (the
+        state machine, pauses, ``terms``' kinds and versions) and limits: the kind's
+        ``max_running`` (its limits row locked before the pick, as every limited claim locks
+        it before the job's row), its ``max_running_per_key`` (the key's lock, tried without
+        waiting while the job's row is held: a claim that holds the key waits for that row)
+        and its rates (:func:`jobs._store.rate_limits.take_starts`, after the
+        compare-and-set as in :meth:`claim_on`). The kind's own rate's row is locked and read
+        before the pick, so the claim that gets the next start is the one that picks, and one
+        the rate refuses picks nothing (it would hold the best pick locked while a concurrent claim
+        took the start with a later one)."""
         on_postgresql = self.on_postgresql
         versions = terms.versions
         with self.engine.connect() as conn, conn.begin() as transaction:
@@ -405,7 +408,7 @@ class Claims:
                 return Untaken.RATE_HOLDS
             pick = pick.where(*runs_recorded_version(versions))
             if on_postgresql:
-                pick = pick.with_for_update(skip_locked=True, of=JobsTable)
+                pick = pick.with_for_update(skip_locked=skip_locked, of=JobsTable)
             keyed = on_postgresql and limits is not None and limits.max_running_per_key is not None
             picked = _pick_holding_key(conn, kind, pick) if keyed else conn.execute(pick).first()
             if picked is None:

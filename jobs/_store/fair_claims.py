@@ -142,8 +142,12 @@ class FairTurns:
             claim, swapped = taken
         else:  # no pick is claimable: the doorbell's own job, its key served with its claim
             own = select(JobsTable.id, JobsTable.concurrency_key).where(JobsTable.id == job_id)
-            mine = self.claims.claim_first(
-                kind, own, terms, lambda conn, claim: self.served(conn, claim.job)
+            mine = self.claims.claim_first(  # waits for its row, as any claim of one job
+                kind,
+                own,
+                terms,
+                lambda conn, claim: self.served(conn, claim.job),
+                skip_locked=False,
             )
             claim = mine[0] if isinstance(mine, tuple) else None
         if swapped and ring is not None:
