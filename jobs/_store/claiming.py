@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 
 from jobs._core.kind_versions import KindVersions
-from jobs._core.records import Claim, KindLimits
+from jobs._core.records import Claim
 from jobs._core.states import State
 from jobs._store.admission import lock_limits, locked_limits, running_of_kind
 from jobs._store.clauses import ReusableStatement, kind_in, param
@@ -51,7 +51,7 @@ from jobs._store.key_limits import (
 )
 from jobs._store.liveness_locks import owner_lock_released
 from jobs._store.pause_clauses import not_paused
-from jobs._store.rate_limits import claim_bounds, limits_of_kind, refused_by_rate
+from jobs._store.rate_limits import ClaimBounds, claim_bounds, limits_of_kind, refused_by_rate
 from jobs._store.row_changes import RowChanges
 from jobs._store.statements import Statements
 from jobs._store.tables import JobsTable, KindLimitsTable, RateStartsTable, TransitionsTable
@@ -266,10 +266,10 @@ class Claims:
             if row is not None:
                 return Claim.from_row(row, owner)
         with self.engine.connect() as conn, conn.begin() as transaction:
-            limits, key = locked_limits(conn, job_id)
-            if self.on_postgresql and claim_bounds(limits, key) == (None, None, []):
+            bounds = claim_bounds(*locked_limits(conn, job_id))
+            if self.on_postgresql and bounds == (None, None, []):
                 return None  # the statement above already tried this claim without a limit
-            claimed = self._claim_locked(conn, transaction, job_id, terms, limits, key)
+            claimed = self._claim_locked(conn, transaction, job_id, terms, bounds)
         return claimed if isinstance(claimed, Claim) else None
 
     def _claimable_on(self, terms: ClaimTerms) -> list[ColumnElement[bool]]:
@@ -286,17 +286,17 @@ class Claims:
         transaction: RootTransaction,
         job_id: str,
         terms: ClaimTerms,
-        limits: KindLimits | None,
-        key: str | None,
+        bounds: ClaimBounds,
     ) -> Claim | Untaken:
-        """The compare-and-set of a claim whose kind's ``limits`` (and the job's key
-        ``key``'s lock) the caller's transaction holds, counting the running jobs of the
-        kind and of the key in its WHERE, then the start of its rates
+        """The compare-and-set of a claim whose kind's limits (and the job's key's lock)
+        the caller's transaction holds, enforcing their ``bounds``
+        (:func:`jobs._store.rate_limits.claim_bounds`): the running jobs of the kind and of
+        the key counted in its WHERE, then the start of its rates
         (:func:`jobs._store.rate_limits.take_starts`). Not taken, the transaction is rolled
         back: :attr:`Untaken.PICK_AGAIN` when the WHERE matched nothing (the job is not
         claimable, or its kind or key is full), :attr:`Untaken.RATE_HOLDS` when a rate
         allows no start yet."""
-        max_running, per_key, rates = claim_bounds(limits, key)
+        max_running, per_key, rates = bounds
         limited = [] if max_running is None else [running_of_kind(self.clock) < max_running]
         if per_key is not None:
             limited.append(running_of_key(self.clock) < per_key)
@@ -416,9 +416,8 @@ class Claims:
             if isinstance(picked, Untaken):
                 transaction.rollback()
                 return picked
-            claim = self._claim_locked(
-                conn, transaction, picked.id, terms, limits, picked.concurrency_key
-            )
+            bounds = claim_bounds(limits, picked.concurrency_key)
+            claim = self._claim_locked(conn, transaction, picked.id, terms, bounds)
             if claim is Untaken.RATE_HOLDS:
                 return Untaken.NONE_PICKED  # the key's rate (the kind's was read above)
             if isinstance(claim, Untaken):

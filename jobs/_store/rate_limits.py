@@ -65,9 +65,12 @@ def buckets_of(limits: KindLimits | None, key: str | None) -> list[Bucket]:
     return buckets
 
 
-def claim_bounds(
-    limits: KindLimits | None, key: str | None
-) -> tuple[int | None, int | None, list[Bucket]]:
+#: What a locked claim enforces (:func:`claim_bounds`): ``max_running``,
+#: ``max_running_per_key`` and the buckets of its rates.
+ClaimBounds = tuple[int | None, int | None, list[Bucket]]
+
+
+def claim_bounds(limits: KindLimits | None, key: str | None) -> ClaimBounds:
     """What the locked claim of a job with concurrency key ``key`` enforces of its kind's
     ``limits``: ``max_running``, ``max_running_per_key`` (``None`` without a key), and the
     buckets of its rates (:func:`buckets_of`)."""
@@ -311,6 +314,7 @@ __all__ = [
     "MAKE_UP",
     "WAITERS",
     "Bucket",
+    "ClaimBounds",
     "buckets_of",
     "claim_bounds",
     "held_doorbells",
