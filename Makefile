@@ -28,8 +28,8 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-# Two test processes (pytest-xdist; one test file stays in one process), then the tests that
-# must run alone: they stop or reconfigure the shared RabbitMQ every other test uses.
+# Two test processes (pytest-xdist; one test file stays in one process), the longest files
+# handed out first (tests/conftest.py); a test that stops a server stops a private one.
 test: lint docs
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 

@@ -13,7 +13,7 @@ takes every instant from the store's clock as SQL.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -138,12 +138,12 @@ class StateMoves:
         target: State,
         *,
         changes: RowChanges,
-        reason: str,
+        reason_for: Callable[[str], str],
     ) -> list[Row[Any]]:
         """Move every child of ``parent_ids`` that may move to ``target`` (a cancel's
         cascade): one compare-and-set UPDATE and one INSERT of their history rows per
         thousand parents, however many children, in the caller's transaction. Each history
-        row's reason is ``reason`` with its parent named. Returns the moved rows' ``id``,
+        row's reason is ``reason_for(its parent's ID)``. Returns the moved rows' ``id``,
         ``parent_id``, ``previous_state``, ``owner`` and ``fence``."""
         moved: list[Row[Any]] = []
         for start in range(0, len(parent_ids), 1000):  # within SQLite's bound parameters
@@ -175,7 +175,7 @@ class StateMoves:
                             "to_state": target.value,
                             "owner": row.owner,
                             "fence": row.fence,
-                            "reason": f"{reason} (its parent {row.parent_id!r} was cancelled)",
+                            "reason": reason_for(row.parent_id),
                             "approved_by": None,
                         }
                         for row in rows

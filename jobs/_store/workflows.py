@@ -186,7 +186,7 @@ class Workflows(EventWaits):
                 parents,
                 State.CANCELLED,
                 changes=RowChanges.finished(self.clock.now()),
-                reason=reason,
+                reason_for=lambda parent: f"{reason} (its parent {parent!r} was cancelled)",
             )
             parents = [row.id for row in moved]
             cancelled.extend(parents)
