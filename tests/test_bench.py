@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
 from jobs._core.context import JobContext
 from jobs._core.registry import Registry
-from jobs._store.db import make_engine
-from jobs._store.schema import upgrade
 from jobs._worker.run_results import Outcome
 from jobs._worker.runner import Runner
+from tests.conftest import ON_THE_DRIVER
 
 REPO = Path(__file__).resolve().parent.parent
 ROW = re.compile(
@@ -76,20 +76,18 @@ def profiled(ctx: JobContext) -> int:
     return ctx.step("one", lambda: 1)
 
 
-def test_the_profile_times_the_store_calls_a_run_makes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ON_THE_DRIVER, indirect=True)  # where the bench profiles
+def test_the_profile_times_the_store_calls_a_run_makes(engine: Engine) -> None:
     """``bench.profile``'s store times each owner's write the runner makes: once the runner
     claimed through ``claim_on``, the claim went untimed and its milliseconds were counted
     as the runner's own Python (``per job: claim 0.00``)."""
     from bench.profile import TIMED, TimedStore  # noqa: PLC0415
 
-    engine = make_engine(f"sqlite:///{tmp_path / 'profile.db'}")
-    upgrade(engine)
     store = TimedStore(engine, max_payload_bytes=1_000_000)
     store.submissions.create("profiled", {}, job_id="p1", max_attempts=1)
     runner = Runner(store, "bench-test", lease_seconds=30, registry=KINDS)
     assert runner.run("p1").outcome is Outcome.COMPLETED
     assert {name for name in TIMED if store.spent[name] > 0} >= {"claim", "complete"}
-    engine.dispose()
 
 
 def test_the_drain_rate_counts_from_the_twentieth_completion_to_the_last() -> None:
